@@ -1,0 +1,1 @@
+"""What a user launches: configs, converters, the DeepSpeed trainer under Ray Train, evaluation, CLI."""
