@@ -13,14 +13,26 @@ import importlib
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "data": ("pipeline.cli.data", "convert Zeshel / KILT / BLINK / WordNet / synthetic data to Parquet"),
-    "train": ("pipeline.cli.train", "train a retriever with DeepSpeed under Ray on refreshed negatives"),
-    "refresh": ("pipeline.cli.refresh", "re-encode the catalogue into a new index version and mine negatives"),
+    "data": (
+        "pipeline.cli.data",
+        "convert Zeshel / KILT / BLINK / WordNet / synthetic data to Parquet",
+    ),
+    "train": (
+        "pipeline.cli.train",
+        "train a retriever with DeepSpeed under Ray on refreshed negatives",
+    ),
+    "refresh": (
+        "pipeline.cli.refresh",
+        "re-encode the catalogue into a new index version and mine negatives",
+    ),
     "eval": ("pipeline.cli.eval", "recall@k and accuracy against the whole catalogue"),
     "bias": ("pipeline.cli.bias", "gradient-bias diagnostics of NCE negatives (paper §6.4)"),
     "demo": ("pipeline.cli.demo", "the main job end to end on real WordNet data"),
     "rerank": ("pipeline.cli.rerank", "train and evaluate the joint (cross-encoder) reranker"),
-    "finetune-blink": ("pipeline.cli.finetune_blink", "fine-tune BLINK on KILT AIDA against the whole catalogue"),
+    "finetune-blink": (
+        "pipeline.cli.finetune_blink",
+        "fine-tune BLINK on KILT AIDA against the whole catalogue",
+    ),
 }
 
 
