@@ -37,7 +37,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hnce", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="hnce",
+        description="Dense entity retrieval trained on asynchronously refreshed hard negatives.",
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in COMMANDS.items():
         sub = subparsers.add_parser(name, help=help_text, description=help_text)
