@@ -1,0 +1,349 @@
+"""WordNet 3.0 (Debian ``wordnet-base``) as an entity-linking dataset.
+
+Entities are synsets read from ``data.{noun,verb,adj,adv}``: ``key`` is ``<pos>.<offset>``
+(``n.02084071``; pos is the file's letter n / v / a / r, adjective satellites included under
+``a``), ``title`` the first lemma with underscores as spaces, ``text`` the lemmas and the
+definition, never the example sentences (they are the mentions and would leak the answer).
+
+Mentions are the double-quoted example sentences of a gloss that contain a lemma of their own
+synset, in its base form or inflected: irregular forms come from WordNet's exception lists
+(``<pos>.exc``), regular ones from English suffix rules (plural -s/-es/-ies; -ed/-ing with a
+dropped e or doubled consonant; comparative -er/-est). Multiword lemmas inflect their last word
+(nouns, adjectives) or first word (verbs), and match across spaces or hyphens. The first, longest
+match in the sentence is the mention; its left and right context are the rest of the sentence.
+
+A mention is *ambiguous* when its lemma names more than one synset of its part of speech (the
+summary also gives the count over all parts of speech). The
+split keeps lemmas apart: every mention of a lemma lands in the same split, chosen by a seeded
+hash of the lemma (80 / 10 / 10), so test lemmas are never seen in training (zero-shot in the
+sense of the Zeshel paper).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from cluster.tables import (
+    SPLITS,
+    Entity,
+    EntityCatalogueWriter,
+    Mention,
+    MentionWriter,
+    write_summary,
+)
+from pipeline.data.bad_rows import BadRowKind, BadRowPolicy
+
+DEFAULT_WORDNET_DIR = Path("/usr/share/wordnet")
+#: data file suffix -> (key prefix, part of speech used for inflection and exceptions)
+PARTS_OF_SPEECH: dict[str, tuple[str, str]] = {
+    "noun": ("n", "noun"),
+    "verb": ("v", "verb"),
+    "adj": ("a", "adj"),
+    "adv": ("r", "adv"),
+}
+SPLIT_FRACTIONS = (0.8, 0.1, 0.1)
+
+_ADJECTIVE_MARKER = re.compile(r"\((?:a|p|ip)\)$")
+_EXAMPLE = re.compile(r'"([^"]*)"')
+_VOWELS = set("aeiou")
+
+
+@dataclass(frozen=True)
+class Synset:
+    """One parsed line of a WordNet data file."""
+
+    key: str
+    pos: str
+    lemmas: tuple[str, ...]  # as written, underscores replaced by spaces
+    definition: str
+    examples: tuple[str, ...]
+
+    @property
+    def title(self) -> str:
+        return self.lemmas[0]
+
+    @property
+    def text(self) -> str:
+        return (
+            f"{', '.join(self.lemmas)}: {self.definition}"
+            if self.definition
+            else ", ".join(self.lemmas)
+        )
+
+
+def parse_data_line(line: str, prefix: str, pos: str) -> Synset:
+    """Parse one synset line of ``data.<pos>`` (format of WordNet's wndb(5WN) manual page).
+
+    ``offset lex_filenum ss_type w_cnt(hex) [word lex_id]... p_cnt [ptr]... [frames] | gloss``
+    """
+    body, _, gloss = line.partition(" | ")
+    fields = body.split()
+    offset = fields[0]
+    word_count = int(fields[3], 16)
+    words = fields[4 : 4 + 2 * word_count : 2]
+    if len(words) != word_count or not offset.isdigit():
+        raise ValueError(f"expected {word_count} words in synset {offset}")
+    lemmas = tuple(_ADJECTIVE_MARKER.sub("", word).replace("_", " ") for word in words)
+    gloss = gloss.strip()
+    examples = tuple(example.strip() for example in _EXAMPLE.findall(gloss) if example.strip())
+    definition = _EXAMPLE.sub("", gloss)
+    definition = re.sub(r"\s*;\s*(?:;\s*)*", "; ", definition).strip(" ;")
+    return Synset(f"{prefix}.{offset}", pos, lemmas, definition, examples)
+
+
+def iter_synsets(
+    data_file: Path, prefix: str, pos: str, policy: BadRowPolicy
+) -> Iterator[tuple[int, Synset]]:
+    """Stream ``(line number, synset)`` from one data file; the license header (lines starting
+    with two spaces) is not data."""
+    with Path(data_file).open("r", encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if line.startswith("  ") or not line.strip():
+                continue
+            try:
+                yield line_number, parse_data_line(line, prefix, pos)
+            except (ValueError, IndexError) as error:
+                policy.reject(
+                    BadRowKind.MISSING_FIELD,
+                    Path(data_file),
+                    line_number,
+                    line,
+                    f"malformed WordNet data line: {error}",
+                )
+
+
+def read_exceptions(wordnet_dir: Path, pos: str) -> dict[str, set[str]]:
+    """Base form -> irregular inflected forms, from ``<pos>.exc`` (lines ``inflected base...``)."""
+    inflections: dict[str, set[str]] = {}
+    path = Path(wordnet_dir) / f"{pos}.exc"
+    if not path.exists():
+        return inflections
+    with path.open("r", encoding="utf-8") as handle:
+        for line in handle:
+            parts = line.split()
+            for base in parts[1:]:
+                inflections.setdefault(base.replace("_", " "), set()).add(
+                    parts[0].replace("_", " ")
+                )
+    return inflections
+
+
+def _doubles_final_consonant(word: str) -> bool:
+    return (
+        len(word) >= 3
+        and word[-1] not in _VOWELS | {"w", "x", "y"}
+        and word[-2] in _VOWELS
+        and word[-3] not in _VOWELS
+    )
+
+
+def regular_inflections(word: str, pos: str) -> set[str]:
+    """Regular English inflections of one word for a part of speech (over-generating is fine:
+    the forms are only searched for inside the synset's own examples)."""
+    forms = {word}
+    if not word.isalpha():
+        return forms
+    sibilant = word.endswith(("s", "x", "z", "ch", "sh"))
+    consonant_y = len(word) > 1 and word.endswith("y") and word[-2] not in _VOWELS
+    if pos in ("noun", "verb"):
+        forms.add(word + ("es" if sibilant else "s"))
+        if consonant_y:
+            forms.add(word[:-1] + "ies")
+        if word.endswith("man"):
+            forms.add(word[:-3] + "men")
+    if pos == "verb":
+        stem = word[:-1] if word.endswith("e") and not word.endswith("ee") else word
+        forms |= {stem + "ed", stem + "ing", word + "d"}
+        if consonant_y:
+            forms.add(word[:-1] + "ied")
+        if word.endswith("ie"):
+            forms.add(word[:-2] + "ying")
+        if _doubles_final_consonant(word):
+            forms |= {word + word[-1] + "ed", word + word[-1] + "ing"}
+    if pos in ("adj", "adv"):
+        if word.endswith("e"):
+            forms |= {word + "r", word + "st"}
+        elif consonant_y:
+            forms |= {word[:-1] + "ier", word[:-1] + "iest"}
+        else:
+            forms |= {word + "er", word + "est"}
+        if _doubles_final_consonant(word):
+            forms |= {word + word[-1] + "er", word + word[-1] + "est"}
+    return forms
+
+
+def lemma_forms(lemma: str, pos: str, exceptions: dict[str, set[str]]) -> set[str]:
+    """Surface forms of a (possibly multiword) lemma: base, irregular and regular inflections."""
+    lower = lemma.lower()
+    forms = {lower} | exceptions.get(lower, set())
+    words = lower.split(" ")
+    head = 0 if pos == "verb" else len(words) - 1
+    for inflected in regular_inflections(words[head], pos) | exceptions.get(words[head], set()):
+        forms.add(" ".join([*words[:head], inflected, *words[head + 1 :]]))
+    return forms
+
+
+def _normalized(text: str) -> str:
+    return re.sub(r"[\s_\-]+", "", text.lower())
+
+
+def _form_pattern(form: str) -> str:
+    parts = re.split(r"([\s\-]+)", form)
+    return "".join(
+        (r"[\s\-]?" if "-" in part else r"[\s\-]+") if i % 2 else re.escape(part)
+        for i, part in enumerate(parts)
+    )
+
+
+class LemmaMatcher:
+    """Finds a synset's own lemmas (any surface form) in its example sentences."""
+
+    def __init__(self, lemmas: tuple[str, ...], pos: str, exceptions: dict[str, set[str]]) -> None:
+        self._form_to_lemma: dict[str, str] = {}
+        for lemma in lemmas:
+            for form in lemma_forms(lemma, pos, exceptions):
+                self._form_to_lemma.setdefault(_normalized(form), lemma.lower())
+        forms = sorted(
+            {f for lemma in lemmas for f in lemma_forms(lemma, pos, exceptions)},
+            key=len,
+            reverse=True,
+        )
+        self._pattern = re.compile(
+            r"(?<![\w])(?:" + "|".join(_form_pattern(f) for f in forms) + r")(?![\w])",
+            re.IGNORECASE,
+        )
+        self._default = lemmas[0].lower()
+
+    def find(self, example: str) -> tuple[int, int, str] | None:
+        """The first (then longest) lemma form in ``example``: (start, end, lemma)."""
+        match = self._pattern.search(example)
+        if match is None:
+            return None
+        lemma = self._form_to_lemma.get(_normalized(match.group(0)), self._default)
+        return match.start(), match.end(), lemma
+
+
+def split_for_lemma(lemma: str, seed: int) -> str:
+    """Seeded hash split of a lemma: every mention of a lemma lands in the same split."""
+    digest = hashlib.blake2b(f"{seed}\x00{lemma}".encode(), digest_size=8).digest()
+    fraction = int.from_bytes(digest, "big") / 2**64
+    if fraction < SPLIT_FRACTIONS[0]:
+        return "train"
+    return "dev" if fraction < SPLIT_FRACTIONS[0] + SPLIT_FRACTIONS[1] else "test"
+
+
+def convert_wordnet(
+    out: Path,
+    wordnet_dir: Path = DEFAULT_WORDNET_DIR,
+    seed: int = 0,
+    policy: BadRowPolicy | None = None,
+) -> dict[str, Any]:
+    """Build the WordNet dataset directory ``out``; return (and write) its summary.
+
+    Two streaming passes over the data files: the first writes the catalogue and counts the
+    synsets of each lemma, the second finds the example mentions (their ids need the entity ids
+    of the first pass, their ambiguity the lemma counts).
+    """
+    out, wordnet_dir = Path(out), Path(wordnet_dir)
+    policy = policy or BadRowPolicy()
+    data_files = [
+        (wordnet_dir / f"data.{suffix}", *spec) for suffix, spec in PARTS_OF_SPEECH.items()
+    ]
+    missing = [str(path) for path, _, _ in data_files if not path.exists()]
+    if missing:
+        raise FileNotFoundError(
+            f"WordNet data files not found: {', '.join(missing)} (Debian: apt-get install wordnet-base)"
+        )
+    # keyed by (pos, lemma) and ("*", lemma): ambiguity within a part of speech and across all
+    synsets_per_lemma: Counter[tuple[str, str]] = Counter()
+    synsets_per_pos: Counter[str] = Counter()
+    mention_lemmas: dict[str, Counter[tuple[str, str]]] = {split: Counter() for split in SPLITS}
+    examples = examples_without_lemma = 0
+    seen: set[str] = set()
+    writers = {split: MentionWriter(out, split) for split in SPLITS}
+    with EntityCatalogueWriter(out) as entity_writer:
+        try:
+            for path, prefix, pos in data_files:
+                exceptions = read_exceptions(wordnet_dir, pos)
+                rows = tqdm(iter_synsets(path, prefix, pos, policy), desc=f"wordnet {pos}")
+                for line_number, synset in rows:
+                    if synset.key in seen:
+                        policy.reject(
+                            BadRowKind.DUPLICATE_KEY,
+                            path,
+                            line_number,
+                            synset.key,
+                            f"duplicate synset {synset.key}",
+                        )
+                        continue
+                    seen.add(synset.key)
+                    entity_id = entity_writer.count
+                    entity_writer.write(Entity(entity_id, synset.key, synset.title, synset.text))
+                    synsets_per_pos[pos] += 1
+                    synsets_per_lemma.update({(pos, lemma.lower()) for lemma in synset.lemmas})
+                    synsets_per_lemma.update({("*", lemma.lower()) for lemma in synset.lemmas})
+                    matcher = LemmaMatcher(synset.lemmas, pos, exceptions)
+                    for number, example in enumerate(synset.examples):
+                        examples += 1
+                        found = matcher.find(example)
+                        if found is None:
+                            examples_without_lemma += 1
+                            continue
+                        start, end, lemma = found
+                        split = split_for_lemma(lemma, seed)
+                        writers[split].write(
+                            Mention(
+                                mention_id=f"{synset.key}.{number}",
+                                context_left=example[:start].strip(),
+                                mention=example[start:end],
+                                context_right=example[end:].strip(),
+                                gold=entity_id,
+                            )
+                        )
+                        mention_lemmas[split][(pos, lemma)] += 1
+        except BaseException as error:
+            for mention_writer in writers.values():
+                mention_writer.__exit__(type(error), error, error.__traceback__)
+            raise
+        for mention_writer in writers.values():
+            mention_writer.close()
+        entity_count = entity_writer.count
+    mentions = {split: sum(counts.values()) for split, counts in mention_lemmas.items()}
+    ambiguous = {
+        split: sum(n for key, n in counts.items() if synsets_per_lemma[key] > 1)
+        for split, counts in mention_lemmas.items()
+    }
+    ambiguous_any_pos = {
+        split: sum(n for (_, lemma), n in counts.items() if synsets_per_lemma["*", lemma] > 1)
+        for split, counts in mention_lemmas.items()
+    }
+    lemmas = {
+        split: len({lemma for _, lemma in counts}) for split, counts in mention_lemmas.items()
+    }
+    summary = {
+        "format": "wordnet",
+        "source": str(wordnet_dir),
+        "seed": seed,
+        "entities": entity_count,
+        "synsets_per_pos": dict(synsets_per_pos),
+        "examples": examples,
+        "examples_without_lemma": examples_without_lemma,
+        "mentions": mentions,
+        "mentions_total": sum(mentions.values()),
+        "ambiguous": ambiguous,
+        "ambiguous_total": sum(ambiguous.values()),
+        "ambiguous_any_pos": ambiguous_any_pos,
+        "ambiguous_any_pos_total": sum(ambiguous_any_pos.values()),
+        "mention_lemmas": lemmas,
+        "bad_rows": policy.summary(),
+    }
+    write_summary(out, summary)
+    return summary
