@@ -1,0 +1,211 @@
+"""Retrieval evaluation against the whole catalogue through a FAISS index (paper §6.1, §6.5).
+
+The catalogue is encoded with the model's entity tower (length-bucketed batches), indexed in
+``index.num_shards`` FAISS shards and searched with each mention's query vectors, exactly as a
+refresh does. Reported: recall@k (share of mentions with a correct entity among the top k; a
+mention may have several correct entities, ``golds``), accuracy (= recall@1, "unnormalized
+accuracy" in the Zeshel sense: every mention counts), micro over mentions and Zeshel-style macro
+averages over domains (the mean of per-domain figures).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from cluster.encoder_pool import encode_entity_texts, encode_mention_queries
+from cluster.sharded_index import IndexShard, IndexSpec, ShardedSearcher, build_shard_index
+from cluster.tables import EntityCatalogue, Mention
+from encoders.biencoder import BiEncoder
+
+
+@dataclass
+class RecallReport:
+    """Recall@k micro (over mentions) and macro (over domains), with per-domain figures."""
+
+    name: str
+    num_mentions: int
+    num_entities: int
+    recall: dict[int, float]
+    macro_recall: dict[int, float]
+    per_domain: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    @property
+    def accuracy(self) -> float:
+        return self.recall[1] if 1 in self.recall else float("nan")
+
+    @property
+    def macro_accuracy(self) -> float:
+        return self.macro_recall[1] if 1 in self.macro_recall else float("nan")
+
+    def to_json(self) -> dict[str, object]:
+        payload = asdict(self)
+        payload["accuracy"] = self.accuracy
+        payload["macro_accuracy"] = self.macro_accuracy
+        return payload
+
+
+def hits_at(
+    candidates: np.ndarray, golds: Sequence[Sequence[int]], ks: Sequence[int]
+) -> np.ndarray:
+    """Bool [M, len(ks)]: does row i hold a correct entity among its first k candidates?"""
+    first_hit = np.full(len(golds), np.iinfo(np.int64).max, dtype=np.int64)
+    for row, correct in enumerate(golds):
+        positions = np.flatnonzero(np.isin(candidates[row], np.asarray(correct, np.int64)))
+        if positions.size:
+            first_hit[row] = positions[0]
+    return np.stack([first_hit < k for k in ks], axis=1)
+
+
+def summarise(
+    name: str,
+    hits: np.ndarray,
+    domains: Sequence[str],
+    ks: Sequence[int],
+    num_entities: int,
+) -> RecallReport:
+    """Micro and macro (over domains) recall from a hit matrix."""
+    recall = {k: float(hits[:, j].mean()) if len(hits) else 0.0 for j, k in enumerate(ks)}
+    domain_array = np.asarray(domains)
+    per_domain: dict[str, dict[str, float]] = {}
+    for domain in sorted(set(domains)):
+        rows = domain_array == domain
+        per_domain[domain] = {"mentions": float(rows.sum())}
+        per_domain[domain].update(
+            {f"recall@{k}": float(hits[rows, j].mean()) for j, k in enumerate(ks)}
+        )
+    macro = {
+        k: float(np.mean([figures[f"recall@{k}"] for figures in per_domain.values()]))
+        if per_domain
+        else 0.0
+        for k in ks
+    }
+    return RecallReport(name, len(hits), num_entities, recall, macro, per_domain)
+
+
+def build_catalogue_index(
+    model: BiEncoder,
+    catalogue: EntityCatalogue,
+    batch_size: int,
+    spec: IndexSpec,
+    num_shards: int = 1,
+    max_entities: int = 0,
+    progress: bool = True,
+) -> ShardedSearcher:
+    """Encode the catalogue (or its first ``max_entities``) and index it in ``num_shards`` shards."""
+    total = len(catalogue) if max_entities <= 0 else min(max_entities, len(catalogue))
+    chunk = max(batch_size * 16, 1024)
+    vectors, ids = [], []
+    seen = 0
+    bar = tqdm(total=total, desc="encode catalogue", unit="entity", disable=not progress)
+    for record_batch in catalogue.iter_batches(chunk, columns=["entity_id", "title", "text"]):
+        if seen >= total:
+            break
+        take = min(record_batch.num_rows, total - seen)
+        entity_ids = record_batch.column("entity_id").to_numpy()[:take]
+        titles = record_batch.column("title").to_pylist()[:take]
+        texts = record_batch.column("text").to_pylist()[:take]
+        chunk_vectors, rows, _ = encode_entity_texts(model, titles, texts, batch_size)
+        vectors.append(chunk_vectors)
+        ids.append(entity_ids[rows])
+        seen += take
+        bar.update(take)
+    bar.close()
+    all_vectors = np.concatenate(vectors)
+    all_ids = np.concatenate(ids).astype(np.int64)
+    shards = [
+        IndexShard(build_shard_index(np.ascontiguousarray(part_vectors), spec), part_ids)
+        for part_vectors, part_ids in zip(
+            np.array_split(all_vectors, num_shards),
+            np.array_split(all_ids, num_shards),
+            strict=True,
+        )
+    ]
+    return ShardedSearcher(shards, vectors_per_entity=model.scorer.vectors_per_entity)
+
+
+def search_mentions(
+    model: BiEncoder,
+    searcher: ShardedSearcher,
+    mentions: Sequence[Mention],
+    k: int,
+    batch_size: int,
+    progress: bool = True,
+) -> np.ndarray:
+    """Top-k entity ids [M, k] of each mention."""
+    results = []
+    for start in tqdm(
+        range(0, len(mentions), batch_size),
+        desc="search mentions",
+        unit="batch",
+        disable=not progress,
+    ):
+        batch = mentions[start : start + batch_size]
+        queries = encode_mention_queries(
+            model,
+            [m.context_left for m in batch],
+            [m.mention for m in batch],
+            [m.context_right for m in batch],
+        )
+        entity_ids, _ = searcher.search(queries, k)
+        results.append(entity_ids)
+    return np.concatenate(results) if results else np.zeros((0, k), np.int64)
+
+
+def evaluate_model(
+    name: str,
+    model: BiEncoder,
+    catalogue: EntityCatalogue,
+    mentions: Sequence[Mention],
+    ks: Sequence[int],
+    batch_size: int = 256,
+    spec: IndexSpec | None = None,
+    num_shards: int = 1,
+    max_entities: int = 0,
+    progress: bool = True,
+) -> RecallReport:
+    """Recall@ks of ``model`` on ``mentions`` against the catalogue through a FAISS index."""
+    model.eval()
+    with torch.inference_mode():
+        searcher = build_catalogue_index(
+            model, catalogue, batch_size, spec or IndexSpec(), num_shards, max_entities, progress
+        )
+        candidates = search_mentions(model, searcher, mentions, max(ks), batch_size, progress)
+    golds = [m.golds or (m.gold,) for m in mentions]
+    hits = hits_at(candidates, golds, ks)
+    return summarise(name, hits, [m.domain for m in mentions], ks, searcher.ntotal)
+
+
+def format_table(reports: Sequence[RecallReport], ks: Sequence[int] | None = None) -> str:
+    """A plain-text table: one row per report, micro recall@k and macro accuracy."""
+    ks = list(ks or sorted(reports[0].recall)) if reports else []
+    headers = ["model", "mentions", "entities", *[f"R@{k}" for k in ks], "macro acc"]
+    rows = [
+        [
+            report.name,
+            str(report.num_mentions),
+            str(report.num_entities),
+            *[f"{report.recall[k]:.3f}" for k in ks],
+            f"{report.macro_accuracy:.3f}",
+        ]
+        for report in reports
+    ]
+    widths = [max(len(row[i]) for row in [headers, *rows]) for i in range(len(headers))]
+    lines = [
+        " | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        for row in [headers, *rows]
+    ]
+    lines.insert(1, "-+-".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def write_reports(reports: Sequence[RecallReport], path: Path) -> None:
+    """JSON: a list of reports (micro, macro and per-domain figures)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps([report.to_json() for report in reports], indent=2) + "\n")

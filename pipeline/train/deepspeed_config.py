@@ -1,0 +1,66 @@
+"""The DeepSpeed configuration of a run, derived from `TrainingSettings` and the hardware.
+
+Adam with warm-up then linear decay (DeepSpeed's ``WarmupDecayLR``), gradient clipping,
+gradient accumulation and a configurable ZeRO stage. bf16 is used where the accelerator
+supports it; on CPU the run is fp32 with the plain torch Adam (DESIGN.md §7).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from pipeline.config import TrainingSettings
+
+
+def use_bf16(settings: TrainingSettings) -> bool:
+    """bf16 for ``precision: auto`` only on a CUDA device that supports it; ``bf16`` forces it."""
+    if settings.precision == "fp32":
+        return False
+    supported = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if settings.precision == "bf16" and not supported:
+        raise ValueError(
+            "'training.precision: bf16' but this machine has no bf16-capable CUDA device; "
+            "use precision=auto or fp32"
+        )
+    return supported
+
+
+def build_deepspeed_config(settings: TrainingSettings, on_gpu: bool) -> dict[str, Any]:
+    """The dict passed to ``deepspeed.initialize(config=...)``.
+
+    ``settings.steps`` counts optimizer steps; each takes ``gradient_accumulation`` micro-steps
+    of ``batch_size`` mentions per worker.
+    """
+    warmup = min(settings.warmup_steps, max(settings.steps - 1, 0))
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": settings.batch_size,
+        "gradient_accumulation_steps": settings.gradient_accumulation,
+        "gradient_clipping": settings.max_grad_norm,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+        "optimizer": {
+            "type": "AdamW" if settings.weight_decay > 0 else "Adam",
+            "params": {
+                "lr": settings.learning_rate,
+                "weight_decay": settings.weight_decay,
+                # DeepSpeed's fused/CPU Adam needs a compiled op; the torch one runs anywhere.
+                "torch_adam": not on_gpu,
+            },
+        },
+        "scheduler": {
+            "type": "WarmupDecayLR",
+            "params": {
+                "total_num_steps": max(settings.steps, 1),
+                "warmup_min_lr": 0.0,
+                "warmup_max_lr": settings.learning_rate,
+                "warmup_num_steps": warmup,
+                "warmup_type": "linear",
+            },
+        },
+        "zero_optimization": {"stage": settings.zero_stage},
+    }
+    if use_bf16(settings):
+        config["bf16"] = {"enabled": True}
+    return config
