@@ -394,6 +394,12 @@ class EntityCatalogue:
             self._keys = _SortedColumn(self.keys())
         return self._keys.positions(keys)
 
+    def ids_for_titles(self, titles: Sequence[str]) -> np.ndarray:
+        """Vectorized title look-up: the first entity_id with each title, ``-1`` where absent."""
+        if self._titles is None:
+            self._titles = _SortedColumn(self.titles())
+        return self._titles.positions(titles)
+
     def ids_for_title(self, title: str) -> list[int]:
         """All entity_ids with exactly this title (ascending)."""
         if self._titles is None:

@@ -1,0 +1,132 @@
+"""``hnce data <format>``: convert an input format (DESIGN.md §6) to a dataset directory
+(``entities/``, ``mentions/{train,dev,test}.parquet``, ``summary.json``; DESIGN.md §2)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from pipeline.data.bad_rows import add_bad_row_arguments, policy_from_arguments
+from pipeline.data.blink import DEFAULT_MAX_TEXT_CHARS
+
+KEEP_MISSING_GOLD_HELP = (
+    "keep mentions whose gold entity is not in the catalogue, with gold = -1, so that evaluation "
+    "counts them as errors (unnormalized accuracy) instead of rejecting them as bad rows"
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    formats = parser.add_subparsers(dest="format", metavar="FORMAT", required=True)
+
+    zeshel = formats.add_parser(
+        "zeshel", help="Zeshel documents/ and mentions/ (one domain per world)"
+    )
+    zeshel.add_argument("zeshel_dir", type=Path, help="directory holding documents/ and mentions/")
+    zeshel.add_argument("--keep-missing-gold", action="store_true", help=KEEP_MISSING_GOLD_HELP)
+
+    for name, source_flag, source_help in (
+        ("kilt", "--knowledge-source", "kilt_knowledgesource.json (one Wikipedia page per line)"),
+        ("blink", "--entities", "BLINK entity.jsonl (entity_id = row = BLINK's entity id)"),
+    ):
+        sub = formats.add_parser(name, help=f"KILT AIDA mentions against {source_help}")
+        sub.add_argument(
+            source_flag, dest="catalogue_source", type=Path, required=True, help=source_help
+        )
+        sub.add_argument(
+            "--aida",
+            type=Path,
+            nargs="*",
+            default=[],
+            help="aidayago2-{train,dev,test}-kilt.jsonl files (split taken from the file name)",
+        )
+        sub.add_argument("--keep-missing-gold", action="store_true", help=KEEP_MISSING_GOLD_HELP)
+        sub.add_argument(
+            "--max-text-chars",
+            type=int,
+            default=DEFAULT_MAX_TEXT_CHARS,
+            help="cut entity text at this many characters (the encoder reads 128 tokens)",
+        )
+
+    wordnet = formats.add_parser(
+        "wordnet", help="WordNet synsets as entities, own-lemma example sentences as mentions"
+    )
+    wordnet.add_argument("--wordnet-dir", type=Path, default=Path("/usr/share/wordnet"))
+    wordnet.add_argument("--seed", type=int, default=0, help="seed of the lemma-disjoint split")
+
+    synthetic = formats.add_parser("synthetic", help="seeded Zeshel-like worlds with shared names")
+    synthetic.add_argument("--worlds", type=int, default=5)
+    synthetic.add_argument("--entities-per-world", type=int, default=200)
+    synthetic.add_argument("--mentions-per-entity", type=int, default=4)
+    synthetic.add_argument("--seed", type=int, default=0)
+
+    for sub in formats.choices.values():
+        sub.add_argument(
+            "--out",
+            type=Path,
+            default=None,
+            help="dataset directory to write (default: runs/data/<format>)",
+        )
+        add_bad_row_arguments(sub)
+
+
+def run(args: argparse.Namespace) -> int:
+    out: Path = args.out or Path("runs/data") / args.format
+    with policy_from_arguments(args.on_bad_row, args.rejects, out) as policy:
+        summary = _convert(args, out, policy)
+    _print_summary(out, summary)
+    return 0
+
+
+def _convert(args: argparse.Namespace, out: Path, policy: Any) -> dict[str, Any]:
+    if args.format == "zeshel":
+        from pipeline.data.zeshel import convert_zeshel
+
+        return convert_zeshel(args.zeshel_dir, out, policy, args.keep_missing_gold)
+    if args.format in ("kilt", "blink"):
+        from pipeline.data.kilt import convert_kilt
+
+        source = {
+            "knowledge_source" if args.format == "kilt" else "blink_entities": args.catalogue_source
+        }
+        return convert_kilt(
+            out,
+            args.aida,
+            policy=policy,
+            keep_missing_gold=args.keep_missing_gold,
+            max_text_chars=args.max_text_chars,
+            **source,
+        )
+    if args.format == "wordnet":
+        from pipeline.data.wordnet import convert_wordnet
+
+        return convert_wordnet(out, args.wordnet_dir, args.seed, policy)
+    from pipeline.data.synthetic import generate_synthetic_dataset
+
+    return generate_synthetic_dataset(
+        out, args.worlds, args.entities_per_world, args.mentions_per_entity, args.seed
+    )
+
+
+def _print_summary(out: Path, summary: dict[str, Any]) -> None:
+    print(f"dataset written to {out}")
+    print(f"entities: {summary['entities']}")
+    print(f"mentions: {json.dumps(summary['mentions'], sort_keys=True)}")
+    if "ambiguous_total" in summary:
+        print(
+            f"mentions total: {summary['mentions_total']}, ambiguous (lemma shared by >1 synset "
+            f"of its part of speech): {summary['ambiguous_total']}, "
+            f"over all parts of speech: {summary['ambiguous_any_pos_total']}"
+        )
+    if summary.get("missing_gold_kept"):
+        print(
+            f"mentions kept with gold = -1 (gold not in catalogue): {summary['missing_gold_kept']}"
+        )
+    bad = summary["bad_rows"]
+    if bad["rejected_total"]:
+        counts = {kind: n for kind, n in bad["rejected"].items() if n}
+        print(f"rejected rows: {bad['rejected_total']} {counts} -> {bad['rejects_file']}")
+    catalogue = summary.get("catalogue", {})
+    if catalogue.get("entity_id_is_blink_row") is False:
+        print("warning: rows were rejected, so entity_id no longer equals BLINK's entity id")
