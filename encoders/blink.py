@@ -11,6 +11,7 @@ missing and unexpected keys.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -50,7 +51,12 @@ def read_blink_checkpoint(path: Path) -> dict[str, Tensor]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such checkpoint file")
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, pickle.UnpicklingError) as error:
+        raise ValueError(
+            f"{path}: cannot read as a state_dict (truncated or not a checkpoint): {error}"
+        ) from error
     if not isinstance(state, Mapping):
         raise ValueError(
             f"{path}: expected a state_dict (a mapping of names to tensors), got {type(state)}"
