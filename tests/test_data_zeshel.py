@@ -1,0 +1,182 @@
+"""Zeshel converter on hand-written fixture files, and every bad-row kind (strict and skip)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cluster.tables import MISSING_GOLD, EntityCatalogue, MentionSplit, mention_split_path
+from pipeline.data.bad_rows import BadRowError, BadRowPolicy
+from pipeline.data.zeshel import convert_zeshel
+
+STAR_TREK = [
+    {"document_id": "A1", "title": "Kirk", "text": "Kirk is the captain of the Enterprise ."},
+    {
+        "document_id": "A2",
+        "title": "Enterprise",
+        "text": "The Enterprise is a starship led by Kirk",
+    },
+]
+CAFE = [
+    {"document_id": "B1", "title": "Zoë", "text": "Zoë drinks café au lait in Zürich"},
+    {"document_id": "B2", "title": "Zürich", "text": "Zürich is a city where Zoë lives"},
+]
+
+
+def _mention(
+    mention_id: str, context: str, corpus: str, start: int, end: int, text: str, label: str
+) -> dict:
+    return {
+        "mention_id": mention_id,
+        "context_document_id": context,
+        "corpus": corpus,
+        "start_index": start,
+        "end_index": end,
+        "text": text,
+        "label_document_id": label,
+        "category": "LOW_OVERLAP",
+    }
+
+
+TRAIN = [
+    _mention("m1", "A1", "star_trek", 0, 0, "Kirk", "A1"),  # first token of the context
+    _mention("m2", "A2", "star_trek", 7, 7, "Kirk", "A1"),  # last token of the context
+    _mention("m3", "B1", "café", 6, 6, "Zürich", "B2"),
+]
+VAL = [_mention("m4", "A1", "star_trek", 5, 6, "the Enterprise", "A2")]
+
+
+def _write_lines(path: Path, rows: list, extra: str | None = None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps(row, ensure_ascii=False) for row in rows]
+    if extra is not None:
+        lines.append(extra)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def write_fixture(
+    root: Path, bad_document: str | None = None, bad_mention: str | None = None
+) -> Path:
+    _write_lines(root / "documents" / "star_trek.json", STAR_TREK, bad_document)
+    _write_lines(root / "documents" / "café.json", CAFE)
+    _write_lines(root / "mentions" / "train.json", TRAIN, bad_mention)
+    _write_lines(root / "mentions" / "val.json", VAL)
+    return root
+
+
+def test_conversion_field_by_field(tmp_path: Path) -> None:
+    source = write_fixture(tmp_path / "zeshel")
+    summary = convert_zeshel(source, tmp_path / "out")
+    catalogue = EntityCatalogue.open(tmp_path / "out")
+    # documents files in sorted order: café.json before star_trek.json
+    assert [(e.entity_id, e.key, e.title, e.domain) for e in catalogue.get_many(range(4))] == [
+        (0, "B1", "Zoë", "café"),
+        (1, "B2", "Zürich", "café"),
+        (2, "A1", "Kirk", "star_trek"),
+        (3, "A2", "Enterprise", "star_trek"),
+    ]
+    assert catalogue.get(0).text == "Zoë drinks café au lait in Zürich"
+    train = MentionSplit.open(mention_split_path(tmp_path / "out", "train")).read_all()
+    first, last, unicode = train
+    assert (first.mention_id, first.context_left, first.mention, first.context_right) == (
+        "m1",
+        "",
+        "Kirk",
+        "is the captain of the Enterprise .",
+    )
+    assert (first.gold, first.domain, first.golds) == (2, "star_trek", (2,))
+    assert (last.context_left, last.mention, last.context_right, last.gold) == (
+        "The Enterprise is a starship led by",
+        "Kirk",
+        "",
+        2,
+    )
+    assert (unicode.context_left, unicode.mention, unicode.context_right, unicode.gold) == (
+        "Zoë drinks café au lait in",
+        "Zürich",
+        "",
+        1,
+    )
+    assert unicode.domain == "café"
+    (dev,) = MentionSplit.open(mention_split_path(tmp_path / "out", "dev")).read_all()
+    assert (dev.context_left, dev.mention, dev.context_right, dev.gold) == (
+        "Kirk is the captain of",
+        "the Enterprise",
+        ".",
+        3,
+    )
+    assert summary["entities"] == 4
+    assert summary["mentions"] == {"train": 3, "dev": 1}
+    assert summary["entities_per_domain"] == {"café": 2, "star_trek": 2}
+    assert summary["bad_rows"]["rejected_total"] == 0
+
+
+BAD_ROWS = {
+    "malformed_json": ("mention", '{"mention_id": "bad", '),
+    "missing_field": ("mention", json.dumps({"mention_id": "bad", "corpus": "star_trek"})),
+    "offsets_outside_context": (
+        "mention",
+        json.dumps(_mention("bad", "A1", "star_trek", 3, 99, "x", "A1")),
+    ),
+    "gold_not_in_catalogue": (
+        "mention",
+        json.dumps(_mention("bad", "A1", "star_trek", 0, 0, "Kirk", "NOPE")),
+    ),
+    "duplicate_key": ("document", json.dumps(STAR_TREK[0])),
+    "empty_key": ("document", json.dumps({"document_id": " ", "title": "t", "text": "x"})),
+    "empty_text": ("document", json.dumps({"document_id": "A3", "title": "t", "text": "  "})),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_ROWS))
+def test_bad_row_strict_names_file_and_line(tmp_path: Path, kind: str) -> None:
+    where, line = BAD_ROWS[kind]
+    source = write_fixture(
+        tmp_path / "zeshel",
+        bad_document=line if where == "document" else None,
+        bad_mention=line if where == "mention" else None,
+    )
+    bad_file = (
+        source / "documents" / "star_trek.json"
+        if where == "document"
+        else source / "mentions" / "train.json"
+    )
+    line_number = 3 if where == "document" else 4
+    with pytest.raises(BadRowError, match=rf"{kind}") as error:
+        convert_zeshel(source, tmp_path / "out")
+    assert f"{bad_file}:{line_number}:" in str(error.value)
+    assert error.value.line == line_number
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_ROWS))
+def test_bad_row_skip_counts_and_rejects(tmp_path: Path, kind: str) -> None:
+    where, line = BAD_ROWS[kind]
+    source = write_fixture(
+        tmp_path / "zeshel",
+        bad_document=line if where == "document" else None,
+        bad_mention=line if where == "mention" else None,
+    )
+    rejects = tmp_path / "rejects.jsonl"
+    with BadRowPolicy("skip", rejects) as policy:
+        summary = convert_zeshel(source, tmp_path / "out", policy)
+    assert summary["bad_rows"]["rejected"][kind] == 1
+    assert summary["bad_rows"]["rejected_total"] == 1
+    (record,) = [json.loads(x) for x in rejects.read_text(encoding="utf-8").splitlines()]
+    assert record["kind"] == kind
+    assert record["row"] == line
+    assert record["line"] == (3 if where == "document" else 4)
+    # the good rows are all there
+    assert summary["entities"] == 4
+    assert summary["mentions"] == {"train": 3, "dev": 1}
+
+
+def test_keep_missing_gold_keeps_mention_with_gold_minus_one(tmp_path: Path) -> None:
+    source = write_fixture(tmp_path / "zeshel", bad_mention=BAD_ROWS["gold_not_in_catalogue"][1])
+    summary = convert_zeshel(source, tmp_path / "out", keep_missing_gold=True)
+    train = MentionSplit.open(mention_split_path(tmp_path / "out", "train")).read_all()
+    assert train[-1].mention_id == "bad"
+    assert train[-1].gold == MISSING_GOLD
+    assert summary["missing_gold_kept"] == 1
+    assert summary["bad_rows"]["rejected_total"] == 0
