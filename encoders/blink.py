@@ -81,12 +81,12 @@ def _prefixed(prefix: str, state: Mapping[str, Tensor]) -> dict[str, Tensor]:
 
 def blink_biencoder_state_dict(model: BiEncoder) -> dict[str, Tensor]:
     """The bi-encoder under BLINK's key names (what BLINK's ``BiEncoderModule.state_dict()`` holds)."""
-    state = _prefixed(MENTION_PREFIX + "bert_model.", model.mention_tower.state_dict())
-    state |= _prefixed(ENTITY_PREFIX + "bert_model.", model.entity_tower.state_dict())
-    for prefix, projection in (
-        (MENTION_PREFIX, model.mention_projection),
-        (ENTITY_PREFIX, model.entity_projection),
+    state: dict[str, Tensor] = {}
+    for prefix, tower, projection in (
+        (MENTION_PREFIX, model.mention_tower, model.mention_projection),
+        (ENTITY_PREFIX, model.entity_tower, model.entity_projection),
     ):
+        state |= _prefixed(prefix + "bert_model.", tower.state_dict())
         if projection is not None:
             state |= _prefixed(
                 prefix + "additional_linear.", projection.additional_linear.state_dict()
