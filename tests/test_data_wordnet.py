@@ -1,0 +1,150 @@
+"""WordNet converter on hand-written data files in the wndb format, and on the real files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cluster.tables import EntityCatalogue, MentionSplit, mention_split_path
+from pipeline.data.wordnet import (
+    convert_wordnet,
+    lemma_forms,
+    parse_data_line,
+    split_for_lemma,
+)
+
+HEADER = (
+    "  1 This software and database is being provided to you, the LICENSEE, by  \n"
+    '  2 Princeton University under the following license.  "AS IS" and so on  \n'
+)
+NOUN = (
+    "02084071 05 n 03 dog 0 domestic_dog 0 Canis_familiaris 0 000 | a member of the genus Canis; "
+    '"the dog barked all night"; "two domestic dogs"  \n'
+    '10114209 18 n 01 dog 1 000 | a dull unattractive unpleasant girl or woman; "she got a reputation as a frump"  \n'
+    '03719053 06 n 01 mouse 0 000 | a hand-operated device; "Zoë clicked the mice twice"  \n'
+)
+VERB = (
+    "01950798 38 v 01 run 0 000 | move fast by using one's feet; "
+    '"Don\'t run--you\'ll be late"; "He ran to the store"  \n'
+    '02000868 38 v 02 dog 0 chase 0 000 02 + 01 00 | go after with the intent to catch; "The policeman dogged the suspect"  \n'
+)
+ADJ = '00001740 00 a 01 able(a) 0 000 | having the means; "she was abler than most"  \n'
+
+
+@pytest.fixture
+def wordnet_dir(tmp_path: Path) -> Path:
+    root = tmp_path / "wordnet"
+    root.mkdir()
+    (root / "data.noun").write_text(HEADER + NOUN, encoding="utf-8")
+    (root / "data.verb").write_text(HEADER + VERB, encoding="utf-8")
+    (root / "data.adj").write_text(HEADER + ADJ, encoding="utf-8")
+    (root / "data.adv").write_text(HEADER, encoding="utf-8")
+    (root / "noun.exc").write_text("mice mouse\n", encoding="utf-8")
+    (root / "verb.exc").write_text("ran run\n", encoding="utf-8")
+    return root
+
+
+def test_parse_data_line() -> None:
+    synset = parse_data_line(NOUN.splitlines()[0], "n", "noun")
+    assert synset.key == "n.02084071"
+    assert synset.lemmas == ("dog", "domestic dog", "Canis familiaris")
+    assert synset.title == "dog"
+    assert synset.definition == "a member of the genus Canis"
+    assert synset.examples == ("the dog barked all night", "two domestic dogs")
+    assert synset.text == "dog, domestic dog, Canis familiaris: a member of the genus Canis"
+    assert parse_data_line(ADJ, "a", "adj").lemmas == ("able",)
+
+
+def test_inflections() -> None:
+    assert {"dogs", "dog"} <= lemma_forms("dog", "noun", {})
+    assert "domestic dogs" in lemma_forms("domestic dog", "noun", {})
+    assert {"dogged", "dogging", "dogs"} <= lemma_forms("dog", "verb", {})
+    assert "looked up" in lemma_forms("look up", "verb", {})
+    assert "ran" in lemma_forms("run", "verb", {"run": {"ran"}})
+    assert "abler" in lemma_forms("able", "adj", {})
+
+
+def test_conversion_field_by_field(wordnet_dir: Path, tmp_path: Path) -> None:
+    summary = convert_wordnet(tmp_path / "out", wordnet_dir, seed=0)
+    catalogue = EntityCatalogue.open(tmp_path / "out")
+    assert len(catalogue) == summary["entities"] == 6
+    assert [e.key for e in catalogue.get_many(range(6))] == [
+        "n.02084071",
+        "n.10114209",
+        "n.03719053",
+        "v.01950798",
+        "v.02000868",
+        "a.00001740",
+    ]
+    frump = catalogue.get(1)
+    assert (frump.title, frump.text) == ("dog", "dog: a dull unattractive unpleasant girl or woman")
+    assert "frump" not in frump.text  # examples never go into the entity text
+    mentions = {
+        m.mention_id: m
+        for split in ("train", "dev", "test")
+        for m in MentionSplit.open(mention_split_path(tmp_path / "out", split)).read_all()
+    }
+    # "frump" does not contain the synset's lemma: not a mention, but counted
+    assert summary["examples"] == 8
+    assert summary["examples_without_lemma"] == 1
+    assert set(mentions) == {
+        "n.02084071.0",
+        "n.02084071.1",
+        "n.03719053.0",
+        "v.01950798.0",
+        "v.01950798.1",
+        "v.02000868.0",
+        "a.00001740.0",
+    }
+    barked = mentions["n.02084071.0"]
+    assert (barked.context_left, barked.mention, barked.context_right, barked.gold) == (
+        "the",
+        "dog",
+        "barked all night",
+        0,
+    )
+    domestic = mentions["n.02084071.1"]
+    assert (domestic.context_left, domestic.mention, domestic.context_right) == (
+        "two",
+        "domestic dogs",
+        "",
+    )
+    mice = mentions["n.03719053.0"]
+    assert (mice.context_left, mice.mention, mice.context_right, mice.gold) == (
+        "Zoë clicked the",
+        "mice",
+        "twice",
+        2,
+    )
+    assert mentions["v.01950798.0"].mention == "run"
+    assert mentions["v.01950798.1"].mention == "ran"
+    assert (mentions["v.02000868.0"].mention, mentions["v.02000868.0"].gold) == ("dogged", 4)
+    assert mentions["a.00001740.0"].mention == "abler"
+    # "dog" names 2 noun synsets: the two noun-dog mentions are ambiguous within their POS; the
+    # verb "dog" mention is ambiguous only across parts of speech
+    assert summary["ambiguous_total"] == 1
+    assert summary["ambiguous_any_pos_total"] == 2
+    assert summary["mentions_total"] == 7
+
+
+def test_split_keeps_lemmas_apart_and_is_seeded() -> None:
+    lemmas = [f"lemma{i}" for i in range(2000)]
+    splits = [split_for_lemma(lemma, seed=0) for lemma in lemmas]
+    assert splits == [split_for_lemma(lemma, seed=0) for lemma in lemmas]
+    assert splits != [split_for_lemma(lemma, seed=1) for lemma in lemmas]
+    assert 0.75 < splits.count("train") / len(splits) < 0.85
+    assert splits.count("dev") > 100 and splits.count("test") > 100
+
+
+@pytest.mark.slow
+def test_real_wordnet_counts(tmp_path: Path) -> None:
+    if not Path("/usr/share/wordnet/data.noun").exists():
+        pytest.skip("Debian wordnet-base is not installed")
+    summary = convert_wordnet(tmp_path / "wordnet")
+    assert summary["entities"] == 117_659
+    assert summary["mentions_total"] >= 45_000
+    assert summary["ambiguous_total"] > summary["mentions_total"] / 2
+    for split in ("train", "dev", "test"):
+        path = mention_split_path(tmp_path / "wordnet", split)
+        assert len(MentionSplit.open(path)) == summary["mentions"][split] > 1000
