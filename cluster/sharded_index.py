@@ -76,15 +76,31 @@ class IndexSpec:
         }
 
 
-def build_shard_index(vectors: np.ndarray, spec: IndexSpec, seed: int = 0) -> faiss.Index:
+def build_shard_index(
+    vectors: np.ndarray, spec: IndexSpec, seed: int = 0, trained: faiss.Index | None = None
+) -> faiss.Index:
     """A CPU FAISS index over `vectors` [n, d] (float32, inner product), built per `spec`.
 
     Built on the CPU so the bytes written to the store do not depend on the device; searching
     places it on the device (`FaissDevice.place`). Deterministic for a given input and seed.
+    `trained` (from `train_index`) lets all shards share one trained IVF-PQ instead of training
+    each shard on its own sample.
     """
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     if vectors.ndim != 2:
         raise ValueError(f"shard vectors must be [n, d], got shape {vectors.shape}")
+    if trained is not None:
+        index = faiss.clone_index(trained)
+        index.add(vectors)
+        return index
+    index = train_index(vectors, spec, seed)
+    index.add(vectors)
+    return index
+
+
+def train_index(sample: np.ndarray, spec: IndexSpec, seed: int = 0) -> faiss.Index:
+    """An empty index of kind `spec.kind`, trained on `sample` where the kind needs training."""
+    vectors = np.ascontiguousarray(sample, dtype=np.float32)
     dim = vectors.shape[1]
     if spec.kind == "flat":
         index: faiss.Index = faiss.IndexFlatIP(dim)
@@ -106,7 +122,6 @@ def build_shard_index(vectors: np.ndarray, spec: IndexSpec, seed: int = 0) -> fa
             train = vectors[np.sort(rng.choice(len(vectors), spec.train_size, replace=False))]
         index.train(train)
         index.nprobe = spec.nprobe
-    index.add(vectors)
     return index
 
 

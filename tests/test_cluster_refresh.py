@@ -1,0 +1,202 @@
+"""End-to-end refresh on a local 2-CPU Ray instance with a tiny random BERT (slow)."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import string
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import BertConfig, BertTokenizerFast
+
+from cluster.encoder_pool import EncoderPool, ShardEncoded, encode_entity_texts
+from cluster.index_store import IndexStore
+from cluster.negatives_store import NegativesStore
+from cluster.refresh import RefreshConfig, run_refresh
+from cluster.refresh_job import EXIT_LOCKED, EXIT_OK
+from cluster.tables import (
+    Entity,
+    EntityCatalogue,
+    EntityCatalogueWriter,
+    Mention,
+    MentionWriter,
+)
+from encoders.biencoder import build_biencoder, export_biencoder, load_biencoder
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow
+
+NUM_ENTITIES = 48
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def ray_instance():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+def _tiny_export(directory: Path, scorer: str) -> Path:
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[unused0]", "[unused1]", "[unused2]"]
+    vocab += list(string.ascii_lowercase) + [f"##{c}" for c in string.ascii_lowercase]
+    vocab_file = directory / "vocab.txt"
+    vocab_file.write_text("\n".join(vocab) + "\n")
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+    )
+    model = build_biencoder(
+        config, scorer, tokenizer=BertTokenizerFast(vocab=str(vocab_file)), entity_length=24
+    )
+    export_dir = directory / "export"
+    export_biencoder(model, export_dir)
+    return export_dir
+
+
+def _dataset(root: Path) -> Path:
+    rng = random.Random(0)
+
+    def word() -> str:
+        return "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 7)))
+
+    with EntityCatalogueWriter(root) as writer:
+        for entity_id in range(NUM_ENTITIES):
+            text = " ".join(word() for _ in range(rng.randint(1, 12)))
+            writer.write(Entity(entity_id, f"k{entity_id}", word(), text))
+    with MentionWriter(root, "train") as writer:
+        for number in range(30):
+            gold = rng.randrange(NUM_ENTITIES)
+            writer.write(Mention(f"m{number}", word(), word(), word(), gold, golds=(gold,)))
+    return root
+
+
+def _checkpoint(run_dir: Path, step: int, export_dir: Path) -> None:
+    directory = run_dir / "checkpoints" / f"step-{step}"
+    shutil.copytree(export_dir, directory / "export")
+    (directory / "COMPLETE").write_text("")
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("refresh")
+    return {
+        "data": _dataset(root / "data"),
+        "dual": _tiny_export(root, "dual"),
+        "root": root,
+    }
+
+
+def _config(run_dir: Path, data: Path, **overrides) -> RefreshConfig:
+    settings = {"shard_size": 8, "batch_size": 4, "top_n": 10, "num_encoders": 1}
+    settings.update(overrides)
+    return RefreshConfig(run_dir=run_dir, data_dir=data, faiss_device="cpu", **settings)
+
+
+def _clean_run(assets) -> Path:
+    run_dir = assets["root"] / "clean"
+    if not (run_dir / "index" / "CURRENT").exists():
+        _checkpoint(run_dir, 1, assets["dual"])
+        run_refresh(_config(run_dir, assets["data"]))
+    return run_dir
+
+
+def test_refresh_publishes_exact_index_and_negatives(ray_instance, assets) -> None:
+    run_dir = _clean_run(assets)
+    version = IndexStore(run_dir / "index", device="cpu").current()
+    assert (version.version, version.checkpoint, version.num_entities) == (1, 1, NUM_ENTITIES)
+    assert len(version.manifest["shards"]) == NUM_ENTITIES // 8
+    # The index holds exactly the model's entity vectors, whatever the sharding and bucketing.
+    model = load_biencoder(assets["dual"]).eval()
+    catalogue = EntityCatalogue.open(assets["data"])
+    vectors, rows, _ = encode_entity_texts(
+        model, catalogue.titles().to_pylist(), catalogue.texts().to_pylist(), 64, bucketed=False
+    )
+    np.testing.assert_array_equal(rows, np.arange(NUM_ENTITIES))
+    ids, _ = version.search(vectors, 1)
+    np.testing.assert_array_equal(ids[:, 0], np.arange(NUM_ENTITIES))
+    negatives = NegativesStore(run_dir / "negatives").latest()
+    assert (negatives.version, negatives.checkpoint_step, len(negatives)) == (1, 1, 30)
+    cands, cand_scores = negatives.lookup(["m0", "m1"])
+    assert cands.shape == (2, 10) and bool((cand_scores[:, :-1] >= cand_scores[:, 1:]).all())
+    again = run_refresh(_config(run_dir, assets["data"]))
+    assert again.up_to_date and "nothing to do" in again.line()
+
+
+def test_killed_encoder_mid_refresh_publishes_identical_index(ray_instance, assets) -> None:
+    clean = IndexStore(_clean_run(assets) / "index", device="cpu").current()
+    run_dir = assets["root"] / "killed"
+    _checkpoint(run_dir, 1, assets["dual"])
+    pids: list[int] = []
+
+    def kill_after_first_shard(encoded: ShardEncoded, pool: EncoderPool) -> None:
+        pids.append(encoded.encoder_pid)
+        if len(pids) == 1:
+            ray.kill(pool.actors[0], no_restart=False)
+
+    summary = run_refresh(_config(run_dir, assets["data"]), on_shard=kill_after_first_shard)
+    assert len(set(pids)) == 2, "the encoder actor should have been restarted once"
+    killed = IndexStore(run_dir / "index", device="cpu").current()
+    assert summary.index_version == killed.version == 1
+    assert killed.shard_checksums == clean.shard_checksums
+    assert NegativesStore(run_dir / "negatives").latest().version == 1
+
+
+def test_stale_checkpoints_are_skipped(ray_instance, assets) -> None:
+    run_dir = assets["root"] / "stale"
+    for step in (10, 20, 30):
+        _checkpoint(run_dir, step, assets["dual"])
+    (run_dir / "checkpoints" / "step-40").mkdir()  # incomplete: no COMPLETE marker
+    summary = run_refresh(_config(run_dir, assets["data"], shard_size=100))
+    assert summary.checkpoint == 30 and summary.skipped_checkpoints == [10, 20]
+    assert NegativesStore(run_dir / "negatives").latest().checkpoint_step == 30
+
+
+def test_two_concurrent_cli_refreshes_one_runs_other_exits(ray_instance, assets) -> None:
+    run_dir = assets["root"] / "cli"
+    _checkpoint(run_dir, 5, assets["dual"])
+    command = [
+        sys.executable,
+        "-m",
+        "pipeline.cli.main",
+        "refresh",
+        "--run-dir",
+        str(run_dir),
+        "--data",
+        str(assets["data"]),
+        "--address",
+        ray_instance,
+        "--shard-size",
+        "16",
+        "--top-n",
+        "5",
+        "--faiss-device",
+        "cpu",
+    ]
+    environment = {**os.environ, "PYTHONPATH": str(REPO)}
+    first = subprocess.Popen(
+        command, cwd=REPO, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    lock = run_dir / "refresh.lock"
+    deadline = time.monotonic() + 60
+    while not (lock.exists() and lock.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    second = subprocess.run(
+        command, cwd=REPO, env=environment, capture_output=True, text=True, timeout=120
+    )
+    output, _ = first.communicate(timeout=240)
+    assert second.returncode == EXIT_LOCKED, second.stdout + second.stderr
+    assert "another refresh" in second.stdout and "is running" in second.stdout
+    assert first.returncode == EXIT_OK, output.decode()
+    assert "refresh: step-5 → index v1" in output.decode()
