@@ -159,6 +159,21 @@ class EvalSettings:
 
 
 @dataclass
+class DemoSettings:
+    """``hnce demo``: the WordNet subset it trains and evaluates on (see configs/demo.yaml).
+
+    The catalogue holds every synset sharing a lemma with a sampled mention's gold (the
+    ambiguous senses, the hard distractors) and random synsets up to ``catalogue_entities``;
+    0 keeps the whole catalogue (117,659 synsets).
+    """
+
+    wordnet_dir: str = "/usr/share/wordnet"
+    catalogue_entities: int = 10000
+    train_mentions: int = 2000
+    eval_mentions: int = 500
+
+
+@dataclass
 class Config:
     """A whole recipe: one section per concern."""
 
@@ -172,6 +187,7 @@ class Config:
     index: IndexSettings = field(default_factory=IndexSettings)
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
     eval: EvalSettings = field(default_factory=EvalSettings)
+    demo: DemoSettings = field(default_factory=DemoSettings)
 
     @property
     def run_dir(self) -> Path:

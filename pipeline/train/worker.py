@@ -26,8 +26,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from cluster.tables import EntityCatalogue, Mention, MentionSplit, mention_split_path
-from encoders.biencoder import BiEncoder, build_biencoder, export_biencoder, minilm_path
-from encoders.scorers import ScorerConfig
+from encoders.biencoder import BiEncoder, export_biencoder
 from mining.false_negatives import FalseNegativeFilter
 from mining.losses import build_loss
 from mining.samplers import SamplingRequest, build_sampler
@@ -44,6 +43,7 @@ from pipeline.train.checkpoints import (
 from pipeline.train.data_order import MentionOrder
 from pipeline.train.deepspeed_config import build_deepspeed_config
 from pipeline.train.events import EventLog
+from pipeline.train.model import build_model
 from pipeline.train.negatives import RefreshedNegatives
 
 POINTER_FILE = "hnce_checkpoint.json"
@@ -61,21 +61,6 @@ class CandidateScoring(nn.Module):
         self, mention_batch: Mapping[str, Tensor], candidate_batch: Mapping[str, Tensor]
     ) -> Tensor:
         return self.biencoder.score_with_candidates(mention_batch, candidate_batch)
-
-
-def resolve_model_path(path: str) -> Path:
-    """``minilm`` is the PyPI-packaged all-MiniLM-L6-v2; anything else a local HF directory."""
-    return minilm_path() if path == "minilm" else Path(path)
-
-
-def build_model(config: Config) -> BiEncoder:
-    """A fresh bi-encoder for the config (both towers from ``model.path``)."""
-    return build_biencoder(
-        resolve_model_path(config.model.path),
-        ScorerConfig(name=config.model.scorer.name, m=config.model.scorer.m),
-        mention_length=config.model.mention_length,
-        entity_length=config.model.entity_length,
-    )
 
 
 def load_train_mentions(config: Config) -> list[Mention]:

@@ -1,0 +1,215 @@
+"""``hnce demo``: the main job end to end on real WordNet data (DESIGN.md §6, paper §6.5).
+
+1. Convert Debian's WordNet to the Parquet contract (pipeline/data/wordnet.py; its split keeps
+   lemmas apart, so test mentions have lemmas never seen in training).
+2. Cut the demo subset (:func:`write_demo_subset`): sampled train and held-out test mentions, a
+   catalogue of every synset sharing a lemma with their golds (the ambiguous senses) plus random
+   synsets; entities and mentions get their part of speech as ``domain`` so the macro average
+   is over nouns / verbs / adjectives / adverbs.
+3. Evaluate the untrained encoder, train with random negatives, train with mixed-50 negatives
+   on the asynchronous refresh, evaluate each; print recall@1/@64 and write JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections import defaultdict
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from cluster.tables import (
+    SPLITS,
+    Entity,
+    EntityCatalogue,
+    EntityCatalogueWriter,
+    Mention,
+    MentionSplit,
+    MentionWriter,
+    mention_split_path,
+    write_summary,
+)
+from encoders.biencoder import load_biencoder
+from pipeline.config import Config
+from pipeline.data.wordnet import convert_wordnet
+from pipeline.evaluate import RecallReport, evaluate_model, format_table, write_reports
+from pipeline.train.checkpoints import EXPORT_DIR, newest_checkpoint
+from pipeline.train.model import build_model
+from pipeline.train.trainer import TrainingSummary, run_training
+
+PART_OF_SPEECH = {"n": "noun", "v": "verb", "a": "adjective", "r": "adverb"}
+
+
+def _lemmas(text: str) -> list[str]:
+    """The lemmas of a WordNet entity text ``"lemma, lemma: definition"`` (lower case)."""
+    head = text.split(": ", 1)[0]
+    return [lemma.strip().lower() for lemma in head.split(",") if lemma.strip()]
+
+
+def _sample(mentions: list[Mention], count: int, rng: np.random.Generator) -> list[Mention]:
+    if count <= 0 or count >= len(mentions):
+        return mentions
+    chosen = np.sort(rng.choice(len(mentions), size=count, replace=False))
+    return [mentions[i] for i in chosen]
+
+
+def write_demo_subset(
+    source: Path,
+    out: Path,
+    catalogue_entities: int,
+    train_mentions: int,
+    eval_mentions: int,
+    eval_split: str,
+    seed: int = 0,
+) -> dict[str, int]:
+    """Write the demo dataset ``out`` from the converted WordNet ``source``; returns counts."""
+    rng = np.random.default_rng(seed)
+    catalogue = EntityCatalogue.open(source)
+    keys = catalogue.keys().to_pylist()
+    texts = catalogue.texts().to_pylist()
+    titles = catalogue.titles().to_pylist()
+    by_lemma: dict[str, list[int]] = defaultdict(list)
+    for entity_id, text in enumerate(texts):
+        for lemma in _lemmas(text):
+            by_lemma[lemma].append(entity_id)
+
+    train = _sample(
+        MentionSplit.open(mention_split_path(source, "train")).read_all(), train_mentions, rng
+    )
+    held_out = _sample(
+        MentionSplit.open(mention_split_path(source, eval_split)).read_all(), eval_mentions, rng
+    )
+    chosen: set[int] = set()
+    for mention in [*train, *held_out]:
+        for gold in mention.golds or (mention.gold,):
+            chosen.add(int(gold))
+            for lemma in _lemmas(texts[gold]):
+                chosen.update(by_lemma[lemma])
+    if catalogue_entities <= 0:
+        chosen = set(range(len(catalogue)))
+    elif len(chosen) < catalogue_entities:
+        rest = np.setdiff1d(np.arange(len(catalogue)), np.fromiter(chosen, np.int64))
+        fill = rng.choice(
+            rest, size=min(catalogue_entities - len(chosen), len(rest)), replace=False
+        )
+        chosen.update(int(i) for i in fill)
+    old_ids = np.sort(np.fromiter(chosen, np.int64))
+    new_id = {int(old): new for new, old in enumerate(old_ids)}
+
+    if out.exists():
+        shutil.rmtree(out)
+    with EntityCatalogueWriter(out) as writer:
+        for old in old_ids:
+            writer.write(
+                Entity(
+                    entity_id=new_id[int(old)],
+                    key=keys[old],
+                    title=titles[old],
+                    text=texts[old],
+                    domain=PART_OF_SPEECH[keys[old][0]],
+                )
+            )
+    splits = {"train": train, eval_split: held_out}
+    for split in SPLITS:
+        with MentionWriter(out, split) as writer:
+            for mention in splits.get(split, []):
+                golds = tuple(new_id[int(g)] for g in (mention.golds or (mention.gold,)))
+                writer.write(
+                    replace(
+                        mention,
+                        gold=new_id[int(mention.gold)],
+                        golds=golds,
+                        domain=PART_OF_SPEECH[keys[mention.gold][0]],
+                    )
+                )
+    counts = {
+        "entities": len(old_ids),
+        "train_mentions": len(train),
+        "eval_mentions": len(held_out),
+    }
+    write_summary(out, {"format": "wordnet-demo", "source": str(source), "seed": seed, **counts})
+    return counts
+
+
+@dataclass
+class DemoResult:
+    reports: list[RecallReport]
+    trainings: dict[str, TrainingSummary]
+    counts: dict[str, int]
+    seconds: dict[str, float]
+
+
+def _evaluate_export(name: str, export_dir: Path, config: Config, data_root: Path) -> RecallReport:
+    model = load_biencoder(export_dir)
+    return _evaluate(name, model, config, data_root)
+
+
+def _evaluate(name: str, model: object, config: Config, data_root: Path) -> RecallReport:
+    catalogue = EntityCatalogue.open(data_root)
+    mentions = MentionSplit.open(mention_split_path(data_root, config.data.eval_split)).read_all()
+    return evaluate_model(name, model, catalogue, mentions, config.eval.ks, config.eval.batch_size)
+
+
+def run_demo(config: Config, work_dir: Path) -> DemoResult:
+    """The whole demo under ``work_dir``; configs for the two trainings derive from ``config``."""
+    seconds: dict[str, float] = {}
+    started = time.perf_counter()
+    wordnet = work_dir / "wordnet"
+    if not (wordnet / "summary.json").is_file():
+        convert_wordnet(wordnet, Path(config.demo.wordnet_dir), seed=config.run.seed)
+    data_root = work_dir / "wordnet-demo"
+    counts = write_demo_subset(
+        wordnet,
+        data_root,
+        config.demo.catalogue_entities,
+        config.demo.train_mentions,
+        config.demo.eval_mentions,
+        config.data.eval_split,
+        config.run.seed,
+    )
+    seconds["data"] = time.perf_counter() - started
+
+    base = replace(config, data=replace(config.data, root=str(data_root)))
+    reports = []
+    mark = time.perf_counter()
+    reports.append(_evaluate("untrained", build_model(base), base, data_root))
+    seconds["eval untrained"] = time.perf_counter() - mark
+
+    variants = {
+        "random": replace(
+            base,
+            negatives=replace(base.negatives, sampler="random", source="none"),
+            refresh=replace(base.refresh, enabled=False),
+        ),
+        f"mixed-{round(100 * base.negatives.hard_fraction)}": base,
+    }
+    trainings: dict[str, TrainingSummary] = {}
+    for name, variant in variants.items():
+        run_dir = work_dir / "runs" / name
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        variant = replace(variant, run=replace(variant.run, dir=str(run_dir)))
+        mark = time.perf_counter()
+        trainings[name] = run_training(variant)
+        seconds[f"train {name}"] = time.perf_counter() - mark
+        newest = newest_checkpoint(run_dir)
+        if newest is None:
+            raise RuntimeError(f"{run_dir}: training finished without a complete checkpoint")
+        mark = time.perf_counter()
+        reports.append(
+            _evaluate_export(f"trained, {name}", newest[1] / EXPORT_DIR, base, data_root)
+        )
+        seconds[f"eval {name}"] = time.perf_counter() - mark
+    seconds["total"] = time.perf_counter() - started
+    result = DemoResult(reports, trainings, counts, seconds)
+    write_reports(reports, work_dir / "demo_results.json")
+    (work_dir / "demo_timings.json").write_text(json.dumps(seconds, indent=2) + "\n")
+    return result
+
+
+def demo_table(result: DemoResult) -> str:
+    """recall@1 / @64 table of the demo (plus the other ks of the config)."""
+    return format_table(result.reports)
