@@ -38,7 +38,12 @@ def test_catalogue_round_trip_over_several_files_and_row_groups(tmp_path: Path) 
     assert len(catalogue.files) == 3
     assert pq.read_schema(catalogue.files[0]) == ENTITY_SCHEMA
     assert [catalogue.get(i) for i in range(11)] == entities
-    assert catalogue.get_many([10, 0, 5, 5]) == [entities[10], entities[0], entities[5], entities[5]]
+    assert catalogue.get_many([10, 0, 5, 5]) == [
+        entities[10],
+        entities[0],
+        entities[5],
+        entities[5],
+    ]
     streamed = [row for batch in catalogue.iter_batches(batch_size=2) for row in batch.to_pylist()]
     assert [Entity(**row) for row in streamed] == entities
     assert catalogue.titles().to_pylist() == [e.title for e in entities]
