@@ -260,12 +260,15 @@ class _SortedColumn:
 
     def __init__(self, values: pa.ChunkedArray) -> None:
         self._values = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
-        order = pc.sort_indices(self._values)
-        self._sorted = pc.take(self._values, order)
-        self._order = order.to_numpy()
+        self._sorted: pa.Array | None = None
+        self._order = np.empty(0, dtype=np.int64)
 
     def find_all(self, value: str) -> np.ndarray:
-        """Row positions holding ``value`` (ascending)."""
+        """Row positions holding ``value`` (ascending); sorts the column on first use."""
+        if self._sorted is None:
+            order = pc.sort_indices(self._values)
+            self._sorted = pc.take(self._values, order)
+            self._order = order.to_numpy()
         lo = bisect.bisect_left(self._sorted, value, key=_as_py)
         hi = bisect.bisect_right(self._sorted, value, lo=lo, key=_as_py)
         return np.sort(self._order[lo:hi])
