@@ -162,9 +162,9 @@ class EvalSettings:
 class DemoSettings:
     """``hnce demo``: the WordNet subset it trains and evaluates on (see configs/demo.yaml).
 
-    The catalogue holds every synset sharing a lemma with a sampled mention's gold (the
-    ambiguous senses, the hard distractors) and random synsets up to ``catalogue_entities``;
-    0 keeps the whole catalogue (117,659 synsets).
+    The catalogue holds ``catalogue_entities`` synsets (0: all 117,659): every gold, then the
+    other senses of the golds' lemmas (the ambiguous senses, the hard distractors; held-out
+    mentions first), then random synsets.
     """
 
     wordnet_dir: str = "/usr/share/wordnet"

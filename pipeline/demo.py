@@ -82,20 +82,22 @@ def write_demo_subset(
     held_out = _sample(
         MentionSplit.open(mention_split_path(source, eval_split)).read_all(), eval_mentions, rng
     )
+    # Priority: every gold, then the other senses of the golds' lemmas (held-out mentions
+    # first: they are the distractors the evaluation is about), then random synsets.
+    ordered: list[int] = []
+    for mention in [*held_out, *train]:
+        ordered.extend(int(g) for g in (mention.golds or (mention.gold,)))
+    for mention in [*held_out, *train]:
+        for lemma in _lemmas(texts[mention.gold]):
+            ordered.extend(by_lemma[lemma])
+    ordered.extend(int(i) for i in rng.permutation(len(catalogue)))
+    golds = {int(g) for m in [*held_out, *train] for g in (m.golds or (m.gold,))}
+    limit = len(catalogue) if catalogue_entities <= 0 else max(catalogue_entities, len(golds))
     chosen: set[int] = set()
-    for mention in [*train, *held_out]:
-        for gold in mention.golds or (mention.gold,):
-            chosen.add(int(gold))
-            for lemma in _lemmas(texts[gold]):
-                chosen.update(by_lemma[lemma])
-    if catalogue_entities <= 0:
-        chosen = set(range(len(catalogue)))
-    elif len(chosen) < catalogue_entities:
-        rest = np.setdiff1d(np.arange(len(catalogue)), np.fromiter(chosen, np.int64))
-        fill = rng.choice(
-            rest, size=min(catalogue_entities - len(chosen), len(rest)), replace=False
-        )
-        chosen.update(int(i) for i in fill)
+    for entity_id in ordered:
+        if len(chosen) >= limit:
+            break
+        chosen.add(entity_id)
     old_ids = np.sort(np.fromiter(chosen, np.int64))
     new_id = {int(old): new for new, old in enumerate(old_ids)}
 

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from cluster.index_store import IndexStore
 from cluster.tables import EntityCatalogue, Mention, MentionSplit, mention_split_path
 from encoders.biencoder import BiEncoder, export_biencoder
 from mining.false_negatives import FalseNegativeFilter
@@ -36,6 +37,7 @@ from pipeline.train.checkpoints import (
     DEEPSPEED_TAG,
     EXPORT_DIR,
     checkpoint_dir,
+    complete_checkpoints,
     mark_complete,
     newest_checkpoint,
     prune_checkpoints,
@@ -160,6 +162,20 @@ def _resume_step(run_dir: Path) -> tuple[int, Path] | None:
     return newest_checkpoint(run_dir)
 
 
+def _in_use(config: Config, refreshed: RefreshedNegatives) -> set[int]:
+    """Checkpoint steps pruning must spare: the one the current negatives came from and, while
+    the refresh runs, every one newer than the live index (the coordinator may be encoding it)."""
+    protect = set()
+    if refreshed.current is not None:
+        protect.add(refreshed.current.checkpoint_step)
+    if config.refresh.enabled and config.negatives.source == "index":
+        store = IndexStore(config.run_dir / "index")
+        version = store.current_version()
+        indexed = -1 if version is None else int(store.read_manifest(version)["checkpoint"])
+        protect.update(step for step, _ in complete_checkpoints(config.run_dir) if step > indexed)
+    return protect
+
+
 def _publish(
     engine: deepspeed.DeepSpeedEngine,
     config: Config,
@@ -188,10 +204,7 @@ def _publish(
             directory,
             {"step": step, "seed": config.run.seed, "negatives_version": refreshed.version},
         )
-        protect = set()
-        if refreshed.current is not None:
-            protect.add(refreshed.current.checkpoint_step)
-        prune_checkpoints(run_dir, config.training.keep_checkpoints, protect)
+        prune_checkpoints(run_dir, config.training.keep_checkpoints, _in_use(config, refreshed))
         assert log is not None
         log.write("checkpoint", step=step, path=str(directory))
     with tempfile.TemporaryDirectory(prefix="hnce-pointer-") as pointer_dir:

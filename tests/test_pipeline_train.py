@@ -1,0 +1,195 @@
+"""End to end on a local Ray instance: DeepSpeed workers under Ray Train on refreshed negatives.
+
+A seeded synthetic Zeshel-like dataset (train, dev and test mentions come from different worlds,
+so evaluation is zero-shot) and a tiny BERT whose WordPiece vocabulary holds the generator's
+syllables, so names of unseen worlds are made of trained pieces.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+from transformers import BertConfig, BertModel, BertTokenizerFast
+
+from cluster.index_store import IndexStore
+from cluster.tables import EntityCatalogue, MentionSplit, mention_split_path
+from encoders.biencoder import load_biencoder
+from pipeline.config import Config, load_config
+from pipeline.data import synthetic
+from pipeline.data.synthetic import generate_synthetic_dataset
+from pipeline.evaluate import evaluate_model
+from pipeline.train.checkpoints import EXPORT_DIR, checkpoint_dir, newest_checkpoint
+from pipeline.train.events import read_events
+from pipeline.train.model import build_model
+from pipeline.train.trainer import init_ray, run_training
+
+pytestmark = pytest.mark.slow
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("synthetic")
+    generate_synthetic_dataset(root, num_worlds=3, entities_per_world=50, mentions_per_entity=4)
+    return root
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer, 32-wide BERT with a syllable WordPiece vocabulary, saved like a HF model."""
+    directory = tmp_path_factory.mktemp("tiny-bert")
+    syllables = {
+        o + v + c for o in synthetic._ONSETS for v in synthetic._VOWELS for c in synthetic._CODAS
+    }
+    pieces = sorted(syllables | set(LETTERS))
+    words = sorted(
+        set(synthetic._KINDS)
+        | set(synthetic._FILLER)
+        | {"is", "of", "known", "for", "famed", "and"}
+    )
+    vocab = [
+        "[PAD]",
+        "[unused0]",
+        "[unused1]",
+        "[unused2]",
+        "[UNK]",
+        "[CLS]",
+        "[SEP]",
+        "[MASK]",
+        ".",
+        ",",
+        *words,
+        *[p for p in pieces if p not in words],
+        *[f"##{p}" for p in pieces],
+    ]
+    (directory / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    tokenizer = BertTokenizerFast(vocab=str(directory / "vocab.txt"))
+    tokenizer.save_pretrained(directory)
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+    )
+    BertModel(config).save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> None:
+    config = load_config(CONFIGS / "synthetic-test.yaml")
+    init_ray(config.cluster, cpus_needed=3)
+    yield
+    ray.shutdown()
+
+
+def make_config(run_dir: Path, dataset: Path, model_dir: Path, *overrides: str) -> Config:
+    return load_config(
+        CONFIGS / "synthetic-test.yaml",
+        [f"run.dir={run_dir}", f"data.root={dataset}", f"model.path={model_dir}", *overrides],
+    )
+
+
+def recall(config: Config, model: object) -> dict[int, float]:
+    root = Path(config.data.root)
+    mentions = MentionSplit.open(mention_split_path(root, "test")).read_all()
+    report = evaluate_model(
+        "t", model, EntityCatalogue.open(root), mentions, [1, 8, 64], progress=False
+    )
+    return report.recall
+
+
+def test_training_on_refreshed_negatives_never_blocks_and_improves_recall(
+    tmp_path: Path, dataset: Path, tiny_model_dir: Path, local_ray: None
+) -> None:
+    run_dir = tmp_path / "run"
+    config = make_config(
+        run_dir,
+        dataset,
+        tiny_model_dir,
+        "training.steps=300",
+        "training.checkpoint_every=30",
+        "training.negatives_check_every=2",
+        "training.keep_checkpoints=4",
+    )
+    untrained = recall(config, build_model(config))
+    summary = run_training(config, progress=False)
+
+    assert summary.steps == 300
+    steps = [e["step"] for e in read_events(run_dir, "step")]
+    assert steps == list(range(1, 301))
+    switches = read_events(run_dir, "negatives")
+    assert len(switches) >= 2, switches
+    versions = [s["version"] for s in switches]
+    assert versions == sorted(set(versions))
+    assert len(IndexStore(run_dir / "index").versions()) >= 1
+    for switch in switches:
+        # Steps were taken between publishing the checkpoint and using its negatives: the
+        # trainer went on training while the refresh encoded, indexed and mined.
+        assert switch["lag"] >= 1
+        assert switch["step"] > switch["checkpoint_step"]
+    assert switches[-1]["step"] < 300
+    later = [e for e in read_events(run_dir, "step") if e["step"] > switches[0]["step"]]
+    assert later and all(e["negatives_version"] >= switches[0]["version"] for e in later)
+
+    newest = newest_checkpoint(run_dir)
+    assert newest is not None and newest[0] == 300
+    trained = recall(config, load_biencoder(newest[1] / EXPORT_DIR))
+    assert trained[1] > untrained[1] + 0.05, (untrained, trained)
+    assert trained[8] > untrained[8], (untrained, trained)
+
+
+def test_killed_worker_resumes_from_newest_checkpoint(
+    tmp_path: Path, dataset: Path, tiny_model_dir: Path, local_ray: None
+) -> None:
+    run_dir = tmp_path / "run"
+    config = make_config(
+        run_dir,
+        dataset,
+        tiny_model_dir,
+        "training.steps=100",
+        "training.checkpoint_every=20",
+        "training.max_failures=2",
+        "negatives.sampler=random",
+        "negatives.source=none",
+        "refresh.enabled=false",
+    )
+    outcome: dict[str, object] = {}
+
+    def train() -> None:
+        try:
+            outcome["summary"] = run_training(config, progress=False)
+        except Exception as error:  # surfaced by the assertion below
+            outcome["error"] = error
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    deadline = time.time() + 300
+    while not (checkpoint_dir(run_dir, 20) / "COMPLETE").is_file():
+        assert time.time() < deadline and thread.is_alive(), outcome
+        time.sleep(0.2)
+    victim = int((run_dir / "workers" / "rank-1.pid").read_text())
+    killed_at = max((e["step"] for e in read_events(run_dir, "step")), default=0)
+    os.kill(victim, signal.SIGKILL)
+    thread.join(timeout=600)
+
+    assert "error" not in outcome, outcome
+    resumes = read_events(run_dir, "resume")
+    assert resumes, "the restarted worker group did not resume from a checkpoint"
+    assert resumes[0]["step"] >= 20 and resumes[0]["step"] <= max(killed_at, 20) + 20
+    assert read_events(run_dir, "end")[-1]["step"] == 100
+    assert (checkpoint_dir(run_dir, 100) / "COMPLETE").is_file()
+    # After the resume every step from the checkpoint on is trained again, in order.
+    after = [e["step"] for e in read_events(run_dir, "step") if e["time"] > resumes[0]["time"]]
+    assert after == list(range(resumes[0]["step"] + 1, 101))
