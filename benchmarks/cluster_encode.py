@@ -1,0 +1,165 @@
+"""Refresh encode throughput: the Ray encoder pool vs a bare `model(**batch)` loop, and
+length-bucketed vs fixed-padding batches, on real WordNet definitions with all-MiniLM-L6-v2
+(DESIGN.md §8).
+
+The bare loop gets the same model, the same length-sorted, already tokenized batches and the same
+torch thread count as the pool's actor; the pool's time includes tokenization, Ray scheduling
+and writing the `.npy` shard arrays (actor start-up and model loading, once per refresh, are
+reported apart).
+
+    .venv/bin/python benchmarks/cluster_encode.py     # writes benchmarks/results/cluster_encode.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import ray
+import torch
+
+from cluster.encoder_pool import EncoderPool, ShardEncoded, ShardTask, encode_entity_texts
+from cluster.tables import Entity, EntityCatalogue, EntityCatalogueWriter
+from encoders.biencoder import build_biencoder, export_biencoder, load_biencoder, minilm_path
+from encoders.formatting import length_sorted_batches
+from pipeline.data.wordnet import parse_data_line
+
+RESULTS = Path(__file__).resolve().parent / "results"
+WORDNET_NOUNS = Path("/usr/share/wordnet/data.noun")
+
+
+def wordnet_entities(count: int) -> list[tuple[str, str]]:
+    """(title, text) of `count` noun synsets spread evenly over the file."""
+    lines = [
+        line
+        for line in WORDNET_NOUNS.read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.startswith("  ")
+    ]
+    picked = np.linspace(0, len(lines) - 1, count).astype(int)
+    synsets = [parse_data_line(lines[i], "n", "n") for i in picked]
+    return [(synset.title, synset.text) for synset in synsets]
+
+
+@torch.inference_mode()
+def bare_loop(model, batches: list[dict[str, torch.Tensor]]) -> float:
+    """Seconds for `model.entity_tower(**batch)` over the batches."""
+    start = time.perf_counter()
+    for batch in batches:
+        model.entity_tower(**batch)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--entities", type=int, default=2048)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--shard-size", type=int, default=512)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--output", type=Path, default=RESULTS / "cluster_encode.md")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    workdir = Path(tempfile.mkdtemp(prefix="hnce-encode-"))
+    export_dir = workdir / "export"
+    export_biencoder(build_biencoder(minilm_path(), "dual"), export_dir)
+    entities = wordnet_entities(args.entities)
+    with EntityCatalogueWriter(workdir / "data") as writer:
+        for entity_id, (title, text) in enumerate(entities):
+            writer.write(Entity(entity_id, f"n{entity_id}", title, text))
+    model = load_biencoder(export_dir).eval()
+    titles = [title for title, _ in entities]
+    texts = [text for _, text in entities]
+
+    # Same inputs for the bare loop: the pool's shards, tokenized, in its length-sorted batches.
+    bare_batches = []
+    for start in range(0, len(entities), args.shard_size):
+        tokens = model.tokenize_entities(
+            titles[start : start + args.shard_size], texts[start : start + args.shard_size]
+        )
+        lengths = tokens["attention_mask"].sum(1).numpy()
+        for rows in length_sorted_batches(lengths, args.batch_size):
+            width = int(lengths[rows].max())
+            bare_batches.append({name: value[rows, :width] for name, value in tokens.items()})
+    bucketed_seconds = time.perf_counter()
+    _, _, bucketed_tokens = encode_entity_texts(model, titles, texts, args.batch_size, True)
+    bucketed_seconds = time.perf_counter() - bucketed_seconds
+    fixed_seconds = time.perf_counter()
+    _, _, fixed_tokens = encode_entity_texts(model, titles, texts, args.batch_size, False)
+    fixed_seconds = time.perf_counter() - fixed_seconds
+    real_tokens = int(sum(int(b["attention_mask"].sum()) for b in bare_batches))
+
+    ray.init(num_cpus=max(2, args.threads), include_dashboard=False, log_to_driver=False)
+    startup = time.perf_counter()
+    pool = EncoderPool(
+        export_dir, num_encoders=1, batch_size=args.batch_size, num_threads=args.threads
+    )
+    ray.get([actor.pid.remote() for actor in pool.actors])
+    startup = time.perf_counter() - startup
+    catalogue = EntityCatalogue.open(workdir / "data")
+    embeddings = workdir / "embeddings"
+    embeddings.mkdir()
+    tasks = [
+        ShardTask(n, rows, str(embeddings / f"{n}.vectors.npy"), str(embeddings / f"{n}.ids.npy"))
+        for n, rows in enumerate(
+            catalogue.iter_batches(args.shard_size, ["entity_id", "title", "text"])
+        )
+    ]
+    done: list[ShardEncoded] = []
+    pool.encode_shards(tasks[:1], done.append)  # warm-up shard
+    bare_loop(model, bare_batches[:2])
+    # Alternate the two on a shared, noisy machine and keep the best of each.
+    bare_times, pool_times = [], []
+    for _ in range(args.repeats):
+        bare_times.append(bare_loop(model, bare_batches))
+        started = time.perf_counter()
+        pool.encode_shards(tasks, done.append)
+        pool_times.append(time.perf_counter() - started)
+    bare_seconds, pool_seconds = min(bare_times), min(pool_times)
+    pool.shutdown()
+    ray.shutdown()
+
+    count = len(entities)
+    rows = [
+        ("entities (WordNet noun synsets, lemmas + definition)", f"{count}"),
+        ("model", "all-MiniLM-L6-v2 entity tower, dual scorer, max 128 tokens"),
+        ("torch threads (bare loop and actor)", str(args.threads)),
+        ("timing", f"best of {args.repeats}, bare loop and pool alternated"),
+        ("bare `entity_tower(**batch)` loop", f"{count / bare_seconds:.1f} entities/s"),
+        (
+            "encoder pool (1 actor, tokenize + encode + write .npy)",
+            f"{count / pool_seconds:.1f} entities/s",
+        ),
+        ("pool / bare throughput", f"{bare_seconds / pool_seconds:.3f}"),
+        ("actor start-up + model load (once per refresh)", f"{startup:.1f} s"),
+        (
+            "length-bucketed batches",
+            f"{count / bucketed_seconds:.1f} entities/s, {bucketed_tokens} padded tokens",
+        ),
+        (
+            "fixed padding to 128",
+            f"{count / fixed_seconds:.1f} entities/s, {fixed_tokens} padded tokens",
+        ),
+        ("bucketed / fixed throughput", f"{fixed_seconds / bucketed_seconds:.2f}×"),
+        ("real (unpadded) tokens", str(real_tokens)),
+    ]
+    text = [
+        "# Refresh encode throughput (benchmarks/cluster_encode.py)",
+        "",
+        "CPU only, one run; the machine is shared, so compare the ratios.",
+        "",
+        "| measure | value |",
+        "|---|---|",
+        *[f"| {name} | {value} |" for name, value in rows],
+        "",
+    ]
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text("\n".join(text))
+    print("\n".join(text))
+
+
+if __name__ == "__main__":
+    main()
