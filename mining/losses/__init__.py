@@ -1,0 +1,35 @@
+"""Contrastive losses (DESIGN.md §4), one per module, built by name with ``build_loss``.
+
+Every loss is an ``nn.Module`` called as
+``loss(positive_scores [B], negative_scores [B, K], valid [B, K] | None, log_q [B, K] | None)``
+and returns a scalar; entries with ``valid=False`` never contribute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from mining.losses.nce import NCELoss
+
+LOSSES: dict[str, Callable[..., nn.Module]] = {
+    "nce": NCELoss,
+}
+
+
+def build_loss(name: str = "nce", **options: Any) -> nn.Module:
+    """A loss by name: nce (default, eq. 5/11) | sampled-softmax (eq. 10) | binary-nce |
+    negative-sampling | triplet | focal. ``options`` are the loss's constructor arguments."""
+    factory = LOSSES.get(name)
+    if factory is None:
+        known = ", ".join(sorted(LOSSES))
+        raise ValueError(f"{__file__}: unknown loss {name!r} (known: {known})")
+    try:
+        return factory(**options)
+    except TypeError as error:
+        raise ValueError(f"{__file__}: bad options for loss {name!r}: {error}") from error
+
+
+__all__ = ["LOSSES", "NCELoss", "build_loss"]

@@ -1,0 +1,51 @@
+"""Hard-negative NCE: softmax cross entropy over the gold and K negatives (paper 000 eq. 5/11)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from mining.losses.masking import check_inputs
+
+
+class NCELoss(nn.Module):
+    """J = −log exp s(x,y) / (exp s(x,y) + Σ_k exp s(x,y_k)), averaged over the batch.
+
+    Paper 000 eq. 5 (population form) and eq. 11 (the per-example estimate used in training);
+    DESIGN.md §4. The negatives may come from any distribution, conditional on x and correlated
+    (hard negatives, eq. 8). Entries with ``valid=False`` are left out of the normaliser, so a
+    mention with no valid negative contributes zero loss (−log 1). ``log_q`` is accepted for
+    interface compatibility and ignored: this loss has no proposal correction (see
+    :class:`~mining.losses.sampled_softmax.SampledSoftmaxLoss` for eq. 10).
+
+    Args:
+        temperature: scores are divided by it before the softmax.
+
+    Inputs:
+        positive_scores: [B] s(x, y) of the gold.
+        negative_scores: [B, K] s(x, y_k).
+        valid: [B, K] bool, False for padding (optional, default all valid).
+
+    Example::
+
+        loss = NCELoss()(torch.tensor([2.0]), torch.tensor([[1.0, 0.0]]))
+        # = −log(e² / (e² + e¹ + e⁰)) ≈ 0.4076
+    """
+
+    def __init__(self, temperature: float = 1.0) -> None:
+        super().__init__()
+        self.temperature = temperature
+
+    def forward(
+        self,
+        positive_scores: Tensor,
+        negative_scores: Tensor,
+        valid: Tensor | None = None,
+        log_q: Tensor | None = None,
+    ) -> Tensor:
+        check_inputs(positive_scores, negative_scores, valid, log_q)
+        negatives = negative_scores / self.temperature
+        if valid is not None:
+            negatives = negatives.masked_fill(~valid, float("-inf"))
+        logits = torch.cat([positive_scores.unsqueeze(1) / self.temperature, negatives], dim=1)
+        return (torch.logsumexp(logits, dim=1) - logits[:, 0]).mean()

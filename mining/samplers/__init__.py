@@ -1,0 +1,56 @@
+"""Negative samplers behind one interface (DESIGN.md §4).
+
+``build_sampler(name, **options)`` builds any of them by name; each lives in its own module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from mining.samplers.ance import AnceSampler
+from mining.samplers.base import NegativeSampler, SampledNegatives, SamplingRequest
+from mining.samplers.greedy import GreedySampler
+from mining.samplers.hard import HardSampler
+from mining.samplers.in_batch import InBatchSampler
+from mining.samplers.mixed import MixedSampler, hard_count
+from mining.samplers.random import RandomSampler
+
+SAMPLERS: dict[str, Callable[..., NegativeSampler]] = {
+    "random": RandomSampler,
+    "hard": HardSampler,
+    "greedy": GreedySampler,
+    "mixed": MixedSampler,
+    "in-batch": InBatchSampler,
+    "ance": AnceSampler,
+}
+
+
+def build_sampler(name: str, **options: Any) -> NegativeSampler:
+    """A sampler by name: random | hard | greedy | mixed | in-batch | ance | lexical | ohem |
+    momentum-queue | adversarial. ``options`` are the sampler's constructor arguments (e.g.
+    ``build_sampler("mixed", hard_fraction=0.5)``)."""
+    factory = SAMPLERS.get(name)
+    if factory is None:
+        known = ", ".join(sorted(SAMPLERS))
+        raise ValueError(f"{__file__}: unknown sampler {name!r} (known: {known})")
+    try:
+        return factory(**options)
+    except TypeError as error:
+        raise ValueError(f"{__file__}: bad options for sampler {name!r}: {error}") from error
+
+
+__all__ = [
+    "SAMPLERS",
+    "AnceSampler",
+    "GreedySampler",
+    "HardSampler",
+    "InBatchSampler",
+    "MixedSampler",
+    "NegativeSampler",
+    "RandomSampler",
+    "SampledNegatives",
+    "SamplingRequest",
+    "build_sampler",
+    "hard_count",
+]

@@ -1,0 +1,52 @@
+"""Hard negatives from the model distribution without replacement (paper 000 eq. 8)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mining.samplers.base import (
+    SampledNegatives,
+    SamplingRequest,
+    admissible,
+    candidates_of,
+    gumbel_top_k,
+)
+
+
+@dataclass
+class HardSampler:
+    """K distinct negatives drawn without replacement with probability ∝ exp(s(x, y)/τ),
+    excluding the gold and every known positive (paper 000 eq. 8, DESIGN.md §4).
+
+    Drawn by Gumbel-top-K: add iid Gumbel noise to ``score/τ`` and keep the K largest — exactly
+    the successive-sampling (Plackett-Luce) distribution of eq. 8 restricted to the admissible
+    set. The admissible set is the request's index candidates (top-N of the current index
+    version), or the whole catalogue when ``candidate_scores`` covers every entity
+    (``candidate_ids=None``), in which case the draw is exact. Candidates with ``-inf`` score,
+    negative id, a positive id or a repeated id are never drawn; with fewer than K admissible
+    candidates the row is padded with id -1 and ``valid=False``.
+
+    ``log_q`` is the single-draw log-probability log softmax(score/τ) over the admissible
+    candidates (the without-replacement inclusion probability has no closed form).
+
+    Args:
+        temperature: τ; τ → 0 approaches greedy top-K, τ → ∞ uniform over the candidates.
+    """
+
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"{__file__}: temperature must be > 0, got {self.temperature}")
+
+    def sample(self, request: SamplingRequest) -> SampledNegatives:
+        ids, scores = candidates_of(request, "hard")
+        keep = admissible(request, ids, scores)
+        logits = (scores.double() / self.temperature).masked_fill(~keep, float("-inf"))
+        columns, valid = gumbel_top_k(logits, request.num_negatives, request.generator)
+        out = ids.gather(1, columns).masked_fill(~valid, -1)
+        log_probs = torch.log_softmax(logits, dim=1).nan_to_num(nan=0.0, neginf=0.0)
+        log_q = log_probs.gather(1, columns).float().masked_fill(~valid, 0.0)
+        return SampledNegatives(ids=out, valid=valid, log_q=log_q)
