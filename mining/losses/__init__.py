@@ -12,10 +12,20 @@ from typing import Any
 
 from torch import nn
 
+from mining.losses.binary_nce import BinaryNCELoss
+from mining.losses.focal import FocalLoss
 from mining.losses.nce import NCELoss
+from mining.losses.negative_sampling import NegativeSamplingLoss
+from mining.losses.sampled_softmax import SampledSoftmaxLoss
+from mining.losses.triplet import TripletLoss
 
 LOSSES: dict[str, Callable[..., nn.Module]] = {
     "nce": NCELoss,
+    "sampled-softmax": SampledSoftmaxLoss,
+    "binary-nce": BinaryNCELoss,
+    "negative-sampling": NegativeSamplingLoss,
+    "triplet": TripletLoss,
+    "focal": FocalLoss,
 }
 
 
@@ -32,4 +42,13 @@ def build_loss(name: str = "nce", **options: Any) -> nn.Module:
         raise ValueError(f"{__file__}: bad options for loss {name!r}: {error}") from error
 
 
-__all__ = ["LOSSES", "NCELoss", "build_loss"]
+__all__ = [
+    "LOSSES",
+    "BinaryNCELoss",
+    "FocalLoss",
+    "NCELoss",
+    "NegativeSamplingLoss",
+    "SampledSoftmaxLoss",
+    "TripletLoss",
+    "build_loss",
+]

@@ -1,0 +1,36 @@
+"""Focal loss on the NCE softmax (Lin et al. 2017; papers/002)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from mining.losses.masking import check_inputs
+
+
+class FocalLoss(nn.Module):
+    """J = −(1 − p)^γ log p with p = exp s(x,y) / (exp s(x,y) + Σ_k exp s(x,y_k)) (eq. 5's
+    softmax). γ = 0 is exactly hard-negative NCE; γ > 0 down-weights mentions already ranked
+    confidently, focusing on the hard ones (papers/002). Invalid negatives leave the softmax.
+    ``log_q`` is ignored.
+    """
+
+    def __init__(self, gamma: float = 2.0, temperature: float = 1.0) -> None:
+        super().__init__()
+        self.gamma = gamma
+        self.temperature = temperature
+
+    def forward(
+        self,
+        positive_scores: Tensor,
+        negative_scores: Tensor,
+        valid: Tensor | None = None,
+        log_q: Tensor | None = None,
+    ) -> Tensor:
+        check_inputs(positive_scores, negative_scores, valid, log_q)
+        negatives = negative_scores / self.temperature
+        if valid is not None:
+            negatives = negatives.masked_fill(~valid, float("-inf"))
+        logits = torch.cat([positive_scores.unsqueeze(1) / self.temperature, negatives], dim=1)
+        log_p = logits[:, 0] - torch.logsumexp(logits, dim=1)
+        return (-((1.0 - log_p.exp()) ** self.gamma) * log_p).mean()

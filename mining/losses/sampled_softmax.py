@@ -1,0 +1,61 @@
+"""Bias-corrected sampled softmax with −log Q (paper 000 eq. 10; papers/004)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from mining.losses.masking import check_inputs
+
+
+class SampledSoftmaxLoss(nn.Module):
+    """Softmax over the gold and K negatives with each negative's score corrected by −log q:
+
+    J = −log exp s(x,y) / (exp s(x,y) + Σ_k exp(s(x,y_k) − log q(y_k|x)))
+
+    This is eq. 10 of paper 000 (Bengio & Senécal 2008): the corrected logit s̄(x,y') is
+    s(x,y') for the gold and s(x,y') − log q(y'|x) for a negative, so Σ_k exp s̄ is an
+    importance-sampling estimate of the partition sum over the negatives. papers/004's
+    "Sampled Softmax" subtracts log Q from the gold too; with the gold's log Q equal to a
+    constant c (uniform Q) that is this loss applied to s(x,y) − c. With a uniform q the loss is
+    NCE (eq. 5) with the gold logit shifted by the constant log q. ``sample_size_correction``
+    subtracts log K as well (Σ_k exp s̄ / K estimates the mean, Rawat et al. 2019).
+
+    Inputs: positive_scores [B], negative_scores [B, K], valid [B, K] (optional), log_q [B, K]
+    (required: the sampler's ``SampledNegatives.log_q``).
+
+    Example::
+
+        loss = SampledSoftmaxLoss()(pos, neg, sampled.valid, sampled.log_q)
+    """
+
+    def __init__(self, temperature: float = 1.0, sample_size_correction: bool = False) -> None:
+        super().__init__()
+        self.temperature = temperature
+        self.sample_size_correction = sample_size_correction
+
+    def forward(
+        self,
+        positive_scores: Tensor,
+        negative_scores: Tensor,
+        valid: Tensor | None = None,
+        log_q: Tensor | None = None,
+    ) -> Tensor:
+        check_inputs(positive_scores, negative_scores, valid, log_q)
+        if log_q is None:
+            raise ValueError(
+                f"{__file__}: sampled-softmax needs log_q from a sampler that reports its "
+                f"proposal (random, hard, mixed, ance); got None"
+            )
+        negatives = negative_scores / self.temperature - log_q.to(negative_scores.dtype)
+        if self.sample_size_correction:
+            count = (
+                valid.sum(dim=1, keepdim=True)
+                if valid is not None
+                else torch.full_like(positive_scores, negative_scores.shape[1]).unsqueeze(1)
+            )
+            negatives = negatives - count.clamp_min(1).to(negatives.dtype).log()
+        if valid is not None:
+            negatives = negatives.masked_fill(~valid, float("-inf"))
+        logits = torch.cat([positive_scores.unsqueeze(1) / self.temperature, negatives], dim=1)
+        return (torch.logsumexp(logits, dim=1) - logits[:, 0]).mean()
