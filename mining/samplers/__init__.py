@@ -13,7 +13,10 @@ from mining.samplers.base import NegativeSampler, SampledNegatives, SamplingRequ
 from mining.samplers.greedy import GreedySampler
 from mining.samplers.hard import HardSampler
 from mining.samplers.in_batch import InBatchSampler
+from mining.samplers.lexical import LexicalSampler
 from mining.samplers.mixed import MixedSampler, hard_count
+from mining.samplers.momentum_queue import MomentumQueue, momentum_update
+from mining.samplers.ohem import OhemSampler
 from mining.samplers.random import RandomSampler
 
 SAMPLERS: dict[str, Callable[..., NegativeSampler]] = {
@@ -23,6 +26,9 @@ SAMPLERS: dict[str, Callable[..., NegativeSampler]] = {
     "mixed": MixedSampler,
     "in-batch": InBatchSampler,
     "ance": AnceSampler,
+    "lexical": LexicalSampler,
+    "ohem": OhemSampler,
+    "momentum-queue": MomentumQueue,
 }
 
 
@@ -46,11 +52,15 @@ __all__ = [
     "GreedySampler",
     "HardSampler",
     "InBatchSampler",
+    "LexicalSampler",
     "MixedSampler",
+    "MomentumQueue",
     "NegativeSampler",
+    "OhemSampler",
     "RandomSampler",
     "SampledNegatives",
     "SamplingRequest",
     "build_sampler",
     "hard_count",
+    "momentum_update",
 ]
