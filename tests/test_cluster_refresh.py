@@ -19,14 +19,16 @@ from transformers import BertConfig, BertTokenizerFast
 from cluster.encoder_pool import EncoderPool, ShardEncoded, encode_entity_texts
 from cluster.index_store import IndexStore
 from cluster.negatives_store import NegativesStore
-from cluster.refresh import RefreshConfig, run_refresh
+from cluster.refresh import RefreshConfig, RefreshCoordinator, run_refresh
 from cluster.refresh_job import EXIT_LOCKED, EXIT_OK
 from cluster.tables import (
     Entity,
     EntityCatalogue,
     EntityCatalogueWriter,
     Mention,
+    MentionSplit,
     MentionWriter,
+    mention_split_path,
 )
 from encoders.biencoder import build_biencoder, export_biencoder, load_biencoder
 
@@ -47,6 +49,7 @@ def ray_instance():
 def _tiny_export(directory: Path, scorer: str) -> Path:
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[unused0]", "[unused1]", "[unused2]"]
     vocab += list(string.ascii_lowercase) + [f"##{c}" for c in string.ascii_lowercase]
+    directory.mkdir(parents=True, exist_ok=True)
     vocab_file = directory / "vocab.txt"
     vocab_file.write_text("\n".join(vocab) + "\n")
     torch.manual_seed(0)
@@ -93,7 +96,8 @@ def assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("refresh")
     return {
         "data": _dataset(root / "data"),
-        "dual": _tiny_export(root, "dual"),
+        "dual": _tiny_export(root / "dual", "dual"),
+        "multi": _tiny_export(root / "multi", "multi-3"),
         "root": root,
     }
 
@@ -200,3 +204,74 @@ def test_two_concurrent_cli_refreshes_one_runs_other_exits(ray_instance, assets)
     assert "another refresh" in second.stdout and "is running" in second.stdout
     assert first.returncode == EXIT_OK, output.decode()
     assert "refresh: step-5 → index v1" in output.decode()
+
+
+def test_interrupted_refresh_resumes_finished_shards(ray_instance, assets) -> None:
+    clean = IndexStore(_clean_run(assets) / "index", device="cpu").current()
+    run_dir = assets["root"] / "resumed"
+    _checkpoint(run_dir, 1, assets["dual"])
+    indexed: list[int] = []
+
+    def crash_after_two_shards(encoded: ShardEncoded, pool: EncoderPool) -> None:
+        indexed.append(encoded.shard_no)
+        if len(indexed) == 2:
+            raise RuntimeError("coordinator crashed")
+
+    with pytest.raises(RuntimeError, match="coordinator crashed"):
+        run_refresh(_config(run_dir, assets["data"]), on_shard=crash_after_two_shards)
+    assert IndexStore(run_dir / "index").current_version() is None  # nothing half-published
+    summary = run_refresh(_config(run_dir, assets["data"]))
+    assert summary.resumed_shards == 2 and summary.index_version == 1
+    resumed = IndexStore(run_dir / "index", device="cpu").current()
+    assert resumed.shard_checksums == clean.shard_checksums
+
+
+def test_multi_vector_refresh_mines_the_scorers_top_n(ray_instance, assets) -> None:
+    run_dir = assets["root"] / "multi"
+    _checkpoint(run_dir, 1, assets["multi"])
+    run_refresh(_config(run_dir, assets["data"]))
+    version = IndexStore(run_dir / "index", device="cpu").current()
+    assert version.vectors_per_entity == 3 and version.searcher.ntotal == 3 * NUM_ENTITIES
+    negatives = NegativesStore(run_dir / "negatives").latest()
+    # Direct formula: s = max_t <x_1, y_t> over every entity, from the exported model.
+    model = load_biencoder(assets["multi"]).eval()
+    catalogue = EntityCatalogue.open(assets["data"])
+    names = ["m0", "m7"]
+    split = {
+        m.mention_id: m
+        for m in MentionSplit.open(mention_split_path(assets["data"], "train")).read_all()
+    }
+    chosen = [split[name] for name in names]
+    with torch.inference_mode():
+        scores = model(
+            model.tokenize_mentions(
+                [m.context_left for m in chosen],
+                [m.mention for m in chosen],
+                [m.context_right for m in chosen],
+            ),
+            model.tokenize_entities(catalogue.titles().to_pylist(), catalogue.texts().to_pylist()),
+        ).numpy()
+    cands, cand_scores = negatives.lookup(names)
+    np.testing.assert_array_equal(cands.numpy(), np.argsort(-scores, axis=1)[:, :10])
+    np.testing.assert_allclose(
+        cand_scores.numpy(), -np.sort(-scores, axis=1)[:, :10], rtol=1e-4, atol=1e-4
+    )
+
+
+def test_coordinator_actor_follows_new_checkpoints(ray_instance, assets) -> None:
+    run_dir = assets["root"] / "watched"
+    _checkpoint(run_dir, 1, assets["dual"])
+    coordinator = RefreshCoordinator.remote(_config(run_dir, assets["data"], shard_size=100))
+    watching = coordinator.watch.remote(poll_seconds=0.2)
+    negatives = NegativesStore(run_dir / "negatives")
+    deadline = time.monotonic() + 120
+    while negatives.current_version() != 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    _checkpoint(run_dir, 2, assets["dual"])
+    while negatives.current_version() != 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    ray.get(coordinator.stop.remote())
+    assert ray.get(watching, timeout=60) == 2
+    status = ray.get(coordinator.status.remote())
+    assert status["error"] is None and "step-2" in status["last"]
+    assert NegativesStore(run_dir / "negatives").latest().checkpoint_step == 2
