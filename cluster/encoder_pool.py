@@ -34,9 +34,18 @@ logger = logging.getLogger(__name__)
 
 
 def torch_device() -> torch.device:
-    """The device an encoder runs on: the GPU Ray assigned to this process, else the CPU (logged)."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    logger.info("entity encoder on %s", device)
+    """The device an encoder runs on: the GPU Ray assigned to this actor, else the CPU (logged).
+
+    An actor given a GPU by Ray whose torch cannot use it raises instead of encoding on the CPU.
+    """
+    assigned = ray.get_gpu_ids() if ray.is_initialized() else []
+    if assigned and not torch.cuda.is_available():
+        raise RuntimeError(
+            f"Ray assigned GPU {assigned} to this encoder but torch {torch.__version__} has no "
+            "usable CUDA; install a CUDA torch build on GPU nodes"
+        )
+    device = torch.device("cuda" if assigned else "cpu")
+    logger.info("entity encoder on %s (Ray GPU ids %s)", device, assigned or "none")
     return device
 
 
