@@ -223,3 +223,20 @@ def test_negatives_publish_latest_and_lookup(tmp_path: Path) -> None:
         latest.lookup(["zzz"])
     store.publish(2, {"train": mined}, checkpoint_step=200, top_n=3)
     assert store.latest().checkpoint_step == 200
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [IndexSpec(kind="ivfpq", nlist=16, pq_m=8, nprobe=16), IndexSpec(kind="hnsw", hnsw_m=16)],
+    ids=["ivfpq", "hnsw"],
+)
+def test_serving_index_kinds_find_their_own_vectors(spec: IndexSpec) -> None:
+    vectors = _vectors(2000)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    ids = np.arange(2000)
+    shards = [
+        IndexShard(build_shard_index(vectors[part], spec), ids[part])
+        for part in np.array_split(ids, 2)
+    ]
+    found, _ = ShardedSearcher(shards).search(vectors[:100], 5)
+    assert (found[:, 0] == ids[:100]).mean() >= 0.9
