@@ -1,0 +1,169 @@
+"""KILT-format predictions and entity-linking accuracy against the whole catalogue.
+
+Predictions are what KILT's scorer reads: one line per input id, in input order,
+``{"id", "output": [{"answer": title, "provenance": [{"wikipedia_id", "title"}]}]}``. Every line
+of every input file gets one, ``test_without_answers`` included, so the inputs are read here
+directly instead of from the Parquet splits (which leave out rows a converter rejected).
+
+Accuracy (paper §6.8, Table 4) counts every labelled mention: one whose gold is missing from the
+catalogue (``gold = MISSING_GOLD``) cannot be predicted and counts as an error; such mentions are
+also counted and reported on their own, never dropped silently.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from cluster.tables import EntityCatalogue, Mention
+from pipeline.data.kilt import END_ENT, START_ENT
+
+
+@dataclass(frozen=True)
+class KiltInput:
+    """One input line: its id and the mention in context."""
+
+    id: str
+    context_left: str
+    mention: str
+    context_right: str
+    labelled: bool  # the line has a non-empty ``output``
+
+
+def _parts(record: dict, path: Path, line: int) -> tuple[str, str, str]:
+    meta = record.get("meta")
+    if isinstance(meta, dict) and meta.get("mention") is not None:
+        return (
+            str(meta.get("left_context") or ""),
+            str(meta["mention"]),
+            str(meta.get("right_context") or ""),
+        )
+    text = record.get("input")
+    if isinstance(text, str):
+        start, end = text.find(START_ENT), text.find(END_ENT)
+        if 0 <= start < end:
+            return (
+                text[:start].strip(),
+                text[start + len(START_ENT) : end].strip(),
+                text[end + len(END_ENT) :].strip(),
+            )
+    raise ValueError(
+        f"{path}:{line}: no meta.mention and no {START_ENT} ... {END_ENT} span in input"
+    )
+
+
+def read_kilt_inputs(path: Path) -> list[KiltInput]:
+    """Every line of a KILT AIDA file (errors name the file and line)."""
+    path = Path(path)
+    inputs: list[KiltInput] = []
+    with path.open(encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{line_number}: invalid JSON: {error.msg}") from error
+            if not isinstance(record, dict) or "id" not in record:
+                raise ValueError(f"{path}:{line_number}: a KILT line needs an 'id'")
+            left, mention, right = _parts(record, path, line_number)
+            outputs = record.get("output")
+            labelled = isinstance(outputs, list) and any(
+                isinstance(o, dict) and (o.get("answer") or o.get("provenance")) for o in outputs
+            )
+            inputs.append(KiltInput(str(record["id"]), left, mention, right, labelled))
+    return inputs
+
+
+def as_mentions(inputs: Sequence[KiltInput]) -> list[Mention]:
+    """Inputs in the mention contract (gold unknown), for the encoders."""
+    return [
+        Mention(item.id, item.context_left, item.mention, item.context_right, -1) for item in inputs
+    ]
+
+
+def write_kilt_predictions(
+    path: Path, inputs: Sequence[KiltInput], predicted: np.ndarray, catalogue: EntityCatalogue
+) -> int:
+    """One KILT line per input, in input order, naming the top-1 entity; returns lines written.
+
+    ``wikipedia_id`` is the entity's catalogue key (its Wikipedia page id, for a catalogue from
+    BLINK's entity.jsonl or the KILT knowledge source).
+    """
+    if len(predicted) != len(inputs):
+        raise ValueError(f"{len(inputs)} inputs but {len(predicted)} predictions")
+    entities = catalogue.get_many([max(int(i), 0) for i in predicted])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    with temporary.open("w", encoding="utf-8") as handle:
+        for item, entity_id, entity in zip(inputs, predicted, entities, strict=True):
+            output = []
+            if entity_id >= 0:
+                provenance = [{"wikipedia_id": entity.key, "title": entity.title}]
+                output = [{"answer": entity.title, "provenance": provenance}]
+            handle.write(json.dumps({"id": item.id, "output": output}) + "\n")
+    temporary.replace(path)
+    return len(inputs)
+
+
+@dataclass
+class LinkingAccuracy:
+    """Accuracy of top-1 predictions on one labelled split, against every catalogue entity."""
+
+    split: str
+    mentions: int
+    missing_gold: int  # gold not in the catalogue: reported, and counted as errors
+    correct: int
+    recall_at_k: float  # share of mentions with a gold among the top k candidates
+    k: int
+
+    @property
+    def accuracy(self) -> float:
+        """Unnormalized accuracy: correct / all labelled mentions (missing golds are errors)."""
+        return self.correct / self.mentions if self.mentions else 0.0
+
+    @property
+    def accuracy_in_catalogue(self) -> float:
+        """Accuracy over the mentions whose gold is in the catalogue."""
+        present = self.mentions - self.missing_gold
+        return self.correct / present if present else 0.0
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            **asdict(self),
+            "accuracy": self.accuracy,
+            "accuracy_in_catalogue": self.accuracy_in_catalogue,
+        }
+
+
+def linking_accuracy(
+    split: str, mentions: Sequence[Mention], candidates_by_id: dict[str, np.ndarray]
+) -> LinkingAccuracy:
+    """Accuracy of the candidates (best first) found for each labelled mention, by mention id.
+
+    A mention with no candidates (rejected from the predictions' inputs) counts as an error.
+    """
+    missing = correct = hits = 0
+    k = len(next(iter(candidates_by_id.values()))) if candidates_by_id else 0
+    for mention in mentions:
+        golds = {g for g in (mention.golds or (mention.gold,)) if g >= 0}
+        if not golds:
+            missing += 1
+            continue
+        found = candidates_by_id.get(mention.mention_id)
+        if found is None:
+            continue
+        correct += int(found[0] >= 0 and int(found[0]) in golds)
+        hits += int(any(int(c) in golds for c in found if c >= 0))
+    return LinkingAccuracy(
+        split=split,
+        mentions=len(mentions),
+        missing_gold=missing,
+        correct=correct,
+        recall_at_k=hits / len(mentions) if mentions else 0.0,
+        k=k,
+    )
