@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -28,6 +29,9 @@ import yaml
 INDEXABLE_SCORERS = frozenset({"dual", "multi", "som", "general"})
 NON_INDEXABLE_SCORERS = frozenset({"poly", "genpoly", "joint"})
 SAMPLERS_FROM_INDEX = frozenset({"hard", "greedy", "mixed", "ance", "ohem", "adversarial"})
+
+
+_YAML11_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 class ConfigError(ValueError):
@@ -156,6 +160,7 @@ class EvalSettings:
     ks: list[int] = field(default_factory=lambda: [1, 8, 64, 100])
     batch_size: int = 256
     max_entities: int = 0  # 0 = whole catalogue
+    per_domain_catalogue: bool = False  # Zeshel: link each mention within its own domain
 
 
 @dataclass
@@ -252,6 +257,9 @@ def _coerce(value: Any, annotation: Any, key: str, origins: Mapping[str, str]) -
     if annotation is Any:
         return value
     if annotation is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if annotation is float and isinstance(value, str) and _YAML11_FLOAT.fullmatch(value.strip()):
+        # YAML 1.1 reads "1e-4" (no dot) as a string; accept it where a float is expected.
         return float(value)
     if annotation is type(None) and value is None:
         return None

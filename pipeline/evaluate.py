@@ -89,16 +89,14 @@ def summarise(
     return RecallReport(name, len(hits), num_entities, recall, macro, per_domain)
 
 
-def build_catalogue_index(
+def encode_catalogue(
     model: BiEncoder,
     catalogue: EntityCatalogue,
     batch_size: int,
-    spec: IndexSpec,
-    num_shards: int = 1,
     max_entities: int = 0,
     progress: bool = True,
-) -> ShardedSearcher:
-    """Encode the catalogue (or its first ``max_entities``) and index it in ``num_shards`` shards."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """Index vectors [V, d] of the catalogue (or its first ``max_entities``) and their entity ids."""
     total = len(catalogue) if max_entities <= 0 else min(max_entities, len(catalogue))
     chunk = max(batch_size * 16, 1024)
     vectors, ids = [], []
@@ -117,17 +115,25 @@ def build_catalogue_index(
         seen += take
         bar.update(take)
     bar.close()
-    all_vectors = np.concatenate(vectors)
-    all_ids = np.concatenate(ids).astype(np.int64)
+    return np.concatenate(vectors), np.concatenate(ids).astype(np.int64)
+
+
+def build_index(
+    vectors: np.ndarray,
+    ids: np.ndarray,
+    spec: IndexSpec,
+    num_shards: int,
+    vectors_per_entity: int | None,
+) -> ShardedSearcher:
+    """``num_shards`` FAISS shards over the vectors, searched with a heap merge."""
+    num_shards = max(1, min(num_shards, len(ids)))
     shards = [
         IndexShard(build_shard_index(np.ascontiguousarray(part_vectors), spec), part_ids)
         for part_vectors, part_ids in zip(
-            np.array_split(all_vectors, num_shards),
-            np.array_split(all_ids, num_shards),
-            strict=True,
+            np.array_split(vectors, num_shards), np.array_split(ids, num_shards), strict=True
         )
     ]
-    return ShardedSearcher(shards, vectors_per_entity=model.scorer.vectors_per_entity)
+    return ShardedSearcher(shards, vectors_per_entity=vectors_per_entity)
 
 
 def search_mentions(
@@ -168,18 +174,41 @@ def evaluate_model(
     spec: IndexSpec | None = None,
     num_shards: int = 1,
     max_entities: int = 0,
+    per_domain_catalogue: bool = False,
     progress: bool = True,
 ) -> RecallReport:
-    """Recall@ks of ``model`` on ``mentions`` against the catalogue through a FAISS index."""
+    """Recall@ks of ``model`` on ``mentions`` against the catalogue through a FAISS index.
+
+    ``per_domain_catalogue`` searches each mention among its own domain's entities only (Zeshel:
+    a test world is linked against that world's documents); otherwise the whole catalogue.
+    """
     model.eval()
+    spec = spec or IndexSpec()
+    vectors_per_entity = model.scorer.vectors_per_entity
+    candidates = np.full((len(mentions), max(ks)), -1, dtype=np.int64)
     with torch.inference_mode():
-        searcher = build_catalogue_index(
-            model, catalogue, batch_size, spec or IndexSpec(), num_shards, max_entities, progress
-        )
-        candidates = search_mentions(model, searcher, mentions, max(ks), batch_size, progress)
+        vectors, ids = encode_catalogue(model, catalogue, batch_size, max_entities, progress)
+        if per_domain_catalogue:
+            entity_domains = np.asarray(catalogue.domain_of().to_numpy(zero_copy_only=False))
+            mention_domains = np.asarray([m.domain for m in mentions])
+            for domain in sorted(set(mention_domains.tolist())):
+                keep = entity_domains[ids] == domain
+                rows = np.flatnonzero(mention_domains == domain)
+                if not keep.any():
+                    continue
+                searcher = build_index(
+                    vectors[keep], ids[keep], spec, num_shards, vectors_per_entity
+                )
+                found = search_mentions(
+                    model, searcher, [mentions[i] for i in rows], max(ks), batch_size, progress
+                )
+                candidates[rows] = found
+        else:
+            searcher = build_index(vectors, ids, spec, num_shards, vectors_per_entity)
+            candidates = search_mentions(model, searcher, mentions, max(ks), batch_size, progress)
     golds = [m.golds or (m.gold,) for m in mentions]
     hits = hits_at(candidates, golds, ks)
-    return summarise(name, hits, [m.domain for m in mentions], ks, searcher.ntotal)
+    return summarise(name, hits, [m.domain for m in mentions], ks, len(np.unique(ids)))
 
 
 def format_table(reports: Sequence[RecallReport], ks: Sequence[int] | None = None) -> str:

@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         config.eval.batch_size,
         max_entities=config.eval.max_entities,
         num_shards=config.index.num_shards,
+        per_domain_catalogue=config.eval.per_domain_catalogue,
         progress=not args.no_progress,
     )
     out = args.out or config.run_dir / f"eval-{split}.json"

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import deepspeed
+import numpy as np
 import ray.train
 import torch
 import torch.distributed as dist
@@ -73,13 +74,33 @@ def load_train_mentions(config: Config) -> list[Mention]:
     return mentions[:limit] if limit > 0 else mentions
 
 
+def training_entities(catalogue: EntityCatalogue, mentions: Sequence[Mention]) -> np.ndarray:
+    """Entity ids negatives are drawn from: the entities of the training mentions' domains.
+
+    Zeshel-style data trains on some domains and tests on others; negatives from the test
+    domains would let the model separate domains instead of entities (paper §6.3: "sampled
+    uniformly at random from all entities in training data"). Without domains: every entity.
+    """
+    domains = np.asarray(catalogue.domain_of().to_numpy(zero_copy_only=False))
+    training_domains = sorted({m.domain for m in mentions})
+    return np.flatnonzero(np.isin(domains, training_domains)).astype(np.int64)
+
+
 class NegativeDrawer:
     """K negatives per mention: the configured sampler over the current negatives version, the
-    random sampler before the first refresh. Known positives never come back as negatives."""
+    random sampler before the first refresh. Known positives never come back as negatives.
 
-    def __init__(self, config: Config, num_entities: int, mentions: Sequence[Mention]) -> None:
+    Samplers work in a local id space 0..M-1 over :func:`training_entities`; candidates of
+    the refreshed index outside it are masked out, and drawn ids are mapped back.
+    """
+
+    def __init__(
+        self, config: Config, catalogue: EntityCatalogue, mentions: Sequence[Mention]
+    ) -> None:
         negatives = config.negatives
-        self.num_entities = num_entities
+        self.entity_ids = torch.from_numpy(training_entities(catalogue, mentions))
+        self.to_local = torch.full((len(catalogue),), -1, dtype=torch.long)
+        self.to_local[self.entity_ids] = torch.arange(len(self.entity_ids))
         self.num_negatives = negatives.num_negatives
         self.random = build_sampler("random")
         options: dict[str, Any] = {}
@@ -93,24 +114,31 @@ class NegativeDrawer:
                 for gold in mention.golds or (mention.gold,):
                     self.filter.add(mention.mention_id, int(gold))
 
+    def _local(self, ids: Tensor) -> Tensor:
+        return torch.where(ids >= 0, self.to_local[ids.clamp(min=0)], -1)
+
     def draw(
         self,
         mentions: Sequence[Mention],
         refreshed: RefreshedNegatives,
         generator: torch.Generator,
     ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """(negative ids [B, K], valid [B, K], log_q [B, K] or None)."""
-        gold = torch.tensor([m.gold for m in mentions], dtype=torch.long)
-        positives = [set(m.golds or ()) | {m.gold} for m in mentions]
+        """(negative entity ids [B, K], valid [B, K], log_q [B, K] or None)."""
+        gold = self._local(torch.tensor([m.gold for m in mentions], dtype=torch.long))
+        positives = [
+            {int(self.to_local[g]) for g in (m.golds or (m.gold,))} - {-1} for m in mentions
+        ]
         candidate_ids = candidate_scores = None
         sampler = self.random
         if self.needs_candidates and refreshed.current is not None:
-            candidate_ids, candidate_scores = refreshed.current.lookup(
+            global_ids, candidate_scores = refreshed.current.lookup(
                 [m.mention_id for m in mentions]
             )
+            candidate_ids = self._local(global_ids)
+            outside = candidate_ids < 0
             if self.filter is not None:
-                known = self.filter.mask([m.mention_id for m in mentions], candidate_ids)
-                candidate_scores = candidate_scores.masked_fill(known, float("-inf"))
+                outside |= self.filter.mask([m.mention_id for m in mentions], global_ids)
+            candidate_scores = candidate_scores.masked_fill(outside, float("-inf"))
             sampler = self.sampler
         elif not self.needs_candidates:
             sampler = self.sampler
@@ -118,14 +146,15 @@ class NegativeDrawer:
             SamplingRequest(
                 gold=gold,
                 positives=positives,
-                num_entities=self.num_entities,
+                num_entities=len(self.entity_ids),
                 num_negatives=self.num_negatives,
                 candidate_ids=candidate_ids,
                 candidate_scores=candidate_scores,
                 generator=generator,
             )
         )
-        return sampled.ids, sampled.valid, sampled.log_q
+        ids = self.entity_ids[sampled.ids.clamp(min=0, max=len(self.entity_ids) - 1)]
+        return ids, sampled.valid, sampled.log_q
 
 
 def _micro_batch(
@@ -252,7 +281,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         log.write("start", step=0, world_size=world_size, mentions=len(mentions))
 
     order = MentionOrder(len(mentions), training.batch_size, world_size, config.run.seed)
-    drawer = NegativeDrawer(config, len(catalogue), mentions)
+    drawer = NegativeDrawer(config, catalogue, mentions)
     loss_fn = build_loss(config.loss.name, **config.loss.options)
     refreshed = RefreshedNegatives(run_dir / "negatives", config.data.train_split)
     engine.train()
