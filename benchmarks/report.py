@@ -1,0 +1,62 @@
+"""Assemble BENCHMARKS.md from the per-benchmark result files in ``benchmarks/results/``.
+
+Every benchmark script writes its own ``benchmarks/results/<name>.md`` (figures measured in one
+run, as ratios where the machine is noisy) and then calls :func:`update_benchmarks_md`, so
+BENCHMARKS.md always holds the latest figures of every benchmark. Run on its own to rebuild:
+
+    .venv/bin/python benchmarks/report.py
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
+
+# Reading order of the sections; result files not listed here follow alphabetically.
+SECTION_ORDER = (
+    "data_converters",
+    "encoders_throughput",
+    "mining_bias",
+    "cluster_search",
+    "cluster_encode",
+    "cluster_scale",
+    "pipeline_refresh_overlap",
+    "demo",
+    "wordnet_comparison",
+)
+
+HEADER = """# Benchmarks
+
+Figures measured on the development machine (2 CPU cores, 24 GiB, no GPU) unless a section says
+otherwise. Each section is written by the script named in it (`benchmarks/<name>.py`, results in
+`benchmarks/results/<name>.md`); `python benchmarks/report.py` reassembles this file. Timings on
+a shared 2-core machine are noisy: compare the ratios measured within one run, not absolute
+figures across runs.
+"""
+
+
+def ordered_result_files() -> list[Path]:
+    files = {path.stem: path for path in RESULTS.glob("*.md")}
+    ordered = [files.pop(name) for name in SECTION_ORDER if name in files]
+    return ordered + [files[name] for name in sorted(files)]
+
+
+def as_section(markdown: str) -> str:
+    """One heading level down, so every result file becomes a section of BENCHMARKS.md."""
+    return "\n".join(
+        "#" + line if line.startswith("#") else line for line in markdown.strip().splitlines()
+    )
+
+
+def update_benchmarks_md() -> Path:
+    """Rewrite BENCHMARKS.md from every result file; returns its path."""
+    sections = [as_section(path.read_text(encoding="utf-8")) for path in ordered_result_files()]
+    BENCHMARKS_MD.write_text("\n\n".join([HEADER.strip(), *sections]) + "\n", encoding="utf-8")
+    return BENCHMARKS_MD
+
+
+if __name__ == "__main__":
+    print(f"wrote {update_benchmarks_md()}")
