@@ -184,6 +184,15 @@ def candidates_of(request: SamplingRequest, sampler: str) -> tuple[Tensor, Tenso
 def admissible(request: SamplingRequest, ids: Tensor, scores: Tensor | None = None) -> Tensor:
     """Bool [B, N]: candidates that may be negatives — in range, not the gold, not a known
     positive, finite score, first occurrence of their id in the row."""
+    if request.candidate_ids is None and ids.shape == (request.batch_size, request.num_entities):
+        # Whole catalogue in id order: no repeats, and exclusions are a scatter.
+        keep = torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
+        rows = [row for row, excl in enumerate(request.exclusions()) for _ in excl]
+        cols = [e for excl in request.exclusions() for e in excl]
+        inside = [(r, c) for r, c in zip(rows, cols, strict=True) if 0 <= c < ids.shape[1]]
+        if inside:
+            keep[torch.tensor([r for r, _ in inside]), torch.tensor([c for _, c in inside])] = False
+        return keep & torch.isfinite(scores) if scores is not None else keep
     keep = ~excluded(request, ids)
     if scores is not None:
         keep &= torch.isfinite(scores)

@@ -107,7 +107,10 @@ class MixedSampler:
             keep = admissible(request, cand_ids, scores)
             logits = (scores.double() / self.temperature).masked_fill(~keep, float("-inf"))
             probs = torch.softmax(logits, dim=1).nan_to_num(nan=0.0).cpu()
-            match = ids.unsqueeze(2) == cand_ids.cpu().masked_fill(~keep.cpu(), -2).unsqueeze(1)
-            q_hard = (match.double() * probs.unsqueeze(1)).sum(dim=2)
+            if request.candidate_ids is None:
+                q_hard = probs.gather(1, ids.clamp_min(0))
+            else:
+                match = ids.unsqueeze(2) == cand_ids.cpu().masked_fill(~keep.cpu(), -2).unsqueeze(1)
+                q_hard = (match.double() * probs.unsqueeze(1)).sum(dim=2)
         mixture = (k_hard * q_hard + (k - k_hard) * q_random) / k
         return mixture.clamp_min(1e-300).log().float().masked_fill(~valid, 0.0)
