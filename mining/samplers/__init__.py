@@ -32,6 +32,15 @@ SAMPLERS: dict[str, Callable[..., NegativeSampler]] = {
 }
 
 
+def _adversarial(**options: Any) -> NegativeSampler:
+    from mining.adversarial import AdversarialSampler
+
+    return AdversarialSampler(**options)
+
+
+SAMPLERS["adversarial"] = _adversarial
+
+
 def build_sampler(name: str, **options: Any) -> NegativeSampler:
     """A sampler by name: random | hard | greedy | mixed | in-batch | ance | lexical | ohem |
     momentum-queue | adversarial. ``options`` are the sampler's constructor arguments (e.g.
