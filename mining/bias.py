@@ -260,13 +260,18 @@ def plot_figure1(result: SyntheticBiasResult, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     labels = {"ce": "CE", "random": "random-NCE", "hard": "hard-NCE", "mixed": "mixed-NCE"}
+    colours = {"ce": "C0", "random": "C1", "hard": "C2", "mixed": "C3"}
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for name, values in result.loss.items():
-        left.plot(result.updates, values, label=labels.get(name, name), linewidth=1)
+        left.plot(
+            result.updates, values, label=labels.get(name, name), color=colours.get(name), lw=1
+        )
     left.set(xlabel="update", ylabel="loss", title="Loss")
     left.legend()
     for name, values in result.bias_norm.items():
-        right.plot(result.updates, values, label=labels.get(name, name), linewidth=1)
+        right.plot(
+            result.updates, values, label=labels.get(name, name), color=colours.get(name), lw=1
+        )
     right.set(xlabel="update", ylabel="‖E[∇J_NCE] − ∇J_CE‖", title="Gradient bias norm")
     right.set_yscale("log")
     right.legend()
