@@ -16,6 +16,7 @@ import json
 import shutil
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -155,8 +156,13 @@ def _evaluate(name: str, model: object, config: Config, data_root: Path) -> Reca
     return evaluate_model(name, model, catalogue, mentions, config.eval.ks, config.eval.batch_size)
 
 
-def run_demo(config: Config, work_dir: Path) -> DemoResult:
-    """The whole demo under ``work_dir``; configs for the two trainings derive from ``config``."""
+def run_demo(
+    config: Config, work_dir: Path, announce: Callable[[str], None] = lambda _: None
+) -> DemoResult:
+    """The whole demo under ``work_dir``; configs for the two trainings derive from ``config``.
+
+    ``announce`` receives the table so far after each evaluation (the CLI prints it).
+    """
     seconds: dict[str, float] = {}
     started = time.perf_counter()
     wordnet = work_dir / "wordnet"
@@ -175,10 +181,11 @@ def run_demo(config: Config, work_dir: Path) -> DemoResult:
     seconds["data"] = time.perf_counter() - started
 
     base = replace(config, data=replace(config.data, root=str(data_root)))
-    reports = []
+    reports: list[RecallReport] = []
     mark = time.perf_counter()
     reports.append(_evaluate("untrained", build_model(base), base, data_root))
     seconds["eval untrained"] = time.perf_counter() - mark
+    announce(format_table(reports))
 
     variants = {
         "random": replace(
@@ -205,6 +212,7 @@ def run_demo(config: Config, work_dir: Path) -> DemoResult:
             _evaluate_export(f"trained, {name}", newest[1] / EXPORT_DIR, base, data_root)
         )
         seconds[f"eval {name}"] = time.perf_counter() - mark
+        announce(f"{name}: {trainings[name].line()}\n{format_table(reports)}")
     seconds["total"] = time.perf_counter() - started
     result = DemoResult(reports, trainings, counts, seconds)
     write_reports(reports, work_dir / "demo_results.json")

@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.demo import demo_table, run_demo
 
     work_dir = Path(config.run.dir)
-    result = run_demo(config, work_dir)
+    result = run_demo(config, work_dir, announce=lambda text: print(text, flush=True))
     print()
     print(
         f"WordNet demo: {result.counts['train_mentions']} training mentions, "
