@@ -371,6 +371,10 @@ def validate(config: Config) -> Config:
         raise ConfigError(
             f"'training.precision' must be auto, bf16 or fp32, got {config.training.precision!r}"
         )
+    if config.training.precision == "bf16" and not config.cluster.use_gpu:
+        raise ConfigError(
+            "'training.precision: bf16' needs GPUs ('cluster.use_gpu: true'); on CPU use auto or fp32"
+        )
     if config.training.warmup_steps < 0:
         raise ConfigError("'training.warmup_steps' must not be negative")
     if config.training.learning_rate <= 0:

@@ -1,0 +1,84 @@
+"""Fast unit tests of the pipeline's pure parts: recall, data order, checkpoints, DeepSpeed config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.config import TrainingSettings
+from pipeline.evaluate import format_table, hits_at, summarise
+from pipeline.train.checkpoints import (
+    COMPLETE,
+    checkpoint_dir,
+    complete_checkpoints,
+    mark_complete,
+    newest_checkpoint,
+    prune_checkpoints,
+)
+from pipeline.train.data_order import MentionOrder
+from pipeline.train.deepspeed_config import build_deepspeed_config
+
+
+def test_hits_at_uses_every_gold_and_first_position() -> None:
+    candidates = np.array([[5, 3, 9, 1], [2, 2, 2, 2], [7, 8, 4, 0]])
+    golds = [(3,), (6,), (0, 8)]
+    hits = hits_at(candidates, golds, [1, 2, 4])
+    assert hits.tolist() == [[False, True, True], [False, False, False], [False, True, True]]
+
+
+def test_macro_recall_averages_domains_not_mentions() -> None:
+    hits = np.array([[True], [True], [True], [False]])
+    report = summarise("m", hits, ["a", "a", "a", "b"], [1], num_entities=10)
+    assert report.recall[1] == pytest.approx(0.75)
+    assert report.macro_recall[1] == pytest.approx(0.5)
+    assert report.accuracy == pytest.approx(0.75)
+    assert report.per_domain["b"]["recall@1"] == 0.0
+    table = format_table([report])
+    assert "R@1" in table and "0.750" in table and "0.500" in table
+
+
+def test_data_order_is_a_pure_function_of_step_and_rank() -> None:
+    order = MentionOrder(num_mentions=50, batch_size=4, world_size=2, seed=3)
+    again = MentionOrder(num_mentions=50, batch_size=4, world_size=2, seed=3)
+    epoch = [np.concatenate([order.batch(s, 0), order.batch(s, 1)]) for s in range(6)]
+    seen = np.concatenate(epoch)
+    assert len(set(seen.tolist())) == len(seen) == 48  # no mention twice within an epoch
+    for step in (0, 5, 6, 17):
+        for rank in (0, 1):
+            assert np.array_equal(order.batch(step, rank), again.batch(step, rank))
+    assert not np.array_equal(order.batch(0, 0), order.batch(6, 0))  # a new epoch reshuffles
+    with pytest.raises(ValueError, match="cannot fill"):
+        MentionOrder(num_mentions=5, batch_size=4, world_size=2, seed=0)
+
+
+def test_only_complete_checkpoints_count_and_pruning_spares_protected(tmp_path: Path) -> None:
+    for step in (10, 20, 30, 40):
+        directory = checkpoint_dir(tmp_path, step)
+        directory.mkdir(parents=True)
+        if step != 40:
+            mark_complete(directory, {"step": step})
+    assert [s for s, _ in complete_checkpoints(tmp_path)] == [10, 20, 30]
+    assert newest_checkpoint(tmp_path)[0] == 30
+    removed = prune_checkpoints(tmp_path, keep=1, protect={10})
+    assert removed == [20]
+    assert (checkpoint_dir(tmp_path, 10) / COMPLETE).is_file()
+    assert not checkpoint_dir(tmp_path, 20).exists()
+    assert checkpoint_dir(tmp_path, 40).is_dir()  # incomplete ones are not touched
+
+
+def test_deepspeed_config_on_cpu() -> None:
+    settings = TrainingSettings(
+        steps=100, warmup_steps=500, zero_stage=2, gradient_accumulation=4, learning_rate=3e-5
+    )
+    config = build_deepspeed_config(settings, on_gpu=False)
+    assert config["optimizer"]["params"]["torch_adam"] is True
+    assert "bf16" not in config
+    assert config["zero_optimization"]["stage"] == 2
+    assert config["gradient_accumulation_steps"] == 4
+    schedule = config["scheduler"]["params"]
+    assert schedule["warmup_num_steps"] == 99 and schedule["total_num_steps"] == 100
+    assert schedule["warmup_max_lr"] == 3e-5
+    with pytest.raises(ValueError, match="bf16"):
+        build_deepspeed_config(TrainingSettings(precision="bf16"), on_gpu=False)
