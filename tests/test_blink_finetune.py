@@ -322,3 +322,38 @@ def test_finetune_blink_end_to_end(inputs: dict[str, Path], tmp_path: Path) -> N
     start = import_blink_biencoder(inputs["checkpoint"], inputs["base"], entity_length=24)
     with torch.inference_mode():
         assert not torch.equal(start.encode_entities(**tokens)[0], hf.encode_entities(**tokens)[0])
+
+
+def test_index_version_zero_encoded_from_the_checkpoint_and_mined(
+    inputs: dict[str, Path], tmp_path: Path
+) -> None:
+    """Without BLINK's encodings, version 0 is the checkpoint's own encodings; the train
+    mentions are mined against it into negatives version 0 (checkpoint step 0)."""
+    from cluster.negatives_store import NegativesStore
+    from cluster.sharded_index import IndexSpec
+    from pipeline.blink_finetune.index_v0 import index_from_model, mine_initial_negatives
+    from pipeline.rerank import retrieve_candidates
+
+    model = import_blink_biencoder(inputs["checkpoint"], inputs["base"], entity_length=24)
+    catalogue = EntityCatalogue.open(inputs["catalogue"])
+    version = index_from_model(
+        IndexStore(tmp_path / "index"), model, tmp_path, catalogue, IndexSpec(), shard_size=3
+    )
+    assert version.version == 0 and len(version.manifest["shards"]) == 4
+    stored = np.concatenate(
+        [s.index.reconstruct_n(0, s.index.ntotal) for s in version.searcher.shards]
+    )
+    np.testing.assert_allclose(
+        stored, read_blink_encodings(inputs["encodings"]).numpy(), rtol=1e-5, atol=1e-5
+    )
+    mentions = [
+        Mention(f"m{i}", "we met in", CITIES[i][0], ".", i, "", (i,)) for i in range(len(CITIES))
+    ]
+    store = NegativesStore(tmp_path / "negatives")
+    mine_initial_negatives(store, version, model, "train", mentions, top_n=5)
+    negatives = store.latest("train")
+    assert negatives is not None and negatives.version == 0 and negatives.checkpoint_step == 0
+    # the same candidates as searching an exact index encoded now (hnce rerank --retriever)
+    exact = retrieve_candidates(model, mentions, 5, catalogue=catalogue, progress=False)
+    cands, _ = negatives.lookup([m.mention_id for m in mentions])
+    np.testing.assert_array_equal(cands.numpy(), exact.cands)
