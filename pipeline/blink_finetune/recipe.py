@@ -41,6 +41,7 @@ from encoders.biencoder import BiEncoder, export_biencoder, load_biencoder
 from encoders.blink import export_blink_biencoder, import_blink_biencoder
 from encoders.scorers import ScorerConfig
 from pipeline.blink_finetune.index_v0 import (
+    INITIAL_VERSION,
     index_from_encodings,
     index_from_model,
     mine_initial_negatives,
@@ -231,12 +232,14 @@ def with_model_path(config: Config, export_dir: Path) -> Config:
 
 def prepare_version_zero(
     config: Config, inputs: BlinkInputs, model: BiEncoder, export_dir: Path
-) -> IndexVersion:
-    """Index and train negatives version 0 (kept when the run already has them)."""
+) -> IndexVersion | None:
+    """Index and train negatives version 0 (kept when the run already has them); None when a
+    resumed run's retention has already removed version 0."""
     run_dir = config.run_dir
     store = IndexStore(run_dir / "index", keep=config.index.keep_versions)
-    version = store.current()
-    if version is None:
+    versions = store.versions()
+    version = store.open(INITIAL_VERSION) if INITIAL_VERSION in versions else None
+    if not versions:
         catalogue = EntityCatalogue.open(Path(config.data.root))
         spec = IndexSpec(kind=config.index.kind)
         if inputs.encodings is not None:
@@ -254,7 +257,7 @@ def prepare_version_zero(
                 store, model, export_dir, catalogue, spec, batch_size=config.refresh.batch_size
             )
     negatives = NegativesStore(run_dir / "negatives", keep=config.index.keep_versions)
-    if negatives.current_version() is None:
+    if version is not None and negatives.current_version() is None:
         split = config.data.train_split
         mentions = MentionSplit.open(mention_split_path(Path(config.data.root), split)).read_all()
         mine_initial_negatives(negatives, version, model, split, mentions, config.negatives.top_n)
@@ -320,7 +323,11 @@ def finetune_blink(config: Config, inputs: BlinkInputs, progress: bool = True) -
     config = with_model_path(config, export_dir)
     version_zero = prepare_version_zero(config, inputs, model, export_dir)
     k = max(config.eval.ks)
-    before = link_files(model, version_zero, catalogue, data_root, inputs.aida, k, None)
+    before = (
+        link_files(model, version_zero, catalogue, data_root, inputs.aida, k, None)
+        if version_zero is not None
+        else None
+    )
 
     summary = run_training(config, progress=progress)
     newest = newest_checkpoint(run_dir)
@@ -338,7 +345,7 @@ def finetune_blink(config: Config, inputs: BlinkInputs, progress: bool = True) -
         k,
         run_dir / "predictions",
     )
-    for result, initial in zip(after, before, strict=True):
+    for result, initial in zip(after, before or [], strict=False):
         result.before = initial.after
     hf_export = run_dir / HF_EXPORT
     shutil.copytree(final_export, hf_export, dirs_exist_ok=True)
