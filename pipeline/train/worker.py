@@ -287,7 +287,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     engine.train()
     last_loss = float("nan")
     for step in range(start_step, training.steps):
-        if step % training.negatives_check_every == 0 and refreshed.poll() and log is not None:
+        check = step % training.negatives_check_every == 0 or step == start_step
+        if check and refreshed.poll() and log is not None:
             log.write(
                 "negatives",
                 step=step,
