@@ -127,7 +127,7 @@ def _follow_progress(run_dir: Path, steps: int, done: threading.Event) -> None:
     with tqdm(total=steps, desc="training", unit="step") as bar:
         while not done.is_set():
             events = read_events(run_dir, "step")
-            if events:
+            if events and int(events[-1]["step"]) != bar.n:
                 last = events[-1]
                 bar.n = min(int(last["step"]), steps)
                 bar.set_postfix(
