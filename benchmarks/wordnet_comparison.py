@@ -8,8 +8,9 @@ training (the WordNet converter's lemma-disjoint split).
 
 Scaled to a 2-core CPU:
 
-- encoder: the first ``--layers`` (default 1) of the 6 layers of the packaged all-MiniLM-L6-v2,
-  both towers initialised from it (pretrained embeddings and lowest layer), 24 tokens per mention and entity;
+- encoder: the packaged all-MiniLM-L6-v2 in both towers (``--layers`` keeps only its first
+  layers; with fewer than 6 the [CLS] state carries too little content for dual and multi to
+  learn anything in this budget), 24 tokens per mention and entity, 30 steps of 8 mentions;
 - catalogue: the ``hnce demo`` subset (``pipeline.demo.write_demo_subset``): every gold, every
   other sense of the golds' lemmas (the ambiguous distractors that make the task hard), then
   random synsets up to ``--entities``;
@@ -360,15 +361,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--work-dir", type=Path, default=Path("runs/wordnet-comparison"))
     parser.add_argument("--wordnet-dir", type=Path, default=Path("/usr/share/wordnet"))
-    parser.add_argument("--entities", type=int, default=2000)
+    parser.add_argument("--entities", type=int, default=1000)
     parser.add_argument("--train-mentions", type=int, default=2000)
-    parser.add_argument("--test-mentions", type=int, default=400)
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--test-mentions", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--negatives", type=int, default=4)
-    parser.add_argument("--learning-rate", type=float, default=2e-4)
+    parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument("--refresh-every", type=int, default=10)
-    parser.add_argument("--layers", type=int, default=1)
+    parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--length", type=int, default=24, help="mention and entity tokens")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
