@@ -24,11 +24,17 @@ from typing import Any
 
 import yaml
 
+from mining.losses import build_loss
+
 # Scorers of DESIGN.md §3 whose entity side is a fixed set of vectors; the others depend on the
 # mention at scoring time and so cannot be searched in FAISS.
 INDEXABLE_SCORERS = frozenset({"dual", "multi", "som", "general"})
 NON_INDEXABLE_SCORERS = frozenset({"poly", "genpoly", "joint"})
 SAMPLERS_FROM_INDEX = frozenset({"hard", "greedy", "mixed", "ance", "ohem", "adversarial"})
+# Samplers the trainer builds from the config alone. lexical (entity texts for BM25),
+# momentum-queue (an embedding queue) and adversarial (a generator update per step) exist in
+# mining/ but are not wired into the trainer, so asking for them fails here, before any work.
+TRAINER_SAMPLERS = frozenset({"random", "hard", "greedy", "mixed", "in-batch", "ance", "ohem"})
 
 
 _YAML11_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
@@ -329,6 +335,16 @@ def validate(config: Config) -> Config:
             f"{scorer!r} (query depends on the entity, DESIGN.md §3); use dual, multi or som, "
             f"or set negatives.source=none with a random sampler"
         )
+    if config.negatives.sampler not in TRAINER_SAMPLERS:
+        known = ", ".join(sorted(TRAINER_SAMPLERS))
+        raise ConfigError(
+            f"'negatives.sampler': the trainer cannot use {config.negatives.sampler!r} "
+            f"(known: {known})"
+        )
+    try:
+        build_loss(config.loss.name, **config.loss.options)
+    except ValueError as error:
+        raise ConfigError(f"'loss.name' / 'loss.options': {error}") from error
     if config.negatives.sampler in SAMPLERS_FROM_INDEX and config.negatives.source != "index":
         raise ConfigError(
             f"'negatives.sampler: {config.negatives.sampler}' mines from an index but "

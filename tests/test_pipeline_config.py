@@ -26,7 +26,9 @@ def test_values_and_overrides(tmp_path: Path) -> None:
     path = write(
         tmp_path, "training:\n  steps: 50\n  learning_rate: 1\nnegatives:\n  sampler: hard\n"
     )
-    config = load_config(path, ["training.steps=7", "loss.options={margin: 0.5}"])
+    config = load_config(
+        path, ["training.steps=7", "loss.name=triplet", "loss.options={margin: 0.5}"]
+    )
     assert config.training.steps == 7
     assert config.training.learning_rate == 1.0 and isinstance(config.training.learning_rate, float)
     assert config.negatives.sampler == "hard"
@@ -67,6 +69,10 @@ def test_wrong_type_names_key_and_line(tmp_path: Path) -> None:
         ("negatives.hard_fraction=1.5", "negatives.hard_fraction"),
         ("training.batch_size=0", "training.batch_size"),
         ("cluster.adress=auto", "cluster.adress"),
+        ("negatives.sampler=lexical", "negatives.sampler"),
+        ("negatives.sampler=hardest", "negatives.sampler"),
+        ("loss.name=hinge", "loss.name"),
+        ("loss.options={gamma: 2}", "loss.options"),
     ],
 )
 def test_bad_override_names_key(override: str, key: str) -> None:
