@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import ray
 import torch
+from report import update_benchmarks_md
 
 from cluster.encoder_pool import EncoderPool, ShardEncoded, ShardTask, encode_entity_texts
 from cluster.tables import Entity, EntityCatalogue, EntityCatalogueWriter
@@ -158,6 +159,7 @@ def main() -> None:
     ]
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text("\n".join(text))
+    update_benchmarks_md()
     print("\n".join(text))
 
 

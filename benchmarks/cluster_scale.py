@@ -22,6 +22,7 @@ from pathlib import Path
 
 import faiss
 import numpy as np
+from report import update_benchmarks_md
 from tqdm import tqdm
 
 from cluster.index_store import BuildParameters, IndexStore
@@ -180,6 +181,7 @@ def main() -> None:
     ]
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text("\n".join(text))
+    update_benchmarks_md()
     print("\n".join(text))
 
 

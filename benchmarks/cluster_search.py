@@ -12,6 +12,7 @@ from pathlib import Path
 
 import faiss
 import numpy as np
+from report import update_benchmarks_md
 
 from cluster.sharded_index import IndexShard, IndexSpec, ShardedSearcher, build_shard_index
 
@@ -95,6 +96,7 @@ def main() -> None:
     ]
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text("\n".join(text))
+    update_benchmarks_md()
     print("\n".join(text))
 
 

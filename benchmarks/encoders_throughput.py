@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from report import update_benchmarks_md
 from tqdm import tqdm
 from transformers import BertConfig, BertTokenizerFast
 
@@ -161,6 +162,7 @@ def main() -> int:
     ]
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text("\n".join(header + rows) + "\n")
+    update_benchmarks_md()
     print(f"wrote {RESULTS}")
     return 0
 

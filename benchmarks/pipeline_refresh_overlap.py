@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import ray
+from report import update_benchmarks_md
 
 from pipeline.config import load_config
 from pipeline.data.synthetic import generate_synthetic_dataset
@@ -103,6 +104,7 @@ def main() -> None:
     ]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines))
+    update_benchmarks_md()
     print("\n".join(lines))
 
 

@@ -19,12 +19,13 @@ BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
 SECTION_ORDER = (
     "data_converters",
     "encoders_throughput",
-    "mining_bias",
+    "bias",
     "cluster_search",
     "cluster_encode",
     "cluster_scale",
+    "cluster_scale_1024",
+    "pipeline_demo",
     "pipeline_refresh_overlap",
-    "demo",
     "wordnet_comparison",
 )
 
