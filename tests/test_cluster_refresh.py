@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import BertConfig, BertTokenizerFast
+from conftest import tiny_bert_config, write_wordpiece_tokenizer
 
 from cluster.encoder_pool import EncoderPool, ShardEncoded, encode_entity_texts
 from cluster.index_store import IndexStore
@@ -47,22 +47,11 @@ def ray_instance():
 
 
 def _tiny_export(directory: Path, scorer: str) -> Path:
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[unused0]", "[unused1]", "[unused2]"]
-    vocab += list(string.ascii_lowercase) + [f"##{c}" for c in string.ascii_lowercase]
-    directory.mkdir(parents=True, exist_ok=True)
-    vocab_file = directory / "vocab.txt"
-    vocab_file.write_text("\n".join(vocab) + "\n")
+    letters = list(string.ascii_lowercase)
+    tokenizer = write_wordpiece_tokenizer(directory, [*letters, *[f"##{c}" for c in letters]])
     torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=len(vocab),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-    )
-    model = build_biencoder(
-        config, scorer, tokenizer=BertTokenizerFast(vocab=str(vocab_file)), entity_length=24
-    )
+    config = tiny_bert_config(len(tokenizer))
+    model = build_biencoder(config, scorer, tokenizer=tokenizer, entity_length=24)
     export_dir = directory / "export"
     export_biencoder(model, export_dir)
     return export_dir

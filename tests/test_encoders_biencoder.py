@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import BertConfig, BertTokenizerFast
+from conftest import tiny_bert_config
+from transformers import BertConfig
 
 from encoders.biencoder import (
     BiEncoder,
@@ -18,50 +19,10 @@ from encoders.biencoder import (
 )
 from encoders.scorers import index_scores
 
-WORDS = [
-    "the",
-    "capital",
-    "of",
-    "france",
-    "is",
-    "paris",
-    "a",
-    "city",
-    "on",
-    "river",
-    "seine",
-    "big",
-]
-
-
-@pytest.fixture(scope="module")
-def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> BertTokenizerFast:
-    vocab = [
-        "[PAD]",
-        "[unused0]",
-        "[unused1]",
-        "[unused2]",
-        "[UNK]",
-        "[CLS]",
-        "[SEP]",
-        "[MASK]",
-        ".",
-        *WORDS,
-    ]
-    path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
-    path.write_text("\n".join(vocab) + "\n")
-    return BertTokenizerFast(vocab=str(path))
-
 
 @pytest.fixture(scope="module")
 def tiny_config(tiny_tokenizer) -> BertConfig:
-    return BertConfig(
-        vocab_size=len(tiny_tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-    )
+    return tiny_bert_config(len(tiny_tokenizer))
 
 
 def tiny_model(

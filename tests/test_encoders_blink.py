@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
-from transformers import BertConfig, BertModel, BertTokenizerFast
+from transformers import BertConfig, BertModel
 
 from encoders.blink import (
     CheckpointKeyError,
@@ -16,40 +16,6 @@ from encoders.blink import (
     import_blink_biencoder,
     import_blink_crossencoder,
 )
-
-WORDS = [
-    "the",
-    "capital",
-    "of",
-    "france",
-    "is",
-    "paris",
-    "a",
-    "city",
-    "on",
-    "river",
-    "seine",
-    "big",
-]
-
-
-@pytest.fixture(scope="module")
-def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> BertTokenizerFast:
-    vocab = [
-        "[PAD]",
-        "[unused0]",
-        "[unused1]",
-        "[unused2]",
-        "[UNK]",
-        "[CLS]",
-        "[SEP]",
-        "[MASK]",
-        ".",
-        *WORDS,
-    ]
-    path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
-    path.write_text("\n".join(vocab) + "\n")
-    return BertTokenizerFast(vocab=str(path))
 
 
 def tiny_config(tokenizer, hidden_size: int = 32) -> BertConfig:

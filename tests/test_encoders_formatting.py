@@ -18,7 +18,7 @@ from encoders.formatting import (
     tokenize_mentions,
 )
 
-WORDS = [
+CONTEXT_WORDS = [
     "the",
     "capital",
     "of",
@@ -32,26 +32,6 @@ WORDS = [
     "seine",
     "big",
 ]
-
-
-@pytest.fixture(scope="module")
-def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> BertTokenizerFast:
-    vocab = [
-        "[PAD]",
-        "[unused0]",
-        "[unused1]",
-        "[unused2]",
-        "[UNK]",
-        "[CLS]",
-        "[SEP]",
-        "[MASK]",
-        ".",
-        *WORDS,
-    ]
-    path: Path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
-    path.write_text("\n".join(vocab) + "\n")
-    # transformers 5 ignores vocab_file=; vocab= takes the file.
-    return BertTokenizerFast(vocab=str(path))
 
 
 @pytest.fixture(scope="module")
@@ -144,8 +124,8 @@ def test_batched_tokenization_pads_to_the_batch_maximum(tiny_tokenizer) -> None:
 
 
 def test_long_contexts_are_cut_like_full_tokenization(tiny_tokenizer) -> None:
-    left = " ".join(WORDS * 30)
-    right = " ".join(reversed(WORDS * 30))
+    left = " ".join(CONTEXT_WORDS * 30)
+    right = " ".join(reversed(CONTEXT_WORDS * 30))
     batch = tokenize_mentions(tiny_tokenizer, [left], ["seine"], [right], 32)
     full_left = tiny_tokenizer(left, add_special_tokens=False)["input_ids"]
     full_right = tiny_tokenizer(right, add_special_tokens=False)["input_ids"]

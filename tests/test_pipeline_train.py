@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import ray
 import torch
-from transformers import BertConfig, BertModel, BertTokenizerFast
+from conftest import tiny_bert_config, write_wordpiece_tokenizer
+from transformers import BertModel
 
 from cluster.index_store import IndexStore
 from cluster.tables import (
@@ -75,32 +76,10 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         | set(synthetic._FILLER)
         | {"is", "of", "known", "for", "famed", "and"}
     )
-    vocab = [
-        "[PAD]",
-        "[unused0]",
-        "[unused1]",
-        "[unused2]",
-        "[UNK]",
-        "[CLS]",
-        "[SEP]",
-        "[MASK]",
-        ".",
-        ",",
-        *words,
-        *[p for p in pieces if p not in words],
-        *[f"##{p}" for p in pieces],
-    ]
-    (directory / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    tokenizer = BertTokenizerFast(vocab=str(directory / "vocab.txt"))
-    tokenizer.save_pretrained(directory)
+    tokens = [".", ",", *words, *[p for p in pieces if p not in words], *[f"##{p}" for p in pieces]]
+    tokenizer = write_wordpiece_tokenizer(directory, tokens)
     torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=len(vocab),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-    )
+    config = tiny_bert_config(len(tokenizer))
     BertModel(config).save_pretrained(directory)
     return directory
 

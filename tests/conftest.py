@@ -1,0 +1,69 @@
+"""Shared test helpers: tiny WordPiece tokenizers and BERT configs built offline in temp dirs.
+
+Test modules import the functions (`from conftest import tiny_bert_config`); pytest puts
+`tests/` on the path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+from transformers import BertConfig, BertTokenizerFast
+
+# BERT's special tokens plus BLINK's mention / title markers (DESIGN.md §6).
+SPECIAL_TOKENS = (
+    "[PAD]",
+    "[unused0]",
+    "[unused1]",
+    "[unused2]",
+    "[UNK]",
+    "[CLS]",
+    "[SEP]",
+    "[MASK]",
+)
+
+TINY_WORDS = (
+    "the",
+    "capital",
+    "of",
+    "france",
+    "is",
+    "paris",
+    "a",
+    "city",
+    "on",
+    "river",
+    "seine",
+    "big",
+)
+
+
+def write_wordpiece_tokenizer(directory: Path, tokens: Iterable[str]) -> BertTokenizerFast:
+    """A tokenizer whose vocab is the special tokens then ``tokens`` (deduplicated, in order),
+    written to ``directory/vocab.txt`` and saved there with ``save_pretrained``."""
+    vocab = list(dict.fromkeys([*SPECIAL_TOKENS, *tokens]))
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    # transformers 5 ignores vocab_file=; vocab= takes the file.
+    tokenizer = BertTokenizerFast(vocab=str(directory / "vocab.txt"))
+    tokenizer.save_pretrained(directory)
+    return tokenizer
+
+
+def tiny_bert_config(vocab_size: int) -> BertConfig:
+    """A 2-layer, 32-wide BERT: milliseconds per batch on a CPU."""
+    return BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> BertTokenizerFast:
+    """Special tokens, '.', and a dozen words: enough to hand-check BLINK input ids."""
+    return write_wordpiece_tokenizer(tmp_path_factory.mktemp("vocab"), [".", *TINY_WORDS])
