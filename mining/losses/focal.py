@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from mining.losses.masking import check_inputs
+from mining.losses.masking import check_inputs, gold_first_logits
 
 
 class FocalLoss(nn.Module):
@@ -28,9 +28,8 @@ class FocalLoss(nn.Module):
         log_q: Tensor | None = None,
     ) -> Tensor:
         check_inputs(positive_scores, negative_scores, valid, log_q)
-        negatives = negative_scores / self.temperature
-        if valid is not None:
-            negatives = negatives.masked_fill(~valid, float("-inf"))
-        logits = torch.cat([positive_scores.unsqueeze(1) / self.temperature, negatives], dim=1)
+        logits = gold_first_logits(
+            positive_scores, negative_scores / self.temperature, valid, self.temperature
+        )
         log_p = logits[:, 0] - torch.logsumexp(logits, dim=1)
         return (-((1.0 - log_p.exp()) ** self.gamma) * log_p).mean()

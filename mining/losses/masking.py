@@ -1,7 +1,8 @@
-"""Shared checks for the losses: shapes and the ``valid`` mask of the samplers."""
+"""Shared by the losses: input checks and the gold-first softmax logits under the ``valid`` mask."""
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 
@@ -25,3 +26,13 @@ def check_inputs(
                 f"{__file__}: {name} must have the shape of negative_scores "
                 f"{tuple(negative_scores.shape)}, got {tuple(tensor.shape)}"
             )
+
+
+def gold_first_logits(
+    positive_scores: Tensor, negative_logits: Tensor, valid: Tensor | None, temperature: float
+) -> Tensor:
+    """[B, 1+K] softmax logits: s(x,y)/τ in column 0, then the negatives' logits (already scaled
+    and corrected by the caller) with ``valid=False`` entries at −inf, i.e. out of the softmax."""
+    if valid is not None:
+        negative_logits = negative_logits.masked_fill(~valid, float("-inf"))
+    return torch.cat([positive_scores.unsqueeze(1) / temperature, negative_logits], dim=1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from mining.losses.masking import check_inputs
+from mining.losses.masking import check_inputs, gold_first_logits
 
 
 class SampledSoftmaxLoss(nn.Module):
@@ -55,7 +55,5 @@ class SampledSoftmaxLoss(nn.Module):
                 else torch.full_like(positive_scores, negative_scores.shape[1]).unsqueeze(1)
             )
             negatives = negatives - count.clamp_min(1).to(negatives.dtype).log()
-        if valid is not None:
-            negatives = negatives.masked_fill(~valid, float("-inf"))
-        logits = torch.cat([positive_scores.unsqueeze(1) / self.temperature, negatives], dim=1)
+        logits = gold_first_logits(positive_scores, negatives, valid, self.temperature)
         return (torch.logsumexp(logits, dim=1) - logits[:, 0]).mean()
