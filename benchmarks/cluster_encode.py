@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import ray
 import torch
-from report import update_benchmarks_md
+from report import write_measures
 
 from cluster.encoder_pool import EncoderPool, ShardEncoded, ShardTask, encode_entity_texts
 from cluster.tables import Entity, EntityCatalogue, EntityCatalogueWriter
@@ -147,20 +147,12 @@ def main() -> None:
         ("bucketed / fixed throughput", f"{fixed_seconds / bucketed_seconds:.2f}×"),
         ("real (unpadded) tokens", str(real_tokens)),
     ]
-    text = [
-        "# Refresh encode throughput (benchmarks/cluster_encode.py)",
-        "",
+    write_measures(
+        args.output,
+        "Refresh encode throughput (benchmarks/cluster_encode.py)",
         "CPU only, one run; the machine is shared, so compare the ratios.",
-        "",
-        "| measure | value |",
-        "|---|---|",
-        *[f"| {name} | {value} |" for name, value in rows],
-        "",
-    ]
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text("\n".join(text))
-    update_benchmarks_md()
-    print("\n".join(text))
+        rows,
+    )
 
 
 if __name__ == "__main__":

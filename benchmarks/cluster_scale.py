@@ -22,7 +22,7 @@ from pathlib import Path
 
 import faiss
 import numpy as np
-from report import update_benchmarks_md
+from report import write_measures
 from tqdm import tqdm
 
 from cluster.index_store import BuildParameters, IndexStore
@@ -169,20 +169,12 @@ def main() -> None:
         ),
         ("total wall time", f"{total_seconds:.0f} s"),
     ]
-    text = [
-        "# 5.9M-entity index on one machine (benchmarks/cluster_scale.py)",
-        "",
+    write_measures(
+        args.output,
+        "5.9M-entity index on one machine (benchmarks/cluster_scale.py)",
         f"Machine: {faiss.omp_get_max_threads()} FAISS threads, CPU only. One run.",
-        "",
-        "| measure | value |",
-        "|---|---|",
-        *[f"| {name} | {value} |" for name, value in rows],
-        "",
-    ]
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text("\n".join(text))
-    update_benchmarks_md()
-    print("\n".join(text))
+        rows,
+    )
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import faiss
 import numpy as np
-from report import update_benchmarks_md
+from report import write_measures
 
 from cluster.sharded_index import IndexShard, IndexSpec, ShardedSearcher, build_shard_index
 
@@ -84,20 +84,12 @@ def main() -> None:
         ("faiss.IndexShards threaded (same shards)", f"{qps['threaded']:.1f} queries/s"),
         ("threaded ids == single", str(bool((threaded_ids == flat_ids).all()))),
     ]
-    text = [
-        "# Sharded vs single flat index search (benchmarks/cluster_search.py)",
-        "",
+    write_measures(
+        args.output,
+        "Sharded vs single flat index search (benchmarks/cluster_search.py)",
         f"CPU only, best of {args.repeats} alternated runs.",
-        "",
-        "| measure | value |",
-        "|---|---|",
-        *[f"| {name} | {value} |" for name, value in rows],
-        "",
-    ]
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text("\n".join(text))
-    update_benchmarks_md()
-    print("\n".join(text))
+        rows,
+    )
 
 
 if __name__ == "__main__":

@@ -59,5 +59,15 @@ def update_benchmarks_md() -> Path:
     return BENCHMARKS_MD
 
 
+def write_measures(output: Path, title: str, note: str, rows: list[tuple[str, str]]) -> None:
+    """Write a ``| measure | value |`` result file, rebuild BENCHMARKS.md, print the table."""
+    text = [f"# {title}", "", note, "", "| measure | value |", "|---|---|"]
+    text += [f"| {name} | {value} |" for name, value in rows]
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text("\n".join(text) + "\n", encoding="utf-8")
+    update_benchmarks_md()
+    print("\n".join(text))
+
+
 if __name__ == "__main__":
     print(f"wrote {update_benchmarks_md()}")

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import TINY_WORDS
 from transformers import AutoTokenizer, BertTokenizerFast
 
 from encoders.biencoder import minilm_path
@@ -17,21 +18,6 @@ from encoders.formatting import (
     tokenize_entities,
     tokenize_mentions,
 )
-
-CONTEXT_WORDS = [
-    "the",
-    "capital",
-    "of",
-    "france",
-    "is",
-    "paris",
-    "a",
-    "city",
-    "on",
-    "river",
-    "seine",
-    "big",
-]
 
 
 @pytest.fixture(scope="module")
@@ -124,8 +110,8 @@ def test_batched_tokenization_pads_to_the_batch_maximum(tiny_tokenizer) -> None:
 
 
 def test_long_contexts_are_cut_like_full_tokenization(tiny_tokenizer) -> None:
-    left = " ".join(CONTEXT_WORDS * 30)
-    right = " ".join(reversed(CONTEXT_WORDS * 30))
+    left = " ".join(list(TINY_WORDS) * 30)
+    right = " ".join(reversed(list(TINY_WORDS) * 30))
     batch = tokenize_mentions(tiny_tokenizer, [left], ["seine"], [right], 32)
     full_left = tiny_tokenizer(left, add_special_tokens=False)["input_ids"]
     full_right = tiny_tokenizer(right, add_special_tokens=False)["input_ids"]
