@@ -6,7 +6,8 @@ Test modules import the functions (`from conftest import tiny_bert_config`); pyt
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,13 @@ def tiny_bert_config(vocab_size: int) -> BertConfig:
 def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> BertTokenizerFast:
     """Special tokens, '.', and a dozen words: enough to hand-check BLINK input ids."""
     return write_wordpiece_tokenizer(tmp_path_factory.mktemp("vocab"), [".", *TINY_WORDS])
+
+
+@pytest.fixture(autouse=True, scope="module")
+def ray_shut_down_after_module() -> Iterator[None]:
+    """Each test module gets its own Ray instance: one left running by a module (the pipeline
+    reuses an initialised Ray) would hand the next module the wrong CPUs and runtime env."""
+    yield
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
