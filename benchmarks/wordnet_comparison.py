@@ -45,6 +45,7 @@ from pathlib import Path
 import bm25s
 import numpy as np
 import torch
+from report import update_benchmarks_md
 from torch import Tensor
 from tqdm import tqdm
 
@@ -330,6 +331,7 @@ def write_results(
         + "\n"
     )
     plot(cells, baselines, path.with_suffix(".png"))
+    update_benchmarks_md()
 
 
 def plot(cells: list[Cell], baselines: list[Cell], path: Path) -> None:
