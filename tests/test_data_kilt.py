@@ -179,6 +179,20 @@ def test_missing_gold_strict_skip_and_kept(tmp_path: Path) -> None:
     assert kept["missing_gold_kept"] == 1
 
 
+def test_test_without_answers_converts_unlabelled(tmp_path: Path) -> None:
+    source = _write(tmp_path / "kilt_knowledgesource.json", PAGES)
+    rows = [{key: value for key, value in row.items() if key != "output"} for row in AIDA]
+    aida = _write(tmp_path / "aidayago2-test_without_answers-kilt.jsonl", rows)
+    summary = convert_kilt(tmp_path / "out", [aida], knowledge_source=source)
+    test = MentionSplit.open(mention_split_path(tmp_path / "out", "test")).read_all()
+    assert [m.mention_id for m in test] == [row["id"] for row in AIDA]
+    assert {m.gold for m in test} == {MISSING_GOLD}
+    assert summary["mentions"] == {"test": len(AIDA)}
+    labelled = _write(tmp_path / "aidayago2-test-kilt.jsonl", rows)
+    with pytest.raises(BadRowError, match=rf"{labelled}:1: missing_field"):
+        convert_kilt(tmp_path / "strict", [labelled], knowledge_source=source)
+
+
 BAD_PAGES = {
     "malformed_json": '{"wikipedia_id": "78", "text": [',
     "missing_field": json.dumps({"wikipedia_id": "78", "text": ["T", "x"]}),

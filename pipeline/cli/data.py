@@ -123,6 +123,8 @@ def _print_summary(out: Path, summary: dict[str, Any]) -> None:
         print(
             f"mentions kept with gold = -1 (gold not in catalogue): {summary['missing_gold_kept']}"
         )
+    if summary.get("unlabelled"):
+        print(f"unlabelled mentions (test_without_answers, gold = -1): {summary['unlabelled']}")
     bad = summary["bad_rows"]
     if bad["rejected_total"]:
         counts = {kind: n for kind, n in bad["rejected"].items() if n}

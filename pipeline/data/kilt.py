@@ -42,6 +42,7 @@ from pipeline.data.blink import DEFAULT_MAX_TEXT_CHARS, convert_blink_entities, 
 
 KNOWLEDGE_SOURCE_FIELDS = ("wikipedia_id", "wikipedia_title", "text")
 START_ENT, END_ENT = "[START_ENT]", "[END_ENT]"
+UNLABELLED_MARK = "without_answers"  # KILT's name for test files with no gold output
 _AIDA_SPLIT = re.compile(r"-(train|dev|test)[^-]*-kilt")
 
 
@@ -165,14 +166,20 @@ def convert_aida_split(
     split: str | None = None,
     chunk_size: int = 4096,
 ) -> dict[str, int]:
-    """Convert one AIDA KILT file into ``out/mentions/<split>.parquet``; return counts."""
+    """Convert one AIDA KILT file into ``out/mentions/<split>.parquet``; return counts.
+
+    KILT's ``*-test_without_answers-kilt.jsonl`` rows carry no ``output``: they are written
+    unlabelled, with ``gold = -1`` (``MISSING_GOLD``), so predictions cover every input id.
+    """
     split = split or aida_split_name(path)
+    unlabelled = UNLABELLED_MARK in Path(path).name
+    required = ("id",) if unlabelled else ("id", "output")
     seen_ids: set[str] = set()
     missing_kept = 0
     with MentionWriter(out, split) as writer:
         for chunk in _chunks(iter_json_lines(path, policy), chunk_size):
-            rows = [row for row in chunk if row.require(policy, ("id", "output"))]
-            candidates = [_gold_candidates(row.record) for row in rows]
+            rows = [row for row in chunk if row.require(policy, required)]
+            candidates = [([], []) if unlabelled else _gold_candidates(row.record) for row in rows]
             flat_ids = [key for ids, _ in candidates for key in ids]
             flat_titles = [title for _, titles in candidates for title in titles]
             by_id = iter(catalogue.ids_for_keys(flat_ids).tolist())
@@ -195,7 +202,9 @@ def convert_aida_split(
                 if not parts[1].strip():
                     row.reject(policy, BadRowKind.EMPTY_TEXT, f"mention {mention_id!r} is empty")
                     continue
-                if not golds:
+                if unlabelled:
+                    golds = [MISSING_GOLD]
+                elif not golds:
                     if not keep_missing_gold:
                         row.reject(
                             policy,
@@ -211,7 +220,7 @@ def convert_aida_split(
                     Mention(mention_id, parts[0], parts[1], parts[2], golds[0], "", tuple(golds))
                 )
         count = writer.count
-    return {"mentions": count, "missing_gold_kept": missing_kept}
+    return {"mentions": count, "missing_gold_kept": missing_kept, "unlabelled": count * unlabelled}
 
 
 def convert_kilt(
@@ -245,6 +254,7 @@ def convert_kilt(
         "entities": len(catalogue),
         "mentions": {split: counts["mentions"] for split, counts in splits.items()},
         "missing_gold_kept": sum(counts["missing_gold_kept"] for counts in splits.values()),
+        "unlabelled": sum(counts["unlabelled"] for counts in splits.values()),
         "keep_missing_gold": keep_missing_gold,
         "bad_rows": policy.summary(),
     }
