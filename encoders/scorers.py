@@ -24,6 +24,7 @@ Padding is masked: padded keys never win an attention, padded queries add nothin
 
 from __future__ import annotations
 
+import abc
 import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -165,7 +166,7 @@ def attention_scores(
     return per_query.masked_fill(~query_mask.expand(per_query.shape), 0.0).sum(-1)
 
 
-class Scorer(nn.Module):
+class Scorer(nn.Module, metaclass=abc.ABCMeta):
     """A score function s(x, y) over token encodings, split into a per-side reduction and the interaction.
 
     ``reduce_mentions`` / ``reduce_entities`` depend on one side only, so entity vectors can be
@@ -178,14 +179,15 @@ class Scorer(nn.Module):
     indexable = False
     vectors_per_entity: int | None = 1
 
+    @abc.abstractmethod
     def reduce_mentions(self, hidden: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         """Mention tokens [B, L, d], mask [B, L] -> the vectors the formula reads [B, a, d], mask [B, a]."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def reduce_entities(self, hidden: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         """Entity tokens [E, L', d], mask [E, L'] -> vectors [E, b, d], mask [E, b]."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def interact(
         self,
         mention_vectors: Tensor,
@@ -194,7 +196,6 @@ class Scorer(nn.Module):
         entity_mask: Tensor,
     ) -> Tensor:
         """Scores [B, E] from reduced vectors; entity [E, b, d] (all pairs) or [B, E, b, d] (per mention)."""
-        raise NotImplementedError
 
     def score(
         self,

@@ -30,7 +30,7 @@ from encoders.biencoder import load_biencoder
 from pipeline.config import Config, load_config
 from pipeline.data import synthetic
 from pipeline.data.synthetic import generate_synthetic_dataset
-from pipeline.data.wordnet import DEFAULT_WORDNET_DIR, convert_wordnet
+from pipeline.data.wordnet import convert_wordnet
 from pipeline.demo import write_demo_subset
 from pipeline.evaluate import evaluate_model
 from pipeline.train.checkpoints import EXPORT_DIR, checkpoint_dir, newest_checkpoint
@@ -55,8 +55,6 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def wordnet_subset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Real WordNet (Debian wordnet-base), cut like the demo: 400 training mentions, 150
     held-out ones, 1,500 synsets (golds, their lemmas' other senses, random ones)."""
-    if not (DEFAULT_WORDNET_DIR / "data.noun").is_file():
-        pytest.skip(f"{DEFAULT_WORDNET_DIR}: WordNet not installed (scripts/setup.sh installs it)")
     root = tmp_path_factory.mktemp("wordnet")
     convert_wordnet(root / "full")
     write_demo_subset(root / "full", root / "subset", 1500, 400, 150, "test", seed=0)
