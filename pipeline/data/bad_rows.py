@@ -185,3 +185,15 @@ def add_bad_row_arguments(parser: Any) -> None:
 def policy_from_arguments(mode: str, rejects: Path | None, out: Path) -> BadRowPolicy:
     """Build the policy of a ``hnce data`` command from its parsed options."""
     return BadRowPolicy(mode, rejects or Path(out) / REJECTS_FILE)  # type: ignore[arg-type]
+
+
+def iter_json_chunks(path: Path, policy: BadRowPolicy, size: int) -> Iterator[list[JsonRow]]:
+    """:func:`iter_json_lines` in lists of up to ``size`` rows, for vectorised gold look-ups."""
+    chunk: list[JsonRow] = []
+    for row in iter_json_lines(path, policy):
+        chunk.append(row)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk

@@ -22,7 +22,7 @@ BLINK's ``entity.jsonl`` (:mod:`pipeline.data.blink`), whose row numbers are BLI
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,13 @@ from cluster.tables import (
     MentionWriter,
     write_summary,
 )
-from pipeline.data.bad_rows import BadRowKind, BadRowPolicy, JsonRow, iter_json_lines
+from pipeline.data.bad_rows import (
+    BadRowKind,
+    BadRowPolicy,
+    JsonRow,
+    iter_json_chunks,
+    iter_json_lines,
+)
 from pipeline.data.blink import DEFAULT_MAX_TEXT_CHARS, convert_blink_entities, truncate_text
 
 KNOWLEDGE_SOURCE_FIELDS = ("wikipedia_id", "wikipedia_title", "text")
@@ -146,17 +152,6 @@ def _gold_candidates(record: dict[str, Any]) -> tuple[list[str], list[str]]:
     return ids, titles
 
 
-def _chunks(rows: Iterator[JsonRow], size: int) -> Iterator[list[JsonRow]]:
-    chunk: list[JsonRow] = []
-    for row in rows:
-        chunk.append(row)
-        if len(chunk) >= size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
 def convert_aida_split(
     path: Path,
     out: Path,
@@ -177,7 +172,7 @@ def convert_aida_split(
     seen_ids: set[str] = set()
     missing_kept = 0
     with MentionWriter(out, split) as writer:
-        for chunk in _chunks(iter_json_lines(path, policy), chunk_size):
+        for chunk in iter_json_chunks(path, policy, chunk_size):
             rows = [row for row in chunk if row.require(policy, required)]
             candidates = [([], []) if unlabelled else _gold_candidates(row.record) for row in rows]
             flat_ids = [key for ids, _ in candidates for key in ids]

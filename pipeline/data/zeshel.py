@@ -30,7 +30,13 @@ from cluster.tables import (
     MentionWriter,
     write_summary,
 )
-from pipeline.data.bad_rows import BadRowKind, BadRowPolicy, JsonRow, iter_json_lines
+from pipeline.data.bad_rows import (
+    BadRowKind,
+    BadRowPolicy,
+    JsonRow,
+    iter_json_chunks,
+    iter_json_lines,
+)
 
 #: Zeshel split file stems and the split names they are written under.
 SPLIT_NAMES: dict[str, str] = {"train": "train", "val": "dev", "valid": "dev", "test": "test"}
@@ -77,7 +83,7 @@ def convert_zeshel(
     for path in mention_files:
         split = SPLIT_NAMES.get(path.stem, path.stem)
         with MentionWriter(out, split) as writer:
-            for chunk in _chunks(iter_json_lines(path, policy), chunk_size):
+            for chunk in iter_json_chunks(path, policy, chunk_size):
                 for mention in _resolve_chunk(
                     chunk, catalogue, policy, keep_missing_gold, seen_mentions
                 ):
@@ -119,17 +125,6 @@ def _write_documents(files: list[Path], out: Path, policy: BadRowPolicy) -> Coun
                     writer.write(Entity(writer.count, key, str(row.record["title"]), text, world))
                     per_domain[world] += 1
     return per_domain
-
-
-def _chunks(rows: Iterator[JsonRow], size: int) -> Iterator[list[JsonRow]]:
-    chunk: list[JsonRow] = []
-    for row in rows:
-        chunk.append(row)
-        if len(chunk) >= size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
 
 
 def _resolve_chunk(
