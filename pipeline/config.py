@@ -136,15 +136,20 @@ class RefreshSettings:
     num_encoders: int = 1
     encoder_cpus: float = 1.0
     batch_size: int = 128
-    max_entities: int = 0  # 0 = whole catalogue
+    shard_size: int = 100_000  # catalogue rows per index shard (one FAISS file each)
 
 
 @dataclass
 class IndexSettings:
-    """FAISS index of a version: flat (exact, fp16 optional) | ivfpq | hnsw."""
+    """FAISS index of a version: flat (exact, for mining) | ivfpq | hnsw (approximate, serving).
+
+    ``faiss_device``: auto | cpu | gpu; GPU shards are fp16 flat, ``gpu`` without one is an
+    error. ``num_shards``: shards of the index ``hnce eval`` builds (the refresh shards by
+    ``refresh.shard_size`` rows).
+    """
 
     kind: str = "flat"
-    fp16: bool = False
+    faiss_device: str = "auto"
     num_shards: int = 1
     keep_versions: int = 2
 
@@ -355,6 +360,10 @@ def validate(config: Config) -> Config:
             f"'negatives.sampler: {config.negatives.sampler}' needs refreshed negatives but "
             f"'refresh.enabled' is false"
         )
+    if config.index.faiss_device not in ("auto", "cpu", "gpu"):
+        raise ConfigError(
+            f"'index.faiss_device' must be auto, cpu or gpu, got {config.index.faiss_device!r}"
+        )
     if not 0.0 <= config.negatives.hard_fraction <= 1.0:
         raise ConfigError("'negatives.hard_fraction' must be within [0, 1]")
     positive = {
@@ -370,6 +379,7 @@ def validate(config: Config) -> Config:
         "training.log_every": config.training.log_every,
         "refresh.num_encoders": config.refresh.num_encoders,
         "refresh.batch_size": config.refresh.batch_size,
+        "refresh.shard_size": config.refresh.shard_size,
         "index.num_shards": config.index.num_shards,
         "model.mention_length": config.model.mention_length,
         "model.entity_length": config.model.entity_length,

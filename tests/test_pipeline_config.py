@@ -72,6 +72,8 @@ def test_wrong_type_names_key_and_line(tmp_path: Path) -> None:
         ("negatives.sampler=lexical", "negatives.sampler"),
         ("negatives.sampler=hardest", "negatives.sampler"),
         ("loss.name=hinge", "loss.name"),
+        ("index.faiss_device=tpu", "index.faiss_device"),
+        ("refresh.shard_size=0", "refresh.shard_size"),
         ("loss.options={gamma: 2}", "loss.options"),
     ],
 )

@@ -103,8 +103,10 @@ def refresh_config(config: Config) -> RefreshConfig:
         num_encoders=config.refresh.num_encoders,
         encoder_threads=max(1, int(config.refresh.encoder_cpus)),
         batch_size=config.refresh.batch_size,
+        shard_size=config.refresh.shard_size,
         top_n=config.negatives.top_n,
         index=IndexSpec(kind=config.index.kind),
+        faiss_device=config.index.faiss_device,
         keep=config.index.keep_versions,
     )
 
