@@ -8,15 +8,17 @@ the sampler (mining/) filters them with the false-negative filter, which sees ev
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 from tqdm import tqdm
 
-from cluster.encoder_pool import EncoderPool
+from cluster.encoder_pool import EncoderPool, encode_mention_queries
 from cluster.index_store import IndexVersion
 from cluster.negatives_store import MinedSplit
+from cluster.sharded_index import ShardedSearcher
 from cluster.tables import Mention, MentionSplit
+from encoders.biencoder import BiEncoder
 
 
 def gold_ranks(cands: np.ndarray, gold: np.ndarray) -> np.ndarray:
@@ -60,6 +62,32 @@ def mine_split(
         scores=np.concatenate(scores),
         gold_ranks=gold_ranks(all_cands, np.asarray(golds, dtype=np.int64)),
     )
+
+
+def search_mentions(
+    model: BiEncoder,
+    searcher: ShardedSearcher,
+    mentions: Sequence[Mention],
+    k: int,
+    batch_size: int = 256,
+    progress: bool = True,
+    description: str = "search mentions",
+) -> tuple[np.ndarray, np.ndarray]:
+    """In-process counterpart of :func:`mine_split` for a model already in memory: the top-k
+    (entity ids int64 [M, k], scores float32 [M, k]) of each mention under ``searcher``."""
+    ids, scores = [], []
+    for start in tqdm(
+        range(0, len(mentions), batch_size), desc=description, unit="batch", disable=not progress
+    ):
+        queries = encode_mention_queries(
+            model, *_columns(list(mentions[start : start + batch_size]))
+        )
+        batch_ids, batch_scores = searcher.search(queries, k)
+        ids.append(batch_ids)
+        scores.append(batch_scores)
+    if not ids:
+        return np.zeros((0, k), np.int64), np.zeros((0, k), np.float32)
+    return np.concatenate(ids), np.concatenate(scores)
 
 
 def _columns(mentions: list[Mention]) -> tuple[list[str], list[str], list[str]]:

@@ -19,7 +19,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from cluster.encoder_pool import encode_entity_texts, encode_mention_queries
+from cluster.encoder_pool import encode_entity_texts
+from cluster.miner import search_mentions
 from cluster.sharded_index import IndexShard, IndexSpec, ShardedSearcher, build_shard_index
 from cluster.tables import EntityCatalogue, Mention
 from encoders.biencoder import BiEncoder
@@ -136,34 +137,6 @@ def build_index(
     return ShardedSearcher(shards, vectors_per_entity=vectors_per_entity)
 
 
-def search_mentions(
-    model: BiEncoder,
-    searcher: ShardedSearcher,
-    mentions: Sequence[Mention],
-    k: int,
-    batch_size: int,
-    progress: bool = True,
-) -> np.ndarray:
-    """Top-k entity ids [M, k] of each mention."""
-    results = []
-    for start in tqdm(
-        range(0, len(mentions), batch_size),
-        desc="search mentions",
-        unit="batch",
-        disable=not progress,
-    ):
-        batch = mentions[start : start + batch_size]
-        queries = encode_mention_queries(
-            model,
-            [m.context_left for m in batch],
-            [m.mention for m in batch],
-            [m.context_right for m in batch],
-        )
-        entity_ids, _ = searcher.search(queries, k)
-        results.append(entity_ids)
-    return np.concatenate(results) if results else np.zeros((0, k), np.int64)
-
-
 def evaluate_model(
     name: str,
     model: BiEncoder,
@@ -199,13 +172,15 @@ def evaluate_model(
                 searcher = build_index(
                     vectors[keep], ids[keep], spec, num_shards, vectors_per_entity
                 )
-                found = search_mentions(
+                found, _ = search_mentions(
                     model, searcher, [mentions[i] for i in rows], max(ks), batch_size, progress
                 )
                 candidates[rows] = found
         else:
             searcher = build_index(vectors, ids, spec, num_shards, vectors_per_entity)
-            candidates = search_mentions(model, searcher, mentions, max(ks), batch_size, progress)
+            candidates, _ = search_mentions(
+                model, searcher, mentions, max(ks), batch_size, progress
+            )
     golds = [m.golds or (m.gold,) for m in mentions]
     hits = hits_at(candidates, golds, ks)
     return summarise(name, hits, [m.domain for m in mentions], ks, len(np.unique(ids)))

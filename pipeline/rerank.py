@@ -32,8 +32,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from cluster.encoder_pool import encode_mention_queries
 from cluster.index_store import IndexStore, IndexVersion
+from cluster.miner import search_mentions
 from cluster.negatives_store import NegativesStore, NegativesVersion
 from cluster.sharded_index import IndexSpec
 from cluster.tables import EntityCatalogue, Mention, MentionSplit, mention_split_path
@@ -98,19 +98,9 @@ def retrieve_candidates(
         searcher = build_index(vectors, ids, IndexSpec(), 1, retriever.scorer.vectors_per_entity)
     else:
         searcher = index_version.searcher
-    found = []
-    for start in tqdm(
-        range(0, len(mentions), batch_size), desc="retrieve", unit="batch", disable=not progress
-    ):
-        batch = mentions[start : start + batch_size]
-        queries = encode_mention_queries(
-            retriever,
-            [m.context_left for m in batch],
-            [m.mention for m in batch],
-            [m.context_right for m in batch],
-        )
-        found.append(searcher.search(queries, k)[0])
-    cands = np.concatenate(found) if found else np.zeros((0, k), np.int64)
+    cands, _ = search_mentions(
+        retriever, searcher, mentions, k, batch_size, progress, description="retrieve"
+    )
     return SplitCandidates(list(mentions), cands)
 
 

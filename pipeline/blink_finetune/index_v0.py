@@ -21,9 +21,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from cluster.encoder_pool import encode_entity_texts, encode_mention_queries
+from cluster.encoder_pool import encode_entity_texts
 from cluster.index_store import BuildParameters, IndexBuilder, IndexStore, IndexVersion
-from cluster.miner import gold_ranks
+from cluster.miner import gold_ranks, search_mentions
 from cluster.negatives_store import MinedSplit, NegativesStore
 from cluster.sharded_index import IndexSpec, build_shard_index
 from cluster.tables import EntityCatalogue, Mention
@@ -170,23 +170,13 @@ def mine_initial_negatives(
     batch_size: int = 256,
 ) -> Path:
     """Top-``top_n`` of the train mentions under version 0, published as negatives version 0."""
-    cands, scores = [], []
-    for start in tqdm(range(0, len(mentions), batch_size), desc="mining v0", unit="batch"):
-        batch = mentions[start : start + batch_size]
-        queries = encode_mention_queries(
-            model,
-            [m.context_left for m in batch],
-            [m.mention for m in batch],
-            [m.context_right for m in batch],
-        )
-        batch_cands, batch_scores = index_version.search(queries, top_n)
-        cands.append(batch_cands)
-        scores.append(batch_scores)
-    all_cands = np.concatenate(cands) if cands else np.zeros((0, top_n), np.int64)
+    all_cands, all_scores = search_mentions(
+        model, index_version.searcher, mentions, top_n, batch_size, description="mining v0"
+    )
     mined = MinedSplit(
         mention_ids=[m.mention_id for m in mentions],
         cands=all_cands,
-        scores=np.concatenate(scores) if scores else np.zeros((0, top_n), np.float32),
+        scores=all_scores,
         gold_ranks=gold_ranks(all_cands, np.asarray([m.gold for m in mentions], np.int64)),
     )
     return store.publish(index_version.version, {split: mined}, INITIAL_STEP, top_n)
