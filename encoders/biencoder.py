@@ -220,14 +220,36 @@ def build_biencoder(
         entity_tower = _load_tower(path, dtype)
         if tokenizer is None:
             tokenizer = AutoTokenizer.from_pretrained(path)
+    scorer_config = ScorerConfig.parse(scorer) if isinstance(scorer, str) else scorer
+    model = _assemble(
+        mention_tower,
+        entity_tower,
+        tokenizer,
+        scorer_config,
+        mention_length,
+        entity_length,
+        projection_size,
+    )
+    return model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
+
+
+def _assemble(
+    mention_tower: PreTrainedModel,
+    entity_tower: PreTrainedModel,
+    tokenizer: object,
+    scorer_config: ScorerConfig,
+    mention_length: int,
+    entity_length: int,
+    projection_size: int | None,
+) -> BiEncoder:
+    """Towers, tokenizer (BLINK markers registered), scorer and optional projections."""
     register_markers(tokenizer)
     hidden_size = int(mention_tower.config.hidden_size)
-    scorer_config = ScorerConfig.parse(scorer) if isinstance(scorer, str) else scorer
     mention_projection = entity_projection = None
     if projection_size is not None:
         mention_projection = TowerProjection(hidden_size, projection_size)
         entity_projection = TowerProjection(hidden_size, projection_size)
-    model = BiEncoder(
+    return BiEncoder(
         mention_tower,
         entity_tower,
         build_scorer(scorer_config, projection_size or hidden_size),
@@ -237,17 +259,21 @@ def build_biencoder(
         mention_projection,
         entity_projection,
     )
-    return model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
+
+
+def _extra_modules(model: BiEncoder) -> list[tuple[str, nn.Module | None]]:
+    """The modules outside the towers with the prefixes their weights are saved under."""
+    return [
+        ("scorer.", model.scorer),
+        ("mention_projection.", model.mention_projection),
+        ("entity_projection.", model.entity_projection),
+    ]
 
 
 def _extra_state(model: BiEncoder) -> dict[str, Tensor]:
     """Weights outside the towers: scorer parameters and projections, under prefixed names."""
     state: dict[str, Tensor] = {}
-    for prefix, module in (
-        ("scorer.", model.scorer),
-        ("mention_projection.", model.mention_projection),
-        ("entity_projection.", model.entity_projection),
-    ):
+    for prefix, module in _extra_modules(model):
         if module is not None:
             for key, value in module.state_dict().items():
                 state[prefix + key] = value.detach().cpu().contiguous()
@@ -297,23 +323,14 @@ def load_biencoder(
     scorer_config = ScorerConfig.from_dict(description["scorer"])
     mention_tower = _load_tower(export_dir / "mention", dtype)
     entity_tower = _load_tower(export_dir / "entity", dtype)
-    tokenizer = AutoTokenizer.from_pretrained(export_dir / "mention")
-    register_markers(tokenizer)
-    hidden_size = int(mention_tower.config.hidden_size)
-    projection_size = description.get("projection_size")
-    mention_projection = entity_projection = None
-    if projection_size is not None:
-        mention_projection = TowerProjection(hidden_size, projection_size)
-        entity_projection = TowerProjection(hidden_size, projection_size)
-    model = BiEncoder(
+    model = _assemble(
         mention_tower,
         entity_tower,
-        build_scorer(scorer_config, projection_size or hidden_size),
-        tokenizer,
+        AutoTokenizer.from_pretrained(export_dir / "mention"),
+        scorer_config,
         description["mention_length"],
         description["entity_length"],
-        mention_projection,
-        entity_projection,
+        description.get("projection_size"),
     )
     expected = _extra_state(model)
     weights_path = export_dir / SCORER_WEIGHTS_FILE
@@ -327,11 +344,7 @@ def load_biencoder(
         unexpected = sorted(set(saved) - set(expected))
         if missing or unexpected:
             raise KeyError(f"{weights_path}: missing keys {missing}, unexpected keys {unexpected}")
-        for prefix, module in (
-            ("scorer.", model.scorer),
-            ("mention_projection.", model.mention_projection),
-            ("entity_projection.", model.entity_projection),
-        ):
+        for prefix, module in _extra_modules(model):
             if module is not None:
                 module.load_state_dict(
                     {k[len(prefix) :]: v for k, v in saved.items() if k.startswith(prefix)}
