@@ -18,6 +18,7 @@ from mining.losses.nce import NCELoss
 from mining.losses.negative_sampling import NegativeSamplingLoss
 from mining.losses.sampled_softmax import SampledSoftmaxLoss
 from mining.losses.triplet import TripletLoss
+from mining.registry import build_by_name
 
 LOSSES: dict[str, Callable[..., nn.Module]] = {
     "nce": NCELoss,
@@ -32,14 +33,7 @@ LOSSES: dict[str, Callable[..., nn.Module]] = {
 def build_loss(name: str = "nce", **options: Any) -> nn.Module:
     """A loss by name: nce (default, eq. 5/11) | sampled-softmax (eq. 10) | binary-nce |
     negative-sampling | triplet | focal. ``options`` are the loss's constructor arguments."""
-    factory = LOSSES.get(name)
-    if factory is None:
-        known = ", ".join(sorted(LOSSES))
-        raise ValueError(f"{__file__}: unknown loss {name!r} (known: {known})")
-    try:
-        return factory(**options)
-    except TypeError as error:
-        raise ValueError(f"{__file__}: bad options for loss {name!r}: {error}") from error
+    return build_by_name("loss", LOSSES, name, options)
 
 
 __all__ = [

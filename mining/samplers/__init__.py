@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from mining.registry import build_by_name
 from mining.samplers.ance import AnceSampler
 from mining.samplers.base import NegativeSampler, SampledNegatives, SamplingRequest
 from mining.samplers.greedy import GreedySampler
@@ -45,14 +46,7 @@ def build_sampler(name: str, **options: Any) -> NegativeSampler:
     """A sampler by name: random | hard | greedy | mixed | in-batch | ance | lexical | ohem |
     momentum-queue | adversarial. ``options`` are the sampler's constructor arguments (e.g.
     ``build_sampler("mixed", hard_fraction=0.5)``)."""
-    factory = SAMPLERS.get(name)
-    if factory is None:
-        known = ", ".join(sorted(SAMPLERS))
-        raise ValueError(f"{__file__}: unknown sampler {name!r} (known: {known})")
-    try:
-        return factory(**options)
-    except TypeError as error:
-        raise ValueError(f"{__file__}: bad options for sampler {name!r}: {error}") from error
+    return build_by_name("sampler", SAMPLERS, name, options)
 
 
 __all__ = [
