@@ -26,6 +26,7 @@ import pyarrow as pa
 import ray
 import torch
 
+from cluster.files import AtomicPath
 from cluster.resources import ENCODER_RESOURCE, custom_resource_request
 from encoders.biencoder import BiEncoder, load_biencoder
 from encoders.formatting import length_sorted_batches
@@ -174,13 +175,9 @@ class EntityEncoderActor:
 
 
 def _save_array(path: Path, array: np.ndarray) -> None:
-    """`np.save` without pickling, through a temporary name so a half-written file never shows."""
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(temporary, "wb") as handle:
+    """`np.save` without pickling, published atomically so a half-written file never shows."""
+    with AtomicPath(path) as temporary, open(temporary, "wb") as handle:
         np.save(handle, np.ascontiguousarray(array), allow_pickle=False)
-        handle.flush()
-        os.fsync(handle.fileno())
-    temporary.replace(path)
 
 
 class EncoderPool:

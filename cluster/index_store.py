@@ -29,7 +29,6 @@ import hashlib
 import io
 import json
 import logging
-import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from cluster.files import AtomicPath, atomic_write_text, sha256_file
 from cluster.sharded_index import (
     DeviceRequest,
     FaissDevice,
@@ -47,7 +47,6 @@ from cluster.sharded_index import (
     resolve_faiss_device,
 )
 from cluster.versioned_dir import (
-    atomic_write_text,
     building_dir_name,
     building_versions,
     confined_path,
@@ -55,9 +54,9 @@ from cluster.versioned_dir import (
     publish_version,
     published_versions,
     read_current,
-    sha256_file,
     version_dir_name,
 )
+from encoders.errors import InputError
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +65,7 @@ PROGRESS_FILE = "progress.json"
 EMBEDDINGS_DIR = "embeddings"
 
 
-class ChecksumError(ValueError):
+class ChecksumError(InputError):
     """A shard file does not match the SHA-256 recorded in its manifest."""
 
 
@@ -156,15 +155,10 @@ class IndexBuilder:
             raise ValueError(f"shard {shard_no}: {index.ntotal} vectors but {len(ids)} ids")
         file_name, ids_name = shard_file_names(shard_no)
         index_path, ids_path = self.directory / file_name, self.directory / ids_name
-        temporary_index = index_path.with_name(f".{file_name}.tmp")
-        faiss.write_index(index, str(temporary_index))
-        _fsync_file(temporary_index)
-        temporary_index.replace(index_path)
-        temporary_ids = ids_path.with_name(f".{ids_name}.tmp")
-        with open(temporary_ids, "wb") as handle:
+        with AtomicPath(index_path) as temporary:
+            faiss.write_index(index, str(temporary))
+        with AtomicPath(ids_path) as temporary, open(temporary, "wb") as handle:
             np.save(handle, ids, allow_pickle=False)
-        _fsync_file(temporary_ids)
-        temporary_ids.replace(ids_path)
         record = ShardRecord(
             file=file_name,
             ids=ids_name,
@@ -350,8 +344,3 @@ def _load_ids(payload: bytes, path: Path) -> np.ndarray:
     if ids.dtype != np.int64 or ids.ndim != 1:
         raise ValueError(f"{path}: expected a 1-d int64 id array, got {ids.dtype} {ids.shape}")
     return ids
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb+") as handle:
-        os.fsync(handle.fileno())

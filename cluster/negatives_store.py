@@ -25,7 +25,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,9 +34,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from cluster.files import AtomicPath
 from cluster.versioned_dir import (
     building_dir_name,
-    fsync_directory,
     publish_version,
     read_current,
     version_dir_name,
@@ -145,11 +144,8 @@ class NegativesStore:
                 },
                 schema=NEGATIVES_SCHEMA.with_metadata(metadata),
             )
-            path = building / f"{split}.parquet"
-            pq.write_table(table, path)
-            with open(path, "rb+") as handle:
-                os.fsync(handle.fileno())
-        fsync_directory(building)
+            with AtomicPath(building / f"{split}.parquet") as temporary:
+                pq.write_table(table, temporary)
         publish_version(self.root, version, self.keep)
         logger.info("published negatives v%d (%s)", version, ", ".join(sorted(splits)))
         return self.root / version_dir_name(version)

@@ -1,8 +1,9 @@
 """The asynchronous refresh: newest checkpoint → encode → index → mine → publish (DESIGN.md §5).
 
-`run_refresh` does one refresh in the calling process (the coordinator), with an `EncoderPool` of
-Ray actors doing the encoding; `RefreshCoordinator` is the Ray actor the trainer starts to keep
-refreshing as checkpoints appear. A refresh:
+`run_refresh` does one refresh in the calling process, with an `EncoderPool` of Ray actors doing
+the encoding; `cluster.coordinator.RefreshCoordinator` is the Ray actor the trainer starts to keep
+refreshing as checkpoints appear, and `cluster.refresh_job` runs it as a scheduled job. The
+``refresh`` section of a recipe is :class:`RefreshSettings`. A refresh:
 
 1. picks the newest complete checkpoint `<run>/checkpoints/step-<S>/` (with its `COMPLETE`
    marker), skipping older ones not yet refreshed (stale);
@@ -11,94 +12,100 @@ refreshing as checkpoints appear. A refresh:
 3. publishes the index version when every shard is in (a rename, then `CURRENT`);
 4. mines the mention splits against it and publishes the negatives version of the same number.
 
-Example (the trainer, inside a Ray job)::
+Example::
 
-    coordinator = RefreshCoordinator.remote(RefreshConfig(run_dir=run, data_dir=data))
-    coordinator.watch.remote(poll_seconds=30)            # runs until coordinator.stop.remote()
-    ...
-    negatives = NegativesStore(run / "negatives").latest()   # switch when it changes
+    plan = RefreshPlan(run_dir, data_dir, RefreshSettings(), IndexSpec())
+    summary = run_refresh(plan)                       # newest complete checkpoint
+    negatives = plan.negatives_store.latest("train")
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import ray
+from pydantic import Field
 from tqdm import tqdm
 
+from cluster.checkpoints import (
+    EXPORT_DIR,
+    checkpoints_root,
+    complete_checkpoints,
+    verify_checkpoint,
+)
 from cluster.encoder_pool import EncoderPool, ShardEncoded, ShardTask
 from cluster.index_store import BuildParameters, IndexBuilder, IndexStore, IndexVersion
 from cluster.miner import mine_split
 from cluster.negatives_store import NegativesStore
-from cluster.sharded_index import DeviceRequest, IndexSpec, build_shard_index
+from cluster.sharded_index import IndexSpec, build_shard_index
 from cluster.tables import EntityCatalogue, MentionSplit, mention_split_path
 from encoders.biencoder import SCORER_FILE
+from encoders.errors import InputError
+from encoders.scorers import ScorerConfig
+from encoders.settings import Flag, NonNegativeInt, PositiveInt, PositiveReal, Text, settings
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINTS_DIR = "checkpoints"
-COMPLETE_MARKER = "COMPLETE"
-EXPORT_DIR = "export"
-_STEP_PATTERN = re.compile(r"^step-(\d+)$")
 
-
-class NoCheckpointError(FileNotFoundError):
+class NoCheckpointError(InputError, FileNotFoundError):
     """The run has no complete checkpoint to refresh from."""
 
 
-@dataclass
-class RefreshConfig:
-    """Settings of a refresh of one run directory.
+@settings
+class RefreshSettings:
+    """The ``refresh`` section of a recipe: re-encode the catalogue, index it, mine negatives.
 
     Attributes:
-        run_dir: the run (`checkpoints/`, `index/`, `negatives/` under it).
-        data_dir: dataset directory in the Parquet contract (`entities/`, `mentions/`).
-        splits: mention splits to mine negatives for.
-        num_encoders: encoder actors (0 = one per GPU, or 1 without GPUs).
-        encoder_threads: torch threads (and CPUs requested) per CPU encoder actor.
+        enabled: ``hnce train`` runs a refresh coordinator beside the trainer.
+        num_encoders: encoder actors (0: one per ``hnce_encoder`` slot the cluster advertises,
+            else one per GPU, else 1).
+        encoder_cpus: torch threads (and CPUs requested) per CPU encoder actor.
         batch_size: entities per forward pass.
         mention_batch_size: mentions per forward pass when mining.
         shard_size: catalogue rows per shard (one FAISS index file each).
-        top_n: candidates kept per mention.
-        index: how each shard is indexed (flat by default: exact top-N for mining).
-        faiss_device: auto | cpu | gpu for searching while mining.
-        keep: versions retained in each store.
+        top_n: candidates kept per mention in a negatives version.
+        splits: mention splits mined by every refresh (the train split at least, for training;
+            add dev/test to rerank them with ``hnce rerank``).
+        poll_seconds: how often the coordinator looks for a newer checkpoint.
+        max_consecutive_failures: refreshes in a row that may fail before training stops.
     """
+
+    enabled: Flag = True
+    num_encoders: NonNegativeInt = 0
+    encoder_cpus: PositiveInt = 1
+    batch_size: PositiveInt = 128
+    mention_batch_size: PositiveInt = 256
+    shard_size: PositiveInt = 100_000
+    top_n: PositiveInt = 64
+    splits: list[Text] = Field(default_factory=lambda: ["train"], min_length=1)
+    poll_seconds: PositiveReal = 2.0
+    max_consecutive_failures: PositiveInt = 3
+
+
+@dataclass(frozen=True)
+class RefreshPlan:
+    """What the refreshes of one run do: where (run and dataset directories) and how (the
+    ``refresh`` and ``index`` sections)."""
 
     run_dir: Path
     data_dir: Path
-    splits: tuple[str, ...] = ("train",)
-    num_encoders: int = 0
-    encoder_threads: int = 1
-    batch_size: int = 64
-    mention_batch_size: int = 256
-    shard_size: int = 100_000
-    top_n: int = 64
+    refresh: RefreshSettings = field(default_factory=RefreshSettings)
     index: IndexSpec = field(default_factory=IndexSpec)
-    faiss_device: DeviceRequest = "auto"
-    keep: int = 3
-
-    def __post_init__(self) -> None:
-        self.run_dir = Path(self.run_dir)
-        self.data_dir = Path(self.data_dir)
-        if self.shard_size < 1 or self.top_n < 1 or self.batch_size < 1:
-            raise ValueError("shard_size, top_n and batch_size must be positive")
 
     @property
     def index_store(self) -> IndexStore:
-        return IndexStore(self.run_dir / "index", keep=self.keep, device=self.faiss_device)
+        return IndexStore(
+            self.run_dir / "index", keep=self.index.keep_versions, device=self.index.faiss_device
+        )
 
     @property
     def negatives_store(self) -> NegativesStore:
-        return NegativesStore(self.run_dir / "negatives", keep=self.keep)
+        return NegativesStore(self.run_dir / "negatives", keep=self.index.keep_versions)
 
 
 @dataclass
@@ -141,21 +148,8 @@ class RefreshSummary:
         )
 
 
-def complete_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    """(step, directory) of every checkpoint with its COMPLETE marker, oldest first."""
-    root = Path(run_dir) / CHECKPOINTS_DIR
-    if not root.is_dir():
-        return []
-    found = []
-    for entry in root.iterdir():
-        match = _STEP_PATTERN.match(entry.name)
-        if match and (entry / COMPLETE_MARKER).is_file() and (entry / EXPORT_DIR).is_dir():
-            found.append((int(match.group(1)), entry))
-    return sorted(found)
-
-
 def run_refresh(
-    config: RefreshConfig,
+    plan: RefreshPlan,
     step: int | None = None,
     on_shard: Callable[[ShardEncoded, EncoderPool], None] | None = None,
 ) -> RefreshSummary:
@@ -165,15 +159,16 @@ def run_refresh(
     NoCheckpointError when there is nothing to refresh from.
     """
     started = time.perf_counter()
-    checkpoints = complete_checkpoints(config.run_dir)
+    checkpoints = complete_checkpoints(plan.run_dir)
     if not checkpoints:
-        raise NoCheckpointError(f"{config.run_dir / CHECKPOINTS_DIR}: no complete checkpoint")
+        raise NoCheckpointError(f"{checkpoints_root(plan.run_dir)}: no complete checkpoint")
     by_step = dict(checkpoints)
     if step is None:
         step = checkpoints[-1][0]
     if step not in by_step:
-        raise NoCheckpointError(f"{config.run_dir / CHECKPOINTS_DIR}/step-{step}: not complete")
-    index_store, negatives_store = config.index_store, config.negatives_store
+        raise NoCheckpointError(f"{checkpoints_root(plan.run_dir)}/step-{step}: not complete")
+    verify_checkpoint(by_step[step])
+    index_store, negatives_store = plan.index_store, plan.negatives_store
     # The manifest alone says which checkpoint is live; the index is loaded only when needed.
     live = index_store.current_version()
     live_step = index_store.read_manifest(live)["checkpoint"] if live is not None else -1
@@ -186,29 +181,29 @@ def run_refresh(
         if negatives_store.current_version() == live:
             return RefreshSummary(step, live, live, up_to_date=True)
         logger.info("index v%d exists for step-%d; mining only", live, step)
-    pool = _pool(config, export_dir)
+    pool = _pool(plan.refresh, export_dir)
     try:
         if mine_only:
             index_version, summary = index_store.open(live), RefreshSummary(step, live, live)
         else:
             index_version, summary = _build_index(
-                config, index_store, pool, step, export_dir, on_shard
+                plan, index_store, pool, step, export_dir, on_shard
             )
         summary.skipped_checkpoints = skipped
         mined = {}
-        for split in config.splits:
-            mentions = MentionSplit.open(mention_split_path(config.data_dir, split))
+        for split in plan.refresh.splits:
+            mentions = MentionSplit.open(mention_split_path(plan.data_dir, split))
             mined[split] = mine_split(
                 pool,
                 index_version,
                 mentions,
-                config.top_n,
-                config.mention_batch_size,
+                plan.refresh.top_n,
+                plan.refresh.mention_batch_size,
                 description=f"mining {split}",
             )
             ranks = mined[split].gold_ranks
             summary.recall[split] = float((ranks >= 0).mean()) if len(ranks) else 0.0
-        negatives_store.publish(index_version.version, mined, step, config.top_n)
+        negatives_store.publish(index_version.version, mined, step, plan.refresh.top_n)
     finally:
         pool.shutdown()
     summary.total_seconds = time.perf_counter() - started
@@ -216,17 +211,17 @@ def run_refresh(
     return summary
 
 
-def _pool(config: RefreshConfig, export_dir: Path) -> EncoderPool:
+def _pool(refresh: RefreshSettings, export_dir: Path) -> EncoderPool:
     return EncoderPool(
         export_dir,
-        num_encoders=config.num_encoders,
-        batch_size=config.batch_size,
-        num_threads=config.encoder_threads,
+        num_encoders=refresh.num_encoders,
+        batch_size=refresh.batch_size,
+        num_threads=refresh.encoder_cpus,
     )
 
 
 def _build_index(
-    config: RefreshConfig,
+    plan: RefreshPlan,
     store: IndexStore,
     pool: EncoderPool,
     step: int,
@@ -235,12 +230,12 @@ def _build_index(
 ) -> tuple[IndexVersion, RefreshSummary]:
     """Encode and index every unfinished shard, then publish the version."""
     description = json.loads((export_dir / SCORER_FILE).read_text(encoding="utf-8"))
-    if not description.get("indexable", False):
-        raise ValueError(
+    if not ScorerConfig.from_dict(description["scorer"]).indexable:
+        raise InputError(
             f"{export_dir / SCORER_FILE}: scorer {description['scorer']['name']!r} cannot be "
             f"indexed (its query depends on the entity); refresh needs dual, multi or som"
         )
-    catalogue = EntityCatalogue.open(config.data_dir)
+    catalogue = EntityCatalogue.open(plan.data_dir)
     parameters = BuildParameters(
         checkpoint=step,
         checkpoint_path=str(export_dir),
@@ -248,7 +243,7 @@ def _build_index(
         dim=int(description["output_size"]),
         vectors_per_entity=description["vectors_per_entity"],
         num_entities=len(catalogue),
-        index={**config.index.to_json(), "shard_size": config.shard_size},
+        index={**plan.index.to_json(), "shard_size": plan.refresh.shard_size},
     )
     builder = store.begin(parameters)
     summary = RefreshSummary(step, builder.version, builder.version)
@@ -261,7 +256,7 @@ def _build_index(
 
     def tasks() -> Iterator[ShardTask]:
         columns = ["entity_id", "title", "text"]
-        for number, rows in enumerate(catalogue.iter_batches(config.shard_size, columns)):
+        for number, rows in enumerate(catalogue.iter_batches(plan.refresh.shard_size, columns)):
             shard_count[0] = number + 1
             if number not in finished:
                 vectors_path, ids_path = builder.embedding_paths(number)
@@ -271,7 +266,7 @@ def _build_index(
         vectors_path, ids_path = builder.embedding_paths(encoded.shard_no)
         vectors = np.load(vectors_path, allow_pickle=False)
         ids = np.load(ids_path, allow_pickle=False)
-        builder.add_shard(encoded.shard_no, build_shard_index(vectors, config.index), ids)
+        builder.add_shard(encoded.shard_no, build_shard_index(vectors, plan.index), ids)
         vectors_path.unlink()
         ids_path.unlink()
         bar.update(encoded.num_entities)
@@ -292,60 +287,3 @@ def _shard_entities(builder: IndexBuilder, shard_no: int) -> int:
     """Distinct entities of a finished shard (for the progress bar of a resumed refresh)."""
     ids_path = builder.directory / builder.finished_shards[shard_no].ids
     return len(np.unique(np.load(ids_path, allow_pickle=False)))
-
-
-@ray.remote(max_restarts=3, max_task_retries=3, num_cpus=0, max_concurrency=4)
-class RefreshCoordinator:
-    """Ray actor that refreshes whenever a newer complete checkpoint appears.
-
-    Restarted by Ray if it dies; a restarted refresh resumes from the recorded shards. Runs its
-    loop in a thread so `stop`, `status` and `refresh` calls are served meanwhile.
-    """
-
-    def __init__(self, config: RefreshConfig) -> None:
-        self.config = config
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self.summaries: list[RefreshSummary] = []
-        self.last_error: str | None = None
-
-    def refresh(self, step: int | None = None) -> RefreshSummary:
-        """One refresh now (newest checkpoint unless `step` is given)."""
-        with self._lock:
-            summary = run_refresh(self.config, step)
-            self.summaries.append(summary)
-            return summary
-
-    def watch(self, poll_seconds: float = 30.0) -> int:
-        """Refresh each time a newer checkpoint is complete, until `stop`; returns refreshes done."""
-        done = 0
-        while not self._stop.is_set():
-            checkpoints = complete_checkpoints(self.config.run_dir)
-            current = self.config.index_store.current_version()
-            newest = checkpoints[-1][0] if checkpoints else None
-            published = (
-                self.config.index_store.read_manifest(current)["checkpoint"]
-                if current is not None
-                else None
-            )
-            negatives = self.config.negatives_store.current_version()
-            if newest is not None and (newest != published or negatives != current):
-                try:
-                    self.refresh(newest)
-                    done += 1
-                except Exception as error:  # reported through status(); the loop keeps watching
-                    logger.exception("refresh of step-%s failed", newest)
-                    self.last_error = f"step-{newest}: {error!r}"
-            self._stop.wait(poll_seconds)
-        return done
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def status(self) -> dict[str, object]:
-        """Last summary line and error (for the trainer's logs)."""
-        return {
-            "refreshes": len(self.summaries),
-            "last": self.summaries[-1].line() if self.summaries else None,
-            "error": self.last_error,
-        }

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-from cluster.refresh import NoCheckpointError, RefreshConfig, RefreshSummary, run_refresh
+from cluster.refresh import NoCheckpointError, RefreshPlan, RefreshSummary, run_refresh
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class RefreshLock:
 
 
 def refresh_once(
-    config: RefreshConfig,
+    plan: RefreshPlan,
     step: int | None = None,
     report: Callable[[str], None] = print,
     connect: Callable[[], None] | None = None,
@@ -93,10 +93,10 @@ def refresh_once(
     the lock taken exits without starting anything. Other errors propagate.
     """
     try:
-        with RefreshLock(config.run_dir):
+        with RefreshLock(plan.run_dir):
             if connect is not None:
                 connect()
-            summary: RefreshSummary = run_refresh(config, step)
+            summary: RefreshSummary = run_refresh(plan, step)
     except RefreshLocked as error:
         report(f"hnce refresh: {error}")
         return EXIT_LOCKED
@@ -108,7 +108,7 @@ def refresh_once(
 
 
 def refresh_every(
-    config: RefreshConfig,
+    plan: RefreshPlan,
     interval_seconds: float,
     max_runs: int | None = None,
     report: Callable[[str], None] = print,
@@ -122,7 +122,7 @@ def refresh_every(
     runs = 0
     while max_runs is None or runs < max_runs:
         started = time.monotonic()
-        code = refresh_once(config, report=report, connect=connect)
+        code = refresh_once(plan, report=report, connect=connect)
         runs += 1
         logger.info("scheduled refresh %d finished with exit code %d", runs, code)
         if max_runs is not None and runs >= max_runs:

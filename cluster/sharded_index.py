@@ -30,6 +30,9 @@ from typing import Literal
 
 import faiss
 import numpy as np
+from pydantic import ValidationInfo, field_validator
+
+from encoders.settings import PositiveInt, settings
 
 logger = logging.getLogger(__name__)
 
@@ -37,34 +40,51 @@ IndexKind = Literal["flat", "ivfpq", "hnsw"]
 DeviceRequest = Literal["auto", "cpu", "gpu"]
 
 
-@dataclass(frozen=True)
+@settings
 class IndexSpec:
-    """How each shard is indexed. `flat` (exact inner product) is the default, since mining wants
-    exact top-N; `ivfpq` and `hnsw` are approximate options for serving a large catalogue.
+    """The ``index`` section of a recipe: how each shard is indexed, where it is searched, and
+    how many versions the stores keep.
+
+    `flat` (exact inner product) is the default, since mining wants exact top-N; `ivfpq` and
+    `hnsw` are approximate options for serving a large catalogue.
 
     Attributes:
         kind: flat | ivfpq | hnsw.
         nlist: IVF lists per shard (ivfpq); clipped so each list gets training points.
         pq_m: PQ sub-quantisers (ivfpq); `dim` must be divisible by it. 8 bits each.
-        nprobe: IVF lists visited per query (ivfpq).
+        nprobe: IVF lists visited per query (ivfpq); at most `nlist`.
         hnsw_m: graph degree (hnsw).
         ef_search: search beam (hnsw).
         train_size: vectors sampled per shard to train IVF-PQ.
+        candidate_depth: sum-of-max only: entity tokens retrieved per query token before the
+            exact rerank.
+        faiss_device: auto | cpu | gpu: where shards are searched (GPU: fp16 flat); `gpu`
+            without one is an error, never a silent CPU fallback.
+        keep_versions: index and negatives versions retained after a publication.
     """
 
     kind: IndexKind = "flat"
-    nlist: int = 1024
-    pq_m: int = 64
-    nprobe: int = 32
-    hnsw_m: int = 32
-    ef_search: int = 128
-    train_size: int = 65_536
+    nlist: PositiveInt = 1024
+    pq_m: PositiveInt = 64
+    nprobe: PositiveInt = 32
+    hnsw_m: PositiveInt = 32
+    ef_search: PositiveInt = 128
+    train_size: PositiveInt = 65_536
+    candidate_depth: PositiveInt = 256
+    faiss_device: DeviceRequest = "auto"
+    keep_versions: PositiveInt = 2
 
-    def __post_init__(self) -> None:
-        if self.kind not in ("flat", "ivfpq", "hnsw"):
-            raise ValueError(f"index kind must be flat, ivfpq or hnsw, got {self.kind!r}")
+    @field_validator("nprobe")
+    @classmethod
+    def _probe_at_most_every_list(cls, nprobe: int, info: ValidationInfo) -> int:
+        nlist = info.data.get("nlist", nprobe)
+        if nprobe > nlist:
+            raise ValueError(f"({nprobe}) cannot exceed nlist ({nlist})")
+        return nprobe
 
     def to_json(self) -> dict[str, object]:
+        """The fields that decide the bytes of a built shard (recorded in a version's manifest;
+        a resumed build must match them)."""
         return {
             "kind": self.kind,
             "nlist": self.nlist,

@@ -20,8 +20,8 @@ used as a training positive (see ``pipeline.data.bad_rows``).
 from __future__ import annotations
 
 import bisect
+import hashlib
 import json
-import os
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +33,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from cluster.files import AtomicPath, atomic_write_json, sha256_file
 
 ENTITY_SCHEMA: pa.Schema = pa.schema(
     [
@@ -93,10 +95,6 @@ class Mention:
         object.__setattr__(self, "golds", (self.gold, *others))
 
 
-def _atomic_parquet_path(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
-
-
 class _BatchedParquetWriter:
     """Buffers rows column-wise and writes one row group per ``batch_size`` rows to a temp file,
     renamed into place on a clean close (a reader never sees a half-written file)."""
@@ -106,9 +104,8 @@ class _BatchedParquetWriter:
         self.schema = schema
         self.batch_size = batch_size
         self.rows_written = 0
-        self._tmp = _atomic_parquet_path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._writer = pq.ParquetWriter(self._tmp, schema, compression="zstd")
+        self._target = AtomicPath(path)
+        self._writer = pq.ParquetWriter(self._target.temporary, schema, compression="zstd")
         self._columns: dict[str, list[Any]] = {name: [] for name in schema.names}
 
     def append(self, row: Sequence[Any]) -> None:
@@ -130,11 +127,11 @@ class _BatchedParquetWriter:
     def close(self) -> None:
         self.flush()
         self._writer.close()
-        os.replace(self._tmp, self.path)
+        self._target.commit()
 
     def abort(self) -> None:
         self._writer.close()
-        self._tmp.unlink(missing_ok=True)
+        self._target.abort()
 
 
 class EntityCatalogueWriter:
@@ -456,6 +453,20 @@ def _mention_from_row(row: dict[str, Any]) -> Mention:
     return Mention(**row)
 
 
+def catalogue_fingerprint(root: Path) -> str:
+    """Hex SHA-256 identifying the catalogue of dataset ``root``: its entity files, in order,
+    each by name and contents (streamed). Derived stores (token store) record it and refuse a
+    catalogue that changed under them."""
+    directory = Path(root) / ENTITIES_DIR
+    files = sorted(directory.glob("part-*.parquet"))
+    if not files:
+        raise FileNotFoundError(f"no entity catalogue under {directory}")
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(f"{path.name}:{sha256_file(path)}\n".encode())
+    return digest.hexdigest()
+
+
 def mention_split_path(root: Path, split: str) -> Path:
     """``<root>/mentions/<split>.parquet``."""
     return Path(root) / MENTIONS_DIR / f"{split}.parquet"
@@ -463,11 +474,7 @@ def mention_split_path(root: Path, split: str) -> Path:
 
 def write_summary(root: Path, summary: dict[str, Any]) -> Path:
     """Write ``<root>/summary.json`` atomically."""
-    path = Path(root) / SUMMARY_FILE
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return atomic_write_json(Path(root) / SUMMARY_FILE, summary)
 
 
 def read_summary(root: Path) -> dict[str, Any]:

@@ -1,56 +1,22 @@
 """Atomic publication of versioned directories, shared by the index and negatives stores (DESIGN.md §2).
 
 A version is built in a hidden `.building-v<N>/` directory, renamed to `v<N>/` when complete (a
-rename is atomic on one file system), and then named live by `CURRENT`, which is replaced by
-writing a temporary file, fsyncing it and renaming it over the old one. A reader that follows
-`CURRENT` therefore only ever sees complete versions.
+rename is atomic on one file system), and then named live by `CURRENT`, which is replaced through
+the one atomic write of `cluster.files`. A reader that follows `CURRENT` therefore only ever sees
+complete versions.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
 import re
 import shutil
 from pathlib import Path
 
+from cluster.files import atomic_write_text, publish_directory
+
 VERSION_PATTERN = re.compile(r"^v(\d+)$")
 BUILDING_PATTERN = re.compile(r"^\.building-v(\d+)$")
 CURRENT_FILE = "CURRENT"
-
-
-def fsync_directory(directory: Path) -> None:
-    """Flush a directory entry (a rename or a new file) to disk."""
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-def atomic_write_bytes(path: Path, payload: bytes) -> None:
-    """Replace `path` with `payload` atomically: temp file in the same directory, fsync, rename."""
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(temporary, "wb") as handle:
-        handle.write(payload)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
-    fsync_directory(path.parent)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """`atomic_write_bytes` for UTF-8 text."""
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def sha256_file(path: Path, chunk_bytes: int = 1 << 22) -> str:
-    """Hex SHA-256 of a file, read in chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(chunk_bytes):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def version_dir_name(version: int) -> str:
@@ -103,12 +69,7 @@ def publish_version(root: Path, version: int, keep: int) -> list[int]:
     """
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")
-    building = root / building_dir_name(version)
-    final = root / version_dir_name(version)
-    if final.exists():
-        raise FileExistsError(f"{final} already exists; versions are never overwritten")
-    os.rename(building, final)
-    fsync_directory(root)
+    publish_directory(root / building_dir_name(version), root / version_dir_name(version))
     atomic_write_text(root / CURRENT_FILE, version_dir_name(version) + "\n")
     removed = [old for old in published_versions(root)[:-keep] if old != version]
     for old in removed:

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel, PreTrainedModel
 
 from encoders.formatting import register_markers, tokenize_entities, tokenize_mentions
+from encoders.local import load_local
 from encoders.scorers import Scorer, ScorerConfig, build_scorer
 
 SCORER_FILE = "scorer.json"
@@ -184,12 +185,10 @@ class BiEncoder(nn.Module):
 
 
 def _load_tower(path: Path, dtype: torch.dtype | None) -> PreTrainedModel:
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path}: no config.json (expected a Hugging Face model directory)")
     return (
-        AutoModel.from_pretrained(path, dtype=dtype)
+        load_local(AutoModel, path, dtype=dtype)
         if dtype is not None
-        else AutoModel.from_pretrained(path)
+        else load_local(AutoModel, path)
     )
 
 
@@ -219,7 +218,7 @@ def build_biencoder(
         mention_tower = _load_tower(path, dtype)
         entity_tower = _load_tower(path, dtype)
         if tokenizer is None:
-            tokenizer = AutoTokenizer.from_pretrained(path)
+            tokenizer = load_local(AutoTokenizer, path)
     scorer_config = ScorerConfig.parse(scorer) if isinstance(scorer, str) else scorer
     model = _assemble(
         mention_tower,
@@ -326,7 +325,7 @@ def load_biencoder(
     model = _assemble(
         mention_tower,
         entity_tower,
-        AutoTokenizer.from_pretrained(export_dir / "mention"),
+        load_local(AutoTokenizer, export_dir / "mention"),
         scorer_config,
         description["mention_length"],
         description["entity_length"],

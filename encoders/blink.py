@@ -20,6 +20,8 @@ from torch import Tensor
 from transformers import AutoConfig, AutoTokenizer, BertConfig
 
 from encoders.biencoder import BiEncoder, build_biencoder
+from encoders.errors import InputError
+from encoders.local import load_local
 from encoders.reranker import JointReranker, build_reranker
 from encoders.scorers import ScorerConfig
 
@@ -29,7 +31,7 @@ CROSS_PREFIX = "encoder."
 _SHOWN_KEYS = 20
 
 
-class CheckpointKeyError(ValueError):
+class CheckpointKeyError(InputError):
     """A checkpoint's keys do not match the model: ``missing`` and ``unexpected`` name them."""
 
     def __init__(self, source: str, missing: list[str], unexpected: list[str]) -> None:
@@ -153,8 +155,8 @@ def _base_config_and_tokenizer(
             raise ValueError("importing a BLINK checkpoint onto a BertConfig needs a tokenizer")
         return base_model, tokenizer
     path = Path(base_model)
-    config = AutoConfig.from_pretrained(path)
-    return config, tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(path)
+    config = load_local(AutoConfig, path)
+    return config, tokenizer if tokenizer is not None else load_local(AutoTokenizer, path)
 
 
 def import_blink_biencoder(

@@ -11,6 +11,7 @@ Token ids are built from the tokenizer's own pieces and the marker ids are inser
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -19,6 +20,8 @@ from transformers import PreTrainedTokenizerBase
 
 MENTION_START, MENTION_END, ENTITY_TITLE_SEP = "[unused0]", "[unused1]", "[unused2]"
 MARKERS = (MENTION_START, MENTION_END, ENTITY_TITLE_SEP)
+# Bump when the layout below changes: every token store built with the old one is then rebuilt.
+LAYOUT_VERSION = 1
 
 
 def marker_ids(tokenizer: PreTrainedTokenizerBase) -> tuple[int, int, int]:
@@ -34,6 +37,20 @@ def marker_ids(tokenizer: PreTrainedTokenizerBase) -> tuple[int, int, int]:
             "(a standard BERT WordPiece vocabulary has them)"
         )
     return ids  # type: ignore[return-value]
+
+
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
+    """Hex SHA-256 identifying what this tokenizer makes of an entity in BLINK's layout: its whole
+    serialized definition (vocabulary, normalizer, added tokens) and :data:`LAYOUT_VERSION`.
+
+    Token stores are keyed by it, so a different tokenizer never reads another's token ids.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise TypeError(f"{type(tokenizer).__name__}: a fast (Rust) tokenizer is needed")
+    digest = hashlib.sha256(backend.to_str().encode("utf-8"))
+    digest.update(f"blink-layout-{LAYOUT_VERSION}".encode())
+    return digest.hexdigest()
 
 
 def register_markers(tokenizer: PreTrainedTokenizerBase) -> None:

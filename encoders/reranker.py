@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel, PreTrainedModel
 
 from encoders.formatting import register_markers, tokenize_entities, tokenize_mentions
+from encoders.local import load_local
 
 RERANKER_FILE = "reranker.json"
 HEAD_WEIGHTS_FILE = "head.safetensors"
@@ -142,9 +143,9 @@ def build_reranker(
         encoder: PreTrainedModel = BertModel(model_path_or_config)
     else:
         path = Path(model_path_or_config)
-        encoder = AutoModel.from_pretrained(path)
+        encoder = load_local(AutoModel, path)
         if tokenizer is None:
-            tokenizer = AutoTokenizer.from_pretrained(path)
+            tokenizer = load_local(AutoTokenizer, path)
     register_markers(tokenizer)
     return JointReranker(encoder, tokenizer, mention_length, entity_length, max_length)
 

@@ -26,24 +26,22 @@ from __future__ import annotations
 
 import abc
 import math
-from dataclasses import asdict, dataclass, fields
-from typing import Any
+from dataclasses import asdict, fields
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
-NAMES = ("dual", "multi", "som", "poly", "genpoly", "general")
-SIDES = ("mention", "entity")
-REDUCTIONS = ("leftmost", "all", "codes")
-ATTENTIONS = ("soft", "hard")
+from encoders.settings import PositiveInt, settings
 
 # Upper bound on elements of one block of pairwise logits (B x E x queries x keys) in `score`.
 _BLOCK_ELEMENTS = 1 << 24
 
 
-@dataclass
+@settings
 class ScorerConfig:
-    """Which score function, with the general form's choices (eq. 9).
+    """Which score function, with the general form's choices (eq. 9): the ``model.scorer``
+    section of a recipe.
 
     name: dual | multi | som | poly | genpoly | general.
     m: multi: entity vectors; poly/genpoly: number of codes; general: query vectors
@@ -53,27 +51,19 @@ class ScorerConfig:
        (used by name="general" only).
     """
 
-    name: str = "dual"
-    m: int = 1
-    m_prime: int | None = None
-    query_side: str = "mention"
-    query_reduction: str = "leftmost"
-    key_reduction: str = "leftmost"
-    attention: str = "hard"
+    name: Literal["dual", "multi", "som", "poly", "genpoly", "general"] = "dual"
+    m: PositiveInt = 1
+    m_prime: PositiveInt | None = None
+    query_side: Literal["mention", "entity"] = "mention"
+    query_reduction: Literal["leftmost", "all", "codes"] = "leftmost"
+    key_reduction: Literal["leftmost", "all", "codes"] = "leftmost"
+    attention: Literal["soft", "hard"] = "hard"
 
-    def __post_init__(self) -> None:
-        checks = [
-            ("name", self.name, NAMES),
-            ("query_side", self.query_side, SIDES),
-            ("query_reduction", self.query_reduction, REDUCTIONS),
-            ("key_reduction", self.key_reduction, REDUCTIONS),
-            ("attention", self.attention, ATTENTIONS),
-        ]
-        for field_name, value, allowed in checks:
-            if value not in allowed:
-                raise ValueError(f"ScorerConfig.{field_name}={value!r}; expected one of {allowed}")
-        if self.m < 1 or (self.m_prime is not None and self.m_prime < 1):
-            raise ValueError(f"ScorerConfig m={self.m}, m_prime={self.m_prime} must be positive")
+    @property
+    def indexable(self) -> bool:
+        """Whether entities are a fixed set of vectors a FAISS index can hold: asked of the
+        scorer class itself (DESIGN.md §3), never of a second list."""
+        return _SCORER_CLASSES[self.name].indexable
 
     @classmethod
     def parse(cls, spec: str) -> ScorerConfig:
@@ -502,6 +492,16 @@ def build_scorer(config: ScorerConfig | str, hidden_size: int) -> Scorer:
         scorer = GeneralScorer(config, hidden_size)
     scorer.config = config
     return scorer
+
+
+_SCORER_CLASSES: dict[str, type[Scorer]] = {
+    "dual": DualScorer,
+    "multi": MultiVectorScorer,
+    "som": SumOfMaxScorer,
+    "poly": PolyScorer,
+    "genpoly": PolyScorer,
+    "general": GeneralScorer,
+}
 
 
 def index_scores(

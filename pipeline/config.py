@@ -1,10 +1,31 @@
-"""Typed run configuration, grouped by concern as in ColBERT's settings.
+"""hnce's one settings tree: every command of a run reads the same recipe (ColBERT-style sections).
 
-A recipe is a YAML file (read with ``yaml.safe_load``) whose top-level sections map one to one
-onto the dataclasses below; ``--set section.key=value`` overrides are applied on top. Every
-check runs before any work starts: an unknown key, a value of the wrong type, or a scorer that
-cannot be put in an index (poly, genpoly, joint) asked to mine negatives from an index raises
-:class:`ConfigError` naming the key and, for keys from a file, the file and line.
+A recipe is a YAML file whose top-level sections are the fields of :class:`Config`; ``--set
+section.key=value`` overrides are applied on top, and :func:`load_config` validates the whole
+tree before any work starts. Sections are declared where they are consumed and composed here:
+
+=========  ==============================================  ===============================
+section    what                                            declared in
+=========  ==============================================  ===============================
+run        run directory, seed                             here
+data       dataset directory and splits                    here
+model      towers, lengths, pooling, ``scorer``            here; ``scorer`` in encoders.scorers
+negatives  sampler, K, sharing, per-sampler options         here
+loss       contrastive loss and its options                here (built by mining.losses)
+training   DeepSpeed optimisation under Ray Train          here
+refresh    the asynchronous refresh                        cluster.refresh
+index      FAISS shards, device, retention                 cluster.sharded_index
+cluster    where Ray runs                                  cluster.session
+eval       recall@k                                        here
+rerank     the joint reranker (its own ``training``)       here
+demo       the WordNet demo subset                         here
+blink      ``finetune-blink`` inputs                       here
+=========  ==============================================  ===============================
+
+Every error is a :class:`ConfigError` naming the dotted key and, for keys from a file, the file
+and line: unknown keys, wrong types, values out of range, duplicate keys (both lines), and the
+cross-field rules of :func:`validate` (e.g. a scorer that cannot be indexed asked to mine negatives
+from an index: asked of the scorer, ``ScorerConfig.indexable``).
 
 Example::
 
@@ -14,167 +35,249 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import re
-import types
-import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import field
+from pathlib import Path, PurePath
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import Field, StrictInt, TypeAdapter, ValidationError, field_validator
 
+from cluster.files import atomic_write_text
+from cluster.refresh import RefreshSettings
+from cluster.session import ClusterSettings
+from cluster.sharded_index import IndexSpec
+from encoders.errors import InputError
+from encoders.scorers import ScorerConfig
+from encoders.settings import (
+    Flag,
+    Fraction,
+    NonNegativeInt,
+    NonNegativeReal,
+    PositiveInt,
+    PositiveReal,
+    Text,
+    settings,
+)
 from mining.losses import build_loss
 
-# Scorers of DESIGN.md §3 whose entity side is a fixed set of vectors; the others depend on the
-# mention at scoring time and so cannot be searched in FAISS.
-INDEXABLE_SCORERS = frozenset({"dual", "multi", "som", "general"})
-NON_INDEXABLE_SCORERS = frozenset({"poly", "genpoly", "joint"})
+# Samplers that draw from the candidates of a refreshed index version (DESIGN.md §4).
 SAMPLERS_FROM_INDEX = frozenset({"hard", "greedy", "mixed", "ance", "ohem", "adversarial"})
-# Samplers the trainer builds from the config alone. lexical (entity texts for BM25),
-# momentum-queue (an embedding queue) and adversarial (a generator update per step) exist in
-# mining/ but are not wired into the trainer, so asking for them fails here, before any work.
+# Samplers the trainer builds (pipeline.train.negatives); lexical, momentum-queue and adversarial
+# exist in mining/ but the trainer does not draw them yet, so asking for them fails here.
 TRAINER_SAMPLERS = frozenset({"random", "hard", "greedy", "mixed", "in-batch", "ance", "ohem"})
+SamplerName = Literal[
+    "random",
+    "hard",
+    "greedy",
+    "mixed",
+    "in-batch",
+    "ance",
+    "ohem",
+    "lexical",
+    "momentum-queue",
+    "adversarial",
+]
 
 
-_YAML11_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
-
-
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A malformed configuration; the message names the offending key (and file:line)."""
 
 
-@dataclass
+@settings
 class RunSettings:
-    """Where a run lives: ``<dir>/checkpoints``, ``<dir>/index``, ``<dir>/negatives``, logs."""
+    """Where a run lives (``<dir>/checkpoints``, ``index``, ``negatives``, logs) and its seed."""
 
-    dir: str = "runs/default"
-    seed: int = 0
+    dir: Text = "runs/default"
+    seed: NonNegativeInt = 0
+
+    @field_validator("dir")
+    @classmethod
+    def _no_parent_references(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty")
+        if ".." in PurePath(value).parts:
+            raise ValueError(f"{value!r} must not contain '..' (give the run directory plainly)")
+        return value
 
 
-@dataclass
+@settings
 class DataSettings:
     """A dataset directory in the Parquet contract (DESIGN.md §2) and the splits used."""
 
-    root: str = "data/wordnet"
-    train_split: str = "train"
-    eval_split: str = "test"
-    max_train_mentions: int = 0  # 0 = all
-    max_eval_mentions: int = 0  # 0 = all
+    root: Text = "data/wordnet"
+    train_split: Text = "train"
+    eval_split: Text = "test"
+    max_train_mentions: NonNegativeInt = 0  # 0 = all
+    max_eval_mentions: NonNegativeInt = 0  # 0 = all
 
 
-@dataclass
-class ScorerSettings:
-    """Score function of DESIGN.md §3 (eq. 9): dual | multi | som | poly | genpoly | general | joint."""
-
-    name: str = "dual"
-    m: int = 1
-
-
-@dataclass
+@settings
 class ModelSettings:
-    """Encoder towers: ``minilm`` (the PyPI-packaged all-MiniLM-L6-v2) or a local model directory."""
+    """Encoder towers: ``minilm`` (the PyPI-packaged all-MiniLM-L6-v2) or a local model directory.
 
-    path: str = "minilm"
-    mention_length: int = 32
-    entity_length: int = 64
-    scorer: ScorerSettings = field(default_factory=ScorerSettings)
+    ``pooling``: auto (what the model directory declares: sentence-transformers' ``modules.json``,
+    BLINK's [CLS] otherwise) | cls | mean. ``activation_checkpointing`` recomputes each tower's
+    layer activations in the backward pass instead of keeping them (memory for time).
+    """
+
+    path: Text = "minilm"
+    mention_length: Annotated[StrictInt, Field(ge=4)] = 32
+    entity_length: Annotated[StrictInt, Field(ge=2)] = 64
+    pooling: Literal["auto", "cls", "mean"] = "auto"
+    activation_checkpointing: Flag = False
+    scorer: ScorerConfig = field(default_factory=ScorerConfig)
 
 
-@dataclass
+@settings
+class HardOptions:
+    """hard / greedy (eq. 8): draw ∝ exp(s / temperature) without replacement."""
+
+    temperature: PositiveReal = 1.0
+
+
+@settings
+class MixedOptions:
+    """mixed-p: a share ``hard_fraction`` of the K negatives are hard, the rest random."""
+
+    hard_fraction: Fraction = 0.5
+
+
+@settings
+class AdversarialOptions:
+    """ACE (papers/001): λ = ``mix`` of the slots from the fixed sampler, the rest from the
+    generator; entropy floor log(``entropy_k``), false-negative penalty, optimiser step size."""
+
+    mix: Fraction = 0.5
+    entropy_k: PositiveInt = 4
+    entropy_weight: NonNegativeReal = 1.0
+    false_negative_penalty: NonNegativeReal = 10.0
+    self_critical: Flag = True
+    off_policy: Flag = False
+    learning_rate: PositiveReal = 1e-2
+
+
+@settings
+class MomentumQueueOptions:
+    """MoCo (papers/002): a queue of ``size`` entity vectors from a momentum copy of the tower."""
+
+    size: PositiveInt = 4096
+    momentum: Fraction = 0.999
+
+
+@settings
+class OhemOptions:
+    """Online hard-example mining: rescore ``pool_size`` index candidates with the current model."""
+
+    pool_size: PositiveInt = 32
+
+
+@settings
+class LexicalOptions:
+    """BM25 over entity titles and texts (``bm25s``)."""
+
+    k1: PositiveReal = 1.5
+    b: Fraction = 0.75
+
+
+@settings
 class NegativesSettings:
     """Negative sampling (DESIGN.md §4): K negatives per mention from ``sampler``.
 
     ``source: index`` mines candidates from the newest refreshed index version (the asynchronous
-    refresh of §5); ``source: none`` uses only samplers that need no candidates (random, in-batch).
-    Before the first refresh the trainer falls back to random negatives.
+    refresh of §5); ``source: none`` uses only samplers that need no candidates. Before the first
+    refresh the trainer draws random negatives. ``share``: score each mention against its own
+    candidates (none), every candidate of the micro-batch (batch), or of every worker (global).
+    Each sampler reads its own options group.
     """
 
-    sampler: str = "mixed"
-    num_negatives: int = 8
-    hard_fraction: float = 0.5  # mixed-p: p = 100 * hard_fraction
-    source: str = "index"
-    top_n: int = 64  # candidates per mention kept in a negatives version
-    filter_false_negatives: bool = True
+    sampler: SamplerName = "mixed"
+    num_negatives: PositiveInt = 8
+    source: Literal["index", "none"] = "index"
+    share: Literal["none", "batch", "global"] = "none"
+    filter_false_negatives: Flag = True
+    hard: HardOptions = field(default_factory=HardOptions)
+    mixed: MixedOptions = field(default_factory=MixedOptions)
+    adversarial: AdversarialOptions = field(default_factory=AdversarialOptions)
+    momentum_queue: MomentumQueueOptions = field(default_factory=MomentumQueueOptions)
+    ohem: OhemOptions = field(default_factory=OhemOptions)
+    lexical: LexicalOptions = field(default_factory=LexicalOptions)
 
 
-@dataclass
+@settings
 class LossSettings:
     """Contrastive loss (DESIGN.md §4): nce (eq. 5/11) | sampled-softmax | binary-nce | ..."""
 
-    name: str = "nce"
+    name: Text = "nce"
     options: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@settings
 class TrainingSettings:
-    """DeepSpeed optimisation under Ray Train (paper §6.3: Adam, hard-negative NCE)."""
+    """DeepSpeed optimisation under Ray Train (paper §6.3: Adam, hard-negative NCE).
 
-    steps: int = 1000
-    batch_size: int = 16  # mentions per worker per micro-step
-    gradient_accumulation: int = 1
-    learning_rate: float = 2e-5
-    warmup_steps: int = 100
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    zero_stage: int = 0
-    precision: str = "auto"  # auto (bf16 where supported, else fp32) | bf16 | fp32
-    num_workers: int = 2
-    checkpoint_every: int = 100  # R: publish step-<S>/ for the refresh coordinator
-    negatives_check_every: int = 10  # C: switch to the newest negatives version
-    keep_checkpoints: int = 3
-    max_failures: int = 2
-    log_every: int = 10
-    cpus_per_worker: float = 1.0
-
-
-@dataclass
-class RefreshSettings:
-    """The asynchronous refresh (DESIGN.md §5): re-encode the catalogue, mine train negatives."""
-
-    enabled: bool = True
-    num_encoders: int = 1
-    encoder_cpus: float = 1.0
-    batch_size: int = 128
-    shard_size: int = 100_000  # catalogue rows per index shard (one FAISS file each)
-
-
-@dataclass
-class IndexSettings:
-    """FAISS index of a version: flat (exact, for mining) | ivfpq | hnsw (approximate, serving).
-
-    ``faiss_device``: auto | cpu | gpu; GPU shards are fp16 flat, ``gpu`` without one is an
-    error. ``num_shards``: shards of the index ``hnce eval`` builds (the refresh shards by
-    ``refresh.shard_size`` rows).
+    ``steps`` counts optimizer steps, each of ``gradient_accumulation`` micro-batches of
+    ``batch_size`` mentions per worker. ``candidate_chunk_size`` (0: off) encodes a micro-batch's
+    candidates in chunks whose activations are recomputed in the backward pass, so the number of
+    negatives is not bounded by activation memory.
     """
 
-    kind: str = "flat"
-    faiss_device: str = "auto"
-    num_shards: int = 1
-    keep_versions: int = 2
+    steps: PositiveInt = 1000
+    batch_size: PositiveInt = 16
+    gradient_accumulation: PositiveInt = 1
+    learning_rate: PositiveReal = 2e-5
+    warmup_steps: NonNegativeInt = 100
+    weight_decay: NonNegativeReal = 0.0
+    max_grad_norm: PositiveReal = 1.0
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
+    num_workers: PositiveInt = 2
+    cpus_per_worker: PositiveReal = 1.0
+    checkpoint_every: PositiveInt = 100
+    negatives_check_every: PositiveInt = 10
+    keep_checkpoints: PositiveInt = 3
+    max_failures: NonNegativeInt = 2
+    log_every: PositiveInt = 10
+    candidate_chunk_size: NonNegativeInt = 0
 
 
-@dataclass
-class ClusterSettings:
-    """Where Ray runs: ``local`` starts an instance on this machine, else an address."""
-
-    address: str = "local"
-    num_cpus: int = 0  # local instance only; 0 = all cores
-    use_gpu: bool = False
-    dashboard_host: str = "127.0.0.1"
-
-
-@dataclass
+@settings
 class EvalSettings:
-    """Recall@k against the whole catalogue through the index, accuracy = recall@1."""
+    """Recall@k against the whole catalogue through the index; accuracy = recall@1."""
 
-    ks: list[int] = field(default_factory=lambda: [1, 8, 64, 100])
-    batch_size: int = 256
-    max_entities: int = 0  # 0 = whole catalogue
-    per_domain_catalogue: bool = False  # Zeshel: link each mention within its own domain
+    ks: list[PositiveInt] = Field(default_factory=lambda: [1, 8, 64, 100], min_length=1)
+    batch_size: PositiveInt = 256
+    max_entities: NonNegativeInt = 0  # 0 = whole catalogue
+    per_domain_catalogue: Flag = False  # Zeshel: link each mention within its own domain
 
 
-@dataclass
+def _reranker_training() -> TrainingSettings:
+    return TrainingSettings(steps=1000, batch_size=2, warmup_steps=100, num_workers=1)
+
+
+@settings
+class RerankSettings:
+    """``hnce rerank``: the joint cross-encoder trained on a fixed retriever's top candidates.
+
+    ``candidates``: ``negatives`` (the run's newest negatives version of each split; mine dev/test
+    by listing them in ``refresh.splits``) or ``retriever`` (search ``retriever``, a bi-encoder
+    export directory or ``newest``, in the run's index version of that checkpoint, built if none).
+    """
+
+    model: Text = "minilm"
+    candidates: Literal["negatives", "retriever"] = "negatives"
+    retriever: Text = "newest"
+    num_candidates: Annotated[StrictInt, Field(ge=2)] = 64
+    mention_length: Annotated[StrictInt, Field(ge=4)] = 32
+    entity_length: Annotated[StrictInt, Field(ge=2)] = 128
+    eval_splits: list[Text] = Field(default_factory=lambda: ["dev", "test"])
+    eval_batch_size: PositiveInt = 4
+    max_train_mentions: NonNegativeInt = 0
+    max_eval_mentions: NonNegativeInt = 0
+    training: TrainingSettings = field(default_factory=_reranker_training)
+
+
+@settings
 class DemoSettings:
     """``hnce demo``: the WordNet subset it trains and evaluates on (see configs/demo.yaml).
 
@@ -183,13 +286,33 @@ class DemoSettings:
     mentions first), then random synsets.
     """
 
-    wordnet_dir: str = "/usr/share/wordnet"
-    catalogue_entities: int = 10000
-    train_mentions: int = 2000
-    eval_mentions: int = 500
+    wordnet_dir: Text = "/usr/share/wordnet"
+    catalogue_entities: NonNegativeInt = 10000
+    train_mentions: NonNegativeInt = 2000
+    eval_mentions: NonNegativeInt = 500
 
 
-@dataclass
+@settings
+class BlinkSettings:
+    """``hnce finetune-blink`` inputs (DESIGN.md §6); the command's flags set the same keys.
+
+    ``checkpoint``: BLINK bi-encoder state_dict; ``base_model``: local HF directory with the BERT
+    config and vocabulary; one catalogue (``entities``: BLINK entity.jsonl, or
+    ``knowledge_source``: kilt_knowledgesource.json); ``encodings``: all_entities_large.t7 (index
+    version 0 without re-encoding); ``aida``: the KILT AIDA files.
+    """
+
+    checkpoint: Text | None = None
+    base_model: Text | None = None
+    entities: Text | None = None
+    knowledge_source: Text | None = None
+    encodings: Text | None = None
+    aida: list[Text] = Field(default_factory=list)
+    max_text_chars: PositiveInt = 2000
+    index_shard_size: PositiveInt = 1_000_000
+
+
+@settings
 class Config:
     """A whole recipe: one section per concern."""
 
@@ -200,10 +323,12 @@ class Config:
     loss: LossSettings = field(default_factory=LossSettings)
     training: TrainingSettings = field(default_factory=TrainingSettings)
     refresh: RefreshSettings = field(default_factory=RefreshSettings)
-    index: IndexSettings = field(default_factory=IndexSettings)
+    index: IndexSpec = field(default_factory=IndexSpec)
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
     eval: EvalSettings = field(default_factory=EvalSettings)
+    rerank: RerankSettings = field(default_factory=RerankSettings)
     demo: DemoSettings = field(default_factory=DemoSettings)
+    blink: BlinkSettings = field(default_factory=BlinkSettings)
 
     @property
     def run_dir(self) -> Path:
@@ -213,92 +338,86 @@ class Config:
         """Plain nested dict (YAML/JSON-serialisable); ``config_from_dict`` inverts it."""
         return dataclasses.asdict(self)
 
+    def where(self, key: str) -> str:
+        """``file:line`` (or ``--set ...``) a dotted key came from, for error messages."""
+        return _where(key, getattr(self, "_origins", {}))
+
+    def error(self, key: str, message: str) -> ConfigError:
+        """A :class:`ConfigError` about ``key``, naming where it was set."""
+        return ConfigError(f"{self.where(key)}: '{key}' {message}")
+
+
+_CONFIG = TypeAdapter(Config)
+
 
 # --------------------------------------------------------------------------------------------
 # Loading
 
 
-def _yaml_lines(text: str) -> dict[str, int]:
-    """Map each dotted key of a YAML mapping to its 1-based line, for error messages."""
+class _RecipeLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (naming both lines)."""
+
+    source = "config"
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in first_line:
+                raise ConfigError(
+                    f"{self.source}:{line}: duplicate key {key!r} (first given at line "
+                    f"{first_line[key]}); a recipe gives each setting once"
+                )
+            first_line[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_lines(node: yaml.Node | None, prefix: str = "") -> dict[str, int]:
+    """Map each dotted key of a composed YAML mapping to its 1-based line."""
     lines: dict[str, int] = {}
-
-    def walk(node: yaml.Node, prefix: str) -> None:
-        if isinstance(node, yaml.MappingNode):
-            for key_node, value_node in node.value:
-                key = f"{prefix}{key_node.value}"
-                lines[key] = key_node.start_mark.line + 1
-                walk(value_node, key + ".")
-
-    root = yaml.compose(text, Loader=yaml.SafeLoader)
-    if root is not None:
-        walk(root, "")
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = f"{prefix}{key_node.value}"
+            lines[key] = key_node.start_mark.line + 1
+            lines.update(_yaml_lines(value_node, key + "."))
     return lines
 
 
+def _read_recipe(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """The recipe's tree and the origin (``file:line``) of each dotted key."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    loader = _RecipeLoader(path.read_text(encoding="utf-8"))
+    loader.source = str(path)
+    try:
+        node = loader.get_single_node()
+        loaded = loader.construct_document(node) if node is not None else None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from error
+    finally:
+        loader.dispose()
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"{path}:1: top level must be a mapping of sections")
+    origins = {key: f"{path}:{line}" for key, line in _yaml_lines(node).items()}
+    origins[""] = str(path)
+    return loaded or {}, origins
+
+
 def _where(key: str, origins: Mapping[str, str]) -> str:
-    return origins.get(key) or origins.get("") or "config"
-
-
-def _coerce(value: Any, annotation: Any, key: str, origins: Mapping[str, str]) -> Any:
-    """Check ``value`` against a field annotation; ints are accepted where floats are expected."""
-    origin = typing.get_origin(annotation)
-    where = _where(key, origins)
-    if dataclasses.is_dataclass(annotation):
-        if not isinstance(value, Mapping):
-            raise ConfigError(
-                f"{where}: '{key}' must be a mapping of settings, got {type(value).__name__}"
-            )
-        return _build(annotation, value, key + ".", origins)
-    if origin in (list, Sequence):
-        (item_type,) = typing.get_args(annotation)
-        if not isinstance(value, list):
-            raise ConfigError(f"{where}: '{key}' must be a list, got {type(value).__name__}")
-        return [_coerce(v, item_type, f"{key}[{i}]", origins) for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{where}: '{key}' must be a mapping, got {type(value).__name__}")
-        return dict(value)
-    if origin in (typing.Union, types.UnionType):
-        for option in typing.get_args(annotation):
-            try:
-                return _coerce(value, option, key, origins)
-            except ConfigError:
-                continue
-        raise ConfigError(f"{where}: '{key}' has the wrong type ({type(value).__name__})")
-    if annotation is Any:
-        return value
-    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if annotation is float and isinstance(value, str) and _YAML11_FLOAT.fullmatch(value.strip()):
-        # YAML 1.1 reads "1e-4" (no dot) as a string; accept it where a float is expected.
-        return float(value)
-    if annotation is type(None) and value is None:
-        return None
-    if annotation in (int, float, str, bool):
-        if isinstance(value, bool) and annotation is not bool:
-            ok = False
-        else:
-            ok = isinstance(value, annotation)
-        if not ok:
-            raise ConfigError(
-                f"{where}: '{key}' must be {annotation.__name__}, "
-                f"got {type(value).__name__} {value!r}"
-            )
-        return value
-    raise ConfigError(f"{where}: '{key}' has an unsupported type {annotation!r}")
-
-
-def _build(cls: type, values: Mapping[str, Any], prefix: str, origins: Mapping[str, str]) -> Any:
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    kwargs: dict[str, Any] = {}
-    for raw_key, value in values.items():
-        key = f"{prefix}{raw_key}"
-        if raw_key not in names:
-            known = ", ".join(sorted(names))
-            raise ConfigError(f"{_where(key, origins)}: unknown key '{key}' (known: {known})")
-        kwargs[raw_key] = _coerce(value, hints[raw_key], key, origins)
-    return cls(**kwargs)
+    """The origin of ``key``, else of a key inside it (``loss`` → ``loss.name``), else of its
+    nearest parent section, else of the recipe."""
+    if key in origins:
+        return origins[key]
+    inside = [origin for name, origin in origins.items() if name.startswith(key + ".")]
+    if inside:
+        return inside[0]
+    parts = key.split(".")
+    for end in range(len(parts) - 1, 0, -1):
+        found = origins.get(".".join(parts[:end]))
+        if found:
+            return found
+    return origins.get("") or "config"
 
 
 def _apply_override(tree: dict[str, Any], override: str, origins: dict[str, str]) -> None:
@@ -324,118 +443,94 @@ def _apply_override(tree: dict[str, Any], override: str, origins: dict[str, str]
     origins[dotted.strip()] = f"--set {override}"
 
 
+def _dotted(location: Sequence[int | str]) -> str:
+    key = ""
+    for part in location:
+        key += f"[{part}]" if isinstance(part, int) else (f".{part}" if key else str(part))
+    return key
+
+
+def _errors(error: ValidationError, origins: Mapping[str, str]) -> ConfigError:
+    """One :class:`ConfigError` listing every problem pydantic found, each with its origin."""
+    lines = []
+    for problem in error.errors(include_url=False):
+        key = _dotted(problem["loc"])
+        where = _where(key.split("[")[0], origins)
+        message = problem["msg"].removeprefix("Value error, ")
+        if problem["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
+            lines.append(f"{where}: unknown key '{key}'")
+            continue
+        value = problem.get("input")
+        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        lines.append(f"{where}: '{key}': {message}{shown}")
+    return ConfigError("\n".join(lines))
+
+
 def validate(config: Config) -> Config:
-    """Cross-field checks that a type check cannot see; raise ``ConfigError`` naming the key."""
-    scorer = config.model.scorer.name
-    if scorer not in INDEXABLE_SCORERS | NON_INDEXABLE_SCORERS:
-        known = ", ".join(sorted(INDEXABLE_SCORERS | NON_INDEXABLE_SCORERS))
-        raise ConfigError(f"'model.scorer.name': unknown scorer {scorer!r} (known: {known})")
-    if config.negatives.source not in ("index", "none"):
-        raise ConfigError(
-            f"'negatives.source' must be 'index' or 'none', got {config.negatives.source!r}"
+    """Cross-field rules a field's type cannot express; raise ``ConfigError`` naming the keys."""
+    negatives, refresh = config.negatives, config.refresh
+    if negatives.source == "index" and not config.model.scorer.indexable:
+        raise config.error(
+            "model.scorer.name",
+            f"is {config.model.scorer.name!r}, which cannot be indexed (its query depends on the "
+            f"entity, DESIGN.md §3), but 'negatives.source' is 'index'; use dual, multi or som, "
+            f"or set negatives.source=none with a random sampler",
         )
-    if config.negatives.source == "index" and scorer in NON_INDEXABLE_SCORERS:
-        raise ConfigError(
-            f"'negatives.source: index' needs an indexable scorer, but 'model.scorer.name' is "
-            f"{scorer!r} (query depends on the entity, DESIGN.md §3); use dual, multi or som, "
-            f"or set negatives.source=none with a random sampler"
-        )
-    if config.negatives.sampler not in TRAINER_SAMPLERS:
+    if negatives.sampler not in TRAINER_SAMPLERS:
         known = ", ".join(sorted(TRAINER_SAMPLERS))
-        raise ConfigError(
-            f"'negatives.sampler': the trainer cannot use {config.negatives.sampler!r} "
-            f"(known: {known})"
+        raise config.error(
+            "negatives.sampler", f"the trainer cannot draw {negatives.sampler!r} (known: {known})"
+        )
+    if negatives.sampler in SAMPLERS_FROM_INDEX and negatives.source != "index":
+        raise config.error(
+            "negatives.sampler",
+            f"{negatives.sampler!r} mines from an index but 'negatives.source' is "
+            f"{negatives.source!r}",
+        )
+    if negatives.sampler in SAMPLERS_FROM_INDEX and not refresh.enabled:
+        raise config.error(
+            "negatives.sampler",
+            f"{negatives.sampler!r} needs refreshed negatives but 'refresh.enabled' is false",
+        )
+    if refresh.top_n < negatives.num_negatives:
+        raise config.error(
+            "refresh.top_n",
+            f"({refresh.top_n}) must be at least 'negatives.num_negatives' "
+            f"({negatives.num_negatives})",
+        )
+    if negatives.source == "index" and config.data.train_split not in refresh.splits:
+        raise config.error(
+            "refresh.splits",
+            f"{refresh.splits} must include the train split {config.data.train_split!r}",
         )
     try:
         build_loss(config.loss.name, **config.loss.options)
     except ValueError as error:
-        raise ConfigError(f"'loss.name' / 'loss.options': {error}") from error
-    if config.negatives.sampler in SAMPLERS_FROM_INDEX and config.negatives.source != "index":
-        raise ConfigError(
-            f"'negatives.sampler: {config.negatives.sampler}' mines from an index but "
-            f"'negatives.source' is {config.negatives.source!r}"
-        )
-    if config.negatives.sampler in SAMPLERS_FROM_INDEX and not config.refresh.enabled:
-        raise ConfigError(
-            f"'negatives.sampler: {config.negatives.sampler}' needs refreshed negatives but "
-            f"'refresh.enabled' is false"
-        )
-    if config.index.faiss_device not in ("auto", "cpu", "gpu"):
-        raise ConfigError(
-            f"'index.faiss_device' must be auto, cpu or gpu, got {config.index.faiss_device!r}"
-        )
-    if not 0.0 <= config.negatives.hard_fraction <= 1.0:
-        raise ConfigError("'negatives.hard_fraction' must be within [0, 1]")
-    positive = {
-        "negatives.num_negatives": config.negatives.num_negatives,
-        "negatives.top_n": config.negatives.top_n,
-        "training.steps": config.training.steps,
-        "training.batch_size": config.training.batch_size,
-        "training.gradient_accumulation": config.training.gradient_accumulation,
-        "training.num_workers": config.training.num_workers,
-        "training.checkpoint_every": config.training.checkpoint_every,
-        "training.negatives_check_every": config.training.negatives_check_every,
-        "training.keep_checkpoints": config.training.keep_checkpoints,
-        "training.log_every": config.training.log_every,
-        "refresh.num_encoders": config.refresh.num_encoders,
-        "refresh.batch_size": config.refresh.batch_size,
-        "refresh.shard_size": config.refresh.shard_size,
-        "index.num_shards": config.index.num_shards,
-        "model.mention_length": config.model.mention_length,
-        "model.entity_length": config.model.entity_length,
-        "model.scorer.m": config.model.scorer.m,
-        "eval.batch_size": config.eval.batch_size,
-    }
-    for key, value in positive.items():
-        if value <= 0:
-            raise ConfigError(f"'{key}' must be positive, got {value}")
-    if config.negatives.top_n < config.negatives.num_negatives:
-        raise ConfigError("'negatives.top_n' must be at least 'negatives.num_negatives'")
-    if config.training.zero_stage not in (0, 1, 2, 3):
-        raise ConfigError(f"'training.zero_stage' must be 0-3, got {config.training.zero_stage}")
-    if config.training.precision not in ("auto", "bf16", "fp32"):
-        raise ConfigError(
-            f"'training.precision' must be auto, bf16 or fp32, got {config.training.precision!r}"
-        )
+        raise config.error("loss", f"(name / options): {error}") from error
     if config.training.precision == "bf16" and not config.cluster.use_gpu:
-        raise ConfigError(
-            "'training.precision: bf16' needs GPUs ('cluster.use_gpu: true'); on CPU use auto or fp32"
+        raise config.error(
+            "training.precision", "is bf16, which needs GPUs ('cluster.use_gpu: true')"
         )
-    if config.training.warmup_steps < 0:
-        raise ConfigError("'training.warmup_steps' must not be negative")
-    if config.training.learning_rate <= 0:
-        raise ConfigError("'training.learning_rate' must be positive")
-    if config.index.kind not in ("flat", "ivfpq", "hnsw"):
-        raise ConfigError(f"'index.kind' must be flat, ivfpq or hnsw, got {config.index.kind!r}")
-    if not config.eval.ks or any(k <= 0 for k in config.eval.ks):
-        raise ConfigError("'eval.ks' must be a non-empty list of positive integers")
     return config
 
 
 def config_from_dict(tree: Mapping[str, Any], origins: Mapping[str, str] | None = None) -> Config:
     """Build and validate a :class:`Config` from a nested mapping."""
-    return validate(_build(Config, tree, "", origins or {}))
+    origins = dict(origins or {})
+    try:
+        config = _CONFIG.validate_python(dict(tree))
+    except ValidationError as error:
+        raise _errors(error, origins) from None
+    object.__setattr__(config, "_origins", origins)
+    return validate(config)
 
 
 def load_config(path: Path | None, overrides: Sequence[str] = ()) -> Config:
-    """Read a YAML recipe (``safe_load``), apply ``section.key=value`` overrides, validate."""
+    """Read a YAML recipe (safe, duplicate keys refused), apply overrides, validate."""
     tree: dict[str, Any] = {}
     origins: dict[str, str] = {}
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"{path}: config file not found")
-        text = path.read_text()
-        try:
-            loaded = yaml.safe_load(text)
-            lines = _yaml_lines(text)
-        except yaml.YAMLError as error:
-            raise ConfigError(f"{path}: not valid YAML: {error}") from error
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{path}:1: top level must be a mapping of sections")
-        tree = loaded or {}
-        origins = {key: f"{path}:{line}" for key, line in lines.items()}
-        origins[""] = str(path)
+        tree, origins = _read_recipe(Path(path))
     for override in overrides:
         _apply_override(tree, override, origins)
     return config_from_dict(tree, origins)
@@ -443,5 +538,4 @@ def load_config(path: Path | None, overrides: Sequence[str] = ()) -> Config:
 
 def dump_config(config: Config, path: Path) -> None:
     """Write the resolved configuration next to a run, for reproducibility."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    atomic_write_text(path, yaml.safe_dump(config.to_dict(), sort_keys=False))

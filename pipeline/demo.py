@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cluster.checkpoints import EXPORT_DIR, newest_checkpoint
 from cluster.tables import (
     SPLITS,
     Entity,
@@ -37,7 +38,6 @@ from encoders.biencoder import load_biencoder
 from pipeline.config import Config
 from pipeline.data.wordnet import convert_wordnet
 from pipeline.evaluate import RecallReport, evaluate_model, format_table, write_reports
-from pipeline.train.checkpoints import EXPORT_DIR, newest_checkpoint
 from pipeline.train.model import build_model
 from pipeline.train.trainer import TrainingSummary, run_training
 
@@ -156,13 +156,12 @@ def _evaluate(name: str, model: object, config: Config, data_root: Path) -> Reca
     return evaluate_model(name, model, catalogue, mentions, config.eval.ks, config.eval.batch_size)
 
 
-def run_demo(
-    config: Config, work_dir: Path, announce: Callable[[str], None] = lambda _: None
-) -> DemoResult:
-    """The whole demo under ``work_dir``; configs for the two trainings derive from ``config``.
+def run_demo(config: Config, announce: Callable[[str], None] = lambda _: None) -> DemoResult:
+    """The whole demo under ``run.dir``; configs for the two trainings derive from ``config``.
 
     ``announce`` receives the table so far after each evaluation (the CLI prints it).
     """
+    work_dir = config.run_dir
     seconds: dict[str, float] = {}
     started = time.perf_counter()
     wordnet = work_dir / "wordnet"
@@ -193,7 +192,7 @@ def run_demo(
             negatives=replace(base.negatives, sampler="random", source="none"),
             refresh=replace(base.refresh, enabled=False),
         ),
-        f"mixed-{round(100 * base.negatives.hard_fraction)}": base,
+        f"mixed-{round(100 * base.negatives.mixed.hard_fraction)}": base,
     }
     trainings: dict[str, TrainingSummary] = {}
     for name, variant in variants.items():
@@ -223,3 +222,18 @@ def run_demo(
 def demo_table(result: DemoResult) -> str:
     """recall@1 / @64 table of the demo (plus the other ks of the config)."""
     return format_table(result.reports)
+
+
+def demo_summary(result: DemoResult, work_dir: Path) -> str:
+    """What the CLI prints at the end: sizes, the recall table, each training, timings."""
+    counts = result.counts
+    lines = [
+        f"WordNet demo: {counts['train_mentions']} training mentions, "
+        f"{counts['eval_mentions']} held-out mentions (lemmas unseen in training), "
+        f"{counts['entities']} synsets in the catalogue",
+        demo_table(result),
+        *(f"{name}: {training.line()}" for name, training in result.trainings.items()),
+        "timings: " + ", ".join(f"{k} {v:.0f}s" for k, v in result.seconds.items()),
+        f"results: {work_dir / 'demo_results.json'}",
+    ]
+    return "\n".join(lines)

@@ -19,11 +19,15 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from cluster.checkpoints import resolve_checkpoint
 from cluster.encoder_pool import encode_entity_texts
 from cluster.miner import search_mentions
 from cluster.sharded_index import IndexShard, IndexSpec, ShardedSearcher, build_shard_index
-from cluster.tables import EntityCatalogue, Mention
-from encoders.biencoder import BiEncoder
+from cluster.tables import EntityCatalogue, Mention, MentionSplit, mention_split_path
+from encoders.biencoder import BiEncoder, load_biencoder
+from pipeline.config import Config
+from pipeline.preflight import check_eval_inputs
+from pipeline.train.model import build_model
 
 
 @dataclass
@@ -213,3 +217,29 @@ def write_reports(reports: Sequence[RecallReport], path: Path) -> None:
     """JSON: a list of reports (micro, macro and per-domain figures)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps([report.to_json() for report in reports], indent=2) + "\n")
+
+
+def evaluate_checkpoint(config: Config, checkpoint: str, progress: bool = True) -> RecallReport:
+    """Recall of a run's checkpoint (``newest``, a ``step-<S>/`` or ``export/`` directory, or
+    ``untrained``: ``model.path`` itself) on ``data.eval_split``."""
+    check_eval_inputs(config)
+    if checkpoint == "untrained":
+        model, name = build_model(config), f"untrained {config.model.path}"
+    else:
+        _, export = resolve_checkpoint(config.run_dir, checkpoint)
+        model, name = load_biencoder(export), str(export.parent)
+    root = Path(config.data.root)
+    mentions = MentionSplit.open(mention_split_path(root, config.data.eval_split)).read_all()
+    limit = config.data.max_eval_mentions
+    mentions = mentions[:limit] if limit > 0 else mentions
+    return evaluate_model(
+        name,
+        model,
+        EntityCatalogue.open(root),
+        mentions,
+        config.eval.ks,
+        config.eval.batch_size,
+        max_entities=config.eval.max_entities,
+        per_domain_catalogue=config.eval.per_domain_catalogue,
+        progress=progress,
+    )

@@ -32,16 +32,18 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from cluster.checkpoints import resolve_checkpoint
 from cluster.index_store import IndexStore, IndexVersion
 from cluster.miner import search_mentions
 from cluster.negatives_store import NegativesStore, NegativesVersion
 from cluster.sharded_index import IndexSpec
 from cluster.tables import EntityCatalogue, Mention, MentionSplit, mention_split_path
-from encoders.biencoder import BiEncoder, load_biencoder, minilm_path
+from encoders.biencoder import BiEncoder, load_biencoder
 from encoders.blink import export_blink_crossencoder
 from encoders.reranker import JointReranker, build_reranker, export_reranker
-from pipeline.config import TrainingSettings
+from pipeline.config import Config, TrainingSettings
 from pipeline.evaluate import build_index, encode_catalogue
+from pipeline.preflight import check_rerank_inputs, model_directory
 from pipeline.train.deepspeed_config import build_deepspeed_config
 
 NUM_CANDIDATES = 64  # paper: top-64 candidates, i.e. the gold and the top-63 negatives
@@ -456,75 +458,74 @@ def write_reports(reports: Sequence[RerankReport], log: RerankTrainingLog, path:
     path.write_text(json.dumps(payload, indent=2) + "\n")
 
 
-@dataclass
-class RerankJob:
-    """What ``hnce rerank`` does: the dataset, where candidates come from, the reranker to train.
-
-    Candidates come from ``negatives_root`` (the newest negatives version of each split) or from
-    ``retriever`` (a bi-encoder export directory), searched in ``index_root``'s current version
-    when given, else in an exact index over the catalogue. ``model_path`` is a local Hugging Face
-    BERT directory or ``minilm``.
-    """
-
-    data_root: Path
-    out: Path
-    model_path: str = "minilm"
-    negatives_root: Path | None = None
-    retriever: Path | None = None
-    index_root: Path | None = None
-    train_split: str = "train"
-    eval_splits: tuple[str, ...] = ("dev", "test")
-    num_candidates: int = NUM_CANDIDATES
-    mention_length: int = 32
-    entity_length: int = 128
-    max_train_mentions: int = 0
-    max_eval_mentions: int = 0
-    eval_batch_size: int = 4
-    seed: int = 0
-    training: TrainingSettings = field(
-        default_factory=lambda: TrainingSettings(steps=1000, batch_size=2, warmup_steps=100)
-    )
-
-
 def _split_candidates(
-    job: RerankJob, split: str, limit: int, catalogue: EntityCatalogue, retriever: BiEncoder | None
+    config: Config,
+    split: str,
+    limit: int,
+    catalogue: EntityCatalogue,
+    retriever: tuple[int | None, BiEncoder] | None,
 ) -> SplitCandidates:
-    mentions = MentionSplit.open(mention_split_path(job.data_root, split)).read_all()
+    mentions = MentionSplit.open(mention_split_path(Path(config.data.root), split)).read_all()
     mentions = mentions[:limit] if limit > 0 else mentions
-    if job.negatives_root is not None:
-        return candidates_from_negatives(latest_negatives(job.negatives_root, split), mentions)
-    assert retriever is not None
-    index_version = IndexStore(job.index_root).current() if job.index_root is not None else None
-    return retrieve_candidates(retriever, mentions, job.num_candidates, catalogue, index_version)
+    if retriever is None:
+        negatives = config.run_dir / "negatives"
+        return candidates_from_negatives(latest_negatives(negatives, split), mentions)
+    step, model = retriever
+    index_version = IndexStore(config.run_dir / "index").current()
+    if index_version is not None and (step is None or index_version.checkpoint != step):
+        index_version = None
+    return retrieve_candidates(
+        model, mentions, config.rerank.num_candidates, catalogue, index_version
+    )
 
 
 def run_rerank_job(
-    job: RerankJob, progress: bool = True
-) -> tuple[list[RerankReport], RerankTrainingLog]:
+    config: Config, progress: bool = True
+) -> tuple[list[RerankReport], RerankTrainingLog, Path]:
     """Train the joint reranker on the train split's candidates, rerank every eval split, write
-    ``<out>/reranker/`` (HF export), ``<out>/crossencoder_blink.bin`` (BLINK's cross-encoder
-    layout) and ``<out>/rerank_report.json``."""
-    if (job.negatives_root is None) == (job.retriever is None):
-        raise ValueError("give exactly one candidate source: negatives_root or retriever")
-    torch.manual_seed(job.seed)
-    catalogue = EntityCatalogue.open(job.data_root)
-    retriever = load_biencoder(job.retriever) if job.retriever is not None else None
-    model_path = minilm_path() if job.model_path == "minilm" else Path(job.model_path)
+    ``<run>/rerank/reranker/`` (HF export), ``crossencoder_blink.bin`` (BLINK's cross-encoder
+    layout) and ``rerank_report.json``; returns the reports, the training log and that directory."""
+    check_rerank_inputs(config)
+    settings = config.rerank
+    torch.manual_seed(config.run.seed)
+    catalogue = EntityCatalogue.open(Path(config.data.root))
+    retriever = None
+    if settings.candidates == "retriever":
+        step, export = resolve_checkpoint(config.run_dir, settings.retriever)
+        retriever = (step, load_biencoder(export))
     reranker = build_reranker(
-        model_path, mention_length=job.mention_length, entity_length=job.entity_length
+        model_directory(config, "rerank.model", settings.model),
+        mention_length=settings.mention_length,
+        entity_length=settings.entity_length,
     )
-    train = _split_candidates(job, job.train_split, job.max_train_mentions, catalogue, retriever)
+    train = _split_candidates(
+        config, config.data.train_split, settings.max_train_mentions, catalogue, retriever
+    )
     log = train_reranker(
-        reranker, catalogue, train, job.training, job.num_candidates, job.seed, progress
+        reranker,
+        catalogue,
+        train,
+        settings.training,
+        settings.num_candidates,
+        config.run.seed,
+        progress,
     )
     reports = []
-    for split in job.eval_splits:
-        candidates = _split_candidates(job, split, job.max_eval_mentions, catalogue, retriever)
-        reranked = rerank(
-            reranker, catalogue, candidates, job.num_candidates, job.eval_batch_size, progress
+    for split in settings.eval_splits:
+        candidates = _split_candidates(
+            config, split, settings.max_eval_mentions, catalogue, retriever
         )
-        reports.append(accuracy_report(split, candidates, reranked, job.num_candidates))
-    export_reranker(reranker, job.out / "reranker")
-    export_blink_crossencoder(reranker, job.out / "crossencoder_blink.bin")
-    write_reports(reports, log, job.out / "rerank_report.json")
-    return reports, log
+        reranked = rerank(
+            reranker,
+            catalogue,
+            candidates,
+            settings.num_candidates,
+            settings.eval_batch_size,
+            progress,
+        )
+        reports.append(accuracy_report(split, candidates, reranked, settings.num_candidates))
+    out = config.run_dir / "rerank"
+    export_reranker(reranker, out / "reranker")
+    export_blink_crossencoder(reranker, out / "crossencoder_blink.bin")
+    write_reports(reports, log, out / "rerank_report.json")
+    return reports, log, out

@@ -262,8 +262,8 @@ def test_finetune_blink_end_to_end(inputs: dict[str, Path], tmp_path: Path) -> N
             str(inputs["train"]),
             str(inputs["dev"]),
             str(inputs["test"]),
-            "--index-shard-size",
-            "4",
+            "--set",
+            "blink.index_shard_size=4",
             "--no-progress",
         ]
     )

@@ -108,36 +108,22 @@ def test_reranker_beats_its_retriever_on_a_synthetic_task(tmp_path: Path) -> Non
     mined = {split: weak_retriever_candidates(data, split, 8, rng) for split in ("train", "test")}
     NegativesStore(tmp_path / "negatives").publish(1, mined, checkpoint_step=0, top_n=8)
     out = tmp_path / "rerank"
-    code = main(
-        [
-            "rerank",
-            "--data",
-            str(data),
-            "--negatives",
-            str(tmp_path / "negatives"),
-            "--eval-splits",
-            "test",
-            "--num-candidates",
-            "8",
-            "--mention-length",
-            "32",
-            "--entity-length",
-            "32",
-            "--steps",
-            "30",
-            "--batch-size",
-            "2",
-            "--learning-rate",
-            "1e-4",
-            "--warmup-steps",
-            "4",
-            "--max-eval-mentions",
-            "40",
-            "--out",
-            str(out),
-            "--no-progress",
-        ]
-    )
+    settings = {
+        "run.dir": tmp_path,
+        "data.root": data,
+        "rerank.candidates": "negatives",
+        "rerank.eval_splits": "[test]",
+        "rerank.num_candidates": 8,
+        "rerank.mention_length": 32,
+        "rerank.entity_length": 32,
+        "rerank.training.steps": 30,
+        "rerank.training.batch_size": 2,
+        "rerank.training.learning_rate": 1e-4,
+        "rerank.training.warmup_steps": 4,
+        "rerank.max_eval_mentions": 40,
+    }
+    overrides = [part for key, value in settings.items() for part in ("--set", f"{key}={value}")]
+    code = main(["rerank", *overrides, "--no-progress"])
     assert code == 0
     report = json.loads((out / "rerank_report.json").read_text())
     (test,) = report["splits"]

@@ -13,14 +13,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import ray
 import torch
 from conftest import tiny_bert_config, write_wordpiece_tokenizer
 
+from cluster.checkpoints import mark_complete
+from cluster.coordinator import RefreshCoordinator
 from cluster.encoder_pool import EncoderPool, ShardEncoded, encode_entity_texts
 from cluster.index_store import IndexStore
 from cluster.negatives_store import NegativesStore
-from cluster.refresh import RefreshConfig, RefreshCoordinator, run_refresh
+from cluster.refresh import RefreshPlan, RefreshSettings, run_refresh
 from cluster.refresh_job import EXIT_LOCKED, EXIT_OK
+from cluster.sharded_index import IndexSpec
 from cluster.tables import (
     Entity,
     EntityCatalogue,
@@ -32,7 +36,6 @@ from cluster.tables import (
 )
 from encoders.biencoder import build_biencoder, export_biencoder, load_biencoder
 
-ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
 
 NUM_ENTITIES = 48
@@ -77,7 +80,7 @@ def _dataset(root: Path) -> Path:
 def _checkpoint(run_dir: Path, step: int, export_dir: Path) -> None:
     directory = run_dir / "checkpoints" / f"step-{step}"
     shutil.copytree(export_dir, directory / "export")
-    (directory / "COMPLETE").write_text("")
+    mark_complete(directory, {"step": step})
 
 
 @pytest.fixture(scope="module")
@@ -91,10 +94,10 @@ def assets(tmp_path_factory):
     }
 
 
-def _config(run_dir: Path, data: Path, **overrides) -> RefreshConfig:
+def _config(run_dir: Path, data: Path, **overrides) -> RefreshPlan:
     settings = {"shard_size": 8, "batch_size": 4, "top_n": 10, "num_encoders": 1}
     settings.update(overrides)
-    return RefreshConfig(run_dir=run_dir, data_dir=data, faiss_device="cpu", **settings)
+    return RefreshPlan(run_dir, data, RefreshSettings(**settings), IndexSpec(faiss_device="cpu"))
 
 
 def _clean_run(assets) -> Path:
@@ -164,18 +167,20 @@ def test_two_concurrent_cli_refreshes_one_runs_other_exits(ray_instance, assets)
         "-m",
         "pipeline.cli.main",
         "refresh",
-        "--run-dir",
-        str(run_dir),
-        "--data",
-        str(assets["data"]),
-        "--address",
-        ray_instance,
-        "--shard-size",
-        "16",
-        "--top-n",
-        "5",
-        "--faiss-device",
-        "cpu",
+        "--set",
+        f"run.dir={run_dir}",
+        "--set",
+        f"data.root={assets['data']}",
+        "--set",
+        f"cluster.address={ray_instance}",
+        "--set",
+        "refresh.shard_size=16",
+        "--set",
+        "refresh.top_n=5",
+        "--set",
+        "negatives.num_negatives=4",
+        "--set",
+        "index.faiss_device=cpu",
     ]
     environment = {**os.environ, "PYTHONPATH": str(REPO)}
     first = subprocess.Popen(
@@ -250,8 +255,10 @@ def test_multi_vector_refresh_mines_the_scorers_top_n(ray_instance, assets) -> N
 def test_coordinator_actor_follows_new_checkpoints(ray_instance, assets) -> None:
     run_dir = assets["root"] / "watched"
     _checkpoint(run_dir, 1, assets["dual"])
-    coordinator = RefreshCoordinator.remote(_config(run_dir, assets["data"], shard_size=100))
-    watching = coordinator.watch.remote(poll_seconds=0.2)
+    coordinator = RefreshCoordinator.remote(
+        _config(run_dir, assets["data"], shard_size=100, poll_seconds=0.2)
+    )
+    watching = coordinator.watch.remote()
     negatives = NegativesStore(run_dir / "negatives")
     deadline = time.monotonic() + 120
     while negatives.current_version() != 1 and time.monotonic() < deadline:

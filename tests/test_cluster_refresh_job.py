@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.refresh import RefreshConfig
+from cluster.refresh import RefreshPlan
 from cluster.refresh_job import (
     EXIT_LOCKED,
     EXIT_NO_CHECKPOINT,
@@ -44,7 +44,7 @@ def test_second_lock_on_one_run_fails_and_names_the_holder(tmp_path: Path) -> No
 
 
 def test_refresh_once_exit_codes(tmp_path: Path) -> None:
-    config = RefreshConfig(run_dir=tmp_path / "run", data_dir=tmp_path / "data")
+    config = RefreshPlan(tmp_path / "run", tmp_path / "data")
     lines: list[str] = []
     assert refresh_once(config, report=lines.append) == EXIT_NO_CHECKPOINT
     assert "no complete checkpoint" in lines[-1]
@@ -55,6 +55,10 @@ def test_refresh_once_exit_codes(tmp_path: Path) -> None:
 
 @pytest.mark.slow  # the CLI imports torch, transformers and Ray (~8 s)
 def test_cli_exits_with_clear_message_while_another_refresh_holds_the_lock(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    (data / "entities").mkdir(parents=True)
+    (data / "mentions").mkdir()
+    (data / "mentions" / "train.parquet").touch()
     with RefreshLock(tmp_path):
         result = subprocess.run(
             [
@@ -62,10 +66,10 @@ def test_cli_exits_with_clear_message_while_another_refresh_holds_the_lock(tmp_p
                 "-m",
                 "pipeline.cli.main",
                 "refresh",
-                "--run-dir",
-                str(tmp_path),
-                "--data",
-                str(tmp_path / "data"),
+                "--set",
+                f"run.dir={tmp_path}",
+                "--set",
+                f"data.root={data}",
             ],
             cwd=REPO,
             env={**os.environ, "PYTHONPATH": str(REPO)},

@@ -1,12 +1,14 @@
-"""Configs fail before any work with a message naming the key; the recipes load."""
+"""The one settings tree: every error names the key and where it was set, before any work."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
+import yaml
 
-from pipeline.config import Config, ConfigError, config_from_dict, load_config
+from pipeline.config import ConfigError, config_from_dict, load_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -17,9 +19,25 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
+def _leaves(tree: dict, prefix: str = "") -> list[tuple[str, object]]:
+    out = []
+    for key, value in tree.items():
+        if isinstance(value, dict) and key != "options":
+            out.extend(_leaves(value, f"{prefix}{key}."))
+        else:
+            out.append((f"{prefix}{key}", value))
+    return out
+
+
 @pytest.mark.parametrize("recipe", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
-def test_every_recipe_loads(recipe: Path) -> None:
-    assert isinstance(load_config(recipe), Config)
+def test_every_recipe_loads_and_every_written_key_takes_effect(recipe: Path) -> None:
+    config = load_config(recipe)
+    assert config_from_dict(config.to_dict()) == config
+    for key, written in _leaves(yaml.safe_load(recipe.read_text())):
+        value: object = config
+        for part in key.split("."):
+            value = getattr(value, part)
+        assert value == written, key
 
 
 def test_values_and_overrides(tmp_path: Path) -> None:
@@ -33,15 +51,13 @@ def test_values_and_overrides(tmp_path: Path) -> None:
     assert config.training.learning_rate == 1.0 and isinstance(config.training.learning_rate, float)
     assert config.negatives.sampler == "hard"
     assert config.loss.options == {"margin": 0.5}
-    assert config_from_dict(config.to_dict()) == config
 
 
 def test_unknown_key_names_key_file_and_line(tmp_path: Path) -> None:
     path = write(tmp_path, "run:\n  seed: 1\ntraining:\n  steps: 5\n  stpes: 9\n")
     with pytest.raises(ConfigError) as error:
         load_config(path)
-    assert "training.stpes" in str(error.value)
-    assert f"{path}:5" in str(error.value)
+    assert f"{path}:5: unknown key 'training.stpes'" in str(error.value)
 
 
 def test_unknown_section(tmp_path: Path) -> None:
@@ -53,8 +69,49 @@ def test_wrong_type_names_key_and_line(tmp_path: Path) -> None:
     path = write(tmp_path, "training:\n  steps: many\n")
     with pytest.raises(ConfigError) as error:
         load_config(path)
-    assert "'training.steps' must be int" in str(error.value)
-    assert f"{path}:2" in str(error.value)
+    assert f"{path}:2: 'training.steps': Input should be a valid integer" in str(error.value)
+
+
+def test_duplicate_keys_name_both_lines(tmp_path: Path) -> None:
+    path = write(
+        tmp_path, "training:\n  steps: 5\nrefresh:\n  enabled: true\ntraining:\n  steps: 9\n"
+    )
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert f"{path}:5: duplicate key 'training' (first given at line 1)" in str(error.value)
+    nested = write(tmp_path, "training:\n  steps: 5\n  log_every: 2\n  steps: 6\n")
+    with pytest.raises(ConfigError, match=r":4: duplicate key 'steps' \(first given at line 2\)"):
+        load_config(nested)
+
+
+@pytest.mark.parametrize(
+    ("line", "key"),
+    [
+        ("training:\n  steps: -5\n", "training.steps"),
+        ("negatives:\n  num_negatives: -1\n", "negatives.num_negatives"),
+        ("training:\n  cpus_per_worker: -2\n", "training.cpus_per_worker"),
+        ("refresh:\n  encoder_cpus: 0\n", "refresh.encoder_cpus"),
+        ("run:\n  dir: runs/../../etc\n", "run.dir"),
+        ("cluster:\n  dashboard_host: 0.0.0.0\n", "cluster.dashboard_host"),
+        ("index:\n  nlist: 16\n  nprobe: 32\n", "index.nprobe"),
+        ("eval:\n  ks: [1, 0]\n", "eval.ks[1]"),
+        ("negatives:\n  mixed: {hard_fraction: 1.5}\n", "negatives.mixed.hard_fraction"),
+    ],
+)
+def test_range_and_value_errors_name_file_and_line(tmp_path: Path, line: str, key: str) -> None:
+    path = write(tmp_path, "data:\n  root: x\n" + line)
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    last_line = 2 + line.count("\n")
+    assert f"{path}:{last_line}: '{key}'" in str(error.value)
+
+
+def test_public_dashboard_needs_explicit_permission() -> None:
+    allowed = load_config(
+        None, ["cluster.allow_public_dashboard=true", "cluster.dashboard_host=0.0.0.0"]
+    )
+    assert allowed.cluster.dashboard_host == "0.0.0.0"
+    assert load_config(None, ["cluster.dashboard_host=localhost"]).cluster.dashboard_host
 
 
 @pytest.mark.parametrize(
@@ -66,35 +123,66 @@ def test_wrong_type_names_key_and_line(tmp_path: Path) -> None:
         ("model.scorer=dual", "model.scorer"),
         ("refresh.enabled=3", "refresh.enabled"),
         ("training.zero_stage=5", "training.zero_stage"),
-        ("negatives.hard_fraction=1.5", "negatives.hard_fraction"),
         ("training.batch_size=0", "training.batch_size"),
         ("cluster.adress=auto", "cluster.adress"),
         ("negatives.sampler=lexical", "negatives.sampler"),
         ("negatives.sampler=hardest", "negatives.sampler"),
-        ("loss.name=hinge", "loss.name"),
+        ("loss.name=hinge", "loss"),
         ("index.faiss_device=tpu", "index.faiss_device"),
         ("refresh.shard_size=0", "refresh.shard_size"),
-        ("loss.options={gamma: 2}", "loss.options"),
+        ("loss.options={gamma: 2}", "loss"),
+        ("refresh.top_n=4", "refresh.top_n"),
     ],
 )
-def test_bad_override_names_key(override: str, key: str) -> None:
+def test_bad_override_names_key_and_the_override(override: str, key: str) -> None:
     with pytest.raises(ConfigError) as error:
         load_config(None, [override])
-    assert key in str(error.value)
+    assert f"'{key}" in str(error.value)
+    assert f"--set {override}" in str(error.value)
 
 
-@pytest.mark.parametrize("scorer", ["poly", "genpoly", "joint"])
-def test_non_indexable_scorer_cannot_mine_from_index(scorer: str) -> None:
+@pytest.mark.parametrize("scorer", ["poly", "genpoly", "general"])
+def test_indexability_is_asked_of_the_scorer(scorer: str) -> None:
+    """``general`` used to pass the config's own list and then fail every refresh."""
     with pytest.raises(ConfigError) as error:
         load_config(None, [f"model.scorer.name={scorer}", "negatives.source=index"])
     assert "model.scorer.name" in str(error.value) and "negatives.source" in str(error.value)
-
-
-def test_non_indexable_scorer_with_random_negatives_is_fine() -> None:
     config = load_config(
-        None, ["model.scorer.name=poly", "negatives.source=none", "negatives.sampler=random"]
+        None, [f"model.scorer.name={scorer}", "negatives.source=none", "negatives.sampler=random"]
     )
-    assert config.model.scorer.name == "poly"
+    assert not config.model.scorer.indexable
+
+
+def test_every_scorer_option_can_be_written_in_a_recipe(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "model:\n  scorer: {name: genpoly, m: 16, m_prime: 4}\n"
+        "negatives:\n  source: none\n  sampler: random\n",
+    )
+    scorer = load_config(path).model.scorer
+    assert (scorer.name, scorer.m, scorer.m_prime) == ("genpoly", 16, 4)
+    general = load_config(
+        None,
+        [
+            "model.scorer={name: general, m: 2, m_prime: 3, query_side: entity, "
+            "key_reduction: all, attention: soft}",
+            "negatives.source=none",
+            "negatives.sampler=random",
+        ],
+    ).model.scorer
+    assert (general.query_side, general.key_reduction, general.attention) == (
+        "entity",
+        "all",
+        "soft",
+    )
+
+
+def test_index_knobs_reach_the_index_section() -> None:
+    index = load_config(
+        None, ["index.kind=ivfpq", "index.nlist=256", "index.nprobe=8", "index.pq_m=16"]
+    ).index
+    assert index.to_json()["nlist"] == 256 and index.to_json()["nprobe"] == 8
+    assert dataclasses.replace(index, kind="hnsw", hnsw_m=8, ef_search=64).ef_search == 64
 
 
 def test_hard_sampler_needs_index_source() -> None:

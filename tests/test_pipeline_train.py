@@ -20,7 +20,9 @@ import torch
 from conftest import tiny_bert_config, write_wordpiece_tokenizer
 from transformers import BertModel
 
+from cluster.checkpoints import EXPORT_DIR, checkpoint_dir, newest_checkpoint
 from cluster.index_store import IndexStore
+from cluster.session import init_ray
 from cluster.tables import (
     EntityCatalogue,
     MentionSplit,
@@ -33,10 +35,9 @@ from pipeline.data.synthetic import generate_synthetic_dataset
 from pipeline.data.wordnet import convert_wordnet
 from pipeline.demo import write_demo_subset
 from pipeline.evaluate import evaluate_model
-from pipeline.train.checkpoints import EXPORT_DIR, checkpoint_dir, newest_checkpoint
 from pipeline.train.events import read_events
 from pipeline.train.model import build_model
-from pipeline.train.trainer import init_ray, run_training
+from pipeline.train.trainer import run_training
 
 pytestmark = pytest.mark.slow
 

@@ -7,16 +7,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.config import TrainingSettings
-from pipeline.evaluate import format_table, hits_at, summarise
-from pipeline.train.checkpoints import (
+from cluster.checkpoints import (
     COMPLETE,
+    EXPORT_DIR,
+    CheckpointIntegrityError,
     checkpoint_dir,
     complete_checkpoints,
     mark_complete,
     newest_checkpoint,
     prune_checkpoints,
+    resolve_checkpoint,
+    verify_checkpoint,
 )
+from pipeline.config import TrainingSettings
+from pipeline.evaluate import format_table, hits_at, summarise
 from pipeline.train.data_order import MentionOrder
 from pipeline.train.deepspeed_config import build_deepspeed_config
 
@@ -56,7 +60,7 @@ def test_data_order_is_a_pure_function_of_step_and_rank() -> None:
 def test_only_complete_checkpoints_count_and_pruning_spares_protected(tmp_path: Path) -> None:
     for step in (10, 20, 30, 40):
         directory = checkpoint_dir(tmp_path, step)
-        directory.mkdir(parents=True)
+        (directory / EXPORT_DIR).mkdir(parents=True)
         if step != 40:
             mark_complete(directory, {"step": step})
     assert [s for s, _ in complete_checkpoints(tmp_path)] == [10, 20, 30]
@@ -66,6 +70,55 @@ def test_only_complete_checkpoints_count_and_pruning_spares_protected(tmp_path: 
     assert (checkpoint_dir(tmp_path, 10) / COMPLETE).is_file()
     assert not checkpoint_dir(tmp_path, 20).exists()
     assert checkpoint_dir(tmp_path, 40).is_dir()  # incomplete ones are not touched
+
+
+def _checkpoint(run_dir: Path, step: int) -> Path:
+    directory = checkpoint_dir(run_dir, step)
+    (directory / EXPORT_DIR).mkdir(parents=True)
+    (directory / EXPORT_DIR / "weights.bin").write_bytes(b"w" * 100)
+    (directory / "deepspeed").mkdir()
+    (directory / "deepspeed" / "mp_rank_00_model_states.pt").write_bytes(b"state")
+    mark_complete(directory, {"step": step})
+    return directory
+
+
+def test_checkpoint_manifest_refuses_changed_missing_and_added_files(tmp_path: Path) -> None:
+    directory = _checkpoint(tmp_path, 5)
+    manifest = verify_checkpoint(directory)
+    assert sorted(manifest["files"]) == [
+        "deepspeed/mp_rank_00_model_states.pt",
+        "export/weights.bin",
+        "training_state.json",
+    ]
+    state = directory / "deepspeed" / "mp_rank_00_model_states.pt"
+    state.write_bytes(b"crafted pickle")
+    with pytest.raises(CheckpointIntegrityError, match=r"mp_rank_00_model_states\.pt: sha256"):
+        verify_checkpoint(directory)
+    state.unlink()
+    with pytest.raises(CheckpointIntegrityError, match=r"listed in .* but missing"):
+        verify_checkpoint(directory)
+    other = _checkpoint(tmp_path, 6)
+    (other / "deepspeed" / "extra.pt").write_bytes(b"planted")
+    with pytest.raises(CheckpointIntegrityError, match=r"extra\.pt: not in the checkpoint manifest"):
+        verify_checkpoint(other)
+
+
+def test_checkpoint_resolution(tmp_path: Path) -> None:
+    from encoders.errors import InputError
+
+    with pytest.raises(InputError, match="no complete checkpoint"):
+        resolve_checkpoint(tmp_path, "newest")
+    _checkpoint(tmp_path, 5)
+    newest = _checkpoint(tmp_path, 12)
+    assert resolve_checkpoint(tmp_path, "newest") == (12, newest / EXPORT_DIR)
+    older = checkpoint_dir(tmp_path, 5)
+    assert resolve_checkpoint(tmp_path, str(older)) == (5, older / EXPORT_DIR)
+    assert resolve_checkpoint(tmp_path, str(older / EXPORT_DIR)) == (5, older / EXPORT_DIR)
+    with pytest.raises(InputError, match="not a complete checkpoint"):
+        resolve_checkpoint(tmp_path, str(tmp_path / "nowhere"))
+    (newest / EXPORT_DIR / "weights.bin").write_bytes(b"tampered")
+    with pytest.raises(CheckpointIntegrityError):
+        resolve_checkpoint(tmp_path, "newest")
 
 
 def test_deepspeed_config_on_cpu() -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cluster.files import AtomicPath
 from cluster.tables import EntityCatalogue, Mention
 from pipeline.data.kilt import END_ENT, START_ENT
 
@@ -97,16 +98,13 @@ def write_kilt_predictions(
     if len(predicted) != len(inputs):
         raise ValueError(f"{len(inputs)} inputs but {len(predicted)} predictions")
     entities = catalogue.get_many([max(int(i), 0) for i in predicted])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
-    with temporary.open("w", encoding="utf-8") as handle:
+    with AtomicPath(path) as temporary, temporary.open("w", encoding="utf-8") as handle:
         for item, entity_id, entity in zip(inputs, predicted, entities, strict=True):
             output = []
             if entity_id >= 0:
                 provenance = [{"wikipedia_id": entity.key, "title": entity.title}]
                 output = [{"answer": entity.title, "provenance": provenance}]
             handle.write(json.dumps({"id": item.id, "output": output}) + "\n")
-    temporary.replace(path)
     return len(inputs)
 
 

@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cluster.checkpoints import EXPORT_DIR, newest_checkpoint
 from cluster.index_store import IndexStore, IndexVersion
 from cluster.negatives_store import NegativesStore
 from cluster.refresh import run_refresh
-from cluster.sharded_index import IndexSpec
+from cluster.session import init_ray
 from cluster.tables import (
     EntityCatalogue,
     MentionSplit,
@@ -39,7 +40,6 @@ from cluster.tables import (
 )
 from encoders.biencoder import BiEncoder, export_biencoder, load_biencoder
 from encoders.blink import export_blink_biencoder, import_blink_biencoder
-from encoders.scorers import ScorerConfig
 from pipeline.blink_finetune.index_v0 import (
     INITIAL_VERSION,
     index_from_encodings,
@@ -53,13 +53,13 @@ from pipeline.blink_finetune.kilt_output import (
     read_kilt_inputs,
     write_kilt_predictions,
 )
-from pipeline.config import Config, config_from_dict
+from pipeline.config import BlinkSettings, Config, config_from_dict
 from pipeline.data.bad_rows import BadRowPolicy
-from pipeline.data.blink import DEFAULT_MAX_TEXT_CHARS, convert_blink_entities
+from pipeline.data.blink import convert_blink_entities
 from pipeline.data.kilt import aida_split_name, convert_aida_split, convert_knowledge_source
+from pipeline.preflight import check_blink_inputs
 from pipeline.rerank import retrieve_candidates
-from pipeline.train.checkpoints import EXPORT_DIR, newest_checkpoint
-from pipeline.train.trainer import init_ray, refresh_config, run_training
+from pipeline.train.trainer import refresh_plan, run_training
 
 DATASET_FORMAT = "blink-finetune"
 INITIAL_EXPORT = Path("initial") / "export"
@@ -67,30 +67,6 @@ BLINK_EXPORT = Path("export") / "biencoder_blink.bin"
 HF_EXPORT = Path("export") / "hf"
 REPORT_FILE = "finetune_report.json"
 TRAIN_REJECTS = "rejects-train.jsonl"
-
-
-@dataclass
-class BlinkInputs:
-    """The recipe's input files (DESIGN.md §6)."""
-
-    checkpoint: Path  # BLINK bi-encoder state_dict, e.g. biencoder_wiki_large.bin
-    base_model: Path  # local HF directory with the BERT config and vocabulary (bert-large-uncased)
-    aida: Sequence[Path]  # aidayago2-{train,dev,test_without_answers}-kilt.jsonl
-    entities: Path | None = None  # BLINK entity.jsonl
-    knowledge_source: Path | None = None  # kilt_knowledgesource.json
-    encodings: Path | None = None  # all_entities_large.t7 (rows = entity.jsonl rows)
-    max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
-    index_shard_size: int = 1_000_000  # rows per FAISS shard of version 0
-
-    def __post_init__(self) -> None:
-        if (self.entities is None) == (self.knowledge_source is None):
-            raise ValueError("give exactly one catalogue: BLINK entity.jsonl or the KILT source")
-        if self.encodings is not None and self.entities is None:
-            raise ValueError(
-                "BLINK's precomputed encodings follow entity.jsonl's rows; they need --entities"
-            )
-        if not any(aida_split_name(p) == "train" for p in self.aida):
-            raise ValueError("the AIDA files must include the train split (…-train-kilt.jsonl)")
 
 
 @dataclass
@@ -159,7 +135,7 @@ class FinetuneReport:
         return out
 
 
-def convert_inputs(root: Path, inputs: BlinkInputs) -> dict[str, Any]:
+def convert_inputs(root: Path, inputs: BlinkSettings) -> dict[str, Any]:
     """Catalogue + AIDA splits under ``root`` (skipped when a previous run finished it)."""
     root = Path(root)
     if (root / "summary.json").is_file():
@@ -169,18 +145,18 @@ def convert_inputs(root: Path, inputs: BlinkInputs) -> dict[str, Any]:
     policy = BadRowPolicy("strict")
     if inputs.entities is not None:
         catalogue_summary = convert_blink_entities(
-            inputs.entities, root, policy, inputs.max_text_chars
+            Path(inputs.entities), root, policy, inputs.max_text_chars
         )
     else:
         assert inputs.knowledge_source is not None
         catalogue_summary = convert_knowledge_source(
-            inputs.knowledge_source, root, policy, inputs.max_text_chars
+            Path(inputs.knowledge_source), root, policy, inputs.max_text_chars
         )
     catalogue = EntityCatalogue.open(root)
     mentions: dict[str, int] = {}
     missing_kept = train_rejected = 0
     unlabelled: list[str] = []
-    for path in inputs.aida:
+    for path in map(Path, inputs.aida):
         split = aida_split_name(path)
         if split == "train":
             with BadRowPolicy("skip", root / TRAIN_REJECTS) as train_policy:
@@ -207,15 +183,14 @@ def convert_inputs(root: Path, inputs: BlinkInputs) -> dict[str, Any]:
     return summary
 
 
-def initial_model(config: Config, inputs: BlinkInputs, export_dir: Path) -> BiEncoder:
+def initial_model(config: Config, export_dir: Path) -> BiEncoder:
     """BLINK's bi-encoder with the configured scorer, exported once as the run's starting model."""
     if (export_dir / "scorer.json").is_file():
         return load_biencoder(export_dir)
-    scorer = ScorerConfig(name=config.model.scorer.name, m=config.model.scorer.m)
     model = import_blink_biencoder(
-        inputs.checkpoint,
-        inputs.base_model,
-        scorer=scorer,
+        Path(config.blink.checkpoint),
+        Path(config.blink.base_model),
+        scorer=config.model.scorer,
         mention_length=config.model.mention_length,
         entity_length=config.model.entity_length,
     )
@@ -230,9 +205,7 @@ def with_model_path(config: Config, export_dir: Path) -> Config:
     return config_from_dict(tree)
 
 
-def prepare_version_zero(
-    config: Config, inputs: BlinkInputs, model: BiEncoder, export_dir: Path
-) -> IndexVersion | None:
+def prepare_version_zero(config: Config, model: BiEncoder, export_dir: Path) -> IndexVersion | None:
     """Index and train negatives version 0 (kept when the run already has them); None when a
     resumed run's retention has already removed version 0."""
     run_dir = config.run_dir
@@ -241,26 +214,30 @@ def prepare_version_zero(
     version = store.open(INITIAL_VERSION) if INITIAL_VERSION in versions else None
     if not versions:
         catalogue = EntityCatalogue.open(Path(config.data.root))
-        spec = IndexSpec(kind=config.index.kind)
-        if inputs.encodings is not None:
+        if config.blink.encodings is not None:
             version = index_from_encodings(
                 store,
-                inputs.encodings,
+                Path(config.blink.encodings),
                 model,
                 export_dir,
                 len(catalogue),
-                spec,
-                inputs.index_shard_size,
+                config.index,
+                config.blink.index_shard_size,
             )
         else:
             version = index_from_model(
-                store, model, export_dir, catalogue, spec, batch_size=config.refresh.batch_size
+                store,
+                model,
+                export_dir,
+                catalogue,
+                config.index,
+                batch_size=config.refresh.batch_size,
             )
     negatives = NegativesStore(run_dir / "negatives", keep=config.index.keep_versions)
     if version is not None and negatives.current_version() is None:
         split = config.data.train_split
         mentions = MentionSplit.open(mention_split_path(Path(config.data.root), split)).read_all()
-        mine_initial_negatives(negatives, version, model, split, mentions, config.negatives.top_n)
+        mine_initial_negatives(negatives, version, model, split, mentions, config.refresh.top_n)
     return version
 
 
@@ -304,27 +281,29 @@ def final_index(config: Config, step: int) -> IndexVersion:
     current = store.current()
     if current is not None and current.checkpoint == step:
         return current
-    init_ray(config.cluster, config.refresh.num_encoders * config.refresh.encoder_cpus)
-    run_refresh(refresh_config(config), step)
+    init_ray(config.cluster, config.refresh.encoder_cpus)
+    run_refresh(refresh_plan(config), step)
     version = store.current()
     assert version is not None and version.checkpoint == step
     return version
 
 
-def finetune_blink(config: Config, inputs: BlinkInputs, progress: bool = True) -> FinetuneReport:
+def finetune_blink(config: Config, progress: bool = True) -> FinetuneReport:
     """The whole recipe; every stage is skipped when a previous run of ``run.dir`` finished it,
     and training resumes from the newest checkpoint."""
+    check_blink_inputs(config)
+    inputs = config.blink
     run_dir = config.run_dir.resolve()
     data_root = Path(config.data.root)
     data_summary = convert_inputs(data_root, inputs)
     catalogue = EntityCatalogue.open(data_root)
     export_dir = run_dir / INITIAL_EXPORT
-    model = initial_model(config, inputs, export_dir)
+    model = initial_model(config, export_dir)
     config = with_model_path(config, export_dir)
-    version_zero = prepare_version_zero(config, inputs, model, export_dir)
+    version_zero = prepare_version_zero(config, model, export_dir)
     k = max(config.eval.ks)
     before = (
-        link_files(model, version_zero, catalogue, data_root, inputs.aida, k, None)
+        link_files(model, version_zero, catalogue, data_root, list(map(Path, inputs.aida)), k, None)
         if version_zero is not None
         else None
     )
@@ -341,7 +320,7 @@ def finetune_blink(config: Config, inputs: BlinkInputs, progress: bool = True) -
         final_index(config, step),
         catalogue,
         data_root,
-        inputs.aida,
+        list(map(Path, inputs.aida)),
         k,
         run_dir / "predictions",
     )

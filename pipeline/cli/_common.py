@@ -1,13 +1,19 @@
-"""Arguments shared by the training commands: ``--config`` and repeated ``--set key=value``."""
+"""What every command that runs on a recipe shares: ``--config``, repeated ``--set``, and loading.
+
+The recipe is loaded and validated before anything else happens (no Ray, no model), and the
+software and devices this process sees are logged once (``cluster.session.describe_environment``).
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
 from pipeline.config import Config, load_config
 
 CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
+logger = logging.getLogger("hnce")
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, default: Path | None = None) -> None:
@@ -15,7 +21,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, default: Path | None =
         "--config",
         type=Path,
         default=default,
-        help="YAML recipe (configs/*.yaml)" + (f"; default {default}" if default else ""),
+        help="YAML recipe (configs/*.yaml, or a run's config.yaml)"
+        + (f"; default {default}" if default else "; default: built-in defaults"),
     )
     parser.add_argument(
         "--set",
@@ -27,6 +34,11 @@ def add_config_arguments(parser: argparse.ArgumentParser, default: Path | None =
     )
 
 
-def config_from_args(args: argparse.Namespace) -> Config:
-    """Load and validate the config before any work (raises ConfigError naming the key)."""
-    return load_config(args.config, args.overrides)
+def load_recipe(args: argparse.Namespace, *extra_overrides: str) -> Config:
+    """The validated recipe of ``--config`` / ``--set`` (then ``extra_overrides``, from a
+    command's own flags); raises ConfigError naming the key before any work."""
+    config = load_config(args.config, [*args.overrides, *extra_overrides])
+    from cluster.session import describe_environment
+
+    logger.info("recipe %s; %s", args.config or "(defaults)", describe_environment())
+    return config

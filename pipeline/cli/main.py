@@ -1,16 +1,27 @@
-"""Entry point of the `hnce` console script.
+"""Entry point of the `hnce` console script: logging, the one error handler, then a subcommand.
 
 Each subcommand lives in its own module `pipeline.cli.<name>` exposing
 `add_arguments(parser: argparse.ArgumentParser) -> None` and `run(args: argparse.Namespace) -> int`.
 Modules are imported only when their command runs, so `hnce --help` does not pay for importing
 torch, Ray or DeepSpeed.
+
+A mistake of the user's (a bad recipe, a bad input row, a missing file: ``InputError``, also when
+it happened inside a Ray actor or worker) ends in one line naming the file and line, and exit
+status 2. Anything else is a bug of ours and keeps its traceback. ``--debug`` shows tracebacks
+for everything and logs at DEBUG level.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
+
+from encoders.errors import InputError
+
+EXIT_INPUT_ERROR = 2
+EXIT_INTERRUPTED = 130
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "data": (
@@ -41,6 +52,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="hnce",
         description="Dense entity retrieval trained on asynchronously refreshed hard negatives.",
     )
+    parser.add_argument(
+        "--debug", action="store_true", help="tracebacks for every error; DEBUG logging"
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in COMMANDS.items():
         sub = subparsers.add_parser(name, help=help_text, description=help_text)
@@ -49,13 +63,51 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def configure_logging(debug: bool) -> None:
+    """One logging set-up for every command: device and engine choices are always visible."""
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    for noisy in ("urllib3", "filelock", "matplotlib", "PIL"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def user_error(error: BaseException) -> InputError | None:
+    """The :class:`InputError` behind ``error``: itself, or the cause Ray wrapped it in when it
+    happened in an actor, a task or a Ray Train worker."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        cause = getattr(current, "cause", None)
+        if isinstance(cause, InputError):
+            return cause
+        if isinstance(current, InputError) and cause is None:
+            return current
+        current = cause if isinstance(cause, BaseException) else current.__cause__
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = next((arg for arg in argv if not arg.startswith("-")), None)
     parser = build_parser(command if command in COMMANDS else None)
     args = parser.parse_args(argv)
-    module = importlib.import_module(COMMANDS[args.command][0])
-    return int(module.run(args) or 0)
+    configure_logging(args.debug)
+    try:
+        module = importlib.import_module(COMMANDS[args.command][0])
+        return int(module.run(args) or 0)
+    except KeyboardInterrupt:
+        print(f"hnce {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as error:
+        found = user_error(error)
+        if found is None or args.debug:
+            raise
+        print(f"hnce {args.command}: {found}", file=sys.stderr)
+        return EXIT_INPUT_ERROR
 
 
 if __name__ == "__main__":

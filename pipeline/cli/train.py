@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeline.cli._common import add_config_arguments, config_from_args
-from pipeline.config import ConfigError
+from pipeline.cli._common import add_config_arguments, load_recipe
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -15,11 +14,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        config = config_from_args(args)
-    except ConfigError as error:
-        print(f"hnce train: {error}", file=sys.stderr)
-        return 2
+    config = load_recipe(args)
     from pipeline.train.trainer import run_training
 
     summary = run_training(config, progress=not args.no_progress)

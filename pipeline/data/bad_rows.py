@@ -17,6 +17,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Literal
 
+from encoders.errors import InputError
+
 BadRowMode = Literal["strict", "skip"]
 BAD_ROW_MODES: tuple[str, ...] = ("strict", "skip")
 REJECTS_FILE = "rejects.jsonl"
@@ -34,7 +36,7 @@ class BadRowKind(StrEnum):
     EMPTY_TEXT = "empty_text"
 
 
-class BadRowError(ValueError):
+class BadRowError(InputError):
     """A bad input row in strict mode; the message is ``<file>:<line>: <kind>: <detail>``."""
 
     def __init__(self, kind: BadRowKind, path: Path, line: int, detail: str) -> None:

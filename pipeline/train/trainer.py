@@ -11,7 +11,6 @@ reports to Ray Train).
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,16 +22,15 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 from tqdm import tqdm
 
-from cluster.refresh import RefreshConfig, RefreshCoordinator
+from cluster.checkpoints import newest_checkpoint
+from cluster.coordinator import RefreshCoordinator
+from cluster.refresh import RefreshPlan
 from cluster.resources import TRAINER_RESOURCE, custom_resource_request
-from cluster.sharded_index import IndexSpec
-from pipeline.config import ClusterSettings, Config, dump_config
-from pipeline.train.checkpoints import newest_checkpoint
+from cluster.session import WORKER_ENV, init_ray
+from pipeline.config import Config, dump_config
+from pipeline.preflight import check_training_inputs
 from pipeline.train.events import read_events
 from pipeline.train.worker import train_loop_per_worker
-
-# Ray Train's worker processes inherit these; DeepSpeed compiles a small op once (DESIGN.md §7).
-_WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false"}
 
 
 @dataclass
@@ -72,46 +70,17 @@ def _with_run_dir(config: Config, run_dir: Path) -> dict[str, Any]:
     return tree
 
 
-def init_ray(cluster: ClusterSettings, cpus_needed: float) -> None:
-    """Connect to ``cluster.address`` or start a local instance (dashboard on localhost only).
-
-    A local instance advertises at least ``cpus_needed`` logical CPUs, so the trainer workers
-    and the refresh encoders each hold their own slot even on a 2-core machine.
-    """
-    if ray.is_initialized():
-        return
-    env = {"env_vars": dict(_WORKER_ENV)}
-    if cluster.address == "local":
-        cpus = cluster.num_cpus or max(os.cpu_count() or 1, int(cpus_needed + 0.999))
-        ray.init(
-            num_cpus=cpus,
-            include_dashboard=False,
-            dashboard_host=cluster.dashboard_host,
-            runtime_env=env,
-            log_to_driver=False,
-        )
-    else:
-        ray.init(address=cluster.address, runtime_env=env, log_to_driver=False)
-
-
-def refresh_config(config: Config) -> RefreshConfig:
-    """The cluster's refresh settings for this run (train split only)."""
-    return RefreshConfig(
+def refresh_plan(config: Config) -> RefreshPlan:
+    """What this run's refreshes do: its directories, the ``refresh`` and ``index`` sections."""
+    return RefreshPlan(
         run_dir=config.run_dir.resolve(),
         data_dir=Path(config.data.root).resolve(),
-        splits=(config.data.train_split,),
-        num_encoders=config.refresh.num_encoders,
-        encoder_threads=max(1, int(config.refresh.encoder_cpus)),
-        batch_size=config.refresh.batch_size,
-        shard_size=config.refresh.shard_size,
-        top_n=config.negatives.top_n,
-        index=IndexSpec(kind=config.index.kind),
-        faiss_device=config.index.faiss_device,
-        keep=config.index.keep_versions,
+        refresh=config.refresh,
+        index=config.index,
     )
 
 
-def start_refresh(config: Config, poll_seconds: float = 2.0) -> tuple[Any, Any]:
+def start_refresh(config: Config) -> tuple[Any, Any]:
     """Start the coordinator actor and its watch loop; returns (actor, watch reference).
 
     The actor takes no CPU slot itself (its encoders take theirs); FAISS in it is held to one
@@ -119,9 +88,9 @@ def start_refresh(config: Config, poll_seconds: float = 2.0) -> tuple[Any, Any]:
     """
     coordinator = RefreshCoordinator.options(
         max_concurrency=4,
-        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", **_WORKER_ENV}},
-    ).remote(refresh_config(config))
-    return coordinator, coordinator.watch.remote(poll_seconds=poll_seconds)
+        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", **WORKER_ENV}},
+    ).remote(refresh_plan(config))
+    return coordinator, coordinator.watch.remote()
 
 
 def _follow_progress(run_dir: Path, steps: int, done: threading.Event) -> None:
@@ -146,6 +115,7 @@ def _follow_progress(run_dir: Path, steps: int, done: threading.Event) -> None:
 def run_training(config: Config, progress: bool = True) -> TrainingSummary:
     """Train ``config`` to ``training.steps`` (resuming from a checkpoint in ``run.dir``)."""
     training = config.training
+    check_training_inputs(config)
     run_dir = config.run_dir.resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(config, run_dir / "config.yaml")

@@ -26,14 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from cluster.index_store import IndexStore
-from cluster.tables import EntityCatalogue, Mention, MentionSplit, mention_split_path
-from encoders.biencoder import BiEncoder, export_biencoder
-from mining.false_negatives import FalseNegativeFilter
-from mining.losses import build_loss
-from mining.samplers import SamplingRequest, build_sampler
-from pipeline.config import Config, config_from_dict
-from pipeline.train.checkpoints import (
+from cluster.checkpoints import (
     DEEPSPEED_DIR,
     DEEPSPEED_TAG,
     EXPORT_DIR,
@@ -42,7 +35,15 @@ from pipeline.train.checkpoints import (
     mark_complete,
     newest_checkpoint,
     prune_checkpoints,
+    verify_checkpoint,
 )
+from cluster.index_store import IndexStore
+from cluster.tables import EntityCatalogue, Mention, MentionSplit, mention_split_path
+from encoders.biencoder import BiEncoder, export_biencoder
+from mining.false_negatives import FalseNegativeFilter
+from mining.losses import build_loss
+from mining.samplers import SamplingRequest, build_sampler
+from pipeline.config import Config, config_from_dict
 from pipeline.train.data_order import MentionOrder
 from pipeline.train.deepspeed_config import build_deepspeed_config
 from pipeline.train.events import EventLog
@@ -105,7 +106,14 @@ class NegativeDrawer:
         self.random = build_sampler("random")
         options: dict[str, Any] = {}
         if negatives.sampler == "mixed":
-            options["hard_fraction"] = negatives.hard_fraction
+            options = {
+                "hard_fraction": negatives.mixed.hard_fraction,
+                "temperature": negatives.hard.temperature,
+            }
+        elif negatives.sampler in ("hard", "greedy"):
+            options = {"temperature": negatives.hard.temperature}
+        elif negatives.sampler == "ohem":
+            options = {"pool_size": negatives.ohem.pool_size}
         self.sampler = build_sampler(negatives.sampler, **options)
         self.needs_candidates = negatives.source == "index"
         self.filter = FalseNegativeFilter() if negatives.filter_false_negatives else None
@@ -274,6 +282,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     resume = _resume_step(run_dir)
     if resume is not None:
         start_step, path = resume
+        verify_checkpoint(path)
         engine.load_checkpoint(str(path / DEEPSPEED_DIR), tag=DEEPSPEED_TAG)
         if log is not None:
             log.write("resume", step=start_step, path=str(path))

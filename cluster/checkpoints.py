@@ -1,0 +1,167 @@
+"""The layout of a run's checkpoints ``<run>/checkpoints/step-<S>/`` (DESIGN.md §2, §5).
+
+This module is the only place that knows it; the trainer writes checkpoints through it and the
+refresh coordinator, ``hnce eval`` and ``hnce status`` read them through it. A checkpoint holds::
+
+    step-<S>/deepspeed/            DeepSpeed state, to resume training
+    step-<S>/export/               the towers (save_pretrained) + scorer.json: what a refresh encodes
+    step-<S>/training_state.json   step, seed, negatives version in use
+    step-<S>/COMPLETE              written last: {"step", "files": {relative path: sha256}}
+
+A checkpoint is *complete* when its ``COMPLETE`` marker exists (it is written after every other
+file, atomically). The marker is also the checkpoint's manifest: :func:`verify_checkpoint` checks
+every file against the SHA-256 recorded there and refuses files that are not listed, and every
+loader calls it before reading anything, so a file swapped into a run directory on shared storage
+is refused instead of loaded (the trust boundary of ``run.dir``: README, "Trust").
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from cluster.files import atomic_write_json, sha256_file
+from encoders.errors import InputError
+
+CHECKPOINTS_DIR = "checkpoints"
+COMPLETE = "COMPLETE"
+DEEPSPEED_DIR = "deepspeed"
+DEEPSPEED_TAG = "state"
+EXPORT_DIR = "export"
+STATE_FILE = "training_state.json"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+class CheckpointIntegrityError(InputError):
+    """A checkpoint file differs from its manifest, is missing, or is not listed in it."""
+
+
+def checkpoints_root(run_dir: Path) -> Path:
+    return Path(run_dir) / CHECKPOINTS_DIR
+
+
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    return checkpoints_root(run_dir) / f"step-{step}"
+
+
+def checkpoint_step(directory: Path) -> int:
+    """The step of a ``step-<S>`` directory (ValueError for any other name)."""
+    match = _STEP_DIR.match(Path(directory).name)
+    if not match:
+        raise ValueError(f"{directory}: not a checkpoint directory (expected step-<S>)")
+    return int(match.group(1))
+
+
+def is_complete(directory: Path) -> bool:
+    """True when ``directory`` holds its ``COMPLETE`` marker and its export."""
+    return (directory / COMPLETE).is_file() and (directory / EXPORT_DIR).is_dir()
+
+
+def complete_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    """(step, directory) of every complete checkpoint, oldest first."""
+    root = checkpoints_root(run_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = _STEP_DIR.match(child.name)
+        if match and is_complete(child):
+            found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def newest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
+    """The newest complete checkpoint, or None before the first one is published."""
+    found = complete_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def _files_of(directory: Path) -> list[Path]:
+    return sorted(path for path in directory.rglob("*") if path.is_file() and path.name != COMPLETE)
+
+
+def mark_complete(directory: Path, state: dict[str, Any]) -> None:
+    """Write ``training_state.json``, then the ``COMPLETE`` manifest (SHA-256 of every file)."""
+    atomic_write_json(directory / STATE_FILE, state)
+    files = {str(path.relative_to(directory)): sha256_file(path) for path in _files_of(directory)}
+    atomic_write_json(directory / COMPLETE, {"step": int(state["step"]), "files": files})
+
+
+def verify_checkpoint(directory: Path) -> dict[str, Any]:
+    """Check every file of a complete checkpoint against its manifest; returns the manifest.
+
+    Raises :class:`CheckpointIntegrityError` naming the first file that is missing, differs, or
+    is not listed (a file added after the checkpoint was written is never loaded).
+    """
+    directory = Path(directory)
+    marker = directory / COMPLETE
+    try:
+        manifest = json.loads(marker.read_text(encoding="utf-8"))
+        recorded: dict[str, str] = manifest["files"]
+    except FileNotFoundError:
+        raise CheckpointIntegrityError(
+            f"{marker}: missing; the checkpoint is not complete"
+        ) from None
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise CheckpointIntegrityError(f"{marker}: not a checkpoint manifest ({error})") from None
+    present = {str(path.relative_to(directory)) for path in _files_of(directory)}
+    unlisted = sorted(present - set(recorded))
+    if unlisted:
+        raise CheckpointIntegrityError(
+            f"{directory / unlisted[0]}: not in the checkpoint manifest {marker}; refusing to "
+            f"load a checkpoint with files added after it was written"
+        )
+    for name, expected in sorted(recorded.items()):
+        path = directory / name
+        if not path.is_file():
+            raise CheckpointIntegrityError(f"{path}: listed in {marker} but missing")
+        actual = sha256_file(path)
+        if actual != expected:
+            raise CheckpointIntegrityError(
+                f"{path}: sha256 {actual} does not match {expected} recorded in {marker}"
+            )
+    return manifest
+
+
+def resolve_checkpoint(run_dir: Path, spec: str) -> tuple[int | None, Path]:
+    """(step or None, export directory) of ``spec``: ``newest`` (the run's newest complete
+    checkpoint), a ``step-<S>/`` directory, or an ``export/`` directory of one.
+
+    A checkpoint directory is verified against its manifest first. Raises
+    :class:`InputError` when nothing matches.
+    """
+    if spec == "newest":
+        newest = newest_checkpoint(run_dir)
+        if newest is None:
+            raise InputError(f"{checkpoints_root(run_dir)}: no complete checkpoint")
+        step, directory = newest
+    else:
+        path = Path(spec)
+        directory = path.parent if path.name == EXPORT_DIR else path
+        if not is_complete(directory):
+            raise InputError(
+                f"{spec}: not a complete checkpoint (expected step-<S>/ with {COMPLETE} and "
+                f"{EXPORT_DIR}/, or its {EXPORT_DIR}/ directory)"
+            )
+        step = checkpoint_step(directory) if _STEP_DIR.match(directory.name) else None
+    verify_checkpoint(directory)
+    return step, directory / EXPORT_DIR
+
+
+def prune_checkpoints(run_dir: Path, keep: int, protect: set[int] | None = None) -> list[int]:
+    """Delete all but the newest ``keep`` complete checkpoints, never those in ``protect``
+    (e.g. the step the current negatives were mined from, which a refresh may still read)."""
+    protect = protect or set()
+    complete = complete_checkpoints(run_dir)
+    removed = []
+    for step, directory in complete[:-keep] if keep > 0 else complete:
+        if step in protect:
+            continue
+        # Drop the marker first, so a concurrent reader never sees a complete, half-deleted one.
+        (directory / COMPLETE).unlink(missing_ok=True)
+        shutil.rmtree(directory, ignore_errors=True)
+        removed.append(step)
+    return removed

@@ -1,0 +1,124 @@
+"""The one way hnce writes a file that readers may see: a temporary sibling, published by rename.
+
+Every store, checkpoint, dataset and report goes through :class:`AtomicPath` (or the small
+``atomic_write_*`` wrappers around it), under one rule: write the temporary file, ``fsync`` it,
+``rename`` it over the target, ``fsync`` the directory. A reader therefore sees the old file or the
+whole new one, and a crash never leaves a half-written file under the target's name. Directories
+(index, negatives and dataset versions) are published by :func:`publish_directory`: a rename of
+a complete directory followed by an ``fsync`` of its parent.
+
+Example::
+
+    with AtomicPath(shard_path) as temporary:
+        faiss.write_index(index, str(temporary))      # renamed over shard_path on success
+
+    atomic_write_json(run_dir / "status.json", {"step": 10})
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+_TEMPORARY_PREFIX = ".tmp-"
+
+
+def fsync_directory(directory: Path) -> None:
+    """Flush a directory entry (a rename or a new file) to disk."""
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def fsync_file(path: Path) -> None:
+    """Flush a file's contents to disk."""
+    with open(path, "rb+") as handle:
+        os.fsync(handle.fileno())
+
+
+def is_temporary(path: Path) -> bool:
+    """True for the temporary files :class:`AtomicPath` writes (readers skip them)."""
+    return path.name.startswith(_TEMPORARY_PREFIX)
+
+
+class AtomicPath:
+    """A temporary sibling of ``target`` that becomes ``target`` on :meth:`commit`.
+
+    Use as a context manager (commit on success, :meth:`abort` on an exception) or call
+    ``commit``/``abort`` yourself when the file is written over many calls (a Parquet writer).
+    The temporary name is unique per process and object, so concurrent writers never share one.
+    """
+
+    def __init__(self, target: Path) -> None:
+        self.target = Path(target)
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.temporary = self.target.with_name(f"{_TEMPORARY_PREFIX}{token}-{self.target.name}")
+
+    def commit(self) -> Path:
+        """fsync the temporary file, rename it over the target, fsync the directory."""
+        fsync_file(self.temporary)
+        os.replace(self.temporary, self.target)
+        fsync_directory(self.target.parent)
+        return self.target
+
+    def abort(self) -> None:
+        """Remove the temporary file; the target is untouched."""
+        self.temporary.unlink(missing_ok=True)
+
+    def __enter__(self) -> Path:
+        return self.temporary
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+def atomic_write_bytes(path: Path, payload: bytes) -> Path:
+    """Replace ``path`` with ``payload`` atomically."""
+    with AtomicPath(path) as temporary:
+        temporary.write_bytes(payload)
+    return Path(path)
+
+
+def atomic_write_text(path: Path, text: str) -> Path:
+    """Replace ``path`` with UTF-8 ``text`` atomically."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: Path, payload: Any) -> Path:
+    """Replace ``path`` with ``payload`` as indented JSON atomically."""
+    return atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+
+def publish_directory(building: Path, final: Path) -> Path:
+    """Rename the complete directory ``building`` to ``final`` (which must not exist) and fsync
+    the parent: the directory appears whole or not at all."""
+    if final.exists():
+        raise FileExistsError(f"{final} already exists; a published directory is never overwritten")
+    os.rename(building, final)
+    fsync_directory(final.parent)
+    return final
+
+
+def sha256_file(path: Path, chunk_bytes: int = 1 << 22) -> str:
+    """Hex SHA-256 of a file, streamed in chunks (never the whole file in memory)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(chunk_bytes):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,118 @@
+"""Where Ray runs (the ``cluster`` section of a recipe) and the one way hnce starts or joins it.
+
+Every command that needs Ray (``train``, ``refresh``, ``eval``, ``finetune-blink``, ``demo``) calls
+:func:`init_ray` once; it either starts a local instance on this machine (dashboard bound to
+loopback unless the recipe explicitly allows otherwise) or joins ``cluster.address``. The choice,
+and the software and devices this process sees (:func:`describe_environment`), are logged.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+
+import faiss
+import ray
+import torch
+from pydantic import ValidationInfo, field_validator
+
+from cluster.sharded_index import faiss_gpu_count
+from encoders.settings import Flag, NonNegativeInt, Text, settings
+
+logger = logging.getLogger(__name__)
+
+# Worker processes (Ray Train workers, encoder actors) inherit these.
+WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false"}
+_LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``127.0.0.1``, ``::1``, ``localhost`` and the rest of 127.0.0.0/8."""
+    if host in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@settings
+class ClusterSettings:
+    """Where Ray runs.
+
+    Attributes:
+        address: ``local`` starts an instance on this machine; ``auto`` or ``host:port`` joins a
+            running cluster (``ray start``, the cluster launcher, ``ray job submit``).
+        num_cpus: CPUs a local instance advertises (0: enough for the run, at least the cores).
+        use_gpu: trainer workers take one GPU each (and train in bf16); asking for GPUs that are
+            not there is an error.
+        dashboard_host: where a local instance's dashboard would listen; loopback only unless
+            ``allow_public_dashboard`` is set (then a warning is logged).
+        allow_public_dashboard: permit a non-loopback ``dashboard_host``.
+    """
+
+    address: Text = "local"
+    num_cpus: NonNegativeInt = 0
+    use_gpu: Flag = False
+    allow_public_dashboard: Flag = False
+    dashboard_host: Text = "127.0.0.1"
+
+    @field_validator("dashboard_host")
+    @classmethod
+    def _loopback_unless_allowed(cls, host: str, info: ValidationInfo) -> str:
+        if not is_loopback(host) and not info.data.get("allow_public_dashboard", False):
+            raise ValueError(
+                f"{host!r} is not a loopback address: anyone who can reach it can submit jobs to "
+                f"the cluster; set cluster.allow_public_dashboard: true to bind it anyway"
+            )
+        return host
+
+
+def init_ray(cluster: ClusterSettings, cpus_needed: float = 0.0) -> None:
+    """Join ``cluster.address`` or start a local instance; a no-op when Ray is already up.
+
+    A local instance advertises at least ``cpus_needed`` logical CPUs, so the trainer workers and
+    the refresh encoders each hold their own slot even on a 2-core machine.
+    """
+    if ray.is_initialized():
+        return
+    runtime_env = {"env_vars": dict(WORKER_ENV)}
+    if cluster.address == "local":
+        cpus = cluster.num_cpus or max(os.cpu_count() or 1, int(cpus_needed + 0.999))
+        if not is_loopback(cluster.dashboard_host):
+            logger.warning(
+                "Ray dashboard host %s is not loopback (allow_public_dashboard is set)",
+                cluster.dashboard_host,
+            )
+        ray.init(
+            num_cpus=cpus,
+            include_dashboard=False,
+            dashboard_host=cluster.dashboard_host,
+            runtime_env=runtime_env,
+            log_to_driver=False,
+        )
+        logger.info("Ray: started a local instance with %d CPUs", cpus)
+    else:
+        ray.init(address=cluster.address, runtime_env=runtime_env, log_to_driver=False)
+        logger.info("Ray: joined %s (%s)", cluster.address, _resources_line())
+
+
+def _resources_line() -> str:
+    resources = ray.cluster_resources()
+    return ", ".join(f"{name} {value:g}" for name, value in sorted(resources.items()))
+
+
+def describe_environment() -> str:
+    """One line: the torch build and the devices it sees, the FAISS build and its GPUs."""
+    if torch.cuda.is_available():
+        names = {torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())}
+        torch_devices = f"{torch.cuda.device_count()} CUDA device(s) ({', '.join(sorted(names))})"
+    else:
+        torch_devices = "no CUDA device"
+    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU build"
+    faiss_build = "GPU build" if hasattr(faiss, "StandardGpuResources") else "CPU build"
+    return (
+        f"torch {torch.__version__} ({build}, {torch_devices}); "
+        f"faiss {faiss.__version__} ({faiss_build}, {faiss_gpu_count()} GPU(s) visible)"
+    )

@@ -1,0 +1,103 @@
+"""Checks of every path a command needs, run right after the recipe loads and before Ray starts.
+
+A missing dataset, split, model directory or input file is reported at once, naming the setting
+and where the recipe set it, instead of minutes later from inside a Ray worker (or after hours of
+converting a knowledge source). Model paths must be local directories: nothing is ever fetched
+from a model hub (``transformers`` is always called with ``local_files_only``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from cluster.tables import ENTITIES_DIR, mention_split_path
+from encoders.biencoder import minilm_path
+from pipeline.config import Config
+from pipeline.data.kilt import aida_split_name
+
+PACKAGED_MODEL = "minilm"
+
+
+def model_directory(config: Config, key: str, value: str) -> Path:
+    """The local directory of a model setting (``minilm`` is the packaged all-MiniLM-L6-v2)."""
+    if value == PACKAGED_MODEL:
+        return minilm_path()
+    path = Path(value)
+    if not (path / "config.json").is_file() and not (path / "scorer.json").is_file():
+        raise config.error(
+            key,
+            f"is {value!r}, which is not a local model directory (no config.json or scorer.json "
+            f"in it); hnce never downloads models: pass a local Hugging Face directory, a "
+            f"bi-encoder export directory, or '{PACKAGED_MODEL}'",
+        )
+    return path
+
+
+def check_dataset(config: Config, splits: Iterable[str]) -> None:
+    """``data.root`` holds a catalogue and every split in ``splits``."""
+    root = Path(config.data.root)
+    if not (root / ENTITIES_DIR).is_dir():
+        raise config.error(
+            "data.root", f"is {str(root)!r}, which holds no dataset ({ENTITIES_DIR}/ missing)"
+        )
+    for split in dict.fromkeys(splits):
+        path = mention_split_path(root, split)
+        if not path.is_file():
+            raise config.error("data.root", f"has no {split!r} split ({path} missing)")
+
+
+def check_training_inputs(config: Config) -> None:
+    """``hnce train``: the dataset with its train split, and the starting model."""
+    check_dataset(config, [config.data.train_split])
+    model_directory(config, "model.path", config.model.path)
+
+
+def check_refresh_inputs(config: Config) -> None:
+    """``hnce refresh``: the dataset with every split the refresh mines."""
+    check_dataset(config, config.refresh.splits)
+
+
+def check_eval_inputs(config: Config) -> None:
+    """``hnce eval``: the dataset with its eval split."""
+    check_dataset(config, [config.data.eval_split])
+
+
+def check_rerank_inputs(config: Config) -> None:
+    """``hnce rerank``: the dataset with its train and eval splits, and the reranker's model."""
+    check_dataset(config, [config.data.train_split, *config.rerank.eval_splits])
+    model_directory(config, "rerank.model", config.rerank.model)
+
+
+def check_blink_inputs(config: Config) -> None:
+    """``hnce finetune-blink``: every input file exists before anything is converted."""
+    blink = config.blink
+    for key in ("checkpoint", "base_model"):
+        if getattr(blink, key) is None:
+            raise config.error(f"blink.{key}", "is required (or its command-line flag)")
+    if (blink.entities is None) == (blink.knowledge_source is None):
+        raise config.error(
+            "blink.entities", "or 'blink.knowledge_source': give exactly one catalogue"
+        )
+    if blink.encodings is not None and blink.entities is None:
+        raise config.error(
+            "blink.encodings", "follow entity.jsonl's rows: they need 'blink.entities'"
+        )
+    if not any(aida_split_name(Path(path)) == "train" for path in blink.aida):
+        raise config.error(
+            "blink.aida", "must list the KILT AIDA files, the train split among them"
+        )
+    for key in ("checkpoint", "entities", "knowledge_source", "encodings"):
+        value = getattr(blink, key)
+        if value is not None and not Path(value).is_file():
+            raise config.error(f"blink.{key}", f"is {value!r}: no such file")
+    for position, value in enumerate(blink.aida):
+        if not Path(value).is_file():
+            raise config.error("blink.aida", f"[{position}] is {value!r}: no such file")
+    base = Path(blink.base_model or "")
+    if not (base / "config.json").is_file():
+        raise config.error(
+            "blink.base_model",
+            f"is {str(base)!r}, which is not a local Hugging Face directory (no config.json); "
+            f"hnce never downloads models",
+        )
