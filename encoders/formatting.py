@@ -12,6 +12,7 @@ Token ids are built from the tokenizer's own pieces and the marker ids are inser
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Sequence
 
 import numpy as np
@@ -48,7 +49,11 @@ def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         raise TypeError(f"{type(tokenizer).__name__}: a fast (Rust) tokenizer is needed")
-    digest = hashlib.sha256(backend.to_str().encode("utf-8"))
+    definition = json.loads(backend.to_str())
+    # Truncation and padding are per-call state (set by every tokenize call), not the tokenizer.
+    definition.pop("truncation", None)
+    definition.pop("padding", None)
+    digest = hashlib.sha256(json.dumps(definition, sort_keys=True).encode("utf-8"))
     digest.update(f"blink-layout-{LAYOUT_VERSION}".encode())
     return digest.hexdigest()
 

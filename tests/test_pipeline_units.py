@@ -99,7 +99,9 @@ def test_checkpoint_manifest_refuses_changed_missing_and_added_files(tmp_path: P
         verify_checkpoint(directory)
     other = _checkpoint(tmp_path, 6)
     (other / "deepspeed" / "extra.pt").write_bytes(b"planted")
-    with pytest.raises(CheckpointIntegrityError, match=r"extra\.pt: not in the checkpoint manifest"):
+    with pytest.raises(
+        CheckpointIntegrityError, match=r"extra\.pt: not in the checkpoint manifest"
+    ):
         verify_checkpoint(other)
 
 

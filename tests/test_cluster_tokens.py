@@ -1,0 +1,83 @@
+"""The token store: rows equal a fresh tokenization, keyed by tokenizer and length, checked."""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import write_wordpiece_tokenizer
+
+from cluster.tables import Entity, EntityCatalogueWriter
+from cluster.tokens import TOKENS_DIR, TokenStore, TokenStoreError
+from encoders.formatting import register_markers, tokenize_entities
+
+LETTERS = list(string.ascii_lowercase)
+
+
+def _catalogue(root: Path, count: int, seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+
+    def word() -> str:
+        return "".join(rng.choice(LETTERS, size=int(rng.integers(1, 8))))
+
+    with EntityCatalogueWriter(root, rows_per_file=40) as writer:
+        for entity_id in range(count):
+            text = " ".join(word() for _ in range(int(rng.integers(0, 30))))
+            writer.write(Entity(entity_id, f"k{entity_id}", word(), text))
+    return root
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory):
+    directory = tmp_path_factory.mktemp("vocab")
+    tokenizer = write_wordpiece_tokenizer(directory, [*LETTERS, *[f"##{c}" for c in LETTERS]])
+    register_markers(tokenizer)
+    return tokenizer
+
+
+def test_rows_equal_a_fresh_tokenization(tmp_path: Path, tokenizer) -> None:
+    root = _catalogue(tmp_path / "data", 100)
+    store = TokenStore.ensure(root, tokenizer, 16)
+    assert len(store) == 100 and store.ids.dtype == np.uint16
+    from cluster.tables import EntityCatalogue
+
+    catalogue = EntityCatalogue.open(root)
+    picked = np.array([97, 3, 3, 50, 0])
+    entities = catalogue.get_many(picked.tolist())
+    fresh = tokenize_entities(
+        tokenizer, [e.title for e in entities], [e.text for e in entities], 16
+    )
+    batch = store.batch(picked)
+    assert batch["input_ids"].tolist() == fresh["input_ids"].tolist()
+    assert batch["attention_mask"].tolist() == fresh["attention_mask"].tolist()
+    # a second call reuses the published store
+    assert TokenStore.ensure(root, tokenizer, 16).directory == store.directory
+
+
+def test_a_new_length_or_tokenizer_gets_its_own_store(tmp_path: Path, tokenizer) -> None:
+    root = _catalogue(tmp_path / "data", 30)
+    first = TokenStore.ensure(root, tokenizer, 16)
+    longer = TokenStore.ensure(root, tokenizer, 24)
+    other_tokenizer = write_wordpiece_tokenizer(tmp_path / "other", LETTERS)
+    register_markers(other_tokenizer)
+    other = TokenStore.ensure(root, other_tokenizer, 16)
+    assert len({first.directory, longer.directory, other.directory}) == 3
+    assert sorted(p.name for p in (root / TOKENS_DIR).iterdir() if p.is_dir()) == sorted(
+        s.directory.name for s in (first, longer, other)
+    )
+
+
+def test_changed_catalogue_and_corrupt_arrays_are_refused(tmp_path: Path, tokenizer) -> None:
+    root = _catalogue(tmp_path / "data", 30)
+    store = TokenStore.ensure(root, tokenizer, 16)
+    _catalogue(root, 30, seed=1)  # the catalogue is rewritten under the store
+    with pytest.raises(TokenStoreError, match="built for catalogue"):
+        TokenStore.ensure(root, tokenizer, 16)
+    ids = store.directory / "ids.npy"
+    payload = bytearray(ids.read_bytes())
+    payload[-1] ^= 0xFF
+    ids.write_bytes(bytes(payload))
+    with pytest.raises(TokenStoreError, match=r"ids\.npy: sha256"):
+        TokenStore.open(store.directory)
