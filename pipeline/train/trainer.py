@@ -20,16 +20,16 @@ from typing import Any
 import ray
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
-from tqdm import tqdm
 
 from cluster.checkpoints import newest_checkpoint
-from cluster.coordinator import RefreshCoordinator
 from cluster.refresh import RefreshPlan
 from cluster.resources import TRAINER_RESOURCE, custom_resource_request
-from cluster.session import WORKER_ENV, init_ray
+from cluster.session import init_ray
 from pipeline.config import Config, dump_config
 from pipeline.preflight import check_training_inputs
 from pipeline.train.events import read_events
+from pipeline.train.progress import follow_progress
+from pipeline.train.refresh_supervisor import start_refresh, stop_refresh
 from pipeline.train.worker import train_loop_per_worker
 
 
@@ -80,38 +80,6 @@ def refresh_plan(config: Config) -> RefreshPlan:
     )
 
 
-def start_refresh(config: Config) -> tuple[Any, Any]:
-    """Start the coordinator actor and its watch loop; returns (actor, watch reference).
-
-    The actor takes no CPU slot itself (its encoders take theirs); FAISS in it is held to one
-    thread so mining does not steal the trainer's cores.
-    """
-    coordinator = RefreshCoordinator.options(
-        max_concurrency=4,
-        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", **WORKER_ENV}},
-    ).remote(refresh_plan(config))
-    return coordinator, coordinator.watch.remote()
-
-
-def _follow_progress(run_dir: Path, steps: int, done: threading.Event) -> None:
-    """A progress bar fed by the run's event log (the workers run in other processes)."""
-    with tqdm(total=steps, desc="training", unit="step") as bar:
-        while not done.is_set():
-            events = read_events(run_dir, "step")
-            if events and int(events[-1]["step"]) != bar.n:
-                last = events[-1]
-                bar.n = min(int(last["step"]), steps)
-                bar.set_postfix(
-                    loss=f"{last['loss']:.3f}", negatives=f"v{last['negatives_version']}"
-                )
-                bar.refresh()
-            done.wait(1.0)
-        events = read_events(run_dir, "end")
-        if events:
-            bar.n = steps
-            bar.refresh()
-
-
 def run_training(config: Config, progress: bool = True) -> TrainingSummary:
     """Train ``config`` to ``training.steps`` (resuming from a checkpoint in ``run.dir``)."""
     training = config.training
@@ -144,10 +112,10 @@ def run_training(config: Config, progress: bool = True) -> TrainingSummary:
     )
     coordinator = watch = None
     if with_refresh:
-        coordinator, watch = start_refresh(config)
+        coordinator, watch = start_refresh(refresh_plan(config))
     done = threading.Event()
     follower = threading.Thread(
-        target=_follow_progress, args=(run_dir, training.steps, done), daemon=True
+        target=follow_progress, args=(run_dir, training.steps, done), daemon=True
     )
     started = time.perf_counter()
     if progress:
@@ -166,16 +134,6 @@ def run_training(config: Config, progress: bool = True) -> TrainingSummary:
     summary.refreshes = int(status.get("refreshes", 0))
     summary.refresh_error = status.get("error")
     return summary
-
-
-def stop_refresh(coordinator: Any, watch: Any, grace_seconds: float = 5.0) -> dict[str, Any]:
-    """Stop the watch loop; a refresh still encoding after ``grace_seconds`` is abandoned (its
-    finished shards stay recorded, so a later ``hnce refresh`` resumes it). Returns its status."""
-    ray.get(coordinator.stop.remote())
-    status = ray.get(coordinator.status.remote())
-    ray.wait([watch], timeout=grace_seconds)
-    ray.kill(coordinator)
-    return status
 
 
 def summarise_run(run_dir: Path, seconds: float) -> TrainingSummary:
