@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from cluster.tables import MISSING_GOLD, EntityCatalogue, MentionSplit, mention_split_path
-from pipeline.data.bad_rows import BadRowError, BadRowPolicy
+from pipeline.data.bad_rows import BadRowError
+from pipeline.data.conversion import DatasetOutput
 from pipeline.data.kilt import aida_split_name, convert_kilt
 
 PAGES = [
@@ -108,6 +109,10 @@ MISSING = _aida(
 )
 
 
+def _skip(out: Path, tmp_path: Path) -> DatasetOutput:
+    return DatasetOutput(out, on_bad_row="skip", rejects=tmp_path / "rejects.jsonl")
+
+
 def _write(path: Path, rows: list, extra: str | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps(row, ensure_ascii=False) for row in rows] + ([extra] if extra else [])
@@ -168,8 +173,7 @@ def test_missing_gold_strict_skip_and_kept(tmp_path: Path) -> None:
     aida = _write(tmp_path / "aidayago2-test-kilt.jsonl", AIDA, json.dumps(MISSING))
     with pytest.raises(BadRowError, match=rf"{aida}:5: gold_not_in_catalogue"):
         convert_kilt(tmp_path / "strict", [aida], knowledge_source=source)
-    with BadRowPolicy("skip", tmp_path / "rejects.jsonl") as policy:
-        skipped = convert_kilt(tmp_path / "skip", [aida], knowledge_source=source, policy=policy)
+    skipped = convert_kilt(_skip(tmp_path / "skip", tmp_path), [aida], knowledge_source=source)
     assert skipped["bad_rows"]["rejected"]["gold_not_in_catalogue"] == 1
     assert json.loads((tmp_path / "rejects.jsonl").read_text())["line"] == 5
     assert skipped["mentions"] == {"test": 4}
@@ -210,8 +214,7 @@ def test_knowledge_source_bad_rows(tmp_path: Path, kind: str) -> None:
     aida = _write(tmp_path / "aidayago2-train-kilt.jsonl", AIDA)
     with pytest.raises(BadRowError, match=rf"{source}:4: {kind}"):
         convert_kilt(tmp_path / "strict", [aida], knowledge_source=source)
-    with BadRowPolicy("skip", tmp_path / "rejects.jsonl") as policy:
-        summary = convert_kilt(tmp_path / "skip", [aida], knowledge_source=source, policy=policy)
+    summary = convert_kilt(_skip(tmp_path / "skip", tmp_path), [aida], knowledge_source=source)
     assert summary["bad_rows"]["rejected"] == {
         name: int(name == kind) for name in summary["bad_rows"]["rejected"]
     }
@@ -233,8 +236,7 @@ def test_aida_bad_rows(tmp_path: Path, kind: str, line: str) -> None:
     aida = _write(tmp_path / "aidayago2-train-kilt.jsonl", AIDA, line)
     with pytest.raises(BadRowError, match=rf"{aida}:5: {kind}"):
         convert_kilt(tmp_path / "strict", [aida], blink_entities=entities)
-    with BadRowPolicy("skip", tmp_path / "rejects.jsonl") as policy:
-        summary = convert_kilt(tmp_path / "skip", [aida], blink_entities=entities, policy=policy)
+    summary = convert_kilt(_skip(tmp_path / "skip", tmp_path), [aida], blink_entities=entities)
     assert summary["bad_rows"]["rejected"][kind] == 1
     assert summary["mentions"] == {"train": 4}
 
@@ -244,8 +246,7 @@ def test_blink_rejected_row_breaks_alignment_flag(tmp_path: Path) -> None:
     entities = _write(tmp_path / "entity.jsonl", BLINK, bad)
     with pytest.raises(BadRowError, match=rf"{entities}:4: empty_key"):
         convert_kilt(tmp_path / "strict", [], blink_entities=entities)
-    with BadRowPolicy("skip", tmp_path / "rejects.jsonl") as policy:
-        summary = convert_kilt(tmp_path / "skip", [], blink_entities=entities, policy=policy)
+    summary = convert_kilt(_skip(tmp_path / "skip", tmp_path), [], blink_entities=entities)
     assert summary["catalogue"]["entity_id_is_blink_row"] is False
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from cluster.tables import MISSING_GOLD, EntityCatalogue, MentionSplit, mention_split_path
-from pipeline.data.bad_rows import BadRowError, BadRowPolicy
+from pipeline.data.bad_rows import BadRowError
+from pipeline.data.conversion import DatasetOutput
 from pipeline.data.zeshel import convert_zeshel
 
 STAR_TREK = [
@@ -159,8 +160,9 @@ def test_bad_row_skip_counts_and_rejects(tmp_path: Path, kind: str) -> None:
         bad_mention=line if where == "mention" else None,
     )
     rejects = tmp_path / "rejects.jsonl"
-    with BadRowPolicy("skip", rejects) as policy:
-        summary = convert_zeshel(source, tmp_path / "out", policy)
+    summary = convert_zeshel(
+        source, DatasetOutput(tmp_path / "out", on_bad_row="skip", rejects=rejects)
+    )
     assert summary["bad_rows"]["rejected"][kind] == 1
     assert summary["bad_rows"]["rejected_total"] == 1
     (record,) = [json.loads(x) for x in rejects.read_text(encoding="utf-8").splitlines()]
