@@ -102,6 +102,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     verify.add_argument("dataset", type=Path, help="dataset directory (holds manifest.json)")
 
+    generator = formats.add_parser(
+        "synthetic-kilt",
+        help="write a seeded KILT knowledge source and AIDA files at Wikipedia scale: the inputs "
+        "of `hnce data kilt` (pipeline/data/kilt_synthetic.py says how they are made)",
+    )
+    generator.add_argument("--out", type=Path, required=True, help="directory of the raw files")
+    generator.add_argument("--pages", type=at_least(16), default=5_903_530)
+    generator.add_argument("--seed", type=at_least(0), default=0)
+    for split, count in (("train", 18_395), ("dev", 4_784), ("test", 4_463)):
+        generator.add_argument(f"--{split}", type=at_least(0), default=count, help="mentions")
+    generator.add_argument(
+        "--part-lines",
+        type=at_least(1),
+        default=250_000,
+        help="pages per restartable part of the knowledge source",
+    )
+    generator.add_argument(
+        "--workers", type=at_least(1), default=1, help="processes writing parts at once"
+    )
+
 
 def run(args: argparse.Namespace) -> int:
     if args.format == "verify":
@@ -110,6 +130,8 @@ def run(args: argparse.Namespace) -> int:
         manifest = verify_dataset(args.dataset)
         print(f"{args.dataset}: {len(manifest.files)} files match {manifest.path}")
         return 0
+    if args.format == "synthetic-kilt":
+        return _generate_kilt_inputs(args)
     out: Path = args.out or Path("runs/data") / args.format
     output = DatasetOutput(out, args.overwrite, args.on_bad_row, args.rejects)
     _print_summary(out, _convert(args, output))
@@ -145,6 +167,24 @@ def _convert(args: argparse.Namespace, output: DatasetOutput) -> dict[str, Any]:
     )
 
 
+def _generate_kilt_inputs(args: argparse.Namespace) -> int:
+    from pipeline.data.kilt_synthetic import generate_kilt_inputs
+
+    record = generate_kilt_inputs(
+        args.out,
+        args.pages,
+        args.seed,
+        {"train": args.train, "dev": args.dev, "test": args.test},
+        args.part_lines,
+        args.workers,
+    )
+    for name, entry in record["files"].items():
+        print(f"{args.out / name}: {entry['bytes'] / 1e6:,.1f} MB")
+    for stage, seconds in record["seconds"].items():
+        print(f"{stage}: {seconds:,.1f} s")
+    return 0
+
+
 def _print_summary(out: Path, summary: dict[str, Any]) -> None:
     print(f"dataset published to {out}")
     print(f"entities: {summary['entities']}")
@@ -168,6 +208,7 @@ def _print_summary(out: Path, summary: dict[str, Any]) -> None:
     if bad["rejected_total"]:
         counts = {kind: n for kind, n in bad["rejected"].items() if n}
         print(f"rejected rows: {bad['rejected_total']} {counts} -> {bad['rejects_file']}")
+    print("seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in summary.get("seconds", {}).items()))
     catalogue = summary.get("catalogue", {})
     if catalogue.get("entity_id_is_blink_row") is False:
         print("warning: rows were rejected, so entity_id no longer equals BLINK's entity id")

@@ -21,7 +21,9 @@ it created included) and the old dataset at ``--out`` is untouched.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -113,6 +115,7 @@ class Conversion:
         if self.output.rejects is not None:
             _check_rejects(Path(self.output.rejects), inputs, out)
         self.builder = DatasetBuilder(out, converter, version, self.output.overwrite)
+        self.seconds: dict[str, float] = {}
         self.rejects_published = self.output.rejects or out / REJECTS_FILE
         self.policy = BadRowPolicy(
             self.output.on_bad_row,
@@ -126,11 +129,20 @@ class Conversion:
             sum(path.stat().st_size for _, path in files) / 1e6,
         )
         try:
-            for role, path in files:
-                self.builder.add_input(role, path)
+            with self.stage("hash inputs"):
+                for role, path in files:
+                    self.builder.add_input(role, path)
         except BaseException:
             self.builder.abort()
             raise
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Time one stage of the conversion: logged, and in the summary's ``seconds``."""
+        started = time.perf_counter()
+        yield
+        self.seconds[name] = time.perf_counter() - started
+        logger.info("%s: %.1f s", name, self.seconds[name])
 
     def catalogue(self) -> EntityCatalogue:
         """The catalogue just written; an empty one is an error (in skip mode too), reported
@@ -145,14 +157,16 @@ class Conversion:
         return catalogue
 
     def publish(self, summary: dict[str, Any]) -> dict[str, Any]:
-        """Add the bad-row counts to ``summary``, publish the dataset, return the summary."""
+        """Add the bad-row counts and stage timings to ``summary``, publish the dataset, return
+        the summary (whose ``seconds`` then also holds the publishing itself)."""
         self.policy.close()
         bad_rows = self.policy.summary()
         if bad_rows["rejects_file"] is not None:
             bad_rows["rejects_file"] = str(self.rejects_published)
-        summary = {**summary, "bad_rows": bad_rows}
-        self.builder.publish(summary)
-        return summary
+        summary = {**summary, "bad_rows": bad_rows, "seconds": dict(self.seconds)}
+        with self.stage("publish (hash and rename)"):
+            self.builder.publish(summary)
+        return {**summary, "seconds": dict(self.seconds)}
 
     def __enter__(self) -> Conversion:
         return self

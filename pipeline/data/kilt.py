@@ -312,23 +312,21 @@ def convert_kilt(
     role = "knowledge_source" if knowledge_source is not None else "blink_entities"
     inputs = [(role, source), *(("aida", Path(path)) for path in aida_files)]
     with Conversion(output, converter, CONVERTER_VERSION, inputs) as conversion:
-        if knowledge_source is not None:
-            catalogue_summary = convert_knowledge_source(source, conversion, max_text_chars)
-        else:
-            catalogue_summary = convert_blink_entities(source, conversion, max_text_chars)
+        with conversion.stage("catalogue"):
+            if knowledge_source is not None:
+                catalogue_summary = convert_knowledge_source(source, conversion, max_text_chars)
+            else:
+                catalogue_summary = convert_blink_entities(source, conversion, max_text_chars)
         catalogue = conversion.catalogue()
-        splits = {
-            split: convert_aida_split(
-                paths,
-                split,
-                conversion,
-                catalogue,
+        splits = {}
+        for split, paths in groups.items():
+            keep = (
                 keep_missing_gold
                 if isinstance(keep_missing_gold, bool)
-                else split in keep_missing_gold,
+                else split in keep_missing_gold
             )
-            for split, paths in groups.items()
-        }
+            with conversion.stage(f"mentions {split}"):
+                splits[split] = convert_aida_split(paths, split, conversion, catalogue, keep)
         return conversion.publish(
             {
                 "format": converter,

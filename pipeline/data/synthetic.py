@@ -41,6 +41,23 @@ def _word(rng: random.Random, syllables: int) -> str:
     )
 
 
+# Without "dr", no word splits into syllables two ways (coda "nd" + "r" = coda "n" + "dr").
+_UNAMBIGUOUS_ONSETS = tuple(onset for onset in _ONSETS if onset != "dr")
+SYLLABLES = len(_UNAMBIGUOUS_ONSETS) * len(_VOWELS) * len(_CODAS)
+
+
+def syllable_word(index: int, syllables: int) -> str:
+    """The ``index``-th word of ``syllables`` syllables, for ``0 <= index < SYLLABLES **
+    syllables``: distinct indices give distinct words."""
+    parts = []
+    for _ in range(syllables):
+        index, syllable = divmod(index, SYLLABLES)
+        onset, rest = divmod(syllable, len(_VOWELS) * len(_CODAS))
+        vowel, coda = divmod(rest, len(_CODAS))
+        parts.append(_UNAMBIGUOUS_ONSETS[onset] + _VOWELS[vowel] + _CODAS[coda])
+    return "".join(parts)
+
+
 def _distinct_words(rng: random.Random, count: int, syllables: int, taken: set[str]) -> list[str]:
     words: list[str] = []
     while len(words) < count:

@@ -85,13 +85,17 @@ def convert_zeshel(
     inputs = [("documents", path) for path in document_files]
     inputs += [(f"mentions {split}", path) for split, path in mention_files.items()]
     with Conversion(output, converter, CONVERTER_VERSION, inputs) as conversion:
-        entities_per_domain = _write_documents(document_files, conversion)
+        with conversion.stage("catalogue"):
+            entities_per_domain = _write_documents(document_files, conversion)
         catalogue = conversion.catalogue()
         mention_counts: dict[str, int] = {}
         missing_kept = 0
         seen_mentions = KeySet()
         for split, path in mention_files.items():
-            with conversion.builder.mentions(split) as writer:
+            with (
+                conversion.stage(f"mentions {split}"),
+                conversion.builder.mentions(split) as writer,
+            ):
                 for chunk in iter_json_chunks(path, conversion.policy, chunk_size):
                     for mention in _resolve_chunk(
                         chunk, catalogue, conversion.policy, keep_missing_gold, seen_mentions
