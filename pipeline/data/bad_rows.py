@@ -11,6 +11,7 @@ a line that is not valid UTF-8 is a bad row of its own kind, not a crash.
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Collection, Iterator, Sequence
 from enum import StrEnum
@@ -22,6 +23,7 @@ from encoders.errors import InputError
 
 BadRowMode = Literal["strict", "skip"]
 BAD_ROW_MODES: tuple[str, ...] = ("strict", "skip")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 class BadRowKind(StrEnum):
@@ -194,7 +196,20 @@ def iter_json_lines(path: Path, policy: BadRowPolicy) -> Iterator[InputRow]:
                 f"expected a JSON object, got {type(record).__name__}",
             )
             continue
+        if _SURROGATE_ESCAPE.search(raw) and not _is_unicode(record):
+            detail = "a \\u escape names a lone surrogate, which is not Unicode text"
+            policy.reject(BadRowKind.INVALID_UTF8, path, line_number, raw, detail)
+            continue
         yield InputRow(path, line_number, raw, record)
+
+
+def _is_unicode(record: dict[str, Any]) -> bool:
+    """False when a string of ``record`` holds a lone surrogate (valid JSON, not valid text)."""
+    try:
+        json.dumps(record, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def add_bad_row_arguments(parser: Any) -> None:

@@ -41,9 +41,12 @@ def _blink_entity(row: InputRow, policy: BadRowPolicy, max_chars: int) -> Entity
     reporting the bad row."""
     if not row.require(policy, BLINK_FIELDS):
         return None
-    fields = [text_field(row, policy, name) for name in BLINK_FIELDS]
-    if None in fields:
-        return None
+    fields = []
+    for name in BLINK_FIELDS:
+        value = text_field(row, policy, name)
+        if value is None:  # reported once, for the first field that is not a string
+            return None
+        fields.append(value)
     text, idx, title = fields
     match = _CURID.search(idx)
     if match is None:

@@ -338,8 +338,12 @@ def write_knowledge_source(
     ):
         progress.update(world.pages - sum(len(lines) for _, lines in missing))
         jobs = [pool.submit(_write_part, world, path, lines) for path, lines in missing]
-        for job in as_completed(jobs):
-            progress.update(job.result())
+        try:
+            for job in as_completed(jobs):
+                progress.update(job.result())
+        except BaseException:
+            pool.shutdown(cancel_futures=True)  # stop at the first failure; restart resumes
+            raise
     target = out / KNOWLEDGE_SOURCE
     with AtomicPath(target) as temporary, temporary.open("wb") as handle:
         for path, _ in parts:

@@ -119,9 +119,13 @@ def _document(row: InputRow, policy: BadRowPolicy, world: str) -> Entity | None:
     if not row.require(policy, DOCUMENT_FIELDS):
         return None
     key = source_key(row, policy, "document_id", row.record["document_id"])
-    title = text_field(row, policy, "title") if key is not None else None
-    text = text_field(row, policy, "text") if title is not None else None
-    if key is None or title is None or text is None:
+    if key is None:
+        return None
+    title = text_field(row, policy, "title")
+    if title is None:
+        return None
+    text = text_field(row, policy, "text")
+    if text is None:
         return None
     if not text.strip():
         row.reject(policy, BadRowKind.EMPTY_TEXT, f"document {key!r} has empty text")
