@@ -13,14 +13,15 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, TypeVar
 
 from encoders.errors import InputError
 
+T = TypeVar("T")
 BadRowMode = Literal["strict", "skip"]
 BAD_ROW_MODES: tuple[str, ...] = ("strict", "skip")
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -230,13 +231,18 @@ def add_bad_row_arguments(parser: Any) -> None:
     )
 
 
-def iter_json_chunks(path: Path, policy: BadRowPolicy, size: int) -> Iterator[list[InputRow]]:
-    """:func:`iter_json_lines` in lists of up to ``size`` rows, for vectorised gold look-ups."""
-    chunk: list[InputRow] = []
-    for row in iter_json_lines(path, policy):
-        chunk.append(row)
+def chunked(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    """``items`` in lists of up to ``size``, for work done a chunk at a time."""
+    chunk: list[T] = []
+    for item in items:
+        chunk.append(item)
         if len(chunk) >= size:
             yield chunk
             chunk = []
     if chunk:
         yield chunk
+
+
+def iter_json_chunks(path: Path, policy: BadRowPolicy, size: int) -> Iterator[list[InputRow]]:
+    """:func:`iter_json_lines` in lists of up to ``size`` rows, for vectorised look-ups."""
+    return chunked(iter_json_lines(path, policy), size)

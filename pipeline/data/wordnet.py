@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from cluster.tables import SPLITS, Entity, Mention
 from encoders.errors import InputError
-from pipeline.data.bad_rows import BadRowKind, BadRowPolicy, InputRow, iter_text_lines
+from pipeline.data.bad_rows import BadRowKind, BadRowPolicy, InputRow, chunked, iter_text_lines
 from pipeline.data.conversion import Conversion, DatasetOutput
 from pipeline.data.fields import KeySet, write_unique_entities
 
@@ -47,6 +47,7 @@ PARTS_OF_SPEECH: dict[str, tuple[str, str]] = {
 }
 SPLIT_FRACTIONS = (0.8, 0.1, 0.1)
 CONVERTER_VERSION = 2
+_CHUNK = 4096
 
 _ADJECTIVE_MARKER = re.compile(r"\((?:a|p|ip)\)$")
 _EXAMPLE = re.compile(r'"([^"]*)"')
@@ -293,6 +294,8 @@ def _example_mentions(
     synset: Synset, entity_id: int, exceptions: dict[str, set[str]], seed: int, tally: _Tally
 ) -> Iterator[tuple[str, Mention]]:
     """``(split, mention)`` of each example sentence of ``synset`` that holds one of its lemmas."""
+    if not synset.examples:
+        return  # compiling a matcher is most of the conversion's time: only when it is used
     matcher = LemmaMatcher(synset.lemmas, synset.pos, exceptions)
     for number, example in enumerate(synset.examples):
         tally.examples += 1
@@ -339,15 +342,17 @@ def convert_wordnet(
         tally = _Tally()
         keys = KeySet()
         writers = {split: conversion.builder.mentions(split) for split in SPLITS}
-        with conversion.builder.entities() as entity_writer:
+        with conversion.stage("synsets and mentions"), conversion.builder.entities() as entities:
             for path, prefix, pos in files:
                 exceptions = read_exceptions(wordnet_dir, pos, policy)
                 synsets = tqdm(iter_synsets(path, prefix, pos, policy), desc=f"wordnet {pos}")
-                for row, synset in synsets:
-                    entity = Entity(-1, synset.key, synset.title, synset.text)
-                    for written in write_unique_entities(
-                        [(row, entity)], entity_writer, keys, policy, "synset"
-                    ):
+                for chunk in chunked(synsets, _CHUNK):
+                    by_key: dict[str, Synset] = {}
+                    for _, synset in chunk:
+                        by_key.setdefault(synset.key, synset)
+                    rows = [(row, Entity(-1, s.key, s.title, s.text)) for row, s in chunk]
+                    for written in write_unique_entities(rows, entities, keys, policy, "synset"):
+                        synset = by_key[written.key]
                         tally.add_synset(synset)
                         for split, mention in _example_mentions(
                             synset, written.entity_id, exceptions, seed, tally
@@ -357,4 +362,4 @@ def convert_wordnet(
             writer.close()
         conversion.catalogue()
         summary = {"format": "wordnet", "source": str(wordnet_dir), "seed": seed}
-        return conversion.publish({**summary, "entities": entity_writer.count, **tally.summary()})
+        return conversion.publish({**summary, "entities": entities.count, **tally.summary()})
