@@ -14,6 +14,7 @@ from typing import Any
 from pipeline.data.bad_rows import add_bad_row_arguments
 from pipeline.data.blink import DEFAULT_MAX_TEXT_CHARS
 from pipeline.data.conversion import DatasetOutput
+from pipeline.data.kilt_synthetic import AIDA_MENTIONS, BLOCK, KILT_PAGES
 
 KEEP_MISSING_GOLD_HELP = (
     "keep mentions whose gold entity is not in the catalogue, with gold = -1, so that evaluation "
@@ -38,18 +39,29 @@ def at_least(minimum: int) -> Callable[[str], int]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     formats = parser.add_subparsers(dest="format", metavar="FORMAT", required=True)
+    _add_converters(formats)
+    verify = formats.add_parser(
+        "verify", help="check every file of a published dataset against its manifest's SHA-256"
+    )
+    verify.add_argument("dataset", type=Path, help="dataset directory (holds manifest.json)")
+    _add_kilt_generator(formats)
 
+
+def _add_converters(formats: Any) -> None:
+    """One subcommand per input format, each with the options of a published dataset."""
     zeshel = formats.add_parser(
         "zeshel", help="Zeshel documents/ and mentions/ (one domain per world)"
     )
     zeshel.add_argument("zeshel_dir", type=Path, help="directory holding documents/ and mentions/")
     zeshel.add_argument("--keep-missing-gold", action="store_true", help=KEEP_MISSING_GOLD_HELP)
 
+    blink_and_kilt = []
     for name, source_flag, source_help in (
         ("kilt", "--knowledge-source", "kilt_knowledgesource.json (one Wikipedia page per line)"),
         ("blink", "--entities", "BLINK entity.jsonl (entity_id = row = BLINK's entity id)"),
     ):
         sub = formats.add_parser(name, help=f"KILT AIDA mentions against {source_help}")
+        blink_and_kilt.append(sub)
         sub.add_argument(
             source_flag, dest="catalogue_source", type=Path, required=True, help=source_help
         )
@@ -82,7 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     synthetic.add_argument("--mentions-per-entity", type=at_least(0), default=4)
     synthetic.add_argument("--seed", type=at_least(0), default=0)
 
-    for sub in formats.choices.values():
+    for sub in (zeshel, *blink_and_kilt, wordnet, synthetic):
         sub.add_argument(
             "--out",
             type=Path,
@@ -97,20 +109,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         )
         add_bad_row_arguments(sub)
 
-    verify = formats.add_parser(
-        "verify", help="check every file of a published dataset against its manifest's SHA-256"
-    )
-    verify.add_argument("dataset", type=Path, help="dataset directory (holds manifest.json)")
 
+def _add_kilt_generator(formats: Any) -> None:
     generator = formats.add_parser(
         "synthetic-kilt",
         help="write a seeded KILT knowledge source and AIDA files at Wikipedia scale: the inputs "
         "of `hnce data kilt` (pipeline/data/kilt_synthetic.py says how they are made)",
     )
     generator.add_argument("--out", type=Path, required=True, help="directory of the raw files")
-    generator.add_argument("--pages", type=at_least(16), default=5_903_530)
+    generator.add_argument("--pages", type=at_least(BLOCK), default=KILT_PAGES)
     generator.add_argument("--seed", type=at_least(0), default=0)
-    for split, count in (("train", 18_395), ("dev", 4_784), ("test", 4_463)):
+    for split, count in AIDA_MENTIONS.items():
         generator.add_argument(f"--{split}", type=at_least(0), default=count, help="mentions")
     generator.add_argument(
         "--part-lines",
@@ -174,7 +183,7 @@ def _generate_kilt_inputs(args: argparse.Namespace) -> int:
         args.out,
         args.pages,
         args.seed,
-        {"train": args.train, "dev": args.dev, "test": args.test},
+        {split: getattr(args, split) for split in AIDA_MENTIONS},
         args.part_lines,
         args.workers,
     )
