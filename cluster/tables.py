@@ -554,10 +554,6 @@ class DatasetManifest:
     def catalogue(self) -> str:
         return str(self.payload["catalogue"])
 
-    @property
-    def splits(self) -> dict[str, int]:
-        return dict(self.payload["counts"]["mentions"])
-
     def entity_files(self) -> list[Path]:
         return [self.root / name for name in self.payload["entity_files"]]
 

@@ -54,6 +54,20 @@ def text_field(row: InputRow, policy: BadRowPolicy, name: str) -> str | None:
     return value
 
 
+def key_and_title(
+    row: InputRow, policy: BadRowPolicy, required: Sequence[str], key: str, title: str
+) -> tuple[str, str] | None:
+    """The key and title of a catalogue row that has every ``required`` field; None after
+    reporting the first bad field (one reject per row)."""
+    if not row.require(policy, required):
+        return None
+    found = source_key(row, policy, key, row.record[key])
+    if found is None:
+        return None
+    text = text_field(row, policy, title)
+    return None if text is None else (found, text)
+
+
 class KeySet:
     """The keys seen so far, as sorted runs of 64-bit fingerprints (Python's string hash, fixed
     within a process), merged like a log-structured merge tree so that adding n keys costs

@@ -37,7 +37,7 @@ from encoders.errors import InputError
 from pipeline.data.bad_rows import BadRowKind, BadRowPolicy, InputRow, iter_json_chunks
 from pipeline.data.blink import DEFAULT_MAX_TEXT_CHARS, convert_blink_entities, truncate_text
 from pipeline.data.conversion import Conversion, DatasetOutput
-from pipeline.data.fields import KeySet, source_key, text_field, write_unique_entities
+from pipeline.data.fields import KeySet, key_and_title, source_key, write_unique_entities
 
 CONVERTER_VERSION = 2
 KNOWLEDGE_SOURCE_FIELDS = ("wikipedia_id", "wikipedia_title", "text")
@@ -67,14 +67,10 @@ def knowledge_source_text(paragraphs: Sequence[str], max_chars: int) -> str:
 def _page(row: InputRow, policy: BadRowPolicy, max_chars: int) -> Entity | None:
     """The entity of one knowledge-source line (entity_id assigned when written), or None after
     reporting the bad row."""
-    if not row.require(policy, KNOWLEDGE_SOURCE_FIELDS):
+    head = key_and_title(row, policy, KNOWLEDGE_SOURCE_FIELDS, "wikipedia_id", "wikipedia_title")
+    if head is None:
         return None
-    key = source_key(row, policy, "wikipedia_id", row.record["wikipedia_id"])
-    if key is None:
-        return None
-    title = text_field(row, policy, "wikipedia_title")
-    if title is None:
-        return None
+    key, title = head
     paragraphs = row.record["text"]
     if not isinstance(paragraphs, list) or not all(isinstance(p, str) for p in paragraphs):
         row.reject(policy, BadRowKind.MISSING_FIELD, "text is not a list of paragraph strings")

@@ -26,7 +26,13 @@ from cluster.tables import MISSING_GOLD, Entity, EntityCatalogue, Mention
 from encoders.errors import InputError
 from pipeline.data.bad_rows import BadRowKind, BadRowPolicy, InputRow, iter_json_chunks
 from pipeline.data.conversion import Conversion, DatasetOutput
-from pipeline.data.fields import KeySet, source_key, text_field, write_unique_entities
+from pipeline.data.fields import (
+    KeySet,
+    key_and_title,
+    source_key,
+    text_field,
+    write_unique_entities,
+)
 
 CONVERTER_VERSION = 2
 #: Zeshel split file stems and the split names they are written under.
@@ -116,14 +122,10 @@ def convert_zeshel(
 
 
 def _document(row: InputRow, policy: BadRowPolicy, world: str) -> Entity | None:
-    if not row.require(policy, DOCUMENT_FIELDS):
+    head = key_and_title(row, policy, DOCUMENT_FIELDS, "document_id", "title")
+    if head is None:
         return None
-    key = source_key(row, policy, "document_id", row.record["document_id"])
-    if key is None:
-        return None
-    title = text_field(row, policy, "title")
-    if title is None:
-        return None
+    key, title = head
     text = text_field(row, policy, "text")
     if text is None:
         return None
