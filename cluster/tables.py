@@ -338,6 +338,7 @@ class DatasetBuilder:
         self, out: Path, converter: str, converter_version: int, overwrite: bool = False
     ) -> None:
         self.out = Path(out)
+        self.overwrite = overwrite
         check_output(self.out, overwrite)
         self.converter = {"name": converter, "version": converter_version}
         self.dataset_id = uuid.uuid4().hex
@@ -390,10 +391,14 @@ class DatasetBuilder:
         return EntityCatalogue(files, [_parquet_file(path) for path in files])
 
     def publish(self, summary: dict[str, Any]) -> DatasetManifest:
-        """Write ``summary.json`` and the manifest (last), then rename the directory to ``out``
-        (replacing the old dataset there, which was allowed at construction)."""
+        """Write ``summary.json`` and the manifest (last), then rename the directory to ``out``.
+
+        An old dataset there (``overwrite``) is first renamed aside and removed after the new one
+        is in place: a crash between the two renames leaves ``out`` missing, never mixed.
+        """
         if self._entities is None or not self._entities.closed:
             raise ValueError(f"{self.out}: a dataset needs a closed catalogue")
+        check_output(self.out, self.overwrite)  # again: something may have appeared meanwhile
         for writer in self._splits.values():
             writer.close()
         atomic_write_json(self.root / SUMMARY_FILE, summary)

@@ -220,3 +220,15 @@ def test_overwrite_replaces_everything_and_refuses_other_directories(tmp_path: P
     with pytest.raises(DatasetExistsError, match="not a dataset"):
         write_dataset(home, _entities(1), overwrite=True)
     assert (home / "notes.txt").read_text() == "mine"
+
+
+def test_an_output_that_appears_during_a_conversion_is_not_replaced(tmp_path: Path) -> None:
+    out = tmp_path / "data"
+    with pytest.raises(DatasetExistsError), DatasetBuilder(out, "test", 1) as dataset:
+        with dataset.entities() as writer:
+            writer.write(Entity(0, "a", "A", "x"))
+        out.mkdir()
+        (out / "mine.txt").write_text("mine")
+        dataset.publish({})
+    assert (out / "mine.txt").read_text() == "mine"
+    assert [path.name for path in tmp_path.iterdir()] == ["data"]
