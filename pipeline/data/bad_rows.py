@@ -5,7 +5,8 @@ top of it) and reports each bad row to one :class:`BadRowPolicy`. In ``strict`` 
 default) the first bad row raises :class:`BadRowError`, whose message names the file and 1-based
 line. In ``skip`` mode the row is counted under its :class:`BadRowKind` and written, with its
 file, line and reason, as one JSON line to the rejects file. Nothing is dropped without a count:
-a line that is not valid UTF-8 is a bad row of its own kind, not a crash.
+a line that is not valid UTF-8 (or a JSON ``\\u`` escape of a lone surrogate, which Parquet cannot
+store) is a bad row of its own kind, ``invalid_utf8``, not a crash.
 """
 
 from __future__ import annotations
