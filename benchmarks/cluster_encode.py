@@ -23,7 +23,7 @@ import torch
 from report import write_measures
 
 from cluster.encoder_pool import EncoderPool, ShardEncoded, ShardTask, encode_entity_texts
-from cluster.tables import Entity, EntityCatalogue, EntityCatalogueWriter
+from cluster.tables import Entity, EntityCatalogue, write_dataset
 from encoders.biencoder import build_biencoder, export_biencoder, load_biencoder, minilm_path
 from encoders.formatting import length_sorted_batches
 from pipeline.data.wordnet import parse_data_line
@@ -68,9 +68,10 @@ def main() -> None:
     export_dir = workdir / "export"
     export_biencoder(build_biencoder(minilm_path(), "dual"), export_dir)
     entities = wordnet_entities(args.entities)
-    with EntityCatalogueWriter(workdir / "data") as writer:
-        for entity_id, (title, text) in enumerate(entities):
-            writer.write(Entity(entity_id, f"n{entity_id}", title, text))
+    write_dataset(
+        workdir / "data",
+        (Entity(i, f"n{i}", title, text) for i, (title, text) in enumerate(entities)),
+    )
     model = load_biencoder(export_dir).eval()
     titles = [title for title, _ in entities]
     texts = [text for _, text in entities]

@@ -1,194 +1,203 @@
-"""Rows per second and peak memory of each `hnce data` converter (a benchmark, not a test).
+"""Rows per second, stage timings and peak memory of every `hnce data` converter and of the
+KILT-format generator (a benchmark, not a test).
 
-Every conversion runs in its own child process so that its peak resident memory (ru_maxrss) is
-its own. The KILT knowledge-source case converts a generated 1,000,000-line file in the real
-format and must stay under 1 GiB. Figures go to benchmarks/results/data_converters.md.
+Every step is one `hnce data ...` command run in its own child process, whose peak resident
+memory (``ru_maxrss`` from ``os.wait4``) is its own. The KILT case generates a knowledge source
+of ``--kilt-pages`` pages in KILT's format with AIDA-sized mention files
+(`pipeline/data/kilt_synthetic.py`) and converts them with `hnce data kilt`; the conversion must
+stay under 1 GiB whatever the number of pages. Figures go to
+benchmarks/results/data_converters.md (and BENCHMARKS.md, through benchmarks/report.py).
 
-    .venv/bin/python benchmarks/data_converters.py [--kilt-lines 1000000]
+    .venv/bin/python benchmarks/data_converters.py                     # 1M pages, ~10 min
+    .venv/bin/python benchmarks/data_converters.py --kilt-pages 5903530 --workers 2 \\
+        --work /data/hnce-bench                                        # full scale: ~11 GB
+    .venv/bin/python benchmarks/data_converters.py --kilt-pages 100000 --output /tmp/x.md
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
+import os
 import subprocess
 import sys
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from report import update_benchmarks_md
 
+from pipeline.data.kilt import knowledge_source_text
+from pipeline.data.kilt_synthetic import KNOWLEDGE_SOURCE, KiltWorld, aida_file_name
+
 RESULTS = Path(__file__).parent / "results" / "data_converters.md"
 LIMIT_BYTES = 1 << 30
-_WORDS = [
-    "the",
-    "of",
-    "and",
-    "in",
-    "a",
-    "city",
-    "river",
-    "founded",
-    "known",
-    "music",
-    "team",
-    "league",
-    "born",
-    "album",
-    "war",
-    "party",
-]
+HNCE = [sys.executable, "-c", "import sys; from pipeline.cli.main import main; sys.exit(main())"]
 
 
-def _paragraph(rng: random.Random, words: int) -> str:
-    return " ".join(rng.choice(_WORDS) for _ in range(words)) + "."
+@dataclass
+class Step:
+    """One measured command: what it did, how long, how much memory, what it counted."""
+
+    name: str
+    rows: int
+    seconds: float
+    peak_bytes: int
+    input_bytes: int = 0
+    stages: dict[str, float] | None = None
+
+    def line(self) -> str:
+        rate = f"{self.rows / self.seconds:,.0f} rows/s"
+        if self.input_bytes:
+            rate += f", {self.input_bytes / self.seconds / 1e6:,.1f} MB/s"
+        return (
+            f"{self.name}: {self.rows:,} rows in {self.seconds:,.1f} s ({rate}), "
+            f"peak RSS {self.peak_bytes / 2**20:,.0f} MiB"
+        )
 
 
-def write_knowledge_source(path: Path, lines: int, seed: int = 0) -> None:
-    """KILT knowledge-source lines: title line, a section header and a few paragraphs."""
-    rng = random.Random(seed)
+def run_hnce(arguments: list[str]) -> tuple[float, int]:
+    """Run ``hnce <arguments>`` in a child process: (wall seconds, peak resident bytes)."""
+    started = time.perf_counter()
+    child = subprocess.Popen([*HNCE, *arguments], stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode != 0:
+        raise SystemExit(f"hnce {' '.join(arguments)} failed with exit status {child.returncode}")
+    return time.perf_counter() - started, usage.ru_maxrss * 1024
+
+
+def convert(name: str, arguments: list[str], out: Path, counts_mentions: bool = True) -> Step:
+    """One `hnce data` conversion into ``out``, with the stage timings of its summary."""
+    seconds, peak = run_hnce([*arguments, "--out", str(out), "--overwrite"])
+    summary = json.loads((out / "summary.json").read_text())
+    rows = summary["entities"] + (sum(summary["mentions"].values()) if counts_mentions else 0)
+    inputs = json.loads((out / "manifest.json").read_text())["inputs"]
+    size = sum(entry["bytes"] for entry in inputs)
+    return Step(name, rows, seconds, peak, size, summary.get("seconds"))
+
+
+def kilt_steps(work: Path, pages: int, workers: int) -> list[Step]:
+    """Generate KILT inputs of ``pages`` pages, then convert them."""
+    raw = work / "kilt-raw"
+    generate = ["data", "synthetic-kilt", "--out", str(raw), "--pages", str(pages)]
+    seconds, peak = run_hnce([*generate, "--workers", str(workers)])
+    written = sum(path.stat().st_size for path in raw.iterdir())
+    generated = Step(
+        f"generate KILT inputs ({pages:,} pages, {workers} workers)", pages, seconds, peak, written
+    )
+    aida = [str(raw / aida_file_name(split)) for split in ("train", "dev", "test")]
+    source = ["--knowledge-source", str(raw / KNOWLEDGE_SOURCE)]
+    converted = convert(
+        f"hnce data kilt ({pages:,} pages + AIDA)",
+        ["data", "kilt", *source, "--aida", *aida],
+        work / "kilt",
+    )
+    return [generated, converted]
+
+
+def write_blink_entities(path: Path, lines: int) -> None:
+    """BLINK's ``entity.jsonl`` for the generated pages (text = the page's lead)."""
+    world = KiltWorld(max(lines, 16), seed=1)
     with path.open("w", encoding="utf-8") as handle:
-        for page in range(lines):
-            title = f"Page {page} ë"
+        for line in range(lines):
+            page = json.loads(world.page_line(line))
             record = {
-                "wikipedia_id": str(page + 12),
-                "wikipedia_title": title,
-                "text": [
-                    f"{title}\n",
-                    _paragraph(rng, 60) + "\n",
-                    "Section::::History.\n",
-                    _paragraph(rng, 80) + "\n",
-                ],
-                "anchors": [
-                    {
-                        "paragraph_id": 1,
-                        "start": 0,
-                        "end": 4,
-                        "text": "city",
-                        "href": "City",
-                        "wikipedia_id": "5",
-                    }
-                ],
-                "categories": "Cities",
-                "history": {"revid": page, "timestamp": "2019-08-01T00:00:00Z"},
-                "wikidata_info": {"wikidata_id": f"Q{page}"},
+                "text": knowledge_source_text(page["text"], 2048),
+                "idx": f"https://en.wikipedia.org/wiki?curid={page['wikipedia_id']}",
+                "title": page["wikipedia_title"],
+                "entity": page["wikipedia_title"],
             }
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
-def write_blink_entities(path: Path, lines: int, seed: int = 0) -> None:
-    rng = random.Random(seed)
-    with path.open("w", encoding="utf-8") as handle:
-        for row in range(lines):
-            record = {
-                "text": _paragraph(rng, 100),
-                "idx": f"https://en.wikipedia.org/wiki?curid={row + 12}",
-                "title": f"Page {row}",
-                "entity": f"Page {row}",
-            }
-            handle.write(json.dumps(record) + "\n")
+def other_steps(work: Path, blink_lines: int, worlds: int, entities: int) -> list[Step]:
+    """BLINK, Zeshel (raw synthetic worlds), WordNet and the synthetic dataset."""
+    from pipeline.data.synthetic import write_synthetic_zeshel
+
+    write_blink_entities(work / "entity.jsonl", blink_lines)
+    write_synthetic_zeshel(work / "zeshel-raw", worlds, entities, 4, seed=0)
+    synthetic = ["--worlds", str(worlds), "--entities-per-world", str(entities)]
+    return [
+        convert(
+            f"hnce data blink ({blink_lines:,} lines)",
+            ["data", "blink", "--entities", str(work / "entity.jsonl")],
+            work / "blink",
+        ),
+        convert(
+            f"hnce data zeshel ({worlds} worlds x {entities:,} documents)",
+            ["data", "zeshel", str(work / "zeshel-raw")],
+            work / "zeshel",
+        ),
+        convert(
+            "hnce data wordnet (real, /usr/share/wordnet)", ["data", "wordnet"], work / "wordnet"
+        ),
+        convert(
+            f"hnce data synthetic ({worlds} worlds x {entities:,} entities x 4 mentions)",
+            ["data", "synthetic", *synthetic],
+            work / "synthetic",
+        ),
+    ]
+
+
+def report(steps: list[Step], kilt_peak: int) -> str:
+    lines = [
+        "# Data converters: rows per second, stages and peak memory",
+        "",
+        "Each step is one `hnce data` command alone in a child process (2-core CPU machine, shared);",
+        "peak memory is the child's maximum resident set size. Rows = entities (+ mentions).",
+        "",
+        "| step | rows | seconds | rows/s | input MB/s | peak RSS (MiB) |",
+        "|---|---:|---:|---:|---:|---:|",
+        *[
+            f"| {s.name} | {s.rows:,} | {s.seconds:,.1f} | {s.rows / s.seconds:,.0f} | "
+            f"{s.input_bytes / s.seconds / 1e6:,.1f} | {s.peak_bytes / 2**20:,.0f} |"
+            for s in steps
+        ],
+        "",
+        "Stages of each conversion (seconds, from its summary):",
+        "",
+        *[
+            f"- {s.name}: " + ", ".join(f"{k} {v:,.1f}" for k, v in s.stages.items())
+            for s in steps
+            if s.stages
+        ],
+        "",
+        f"KILT conversion peak / 1 GiB limit: {kilt_peak / LIMIT_BYTES:.2f} "
+        f"({'under' if kilt_peak < LIMIT_BYTES else 'OVER'} the limit).",
+        "",
+    ]
+    return "\n".join(lines)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kilt-lines", type=int, default=1_000_000)
+    parser.add_argument("--kilt-pages", type=int, default=1_000_000)
+    parser.add_argument("--workers", type=int, default=2, help="processes of the generator")
     parser.add_argument("--blink-lines", type=int, default=200_000)
     parser.add_argument("--zeshel-worlds", type=int, default=10)
     parser.add_argument("--zeshel-entities", type=int, default=2_000)
+    parser.add_argument("--work", type=Path, default=None, help="scratch directory (big)")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=RESULTS,
+        help="results file (BENCHMARKS.md is rebuilt only for the default)",
+    )
     args = parser.parse_args()
-    rows: list[tuple[str, int, float, int]] = []
-    with tempfile.TemporaryDirectory(prefix="hnce-bench-") as tmp:
-        tmp_path = Path(tmp)
-        cases: list[tuple[str, str, str]] = []
-        write_knowledge_source(tmp_path / "ks.json", args.kilt_lines)
-        cases.append(
-            (
-                f"kilt knowledge source ({args.kilt_lines:,} lines)",
-                "entities",
-                "from pipeline.data.kilt import convert_kilt\n"
-                f"s = convert_kilt({str(tmp_path / 'out-kilt')!r}, [], knowledge_source={str(tmp_path / 'ks.json')!r})",
-            )
-        )
-        write_blink_entities(tmp_path / "entity.jsonl", args.blink_lines)
-        cases.append(
-            (
-                f"blink entity.jsonl ({args.blink_lines:,} lines)",
-                "entities",
-                "from pipeline.data.kilt import convert_kilt\n"
-                f"s = convert_kilt({str(tmp_path / 'out-blink')!r}, [], blink_entities={str(tmp_path / 'entity.jsonl')!r})",
-            )
-        )
-        from pipeline.data.synthetic import write_synthetic_zeshel
-
-        write_synthetic_zeshel(
-            tmp_path / "zeshel", args.zeshel_worlds, args.zeshel_entities, 4, seed=0
-        )
-        cases.append(
-            (
-                f"zeshel ({args.zeshel_worlds} worlds x {args.zeshel_entities:,} documents)",
-                "entities+mentions",
-                "from pipeline.data.zeshel import convert_zeshel\n"
-                f"s = convert_zeshel({str(tmp_path / 'zeshel')!r}, {str(tmp_path / 'out-zeshel')!r})",
-            )
-        )
-        cases.append(
-            (
-                "wordnet (real, /usr/share/wordnet)",
-                "entities+mentions",
-                "from pipeline.data.wordnet import convert_wordnet\n"
-                f"s = convert_wordnet({str(tmp_path / 'out-wordnet')!r})",
-            )
-        )
-        cases.append(
-            (
-                "synthetic (10 worlds x 2,000 entities x 4 mentions)",
-                "entities+mentions",
-                "from pipeline.data.synthetic import generate_synthetic_dataset\n"
-                f"s = generate_synthetic_dataset({str(tmp_path / 'out-synthetic')!r}, 10, 2000, 4, 0)",
-            )
-        )
-        for name, counted, code in cases:
-            # each child is measured alone: RUSAGE_CHILDREN's maxrss is the largest child so far,
-            # so run each case in a fresh grandchild via a wrapper process
-            wrapper = (
-                "import json, resource, subprocess, sys, time\n"
-                f"t = time.perf_counter(); subprocess.run([sys.executable, '-c', {code + chr(10) + 'import json; print(json.dumps(s))'!r}], check=True, stdout=open('/dev/null', 'w'), stderr=subprocess.DEVNULL)\n"
-                "print(json.dumps({'seconds': time.perf_counter() - t, 'peak': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024}))\n"
-            )
-            result = subprocess.run(
-                [sys.executable, "-c", wrapper], check=True, capture_output=True, text=True
-            )
-            figures = json.loads(result.stdout.strip().splitlines()[-1])
-            summary_path = tmp_path / ("out-" + name.split()[0]) / "summary.json"
-            summary = json.loads(summary_path.read_text())
-            count = summary["entities"] + (
-                sum(summary["mentions"].values()) if "mentions" in counted else 0
-            )
-            rows.append((name, count, figures["seconds"], figures["peak"]))
-            print(
-                f"{name}: {count:,} rows in {figures['seconds']:.1f} s = {count / figures['seconds']:,.0f} rows/s, peak RSS {figures['peak'] / 2**20:,.0f} MiB",
-                flush=True,
-            )
-    kilt_peak = rows[0][3]
-    lines = [
-        "# Data converters: rows per second and peak memory",
-        "",
-        "Each conversion runs alone in a child process (2-core CPU machine, shared); peak memory is",
-        "the child's maximum resident set size. Rows = entities (+ mentions where written).",
-        "",
-        "| converter | rows | seconds | rows/s | peak RSS (MiB) |",
-        "|---|---:|---:|---:|---:|",
-        *[f"| {n} | {c:,} | {s:.1f} | {c / s:,.0f} | {p / 2**20:,.0f} |" for n, c, s, p in rows],
-        "",
-        f"KILT knowledge source peak / 1 GiB limit: {kilt_peak / LIMIT_BYTES:.2f} "
-        f"({'under' if kilt_peak < LIMIT_BYTES else 'OVER'} the limit).",
-        "",
-    ]
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text("\n".join(lines), encoding="utf-8")
-    update_benchmarks_md()
-    print(f"peak/limit ratio for the 1M-line KILT file: {kilt_peak / LIMIT_BYTES:.2f}")
+    with tempfile.TemporaryDirectory(prefix="hnce-bench-", dir=args.work) as scratch:
+        work = Path(scratch)
+        steps = kilt_steps(work, args.kilt_pages, args.workers)
+        print(*(step.line() for step in steps), sep="\n", flush=True)
+        others = other_steps(work, args.blink_lines, args.zeshel_worlds, args.zeshel_entities)
+        print(*(step.line() for step in others), sep="\n", flush=True)
+    kilt_peak = steps[1].peak_bytes
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(report([*steps, *others], kilt_peak), encoding="utf-8")
+    if args.output == RESULTS:
+        update_benchmarks_md()
+    print(f"peak/limit ratio of the KILT conversion: {kilt_peak / LIMIT_BYTES:.2f}")
     return 0 if kilt_peak < LIMIT_BYTES else 1
 
 

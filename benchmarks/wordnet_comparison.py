@@ -54,7 +54,6 @@ from encoders.biencoder import BiEncoder, build_biencoder, minilm_path
 from encoders.scorers import ScorerConfig
 from mining.losses import build_loss
 from mining.samplers import SamplingRequest, build_sampler
-from pipeline.data.bad_rows import BadRowPolicy
 from pipeline.data.wordnet import convert_wordnet
 from pipeline.demo import write_demo_subset
 
@@ -93,7 +92,7 @@ def prepare_data(work: Path, wordnet_dir: Path, entities: int, train: int, test:
     """The WordNet Parquet dataset (converted once) and the comparison's subset of it."""
     full = work / "wordnet"
     if not (full / "summary.json").is_file():
-        convert_wordnet(full, wordnet_dir, 0, BadRowPolicy())
+        convert_wordnet(full, wordnet_dir, 0)
     subset = work / f"subset-{entities}-{train}-{test}"
     if not (subset / "summary.json").is_file():
         write_demo_subset(full, subset, entities, train, test, "test", seed=0)

@@ -2,10 +2,9 @@
 
 1. Convert Debian's WordNet to the Parquet contract (pipeline/data/wordnet.py; its split keeps
    lemmas apart, so test mentions have lemmas never seen in training).
-2. Cut the demo subset (:func:`write_demo_subset`): sampled train and held-out test mentions, a
-   catalogue of every synset sharing a lemma with their golds (the ambiguous senses) plus random
-   synsets; entities and mentions get their part of speech as ``domain`` so the macro average
-   is over nouns / verbs / adjectives / adverbs.
+2. Cut the demo subset (:func:`pipeline.data.demo_subset.write_demo_subset`): sampled train and
+   held-out test mentions, a catalogue of every synset sharing a lemma with their golds (the
+   ambiguous senses) plus random synsets.
 3. Evaluate the untrained encoder, train with random negatives, train with mixed-50 negatives
    on the asynchronous refresh, evaluate each; print recall@1/@64 and write JSON.
 """
@@ -15,126 +14,19 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
-
 from cluster.checkpoints import EXPORT_DIR, newest_checkpoint
-from cluster.tables import (
-    SPLITS,
-    Entity,
-    EntityCatalogue,
-    EntityCatalogueWriter,
-    Mention,
-    MentionSplit,
-    MentionWriter,
-    mention_split_path,
-    write_summary,
-)
+from cluster.tables import EntityCatalogue, MentionSplit, mention_split_path
 from encoders.biencoder import load_biencoder
 from pipeline.config import Config
+from pipeline.data.demo_subset import write_demo_subset
 from pipeline.data.wordnet import convert_wordnet
 from pipeline.evaluate import RecallReport, evaluate_model, format_table, write_reports
 from pipeline.train.model import build_model
 from pipeline.train.trainer import TrainingSummary, run_training
-
-PART_OF_SPEECH = {"n": "noun", "v": "verb", "a": "adjective", "r": "adverb"}
-
-
-def _lemmas(text: str) -> list[str]:
-    """The lemmas of a WordNet entity text ``"lemma, lemma: definition"`` (lower case)."""
-    head = text.split(": ", 1)[0]
-    return [lemma.strip().lower() for lemma in head.split(",") if lemma.strip()]
-
-
-def _sample(mentions: list[Mention], count: int, rng: np.random.Generator) -> list[Mention]:
-    if count <= 0 or count >= len(mentions):
-        return mentions
-    chosen = np.sort(rng.choice(len(mentions), size=count, replace=False))
-    return [mentions[i] for i in chosen]
-
-
-def write_demo_subset(
-    source: Path,
-    out: Path,
-    catalogue_entities: int,
-    train_mentions: int,
-    eval_mentions: int,
-    eval_split: str,
-    seed: int = 0,
-) -> dict[str, int]:
-    """Write the demo dataset ``out`` from the converted WordNet ``source``; returns counts."""
-    rng = np.random.default_rng(seed)
-    catalogue = EntityCatalogue.open(source)
-    keys = catalogue.keys().to_pylist()
-    texts = catalogue.texts().to_pylist()
-    titles = catalogue.titles().to_pylist()
-    by_lemma: dict[str, list[int]] = defaultdict(list)
-    for entity_id, text in enumerate(texts):
-        for lemma in _lemmas(text):
-            by_lemma[lemma].append(entity_id)
-
-    train = _sample(
-        MentionSplit.open(mention_split_path(source, "train")).read_all(), train_mentions, rng
-    )
-    held_out = _sample(
-        MentionSplit.open(mention_split_path(source, eval_split)).read_all(), eval_mentions, rng
-    )
-    # Priority: every gold, then the other senses of the golds' lemmas (held-out mentions
-    # first: they are the distractors the evaluation is about), then random synsets.
-    ordered: list[int] = []
-    for mention in [*held_out, *train]:
-        ordered.extend(int(g) for g in (mention.golds or (mention.gold,)))
-    for mention in [*held_out, *train]:
-        for lemma in _lemmas(texts[mention.gold]):
-            ordered.extend(by_lemma[lemma])
-    ordered.extend(int(i) for i in rng.permutation(len(catalogue)))
-    golds = {int(g) for m in [*held_out, *train] for g in (m.golds or (m.gold,))}
-    limit = len(catalogue) if catalogue_entities <= 0 else max(catalogue_entities, len(golds))
-    chosen: set[int] = set()
-    for entity_id in ordered:
-        if len(chosen) >= limit:
-            break
-        chosen.add(entity_id)
-    old_ids = np.sort(np.fromiter(chosen, np.int64))
-    new_id = {int(old): new for new, old in enumerate(old_ids)}
-
-    if out.exists():
-        shutil.rmtree(out)
-    with EntityCatalogueWriter(out) as writer:
-        for old in old_ids:
-            writer.write(
-                Entity(
-                    entity_id=new_id[int(old)],
-                    key=keys[old],
-                    title=titles[old],
-                    text=texts[old],
-                    domain=PART_OF_SPEECH[keys[old][0]],
-                )
-            )
-    splits = {"train": train, eval_split: held_out}
-    for split in SPLITS:
-        with MentionWriter(out, split) as writer:
-            for mention in splits.get(split, []):
-                golds = tuple(new_id[int(g)] for g in (mention.golds or (mention.gold,)))
-                writer.write(
-                    replace(
-                        mention,
-                        gold=new_id[int(mention.gold)],
-                        golds=golds,
-                        domain=PART_OF_SPEECH[keys[mention.gold][0]],
-                    )
-                )
-    counts = {
-        "entities": len(old_ids),
-        "train_mentions": len(train),
-        "eval_mentions": len(held_out),
-    }
-    write_summary(out, {"format": "wordnet-demo", "source": str(source), "seed": seed, **counts})
-    return counts
 
 
 @dataclass

@@ -25,8 +25,8 @@ from pipeline.blink_finetune.kilt_output import (
     write_kilt_predictions,
 )
 from pipeline.cli.main import main
-from pipeline.data.bad_rows import BadRowPolicy
-from pipeline.data.blink import convert_blink_entities
+from pipeline.data.bad_rows import BadRowError
+from pipeline.data.kilt import convert_kilt
 from pipeline.evaluate import encode_catalogue
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -126,7 +126,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
     # BLINK's all_entities_large.t7 is its entity tower's [CLS] encodings, one row per line
     catalogue_dir = root / "catalogue"
-    convert_blink_entities(root / "entity.jsonl", catalogue_dir, BadRowPolicy())
+    convert_kilt(catalogue_dir, [], blink_entities=root / "entity.jsonl")
     imported = import_blink_biencoder(root / "biencoder_tiny.bin", base, entity_length=24)
     with torch.inference_mode():
         vectors, _ = encode_catalogue(
@@ -157,7 +157,7 @@ def test_kilt_inputs_read_every_line_and_mark_unlabelled(inputs: dict[str, Path]
 
 def test_kilt_input_without_span_names_file_and_line(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "bad-kilt.jsonl", [{"id": "a", "input": "no span"}])
-    with pytest.raises(ValueError, match=r"bad-kilt.jsonl:1: no meta.mention"):
+    with pytest.raises(BadRowError, match=r"bad-kilt.jsonl:1: offsets_outside_context"):
         read_kilt_inputs(path)
 
 

@@ -28,11 +28,10 @@ from cluster.sharded_index import IndexSpec
 from cluster.tables import (
     Entity,
     EntityCatalogue,
-    EntityCatalogueWriter,
     Mention,
     MentionSplit,
-    MentionWriter,
     mention_split_path,
+    write_dataset,
 )
 from encoders.biencoder import build_biencoder, export_biencoder, load_biencoder
 
@@ -66,14 +65,13 @@ def _dataset(root: Path) -> Path:
     def word() -> str:
         return "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 7)))
 
-    with EntityCatalogueWriter(root) as writer:
-        for entity_id in range(NUM_ENTITIES):
-            text = " ".join(word() for _ in range(rng.randint(1, 12)))
-            writer.write(Entity(entity_id, f"k{entity_id}", word(), text))
-    with MentionWriter(root, "train") as writer:
-        for number in range(30):
-            gold = rng.randrange(NUM_ENTITIES)
-            writer.write(Mention(f"m{number}", word(), word(), word(), gold, golds=(gold,)))
+    entities = [
+        Entity(i, f"k{i}", word(), " ".join(word() for _ in range(rng.randint(1, 12))))
+        for i in range(NUM_ENTITIES)
+    ]
+    golds = [rng.randrange(NUM_ENTITIES) for _ in range(30)]
+    train = [Mention(f"m{n}", word(), word(), word(), g, golds=(g,)) for n, g in enumerate(golds)]
+    write_dataset(root, entities, {"train": train})
     return root
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import string
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import write_wordpiece_tokenizer
 
-from cluster.tables import Entity, EntityCatalogueWriter
+from cluster.tables import Entity, write_dataset
 from cluster.tokens import TOKENS_DIR, TokenStore, TokenStoreError
 from encoders.formatting import register_markers, tokenize_entities
 
@@ -22,10 +23,11 @@ def _catalogue(root: Path, count: int, seed: int = 0) -> Path:
     def word() -> str:
         return "".join(rng.choice(LETTERS, size=int(rng.integers(1, 8))))
 
-    with EntityCatalogueWriter(root, rows_per_file=40) as writer:
-        for entity_id in range(count):
-            text = " ".join(word() for _ in range(int(rng.integers(0, 30))))
-            writer.write(Entity(entity_id, f"k{entity_id}", word(), text))
+    entities = [
+        Entity(i, f"k{i}", word(), " ".join(word() for _ in range(int(rng.integers(0, 30)))))
+        for i in range(count)
+    ]
+    write_dataset(root, entities, rows_per_file=40, overwrite=True)
     return root
 
 
@@ -72,7 +74,11 @@ def test_a_new_length_or_tokenizer_gets_its_own_store(tmp_path: Path, tokenizer)
 def test_changed_catalogue_and_corrupt_arrays_are_refused(tmp_path: Path, tokenizer) -> None:
     root = _catalogue(tmp_path / "data", 30)
     store = TokenStore.ensure(root, tokenizer, 16)
-    _catalogue(root, 30, seed=1)  # the catalogue is rewritten under the store
+    # a new catalogue is published over the old dataset (which takes its tokens/ along), and the
+    # old store is put back by hand
+    old_tokens = shutil.move(root / TOKENS_DIR, tmp_path / "old-tokens")
+    _catalogue(root, 30, seed=1)
+    shutil.move(old_tokens, root / TOKENS_DIR)
     with pytest.raises(TokenStoreError, match="built for catalogue"):
         TokenStore.ensure(root, tokenizer, 16)
     ids = store.directory / "ids.npy"

@@ -1,4 +1,5 @@
-"""KILT knowledge source, BLINK entity.jsonl and AIDA on hand-written fixture files."""
+"""KILT knowledge source, BLINK entity.jsonl and AIDA on hand-written fixture files, and one test
+per numbered finding of issue 11 about them (each failed before its fix)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from cluster.tables import MISSING_GOLD, EntityCatalogue, MentionSplit, mention_split_path
+from cluster.tables import (
+    MANIFEST_FILE,
+    MISSING_GOLD,
+    EntityCatalogue,
+    MentionSplit,
+    mention_split_path,
+)
+from pipeline.blink_finetune.kilt_output import read_kilt_inputs
+from pipeline.cli.main import main
 from pipeline.data.bad_rows import BadRowError, BadRowPolicy
+from pipeline.data.conversion import ConversionInputError, DatasetOutput, EmptyCatalogueError
 from pipeline.data.kilt import aida_split_name, convert_kilt
 
 PAGES = [
@@ -108,6 +118,10 @@ MISSING = _aida(
 )
 
 
+def _skip(out: Path, tmp_path: Path) -> DatasetOutput:
+    return DatasetOutput(out, on_bad_row="skip", rejects=tmp_path / "rejects.jsonl")
+
+
 def _write(path: Path, rows: list, extra: str | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps(row, ensure_ascii=False) for row in rows] + ([extra] if extra else [])
@@ -168,8 +182,7 @@ def test_missing_gold_strict_skip_and_kept(tmp_path: Path) -> None:
     aida = _write(tmp_path / "aidayago2-test-kilt.jsonl", AIDA, json.dumps(MISSING))
     with pytest.raises(BadRowError, match=rf"{aida}:5: gold_not_in_catalogue"):
         convert_kilt(tmp_path / "strict", [aida], knowledge_source=source)
-    with BadRowPolicy("skip", tmp_path / "rejects.jsonl") as policy:
-        skipped = convert_kilt(tmp_path / "skip", [aida], knowledge_source=source, policy=policy)
+    skipped = convert_kilt(_skip(tmp_path / "skip", tmp_path), [aida], knowledge_source=source)
     assert skipped["bad_rows"]["rejected"]["gold_not_in_catalogue"] == 1
     assert json.loads((tmp_path / "rejects.jsonl").read_text())["line"] == 5
     assert skipped["mentions"] == {"test": 4}
@@ -210,8 +223,7 @@ def test_knowledge_source_bad_rows(tmp_path: Path, kind: str) -> None:
     aida = _write(tmp_path / "aidayago2-train-kilt.jsonl", AIDA)
     with pytest.raises(BadRowError, match=rf"{source}:4: {kind}"):
         convert_kilt(tmp_path / "strict", [aida], knowledge_source=source)
-    with BadRowPolicy("skip", tmp_path / "rejects.jsonl") as policy:
-        summary = convert_kilt(tmp_path / "skip", [aida], knowledge_source=source, policy=policy)
+    summary = convert_kilt(_skip(tmp_path / "skip", tmp_path), [aida], knowledge_source=source)
     assert summary["bad_rows"]["rejected"] == {
         name: int(name == kind) for name in summary["bad_rows"]["rejected"]
     }
@@ -233,8 +245,7 @@ def test_aida_bad_rows(tmp_path: Path, kind: str, line: str) -> None:
     aida = _write(tmp_path / "aidayago2-train-kilt.jsonl", AIDA, line)
     with pytest.raises(BadRowError, match=rf"{aida}:5: {kind}"):
         convert_kilt(tmp_path / "strict", [aida], blink_entities=entities)
-    with BadRowPolicy("skip", tmp_path / "rejects.jsonl") as policy:
-        summary = convert_kilt(tmp_path / "skip", [aida], blink_entities=entities, policy=policy)
+    summary = convert_kilt(_skip(tmp_path / "skip", tmp_path), [aida], blink_entities=entities)
     assert summary["bad_rows"]["rejected"][kind] == 1
     assert summary["mentions"] == {"train": 4}
 
@@ -244,11 +255,223 @@ def test_blink_rejected_row_breaks_alignment_flag(tmp_path: Path) -> None:
     entities = _write(tmp_path / "entity.jsonl", BLINK, bad)
     with pytest.raises(BadRowError, match=rf"{entities}:4: empty_key"):
         convert_kilt(tmp_path / "strict", [], blink_entities=entities)
-    with BadRowPolicy("skip", tmp_path / "rejects.jsonl") as policy:
-        summary = convert_kilt(tmp_path / "skip", [], blink_entities=entities, policy=policy)
+    summary = convert_kilt(_skip(tmp_path / "skip", tmp_path), [], blink_entities=entities)
     assert summary["catalogue"]["entity_id_is_blink_row"] is False
 
 
 def test_aida_split_names() -> None:
     assert aida_split_name(Path("aidayago2-train-kilt.jsonl")) == "train"
     assert aida_split_name(Path("aidayago2-test_without_answers-kilt.jsonl")) == "test"
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+
+
+def test_finding_1_reconverting_replaces_the_whole_dataset_or_refuses(
+    tmp_path: Path, capsys
+) -> None:
+    source = _write(tmp_path / "kilt_knowledgesource.json", PAGES)
+    train = _write(tmp_path / "aidayago2-train-kilt.jsonl", AIDA)
+    dev = _write(tmp_path / "aidayago2-dev-kilt.jsonl", AIDA[:2])
+    out = tmp_path / "out"
+    kilt = ["data", "kilt", "--knowledge-source", str(source), "--out", str(out)]
+    assert main([*kilt, "--aida", str(train), str(dev)]) == 0
+    old = {name: (out / name).read_bytes() for name in _files(out)}
+    # without --overwrite: a clear message, exit 2, the old dataset untouched
+    assert main([*kilt, "--aida", str(train)]) == 2
+    assert "already holds a dataset" in capsys.readouterr().err
+    assert {name: (out / name).read_bytes() for name in _files(out)} == old
+    # a failed conversion with --overwrite leaves the old dataset as it was, and nothing else
+    bad = _write(tmp_path / "aidayago2-test-kilt.jsonl", AIDA, "{broken")
+    assert main([*kilt, "--overwrite", "--aida", str(bad)]) == 2
+    assert {name: (out / name).read_bytes() for name in _files(out)} == old
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    # with --overwrite: no file of the old dataset survives (its dev split included)
+    assert main([*kilt, "--overwrite", "--aida", str(train)]) == 0
+    assert _files(out) == [
+        "entities/part-00000.parquet",
+        MANIFEST_FILE,
+        "mentions/train.parquet",
+        "summary.json",
+    ]
+    survivors = [
+        name
+        for name, payload in old.items()
+        if (out / name).is_file() and (out / name).read_bytes() == payload
+    ]
+    assert survivors == [] and not mention_split_path(out, "dev").exists()
+
+
+def test_finding_2_several_files_of_a_split_are_concatenated_and_counted(tmp_path: Path) -> None:
+    source = _write(tmp_path / "kilt_knowledgesource.json", PAGES)
+    first = _write(tmp_path / "aidayago2-train-kilt.jsonl", AIDA[:2])
+    second = _write(tmp_path / "aidayago2-train_b-kilt.jsonl", AIDA[2:])
+    summary = convert_kilt(tmp_path / "out", [first, second], knowledge_source=source)
+    train = MentionSplit.open(mention_split_path(tmp_path / "out", "train")).read_all()
+    assert [m.mention_id for m in train] == ["a1", "a2", "a3", "a4"]
+    assert summary["mentions"] == {"train": 4}
+    assert summary["mention_files"] == {
+        "train": [{"file": str(first), "mentions": 2}, {"file": str(second), "mentions": 2}]
+    }
+    unlabelled = _write(tmp_path / "aidayago2-train_without_answers-kilt.jsonl", AIDA[:1])
+    with pytest.raises(ValueError, match="mix labelled and unlabelled"):
+        convert_kilt(tmp_path / "mixed", [first, unlabelled], knowledge_source=source)
+
+
+def test_finding_3_rejects_never_overwrite_an_input_or_any_file(tmp_path: Path) -> None:
+    source = _write(tmp_path / "kilt_knowledgesource.json", PAGES, "{broken")
+    aida = _write(tmp_path / "aidayago2-train-kilt.jsonl", AIDA)
+    before = aida.read_bytes()
+    for rejects in (aida, tmp_path / "notes.txt"):
+        rejects.write_bytes(rejects.read_bytes() if rejects.exists() else b"mine")
+        output = DatasetOutput(tmp_path / "out", on_bad_row="skip", rejects=rejects)
+        with pytest.raises(ConversionInputError, match="rejects"):
+            convert_kilt(output, [aida], knowledge_source=source)
+    assert aida.read_bytes() == before
+    assert (tmp_path / "notes.txt").read_bytes() == b"mine"
+    inside = DatasetOutput(tmp_path / "out", on_bad_row="skip", rejects=tmp_path / "out" / "r")
+    with pytest.raises(ConversionInputError, match="inside --out"):
+        convert_kilt(inside, [aida], knowledge_source=source)
+    # the default: a new file inside the published dataset
+    summary = convert_kilt(
+        DatasetOutput(tmp_path / "out", on_bad_row="skip"), [aida], knowledge_source=source
+    )
+    assert summary["bad_rows"]["rejects_file"] == str(tmp_path / "out" / "rejects.jsonl")
+    assert json.loads((tmp_path / "out" / "rejects.jsonl").read_text())["line"] == 4
+
+
+def test_finding_5_invalid_utf8_is_a_bad_row_with_file_and_line(tmp_path: Path) -> None:
+    source = tmp_path / "kilt_knowledgesource.json"
+    _write(source, PAGES)
+    source.write_bytes(source.read_bytes() + b'{"wikipedia_id": "9\xff"}\n')
+    lone = json.dumps({**PAGES[1], "wikipedia_id": "90", "wikipedia_title": "\ud800"})
+    source.write_bytes(source.read_bytes() + lone.encode() + b"\n")
+    aida = _write(tmp_path / "aidayago2-train-kilt.jsonl", AIDA)
+    with pytest.raises(BadRowError, match=rf"{source}:4: invalid_utf8"):
+        convert_kilt(tmp_path / "strict", [aida], knowledge_source=source)
+    summary = convert_kilt(_skip(tmp_path / "skip", tmp_path), [aida], knowledge_source=source)
+    assert summary["bad_rows"]["rejected"]["invalid_utf8"] == 2
+    assert summary["entities"] == 3 and summary["mentions"] == {"train": 4}
+
+
+def test_finding_9_every_input_is_checked_before_any_work(tmp_path: Path) -> None:
+    # the knowledge source would fail at its fourth line in strict mode: the missing AIDA file
+    # must be reported first, before a single page is read
+    source = _write(tmp_path / "kilt_knowledgesource.json", PAGES, "{broken")
+    present = _write(tmp_path / "aidayago2-train-kilt.jsonl", AIDA)
+    missing = tmp_path / "aidayago2-dev-kilt.jsonl"
+    with pytest.raises(ConversionInputError, match=rf"input not found: aida {missing}"):
+        convert_kilt(tmp_path / "out", [present, missing], knowledge_source=source)
+    assert not (tmp_path / "out").exists()
+
+
+def test_finding_10_markers_exactly_once(tmp_path: Path) -> None:
+    entities = _write(tmp_path / "entity.jsonl", BLINK)
+    doubled = {
+        "id": "d1",
+        "input": "in [START_ENT] [START_ENT] Germany [END_ENT] today",
+        "output": [{"answer": "Germany", "provenance": [{"wikipedia_id": "34"}]}],
+    }
+    in_meta = _aida("d2", "in [START_ENT]", "Germany", "today", [{"wikipedia_id": "34"}], "x")
+    aida = _write(tmp_path / "aidayago2-dev-kilt.jsonl", [doubled, in_meta, *AIDA])
+    with pytest.raises(BadRowError, match=rf"{aida}:1: offsets_outside_context"):
+        convert_kilt(tmp_path / "strict", [aida], blink_entities=entities)
+    summary = convert_kilt(_skip(tmp_path / "skip", tmp_path), [aida], blink_entities=entities)
+    assert summary["bad_rows"]["rejected"]["offsets_outside_context"] == 2
+    dev = MentionSplit.open(mention_split_path(tmp_path / "skip", "dev")).read_all()
+    assert not any("ENT]" in m.context_left + m.mention + m.context_right for m in dev)
+
+
+def test_finding_10_keys_as_written_and_typed(tmp_path: Path) -> None:
+    pages = [
+        {**PAGES[0], "wikipedia_id": 100},
+        {**PAGES[1], "wikipedia_id": "0100"},
+        {**PAGES[2], "wikipedia_id": "١٠٠"},
+        {**PAGES[1], "wikipedia_id": " 7 ", "wikipedia_title": "Seven"},
+    ]
+    source = _write(
+        tmp_path / "kilt_knowledgesource.json",
+        pages,
+        json.dumps({**PAGES[1], "wikipedia_id": True}),
+    )
+    rows = [
+        _aida("k1", "a", "Zürich", "b", [{"wikipedia_id": "100"}], "-"),
+        _aida("k2", "a", "Germany", "b", [{"wikipedia_id": "0100"}], "-"),
+        _aida("k3", "a", "Seven", "b", [{"wikipedia_id": 7}], "-"),
+        _aida("k4", "a", "Seven", "b", [{"wikipedia_id": "7 "}], "-"),
+    ]
+    aida = _write(tmp_path / "aidayago2-train-kilt.jsonl", rows, json.dumps({**rows[0], "id": 1.5}))
+    with pytest.raises(BadRowError, match=rf"{source}:5: invalid_key: wikipedia_id is a bool"):
+        convert_kilt(tmp_path / "strict", [aida], knowledge_source=source)
+    summary = convert_kilt(_skip(tmp_path / "skip", tmp_path), [aida], knowledge_source=source)
+    assert summary["bad_rows"]["rejected"] == {
+        **{kind: 0 for kind in summary["bad_rows"]["rejected"]},
+        "invalid_key": 2,
+    }
+    catalogue = EntityCatalogue.open(tmp_path / "skip")
+    assert catalogue.keys().to_pylist() == ["100", "0100", "١٠٠", "7"]
+    train = MentionSplit.open(mention_split_path(tmp_path / "skip", "train")).read_all()
+    assert [m.gold for m in train] == [0, 1, 3, 3]
+
+
+def test_finding_10_an_empty_catalogue_is_an_error_in_both_modes(tmp_path: Path) -> None:
+    source = _write(tmp_path / "kilt_knowledgesource.json", [], json.dumps({"wikipedia_id": 1}))
+    aida = _write(tmp_path / "aidayago2-train-kilt.jsonl", AIDA)
+    with pytest.raises(BadRowError, match=rf"{source}:1: missing_field"):
+        convert_kilt(tmp_path / "strict", [aida], knowledge_source=source)
+    with pytest.raises(EmptyCatalogueError, match=r"no entity was converted.*missing_field.: 1"):
+        convert_kilt(_skip(tmp_path / "skip", tmp_path), [aida], knowledge_source=source)
+    source.write_text("\n")
+    with pytest.raises(EmptyCatalogueError, match="rejected rows: none"):
+        convert_kilt(tmp_path / "strict", [aida], knowledge_source=source)
+    assert not (tmp_path / "strict").exists() and not (tmp_path / "skip").exists()
+    assert not (tmp_path / "rejects.jsonl").exists()
+
+
+def test_finding_10_numeric_flags_are_validated(tmp_path: Path, capsys) -> None:
+    source = _write(tmp_path / "kilt_knowledgesource.json", PAGES)
+    for flag, value in (("--max-text-chars", "-5"), ("--max-text-chars", "0")):
+        with pytest.raises(SystemExit) as exit_status:
+            main(["data", "kilt", "--knowledge-source", str(source), flag, value])
+        assert exit_status.value.code == 2
+        assert "must be at least 1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="max-text-chars must be positive"):
+        convert_kilt(tmp_path / "out", [], knowledge_source=source, max_text_chars=-5)
+    with pytest.raises(SystemExit):
+        main(["data", "synthetic", "--worlds", "0"])
+
+
+BAD_BLINK = {
+    "invalid_utf8": b'{"text": "\xff", "idx": "curid=78", "title": "X"}',
+    "malformed_json": b'{"text": "x", "idx"',
+    "missing_field": json.dumps({"text": "x", "idx": "curid=78"}).encode(),
+    "duplicate_key": json.dumps({**BLINK[0], "title": "Other"}).encode(),
+    "empty_key": json.dumps({**BLINK[0], "idx": "curid=-"}).encode(),
+    "empty_text": json.dumps({**BLINK[0], "idx": "curid=78", "text": "  "}).encode(),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_BLINK))
+def test_blink_bad_rows(tmp_path: Path, kind: str) -> None:
+    entities = _write(tmp_path / "entity.jsonl", BLINK)
+    entities.write_bytes(entities.read_bytes() + BAD_BLINK[kind] + b"\n")
+    with pytest.raises(BadRowError, match=rf"{entities}:4: {kind}"):
+        convert_kilt(tmp_path / "strict", [], blink_entities=entities)
+    summary = convert_kilt(_skip(tmp_path / "skip", tmp_path), [], blink_entities=entities)
+    assert summary["bad_rows"]["rejected"] == {
+        name: int(name == kind) for name in summary["bad_rows"]["rejected"]
+    }
+    assert summary["entities"] == 3
+    assert summary["catalogue"]["entity_id_is_blink_row"] is False
+
+
+def test_kilt_inputs_follow_the_bad_row_policy(tmp_path: Path) -> None:
+    path = _write(tmp_path / "aidayago2-test-kilt.jsonl", AIDA, json.dumps({"id": "z"}))
+    with pytest.raises(BadRowError, match=rf"{path}:5: offsets_outside_context"):
+        read_kilt_inputs(path)
+    with BadRowPolicy("skip", tmp_path / "rejects.jsonl") as policy:
+        inputs = read_kilt_inputs(path, policy)
+    assert [item.id for item in inputs] == ["a1", "a2", "a3", "a4"]
+    assert inputs[3].context_left == "Matches in" and inputs[3].mention == "Germany"
+    assert policy.counts == {"offsets_outside_context": 1}

@@ -87,3 +87,19 @@ def test_cli_data_synthetic_and_skip_mode(tmp_path: Path, capsys) -> None:
     assert main(["data", "zeshel", str(zeshel), "--out", str(out), "--on-bad-row", "skip"]) == 0
     assert "rejected rows: 1 {'malformed_json': 1}" in capsys.readouterr().out
     assert json.loads((out / "rejects.jsonl").read_text())["line"] == 2
+
+
+def test_cli_data_verify(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "synthetic"
+    assert (
+        main(["data", "synthetic", "--worlds", "3", "--entities-per-world", "5", "--out", str(out)])
+        == 0
+    )
+    assert main(["data", "verify", str(out)]) == 0
+    assert "files match" in capsys.readouterr().out
+    summary = out / "summary.json"
+    payload = bytearray(summary.read_bytes())
+    payload[5] ^= 0x01  # same size: only the SHA-256 tells
+    summary.write_bytes(bytes(payload))
+    assert main(["data", "verify", str(out)]) == 2
+    assert f"{summary}: sha256" in capsys.readouterr().err

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from cluster.tables import EntityCatalogue, MentionSplit, mention_split_path
+from pipeline.data.bad_rows import BadRowError
+from pipeline.data.conversion import DatasetOutput
 from pipeline.data.wordnet import (
     convert_wordnet,
     lemma_forms,
@@ -146,3 +149,25 @@ def test_real_wordnet_counts(tmp_path: Path) -> None:
     for split in ("train", "dev", "test"):
         path = mention_split_path(tmp_path / "wordnet", split)
         assert len(MentionSplit.open(path)) == summary["mentions"][split] > 1000
+
+
+BAD_WORDNET_LINES = {
+    "missing_field": b"02084072 05 n zz dog 0 000 | not a word count\n",
+    "duplicate_key": NOUN.splitlines(keepends=True)[0].encode(),
+    "invalid_utf8": b"02084073 05 n 01 d\xf6g 0 000 | latin-1, not UTF-8\n",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_WORDNET_LINES))
+def test_wordnet_bad_rows(wordnet_dir: Path, tmp_path: Path, kind: str) -> None:
+    data_noun = wordnet_dir / "data.noun"
+    data_noun.write_bytes(data_noun.read_bytes() + BAD_WORDNET_LINES[kind])
+    with pytest.raises(BadRowError, match=rf"{data_noun}:6: {kind}"):
+        convert_wordnet(tmp_path / "strict", wordnet_dir)
+    output = DatasetOutput(tmp_path / "skip", on_bad_row="skip", rejects=tmp_path / "r.jsonl")
+    summary = convert_wordnet(output, wordnet_dir)
+    assert summary["bad_rows"]["rejected"] == {
+        name: int(name == kind) for name in summary["bad_rows"]["rejected"]
+    }
+    assert summary["entities"] == 6 and summary["mentions_total"] == 7
+    assert json.loads((tmp_path / "r.jsonl").read_text())["line"] == 6

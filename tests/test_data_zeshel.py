@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from cluster.tables import MISSING_GOLD, EntityCatalogue, MentionSplit, mention_split_path
-from pipeline.data.bad_rows import BadRowError, BadRowPolicy
+from encoders.errors import InputError
+from pipeline.data.bad_rows import BadRowError
+from pipeline.data.conversion import DatasetOutput
 from pipeline.data.zeshel import convert_zeshel
 
 STAR_TREK = [
@@ -159,8 +161,9 @@ def test_bad_row_skip_counts_and_rejects(tmp_path: Path, kind: str) -> None:
         bad_mention=line if where == "mention" else None,
     )
     rejects = tmp_path / "rejects.jsonl"
-    with BadRowPolicy("skip", rejects) as policy:
-        summary = convert_zeshel(source, tmp_path / "out", policy)
+    summary = convert_zeshel(
+        source, DatasetOutput(tmp_path / "out", on_bad_row="skip", rejects=rejects)
+    )
     assert summary["bad_rows"]["rejected"][kind] == 1
     assert summary["bad_rows"]["rejected_total"] == 1
     (record,) = [json.loads(x) for x in rejects.read_text(encoding="utf-8").splitlines()]
@@ -180,3 +183,33 @@ def test_keep_missing_gold_keeps_mention_with_gold_minus_one(tmp_path: Path) -> 
     assert train[-1].gold == MISSING_GOLD
     assert summary["missing_gold_kept"] == 1
     assert summary["bad_rows"]["rejected_total"] == 0
+
+
+def test_finding_2_val_and_valid_are_an_error_naming_both(tmp_path: Path) -> None:
+    source = write_fixture(tmp_path / "zeshel")
+    _write_lines(source / "mentions" / "valid.json", VAL)
+    with pytest.raises(InputError, match=r"val\.json and .*valid\.json are both the 'dev' split"):
+        convert_zeshel(source, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_ids_are_compared_as_written_on_both_sides(tmp_path: Path) -> None:
+    source = write_fixture(tmp_path / "zeshel")
+    numbered = [{"document_id": 7, "title": "Seven", "text": "Seven is a number"}]
+    _write_lines(source / "documents" / "numbers.json", numbered)
+    mentions = [
+        _mention("n1", " 7", "numbers", 0, 0, "Seven", "A1"),  # int key 7 as " 7"
+        {**_mention("n2", "A1", "star_trek", 0, 0, "Kirk", "A1"), "label_document_id": 7},
+        {**_mention("n3", "A1", "star_trek", 0, 0, "Kirk", "A1"), "label_document_id": True},
+    ]
+    _write_lines(source / "mentions" / "test.json", mentions)
+    summary = convert_zeshel(
+        source, DatasetOutput(tmp_path / "out", on_bad_row="skip", rejects=tmp_path / "r.jsonl")
+    )
+    test = MentionSplit.open(mention_split_path(tmp_path / "out", "test")).read_all()
+    catalogue = EntityCatalogue.open(tmp_path / "out")
+    assert [(m.mention_id, m.context_left + "|" + m.mention, m.gold) for m in test] == [
+        ("n1", "|Seven", catalogue.id_for_key("A1")),
+        ("n2", "|Kirk", catalogue.id_for_key("7")),
+    ]
+    assert summary["bad_rows"]["rejected"]["invalid_key"] == 1

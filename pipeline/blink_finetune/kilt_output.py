@@ -3,7 +3,8 @@
 Predictions are what KILT's scorer reads: one line per input id, in input order,
 ``{"id", "output": [{"answer": title, "provenance": [{"wikipedia_id", "title"}]}]}``. Every line
 of every input file gets one, ``test_without_answers`` included, so the inputs are read here
-directly instead of from the Parquet splits (which leave out rows a converter rejected).
+directly instead of from the Parquet splits (which leave out rows a converter rejected), through
+the converter's own parser and bad-row policy.
 
 Accuracy (paper §6.8, Table 4) counts every labelled mention: one whose gold is missing from the
 catalogue (``gold = MISSING_GOLD``) cannot be predicted and counts as an error; such mentions are
@@ -21,7 +22,8 @@ import numpy as np
 
 from cluster.files import AtomicPath
 from cluster.tables import EntityCatalogue, Mention
-from pipeline.data.kilt import END_ENT, START_ENT
+from pipeline.data.bad_rows import BadRowPolicy, iter_json_lines
+from pipeline.data.kilt import aida_input
 
 
 @dataclass(frozen=True)
@@ -35,48 +37,22 @@ class KiltInput:
     labelled: bool  # the line has a non-empty ``output``
 
 
-def _parts(record: dict, path: Path, line: int) -> tuple[str, str, str]:
-    meta = record.get("meta")
-    if isinstance(meta, dict) and meta.get("mention") is not None:
-        return (
-            str(meta.get("left_context") or ""),
-            str(meta["mention"]),
-            str(meta.get("right_context") or ""),
-        )
-    text = record.get("input")
-    if isinstance(text, str):
-        start, end = text.find(START_ENT), text.find(END_ENT)
-        if 0 <= start < end:
-            return (
-                text[:start].strip(),
-                text[start + len(START_ENT) : end].strip(),
-                text[end + len(END_ENT) :].strip(),
-            )
-    raise ValueError(
-        f"{path}:{line}: no meta.mention and no {START_ENT} ... {END_ENT} span in input"
-    )
-
-
-def read_kilt_inputs(path: Path) -> list[KiltInput]:
-    """Every line of a KILT AIDA file (errors name the file and line)."""
-    path = Path(path)
+def read_kilt_inputs(path: Path, policy: BadRowPolicy | None = None) -> list[KiltInput]:
+    """Every line of a KILT AIDA file, read by the converter's parser
+    (:func:`pipeline.data.kilt.aida_input`) under ``policy``: strict by default, so a malformed
+    line is an error naming the file and line instead of a missing prediction."""
+    policy = policy or BadRowPolicy()
     inputs: list[KiltInput] = []
-    with path.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{line_number}: invalid JSON: {error.msg}") from error
-            if not isinstance(record, dict) or "id" not in record:
-                raise ValueError(f"{path}:{line_number}: a KILT line needs an 'id'")
-            left, mention, right = _parts(record, path, line_number)
-            outputs = record.get("output")
-            labelled = isinstance(outputs, list) and any(
-                isinstance(o, dict) and (o.get("answer") or o.get("provenance")) for o in outputs
-            )
-            inputs.append(KiltInput(str(record["id"]), left, mention, right, labelled))
+    for row in iter_json_lines(Path(path), policy):
+        found = aida_input(row, policy)
+        if found is None:
+            continue
+        mention_id, (left, mention, right) = found
+        outputs = row.record.get("output")
+        labelled = isinstance(outputs, list) and any(
+            isinstance(o, dict) and (o.get("answer") or o.get("provenance")) for o in outputs
+        )
+        inputs.append(KiltInput(mention_id, left, mention, right, labelled))
     return inputs
 
 

@@ -2,7 +2,8 @@
 
 1. Convert: the catalogue (BLINK's ``entity.jsonl``, entity_id = BLINK row, or the KILT knowledge
    source) and the AIDA files to Parquet (DESIGN.md §2). Train mentions whose gold is not in the
-   catalogue cannot be trained on: they are skipped, counted and written to a rejects file.
+   catalogue cannot be trained on: they are skipped, counted and written to the dataset's
+   rejects file.
    Labelled dev/test mentions keep them (``gold = MISSING_GOLD``) so accuracy counts them as
    errors. Unlabelled files (``test_without_answers``) only get predictions.
 2. Import the BLINK checkpoint (``encoders.blink``) with the configured scorer (dual, or multi-m
@@ -32,11 +33,11 @@ from cluster.negatives_store import NegativesStore
 from cluster.refresh import run_refresh
 from cluster.session import init_ray
 from cluster.tables import (
+    MANIFEST_FILE,
     EntityCatalogue,
     MentionSplit,
     mention_split_path,
     read_summary,
-    write_summary,
 )
 from encoders.biencoder import BiEncoder, export_biencoder, load_biencoder
 from encoders.blink import export_blink_biencoder, import_blink_biencoder
@@ -54,9 +55,9 @@ from pipeline.blink_finetune.kilt_output import (
     write_kilt_predictions,
 )
 from pipeline.config import BlinkSettings, Config, config_from_dict
-from pipeline.data.bad_rows import BadRowPolicy
-from pipeline.data.blink import convert_blink_entities
-from pipeline.data.kilt import aida_split_name, convert_aida_split, convert_knowledge_source
+from pipeline.data.bad_rows import BadRowKind
+from pipeline.data.conversion import DatasetOutput
+from pipeline.data.kilt import aida_split_name, convert_kilt
 from pipeline.preflight import check_blink_inputs
 from pipeline.rerank import retrieve_candidates
 from pipeline.train.trainer import refresh_plan, run_training
@@ -66,7 +67,6 @@ INITIAL_EXPORT = Path("initial") / "export"
 BLINK_EXPORT = Path("export") / "biencoder_blink.bin"
 HF_EXPORT = Path("export") / "hf"
 REPORT_FILE = "finetune_report.json"
-TRAIN_REJECTS = "rejects-train.jsonl"
 
 
 @dataclass
@@ -136,51 +136,34 @@ class FinetuneReport:
 
 
 def convert_inputs(root: Path, inputs: BlinkSettings) -> dict[str, Any]:
-    """Catalogue + AIDA splits under ``root`` (skipped when a previous run finished it)."""
+    """Catalogue + labelled AIDA splits published as the dataset ``root`` (kept when a previous
+    run published it). Train mentions whose gold is not in the catalogue are skipped, counted and
+    written to the dataset's rejects file; dev/test mentions keep them (``MISSING_GOLD``);
+    unlabelled files only get predictions."""
     root = Path(root)
-    if (root / "summary.json").is_file():
+    aida = [Path(path) for path in inputs.aida]
+    unlabelled = [path for path in aida if not any(i.labelled for i in read_kilt_inputs(path))]
+    if (root / MANIFEST_FILE).is_file() and read_summary(root).get("format") == DATASET_FORMAT:
         summary = read_summary(root)
-        if summary.get("format") == DATASET_FORMAT:
-            return summary
-    policy = BadRowPolicy("strict")
-    if inputs.entities is not None:
-        catalogue_summary = convert_blink_entities(
-            Path(inputs.entities), root, policy, inputs.max_text_chars
-        )
     else:
-        assert inputs.knowledge_source is not None
-        catalogue_summary = convert_knowledge_source(
-            Path(inputs.knowledge_source), root, policy, inputs.max_text_chars
-        )
-    catalogue = EntityCatalogue.open(root)
-    mentions: dict[str, int] = {}
-    missing_kept = train_rejected = 0
-    unlabelled: list[str] = []
-    for path in map(Path, inputs.aida):
-        split = aida_split_name(path)
-        if split == "train":
-            with BadRowPolicy("skip", root / TRAIN_REJECTS) as train_policy:
-                counts = convert_aida_split(path, root, catalogue, train_policy, False, split)
-                train_rejected = train_policy.total
-        elif any(item.labelled for item in read_kilt_inputs(path)):
-            counts = convert_aida_split(path, root, catalogue, policy, True, split)
-            missing_kept += counts["missing_gold_kept"]
+        if inputs.entities is not None:
+            source = {"blink_entities": Path(inputs.entities)}
         else:
-            unlabelled.append(str(path))
-            continue
-        mentions[split] = counts["mentions"]
-    summary = {
-        "format": DATASET_FORMAT,
-        "catalogue": catalogue_summary,
-        "entities": len(catalogue),
-        "mentions": mentions,
-        "missing_gold_kept": missing_kept,
-        "train_rejected": train_rejected,
-        "unlabelled_files": unlabelled,
-        "bad_rows": policy.summary(),
+            assert inputs.knowledge_source is not None
+            source = {"knowledge_source": Path(inputs.knowledge_source)}
+        summary = convert_kilt(
+            DatasetOutput(root, skip_kinds=(BadRowKind.GOLD_NOT_IN_CATALOGUE,)),
+            [path for path in aida if path not in unlabelled],
+            keep_missing_gold=("dev", "test"),
+            max_text_chars=inputs.max_text_chars,
+            converter=DATASET_FORMAT,
+            **source,
+        )
+    return {
+        **summary,
+        "train_rejected": summary["bad_rows"]["rejected"][BadRowKind.GOLD_NOT_IN_CATALOGUE],
+        "unlabelled_files": [str(path) for path in unlabelled],
     }
-    write_summary(root, summary)
-    return summary
 
 
 def initial_model(config: Config, export_dir: Path) -> BiEncoder:

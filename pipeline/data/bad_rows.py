@@ -1,34 +1,40 @@
 """Bad input rows (DESIGN.md §9): strict by default, or skipped with a count and a rejects file.
 
-Every converter reads its input through :func:`iter_json_lines` and reports each bad row to one
-:class:`BadRowPolicy`. In ``strict`` mode (the default) the first bad row raises
-:class:`BadRowError`, whose message names the file and 1-based line. In ``skip`` mode the row is
-counted under its :class:`BadRowKind` and written, with its file, line and reason, as one JSON line
-to the rejects file. Nothing is dropped without a count.
+Every converter reads its input through :func:`iter_text_lines` (or :func:`iter_json_lines` on
+top of it) and reports each bad row to one :class:`BadRowPolicy`. In ``strict`` mode (the
+default) the first bad row raises :class:`BadRowError`, whose message names the file and 1-based
+line. In ``skip`` mode the row is counted under its :class:`BadRowKind` and written, with its
+file, line and reason, as one JSON line to the rejects file. Nothing is dropped without a count:
+a line that is not valid UTF-8 (or a JSON ``\\u`` escape of a lone surrogate, which Parquet cannot
+store) is a bad row of its own kind, ``invalid_utf8``, not a crash.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, TypeVar
 
 from encoders.errors import InputError
 
+T = TypeVar("T")
 BadRowMode = Literal["strict", "skip"]
 BAD_ROW_MODES: tuple[str, ...] = ("strict", "skip")
-REJECTS_FILE = "rejects.jsonl"
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 class BadRowKind(StrEnum):
     """The kinds of bad input row, each counted separately in skip mode."""
 
+    INVALID_UTF8 = "invalid_utf8"
     MALFORMED_JSON = "malformed_json"
     MISSING_FIELD = "missing_field"
+    INVALID_KEY = "invalid_key"
     OFFSETS_OUTSIDE_CONTEXT = "offsets_outside_context"
     GOLD_NOT_IN_CATALOGUE = "gold_not_in_catalogue"
     DUPLICATE_KEY = "duplicate_key"
@@ -53,30 +59,38 @@ class BadRowPolicy:
     Args:
         mode: ``"strict"`` raises on the first bad row; ``"skip"`` counts it and writes it to
             ``rejects_path``.
-        rejects_path: JSON-lines file of rejected rows (skip mode); created on the first reject.
+        rejects_path: JSON-lines file of rejected rows, created (never overwritten: it must not
+            exist) on the first reject. Where it may lie is decided by
+            :class:`pipeline.data.conversion.Conversion`.
+        skip_kinds: kinds skipped (counted and written to the rejects file) even in strict mode,
+            e.g. ``gold_not_in_catalogue`` for the training split of ``finetune-blink``.
     """
 
-    def __init__(self, mode: BadRowMode = "strict", rejects_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        mode: BadRowMode = "strict",
+        rejects_path: Path | None = None,
+        skip_kinds: Collection[BadRowKind] = (),
+    ) -> None:
         if mode not in BAD_ROW_MODES:
             raise ValueError(f"on-bad-row mode must be one of {BAD_ROW_MODES}, got {mode!r}")
-        if mode == "skip" and rejects_path is None:
-            raise ValueError("skip mode needs a rejects file")
+        if (mode == "skip" or skip_kinds) and rejects_path is None:
+            raise ValueError("skipping bad rows needs a rejects file")
         self.mode = mode
         self.rejects_path = rejects_path
+        self.skip_kinds = frozenset(skip_kinds)
         self.counts: Counter[str] = Counter()
         self._rejects: IO[str] | None = None
-        if rejects_path is not None and mode == "skip":
-            rejects_path.unlink(missing_ok=True)  # a stale file from an earlier run would mislead
 
     def reject(self, kind: BadRowKind, path: Path, line: int, raw: str, detail: str) -> None:
         """Report one bad row: raise in strict mode, count and record it in skip mode."""
-        if self.mode == "strict":
+        if self.mode == "strict" and kind not in self.skip_kinds:
             raise BadRowError(kind, path, line, detail)
         self.counts[kind.value] += 1
         if self._rejects is None:
             assert self.rejects_path is not None
             self.rejects_path.parent.mkdir(parents=True, exist_ok=True)
-            self._rejects = self.rejects_path.open("w", encoding="utf-8")
+            self._rejects = self.rejects_path.open("x", encoding="utf-8")
         record = {
             "kind": kind.value,
             "file": str(path),
@@ -116,8 +130,9 @@ class BadRowPolicy:
         self.close()
 
 
-class JsonRow:
-    """One parsed JSON object with where it came from, for error messages and rejects."""
+class InputRow:
+    """One input line with where it came from, for error messages and rejects; ``record`` is
+    its JSON object (empty for formats that are not JSON lines, such as WordNet's)."""
 
     __slots__ = ("line", "path", "raw", "record")
 
@@ -139,32 +154,64 @@ class JsonRow:
         return True
 
 
-def iter_json_lines(path: Path, policy: BadRowPolicy) -> Iterator[JsonRow]:
-    """Stream the JSON objects of a JSON-lines file, one line at a time.
-
-    Blank lines are not rows and are passed over; a line that is not a JSON object is reported
-    as ``malformed_json``.
-    """
+def iter_text_lines(path: Path, policy: BadRowPolicy) -> Iterator[tuple[int, str]]:
+    """Stream ``(1-based line number, line)`` of a UTF-8 text file; a line that is not valid
+    UTF-8 is reported as ``invalid_utf8`` (with the offending bytes escaped in the rejects)."""
     path = Path(path)
-    with path.open("r", encoding="utf-8") as handle:
+    with path.open("rb") as handle:
         for line_number, raw in enumerate(handle, start=1):
-            if not raw.strip():
-                continue
             try:
-                record = json.loads(raw)
-            except json.JSONDecodeError as error:
-                policy.reject(BadRowKind.MALFORMED_JSON, path, line_number, raw, str(error))
-                continue
-            if not isinstance(record, dict):
+                yield line_number, raw.decode("utf-8")
+            except UnicodeDecodeError as error:
                 policy.reject(
-                    BadRowKind.MALFORMED_JSON,
+                    BadRowKind.INVALID_UTF8,
                     path,
                     line_number,
-                    raw,
-                    f"expected a JSON object, got {type(record).__name__}",
+                    raw.decode("utf-8", "backslashreplace"),
+                    f"not UTF-8: {error.reason} at byte {error.start}",
                 )
-                continue
-            yield JsonRow(path, line_number, raw, record)
+
+
+def iter_json_lines(path: Path, policy: BadRowPolicy) -> Iterator[InputRow]:
+    """Stream the JSON objects of a JSON-lines file, one line at a time.
+
+    Blank lines are not rows and are passed over; a line that is not a JSON object (including
+    JSON nested too deeply or with integers too long for Python to parse) is reported as
+    ``malformed_json``.
+    """
+    path = Path(path)
+    for line_number, raw in iter_text_lines(path, policy):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw)
+        except (ValueError, RecursionError) as error:
+            detail = str(error) or type(error).__name__
+            policy.reject(BadRowKind.MALFORMED_JSON, path, line_number, raw, detail)
+            continue
+        if not isinstance(record, dict):
+            policy.reject(
+                BadRowKind.MALFORMED_JSON,
+                path,
+                line_number,
+                raw,
+                f"expected a JSON object, got {type(record).__name__}",
+            )
+            continue
+        if _SURROGATE_ESCAPE.search(raw) and not _is_unicode(record):
+            detail = "a \\u escape names a lone surrogate, which is not Unicode text"
+            policy.reject(BadRowKind.INVALID_UTF8, path, line_number, raw, detail)
+            continue
+        yield InputRow(path, line_number, raw, record)
+
+
+def _is_unicode(record: dict[str, Any]) -> bool:
+    """False when a string of ``record`` holds a lone surrogate (valid JSON, not valid text)."""
+    try:
+        json.dumps(record, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def add_bad_row_arguments(parser: Any) -> None:
@@ -180,22 +227,23 @@ def add_bad_row_arguments(parser: Any) -> None:
         "--rejects",
         type=Path,
         default=None,
-        help=f"rejects file for --on-bad-row skip (default: <out>/{REJECTS_FILE})",
+        help="rejects file for --on-bad-row skip: a new file that is not one of the inputs "
+        "(default: rejects.jsonl inside the published dataset)",
     )
 
 
-def policy_from_arguments(mode: str, rejects: Path | None, out: Path) -> BadRowPolicy:
-    """Build the policy of a ``hnce data`` command from its parsed options."""
-    return BadRowPolicy(mode, rejects or Path(out) / REJECTS_FILE)  # type: ignore[arg-type]
-
-
-def iter_json_chunks(path: Path, policy: BadRowPolicy, size: int) -> Iterator[list[JsonRow]]:
-    """:func:`iter_json_lines` in lists of up to ``size`` rows, for vectorised gold look-ups."""
-    chunk: list[JsonRow] = []
-    for row in iter_json_lines(path, policy):
-        chunk.append(row)
+def chunked(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    """``items`` in lists of up to ``size``, for work done a chunk at a time."""
+    chunk: list[T] = []
+    for item in items:
+        chunk.append(item)
         if len(chunk) >= size:
             yield chunk
             chunk = []
     if chunk:
         yield chunk
+
+
+def iter_json_chunks(path: Path, policy: BadRowPolicy, size: int) -> Iterator[list[InputRow]]:
+    """:func:`iter_json_lines` in lists of up to ``size`` rows, for vectorised look-ups."""
+    return chunked(iter_json_lines(path, policy), size)

@@ -16,12 +16,15 @@ from typing import Any
 
 from tqdm import tqdm
 
-from cluster.tables import Entity, EntityCatalogueWriter
-from pipeline.data.bad_rows import BadRowKind, BadRowPolicy, iter_json_lines
+from cluster.tables import Entity
+from pipeline.data.bad_rows import BadRowKind, BadRowPolicy, InputRow, iter_json_chunks
+from pipeline.data.conversion import Conversion
+from pipeline.data.fields import KeySet, text_field, write_unique_entities
 
 DEFAULT_MAX_TEXT_CHARS = 2048
 BLINK_FIELDS = ("text", "idx", "title")
-_CURID = re.compile(r"curid=(\d+)")
+_CURID = re.compile(r"curid=([0-9]+)")
+_CHUNK = 8192
 
 
 def truncate_text(text: str, max_chars: int) -> str:
@@ -33,38 +36,53 @@ def truncate_text(text: str, max_chars: int) -> str:
     return text[: cut if cut > 0 else max_chars].rstrip()
 
 
+def _blink_entity(row: InputRow, policy: BadRowPolicy, max_chars: int) -> Entity | None:
+    """The entity of one ``entity.jsonl`` line (entity_id assigned when written), or None after
+    reporting the bad row."""
+    if not row.require(policy, BLINK_FIELDS):
+        return None
+    fields = []
+    for name in BLINK_FIELDS:
+        value = text_field(row, policy, name)
+        if value is None:  # reported once, for the first field that is not a string
+            return None
+        fields.append(value)
+    text, idx, title = fields
+    match = _CURID.search(idx)
+    if match is None:
+        row.reject(policy, BadRowKind.EMPTY_KEY, f"idx {idx!r} has no curid=")
+        return None
+    text = truncate_text(text, max_chars)
+    if not text:
+        row.reject(policy, BadRowKind.EMPTY_TEXT, f"entity curid={match.group(1)} has empty text")
+        return None
+    return Entity(-1, match.group(1), title, text)
+
+
 def convert_blink_entities(
-    path: Path,
-    out: Path,
-    policy: BadRowPolicy,
-    max_text_chars: int = DEFAULT_MAX_TEXT_CHARS,
+    path: Path, conversion: Conversion, max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
 ) -> dict[str, Any]:
-    """Stream ``entity.jsonl`` into ``out/entities/``; return counts and the alignment flag."""
-    seen: set[int] = set()
+    """Stream ``entity.jsonl`` into the catalogue of ``conversion``; return counts and the
+    alignment flag. The key is the curid as written (ASCII digits; ``0100`` stays ``0100``)."""
+    policy = conversion.policy
+    keys = KeySet()
     rows_read = 0
-    with EntityCatalogueWriter(out) as writer:
-        for row in tqdm(iter_json_lines(path, policy), desc="blink entities", unit=" entities"):
-            rows_read += 1
-            if not row.require(policy, BLINK_FIELDS):
-                continue
-            record = row.record
-            match = _CURID.search(str(record["idx"]))
-            if match is None:
-                row.reject(policy, BadRowKind.EMPTY_KEY, f"idx {record['idx']!r} has no curid=")
-                continue
-            curid = int(match.group(1))
-            if curid in seen:
-                row.reject(policy, BadRowKind.DUPLICATE_KEY, f"duplicate curid {curid}")
-                continue
-            text = truncate_text(str(record["text"]), max_text_chars)
-            if not text:
-                row.reject(policy, BadRowKind.EMPTY_TEXT, f"entity curid={curid} has empty text")
-                continue
-            seen.add(curid)
-            writer.write(Entity(writer.count, str(curid), str(record["title"]), text))
-        count = writer.count
+    consecutive = True  # no blank line between rows: row number = line number
+    with conversion.builder.entities() as writer:
+        progress = tqdm(desc="blink entities", unit=" entities", mininterval=2.0)
+        for chunk in iter_json_chunks(path, policy, _CHUNK):
+            rows_read += len(chunk)
+            consecutive &= chunk[-1].line == rows_read
+            entities = [
+                (row, entity)
+                for row in chunk
+                if (entity := _blink_entity(row, policy, max_text_chars))
+            ]
+            write_unique_entities(entities, writer, keys, policy, "curid")
+            progress.update(len(chunk))
+        progress.close()
     return {
         "source": str(path),
-        "entities": count,
-        "entity_id_is_blink_row": count == rows_read and policy.total == 0,
+        "entities": writer.count,
+        "entity_id_is_blink_row": consecutive and writer.count == rows_read and policy.total == 0,
     }

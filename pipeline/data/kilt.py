@@ -9,9 +9,13 @@ Inputs (DESIGN.md §6):
   encoder reads 128 tokens, and the 5.9M full articles would not fit in memory or on disk.
 - ``aidayago2-{train,dev,test}-kilt.jsonl``: ``{id, input, output: [{answer, provenance:
   [{wikipedia_id, title}]}], meta: {left_context, mention, right_context}}``; ``input`` marks
-  the mention with ``[START_ENT]`` / ``[END_ENT]`` (used when ``meta`` is absent).
+  the mention with ``[START_ENT]`` / ``[END_ENT]`` (used when ``meta`` is absent), each exactly
+  once. :func:`aida_input` is the one parser of such a line (``hnce finetune-blink``'s
+  predictions read their inputs through it too). Several files of one split (``train`` and
+  ``train_b``) are converted in the order given into the one split, each counted.
 
-Golds are resolved against the catalogue by Wikipedia id first, then by title (provenance
+Keys are compared as written (:mod:`pipeline.data.fields`). Golds are resolved against the
+catalogue by Wikipedia id first, then by title (provenance
 title, then the answer). Every resolved entity goes into ``golds`` (first one = ``gold``). A
 mention none of whose golds is in the catalogue is a ``gold_not_in_catalogue`` bad row, or, with
 ``keep_missing_gold``, is kept with ``gold = MISSING_GOLD`` so that evaluation counts it as an
@@ -22,34 +26,26 @@ BLINK's ``entity.jsonl`` (:mod:`pipeline.data.blink`), whose row numbers are BLI
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
-from cluster.tables import (
-    MISSING_GOLD,
-    Entity,
-    EntityCatalogue,
-    EntityCatalogueWriter,
-    Mention,
-    MentionWriter,
-    write_summary,
-)
-from pipeline.data.bad_rows import (
-    BadRowKind,
-    BadRowPolicy,
-    JsonRow,
-    iter_json_chunks,
-    iter_json_lines,
-)
+from cluster.tables import MISSING_GOLD, Entity, EntityCatalogue, Mention
+from encoders.errors import InputError
+from pipeline.data.bad_rows import BadRowKind, BadRowPolicy, InputRow, iter_json_chunks
 from pipeline.data.blink import DEFAULT_MAX_TEXT_CHARS, convert_blink_entities, truncate_text
+from pipeline.data.conversion import Conversion, DatasetOutput
+from pipeline.data.fields import KeySet, key_and_title, source_key, write_unique_entities
 
+CONVERTER_VERSION = 2
 KNOWLEDGE_SOURCE_FIELDS = ("wikipedia_id", "wikipedia_title", "text")
 START_ENT, END_ENT = "[START_ENT]", "[END_ENT]"
 UNLABELLED_MARK = "without_answers"  # KILT's name for test files with no gold output
+MENTION_PARTS = ("left_context", "mention", "right_context")
 _AIDA_SPLIT = re.compile(r"-(train|dev|test)[^-]*-kilt")
+_CHUNK = 8192
 
 
 def knowledge_source_text(paragraphs: Sequence[str], max_chars: int) -> str:
@@ -68,42 +64,42 @@ def knowledge_source_text(paragraphs: Sequence[str], max_chars: int) -> str:
     return truncate_text(" ".join(kept), max_chars)
 
 
-def convert_knowledge_source(
-    path: Path,
-    out: Path,
-    policy: BadRowPolicy,
-    max_text_chars: int = DEFAULT_MAX_TEXT_CHARS,
-) -> dict[str, Any]:
-    """Stream ``kilt_knowledgesource.json`` into ``out/entities/``; return counts.
+def _page(row: InputRow, policy: BadRowPolicy, max_chars: int) -> Entity | None:
+    """The entity of one knowledge-source line (entity_id assigned when written), or None after
+    reporting the bad row."""
+    head = key_and_title(row, policy, KNOWLEDGE_SOURCE_FIELDS, "wikipedia_id", "wikipedia_title")
+    if head is None:
+        return None
+    key, title = head
+    paragraphs = row.record["text"]
+    if not isinstance(paragraphs, list) or not all(isinstance(p, str) for p in paragraphs):
+        row.reject(policy, BadRowKind.MISSING_FIELD, "text is not a list of paragraph strings")
+        return None
+    text = knowledge_source_text(paragraphs, max_chars)
+    if not text:
+        row.reject(policy, BadRowKind.EMPTY_TEXT, f"page {key} has no text")
+        return None
+    return Entity(-1, key, title, text)
 
-    Memory: one record batch of entities plus the set of Wikipedia ids seen (for duplicates).
+
+def convert_knowledge_source(
+    path: Path, conversion: Conversion, max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
+) -> dict[str, Any]:
+    """Stream ``kilt_knowledgesource.json`` into the catalogue of ``conversion``; return counts.
+
+    Memory: one chunk of pages, one record batch of entities and 8 bytes per page for the
+    duplicate check (:class:`pipeline.data.fields.KeySet`).
     """
-    seen: set[int | str] = set()
-    with EntityCatalogueWriter(out) as writer:
-        for row in tqdm(iter_json_lines(path, policy), desc="kilt knowledge source", unit=" pages"):
-            if not row.require(policy, KNOWLEDGE_SOURCE_FIELDS):
-                continue
-            record = row.record
-            key = str(record["wikipedia_id"]).strip()
-            paragraphs = record["text"]
-            if not key:
-                row.reject(policy, BadRowKind.EMPTY_KEY, "empty wikipedia_id")
-                continue
-            seen_key: int | str = int(key) if key.isdigit() else key  # ints are smaller in a set
-            if seen_key in seen:
-                row.reject(policy, BadRowKind.DUPLICATE_KEY, f"duplicate wikipedia_id {key}")
-                continue
-            if not isinstance(paragraphs, list):
-                row.reject(policy, BadRowKind.MISSING_FIELD, "text is not a list of paragraphs")
-                continue
-            text = knowledge_source_text([str(p) for p in paragraphs], max_text_chars)
-            if not text:
-                row.reject(policy, BadRowKind.EMPTY_TEXT, f"page {key} has no text")
-                continue
-            seen.add(seen_key)
-            writer.write(Entity(writer.count, key, str(record["wikipedia_title"]), text))
-        count = writer.count
-    return {"source": str(path), "entities": count}
+    policy = conversion.policy
+    keys = KeySet()
+    with conversion.builder.entities() as writer:
+        progress = tqdm(desc="kilt knowledge source", unit=" pages", mininterval=2.0)
+        for chunk in iter_json_chunks(path, policy, _CHUNK):
+            pages = [(row, page) for row in chunk if (page := _page(row, policy, max_text_chars))]
+            write_unique_entities(pages, writer, keys, policy, "wikipedia_id")
+            progress.update(len(chunk))
+        progress.close()
+    return {"source": str(path), "entities": writer.count}
 
 
 def aida_split_name(path: Path) -> str:
@@ -112,19 +108,56 @@ def aida_split_name(path: Path) -> str:
     return match.group(1) if match else Path(path).stem
 
 
-def _mention_parts(row: JsonRow) -> tuple[str, str, str] | None:
-    meta = row.record.get("meta")
-    if isinstance(meta, dict) and meta.get("mention") is not None:
-        return (
-            str(meta.get("left_context") or ""),
-            str(meta["mention"]),
-            str(meta.get("right_context") or ""),
+def is_unlabelled(path: Path) -> bool:
+    """KILT's ``*-test_without_answers-kilt.jsonl`` rows carry no ``output``."""
+    return UNLABELLED_MARK in Path(path).name
+
+
+def group_aida_files(paths: Sequence[Path]) -> dict[str, list[Path]]:
+    """The AIDA files of each split, in the order given. Files with and without answers mapping
+    to one split are an accident (the same mentions twice): an error naming both."""
+    groups: dict[str, list[Path]] = {}
+    for path in map(Path, paths):
+        groups.setdefault(aida_split_name(path), []).append(path)
+    for split, files in groups.items():
+        kinds = {is_unlabelled(path) for path in files}
+        if len(kinds) > 1:
+            raise InputError(
+                f"split {split!r} would mix labelled and unlabelled files: "
+                f"{', '.join(map(str, files))}; give one of them"
+            )
+    return groups
+
+
+def _mention_parts_of_meta(
+    row: InputRow, policy: BadRowPolicy, meta: dict
+) -> tuple[str, ...] | None:
+    parts = tuple("" if meta.get(name) is None else meta[name] for name in MENTION_PARTS)
+    if not all(isinstance(part, str) for part in parts):
+        row.reject(policy, BadRowKind.MISSING_FIELD, "meta contexts and mention must be strings")
+        return None
+    if any(marker in part for part in parts for marker in (START_ENT, END_ENT)):
+        row.reject(
+            policy,
+            BadRowKind.OFFSETS_OUTSIDE_CONTEXT,
+            f"meta holds a literal {START_ENT} / {END_ENT} marker",
         )
+        return None
+    return parts
+
+
+def _mention_parts_of_input(row: InputRow, policy: BadRowPolicy) -> tuple[str, ...] | None:
     text = row.record.get("input")
-    if not isinstance(text, str):
+    if not isinstance(text, str) or text.count(START_ENT) != 1 or text.count(END_ENT) != 1:
+        row.reject(
+            policy,
+            BadRowKind.OFFSETS_OUTSIDE_CONTEXT,
+            f"no meta, and input does not hold exactly one {START_ENT} ... {END_ENT} span",
+        )
         return None
     start, end = text.find(START_ENT), text.find(END_ENT)
-    if start < 0 or end < start:
+    if end < start:
+        row.reject(policy, BadRowKind.OFFSETS_OUTSIDE_CONTEXT, f"{END_ENT} before {START_ENT}")
         return None
     return (
         text[:start].strip(),
@@ -133,125 +166,174 @@ def _mention_parts(row: JsonRow) -> tuple[str, str, str] | None:
     )
 
 
-def _gold_candidates(record: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """Wikipedia ids and titles named by a row's outputs, in order."""
+def aida_input(row: InputRow, policy: BadRowPolicy) -> tuple[str, tuple[str, ...]] | None:
+    """The id and (left context, mention, right context) of one AIDA KILT line, from ``meta``
+    when present, else from the one marked span of ``input``; None after reporting a bad row
+    (no id, an invalid id, no single span, an empty mention)."""
+    if not row.require(policy, ("id",)):
+        return None
+    mention_id = source_key(row, policy, "id", row.record["id"])
+    if mention_id is None:
+        return None
+    meta = row.record.get("meta")
+    if isinstance(meta, dict) and meta.get("mention") is not None:
+        parts = _mention_parts_of_meta(row, policy, meta)
+    else:
+        parts = _mention_parts_of_input(row, policy)
+    if parts is None:
+        return None
+    if not parts[1].strip():
+        row.reject(policy, BadRowKind.EMPTY_TEXT, f"mention {mention_id!r} is empty")
+        return None
+    return mention_id, parts
+
+
+def _gold_candidates(row: InputRow, policy: BadRowPolicy) -> tuple[list[str], list[str]] | None:
+    """Wikipedia ids and titles named by a row's outputs, in order; None after reporting an
+    invalid provenance id."""
     ids: list[str] = []
     titles: list[str] = []
-    outputs = record.get("output")
+    outputs = row.record.get("output")
     for output in outputs if isinstance(outputs, list) else []:
         if not isinstance(output, dict):
             continue
-        for provenance in output.get("provenance") or []:
-            if isinstance(provenance, dict):
-                if provenance.get("wikipedia_id") is not None:
-                    ids.append(str(provenance["wikipedia_id"]))
-                if provenance.get("title"):
-                    titles.append(str(provenance["title"]))
-        if output.get("answer"):
-            titles.append(str(output["answer"]))
+        provenances = output.get("provenance")
+        for provenance in provenances if isinstance(provenances, list) else []:
+            if not isinstance(provenance, dict):
+                continue
+            if provenance.get("wikipedia_id") is not None:
+                key = source_key(row, policy, "provenance wikipedia_id", provenance["wikipedia_id"])
+                if key is None:
+                    return None
+                ids.append(key)
+            if isinstance(provenance.get("title"), str) and provenance["title"]:
+                titles.append(provenance["title"])
+        if isinstance(output.get("answer"), str) and output["answer"]:
+            titles.append(output["answer"])
     return ids, titles
 
 
-def convert_aida_split(
-    path: Path,
-    out: Path,
+def _resolve_aida_chunk(
+    chunk: list[InputRow],
     catalogue: EntityCatalogue,
     policy: BadRowPolicy,
-    keep_missing_gold: bool = False,
-    split: str | None = None,
-    chunk_size: int = 4096,
-) -> dict[str, int]:
-    """Convert one AIDA KILT file into ``out/mentions/<split>.parquet``; return counts.
+    unlabelled: bool,
+    keep_missing_gold: bool,
+    seen: KeySet,
+) -> Iterator[Mention]:
+    """The mentions of one chunk, golds looked up for the whole chunk at once."""
+    parsed = []
+    for row in chunk:
+        if not unlabelled and not row.require(policy, ("output",)):
+            continue
+        found = aida_input(row, policy)
+        candidates = ([], []) if unlabelled or found is None else _gold_candidates(row, policy)
+        if found is not None and candidates is not None:
+            parsed.append((row, *found, candidates))
+    by_id = iter(catalogue.ids_for_keys([k for *_, (ids, _) in parsed for k in ids]).tolist())
+    by_title = iter(catalogue.ids_for_titles([t for *_, (_, ts) in parsed for t in ts]).tolist())
+    for row, mention_id, parts, (ids, titles) in parsed:
+        resolved = [next(by_id) for _ in ids] + [next(by_title) for _ in titles]
+        golds = list(dict.fromkeys(i for i in resolved if i >= 0)) or [MISSING_GOLD]
+        if golds == [MISSING_GOLD] and not unlabelled and not keep_missing_gold:
+            row.reject(
+                policy,
+                BadRowKind.GOLD_NOT_IN_CATALOGUE,
+                f"no gold of {mention_id!r} in the catalogue (wikipedia ids {ids}, titles {titles})",
+            )
+            continue
+        if not seen.add(mention_id):
+            row.reject(policy, BadRowKind.DUPLICATE_KEY, f"duplicate id {mention_id!r}")
+            continue
+        yield Mention(mention_id, parts[0], parts[1], parts[2], golds[0], "", tuple(golds))
 
-    KILT's ``*-test_without_answers-kilt.jsonl`` rows carry no ``output``: they are written
-    unlabelled, with ``gold = -1`` (``MISSING_GOLD``), so predictions cover every input id.
+
+def convert_aida_split(
+    paths: Sequence[Path],
+    split: str,
+    conversion: Conversion,
+    catalogue: EntityCatalogue,
+    keep_missing_gold: bool = False,
+    chunk_size: int = 4096,
+) -> dict[str, Any]:
+    """Convert the AIDA KILT files of one split, in order, into ``mentions/<split>.parquet``.
+
+    ``*-test_without_answers-kilt.jsonl`` rows are written unlabelled, with ``gold = -1``
+    (``MISSING_GOLD``), so predictions cover every input id. Returns the split's counts and each
+    file's.
     """
-    split = split or aida_split_name(path)
-    unlabelled = UNLABELLED_MARK in Path(path).name
-    required = ("id",) if unlabelled else ("id", "output")
-    seen_ids: set[str] = set()
+    unlabelled = is_unlabelled(paths[0])
+    seen = KeySet()
+    files: list[dict[str, Any]] = []
     missing_kept = 0
-    with MentionWriter(out, split) as writer:
-        for chunk in iter_json_chunks(path, policy, chunk_size):
-            rows = [row for row in chunk if row.require(policy, required)]
-            candidates = [([], []) if unlabelled else _gold_candidates(row.record) for row in rows]
-            flat_ids = [key for ids, _ in candidates for key in ids]
-            flat_titles = [title for _, titles in candidates for title in titles]
-            by_id = iter(catalogue.ids_for_keys(flat_ids).tolist())
-            by_title = iter(catalogue.ids_for_titles(flat_titles).tolist())
-            for row, (ids, titles) in zip(rows, candidates, strict=True):
-                resolved = [next(by_id) for _ in ids] + [next(by_title) for _ in titles]
-                golds = list(dict.fromkeys(i for i in resolved if i >= 0))
-                mention_id = str(row.record["id"])
-                parts = _mention_parts(row)
-                if mention_id in seen_ids:
-                    row.reject(policy, BadRowKind.DUPLICATE_KEY, f"duplicate id {mention_id!r}")
-                    continue
-                if parts is None:
-                    row.reject(
-                        policy,
-                        BadRowKind.OFFSETS_OUTSIDE_CONTEXT,
-                        f"no meta and no {START_ENT} ... {END_ENT} span in input",
-                    )
-                    continue
-                if not parts[1].strip():
-                    row.reject(policy, BadRowKind.EMPTY_TEXT, f"mention {mention_id!r} is empty")
-                    continue
-                if unlabelled:
-                    golds = [MISSING_GOLD]
-                elif not golds:
-                    if not keep_missing_gold:
-                        row.reject(
-                            policy,
-                            BadRowKind.GOLD_NOT_IN_CATALOGUE,
-                            f"no gold of {mention_id!r} in the catalogue "
-                            f"(wikipedia ids {ids}, titles {titles})",
-                        )
-                        continue
-                    golds = [MISSING_GOLD]
-                    missing_kept += 1
-                seen_ids.add(mention_id)
-                writer.write(
-                    Mention(mention_id, parts[0], parts[1], parts[2], golds[0], "", tuple(golds))
-                )
-        count = writer.count
-    return {"mentions": count, "missing_gold_kept": missing_kept, "unlabelled": count * unlabelled}
+    with conversion.builder.mentions(split) as writer:
+        for path in paths:
+            before = writer.count
+            for chunk in iter_json_chunks(path, conversion.policy, chunk_size):
+                for mention in _resolve_aida_chunk(
+                    chunk, catalogue, conversion.policy, unlabelled, keep_missing_gold, seen
+                ):
+                    missing_kept += mention.gold == MISSING_GOLD and not unlabelled
+                    writer.write(mention)
+            files.append({"file": str(path), "mentions": writer.count - before})
+    return {
+        "mentions": writer.count,
+        "files": files,
+        "missing_gold_kept": missing_kept,
+        "unlabelled": writer.count * unlabelled,
+    }
 
 
 def convert_kilt(
-    out: Path,
+    output: DatasetOutput | Path,
     aida_files: Sequence[Path],
     knowledge_source: Path | None = None,
     blink_entities: Path | None = None,
-    policy: BadRowPolicy | None = None,
-    keep_missing_gold: bool = False,
+    keep_missing_gold: bool | Collection[str] = False,
     max_text_chars: int = DEFAULT_MAX_TEXT_CHARS,
+    converter: str = "kilt",
 ) -> dict[str, Any]:
-    """Build a KILT dataset directory: catalogue from the knowledge source or BLINK's
-    ``entity.jsonl`` (exactly one), then the AIDA splits resolved against it."""
+    """Publish a KILT dataset: the catalogue from the knowledge source or BLINK's
+    ``entity.jsonl`` (exactly one), then the AIDA splits resolved against it.
+
+    ``keep_missing_gold``: True for every split, or the names of the splits (e.g. dev and test)
+    whose mentions keep a gold missing from the catalogue as ``MISSING_GOLD``.
+    """
     if (knowledge_source is None) == (blink_entities is None):
         raise ValueError("give exactly one catalogue source: knowledge_source or blink_entities")
-    out = Path(out)
-    policy = policy or BadRowPolicy()
-    if knowledge_source is not None:
-        catalogue_summary = convert_knowledge_source(knowledge_source, out, policy, max_text_chars)
-    else:
-        assert blink_entities is not None
-        catalogue_summary = convert_blink_entities(blink_entities, out, policy, max_text_chars)
-    catalogue = EntityCatalogue.open(out)
-    splits = {
-        aida_split_name(path): convert_aida_split(path, out, catalogue, policy, keep_missing_gold)
-        for path in aida_files
-    }
-    summary = {
-        "format": "kilt",
-        "catalogue": catalogue_summary,
-        "entities": len(catalogue),
-        "mentions": {split: counts["mentions"] for split, counts in splits.items()},
-        "missing_gold_kept": sum(counts["missing_gold_kept"] for counts in splits.values()),
-        "unlabelled": sum(counts["unlabelled"] for counts in splits.values()),
-        "keep_missing_gold": keep_missing_gold,
-        "bad_rows": policy.summary(),
-    }
-    write_summary(out, summary)
-    return summary
+    if max_text_chars <= 0:
+        raise InputError(f"--max-text-chars must be positive, got {max_text_chars}")
+    groups = group_aida_files(aida_files)
+    source = Path(knowledge_source or blink_entities)  # type: ignore[arg-type]
+    role = "knowledge_source" if knowledge_source is not None else "blink_entities"
+    inputs = [(role, source), *(("aida", Path(path)) for path in aida_files)]
+    with Conversion(output, converter, CONVERTER_VERSION, inputs) as conversion:
+        with conversion.stage("catalogue"):
+            if knowledge_source is not None:
+                catalogue_summary = convert_knowledge_source(source, conversion, max_text_chars)
+            else:
+                catalogue_summary = convert_blink_entities(source, conversion, max_text_chars)
+        catalogue = conversion.catalogue()
+        splits = {}
+        for split, paths in groups.items():
+            keep = (
+                keep_missing_gold
+                if isinstance(keep_missing_gold, bool)
+                else split in keep_missing_gold
+            )
+            with conversion.stage(f"mentions {split}"):
+                splits[split] = convert_aida_split(paths, split, conversion, catalogue, keep)
+        return conversion.publish(
+            {
+                "format": converter,
+                "catalogue": catalogue_summary,
+                "entities": len(catalogue),
+                "mentions": {split: counts["mentions"] for split, counts in splits.items()},
+                "mention_files": {split: counts["files"] for split, counts in splits.items()},
+                "missing_gold_kept": sum(counts["missing_gold_kept"] for counts in splits.values()),
+                "unlabelled": sum(counts["unlabelled"] for counts in splits.values()),
+                "keep_missing_gold": keep_missing_gold
+                if isinstance(keep_missing_gold, bool)
+                else sorted(keep_missing_gold),
+            }
+        )

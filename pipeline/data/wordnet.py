@@ -25,21 +25,17 @@ import hashlib
 import re
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
-from cluster.tables import (
-    SPLITS,
-    Entity,
-    EntityCatalogueWriter,
-    Mention,
-    MentionWriter,
-    write_summary,
-)
-from pipeline.data.bad_rows import BadRowKind, BadRowPolicy
+from cluster.tables import SPLITS, Entity, Mention
+from encoders.errors import InputError
+from pipeline.data.bad_rows import BadRowKind, BadRowPolicy, InputRow, chunked, iter_text_lines
+from pipeline.data.conversion import Conversion, DatasetOutput
+from pipeline.data.fields import KeySet, write_unique_entities
 
 DEFAULT_WORDNET_DIR = Path("/usr/share/wordnet")
 #: data file suffix -> (key prefix, part of speech used for inflection and exceptions)
@@ -50,6 +46,8 @@ PARTS_OF_SPEECH: dict[str, tuple[str, str]] = {
     "adv": ("r", "adv"),
 }
 SPLIT_FRACTIONS = (0.8, 0.1, 0.1)
+CONVERTER_VERSION = 2
+_CHUNK = 4096
 
 _ADJECTIVE_MARKER = re.compile(r"\((?:a|p|ip)\)$")
 _EXAMPLE = re.compile(r'"([^"]*)"')
@@ -89,9 +87,11 @@ def parse_data_line(line: str, prefix: str, pos: str) -> Synset:
     offset = fields[0]
     word_count = int(fields[3], 16)
     words = fields[4 : 4 + 2 * word_count : 2]
-    if len(words) != word_count or not offset.isdigit():
-        raise ValueError(f"expected {word_count} words in synset {offset}")
-    lemmas = tuple(_ADJECTIVE_MARKER.sub("", word).replace("_", " ") for word in words)
+    if word_count < 1 or len(words) != word_count or not offset.isdigit():
+        raise ValueError(f"expected {word_count} (at least one) words in synset {offset}")
+    lemmas = tuple(_ADJECTIVE_MARKER.sub("", word).replace("_", " ").strip() for word in words)
+    if not all(lemmas):
+        raise ValueError(f"an empty lemma in synset {offset}")
     gloss = gloss.strip()
     examples = tuple(example.strip() for example in _EXAMPLE.findall(gloss) if example.strip())
     definition = _EXAMPLE.sub("", gloss)
@@ -101,38 +101,29 @@ def parse_data_line(line: str, prefix: str, pos: str) -> Synset:
 
 def iter_synsets(
     data_file: Path, prefix: str, pos: str, policy: BadRowPolicy
-) -> Iterator[tuple[int, Synset]]:
-    """Stream ``(line number, synset)`` from one data file; the license header (lines starting
-    with two spaces) is not data."""
-    with Path(data_file).open("r", encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if line.startswith("  ") or not line.strip():
-                continue
-            try:
-                yield line_number, parse_data_line(line, prefix, pos)
-            except (ValueError, IndexError) as error:
-                policy.reject(
-                    BadRowKind.MISSING_FIELD,
-                    Path(data_file),
-                    line_number,
-                    line,
-                    f"malformed WordNet data line: {error}",
-                )
+) -> Iterator[tuple[InputRow, Synset]]:
+    """Stream ``(row, synset)`` from one data file; the license header (lines starting with two
+    spaces) is not data, a line that does not parse is a ``missing_field`` bad row."""
+    for line_number, line in iter_text_lines(data_file, policy):
+        if line.startswith("  ") or not line.strip():
+            continue
+        row = InputRow(Path(data_file), line_number, line, {})
+        try:
+            yield row, parse_data_line(line, prefix, pos)
+        except (ValueError, IndexError) as error:
+            row.reject(policy, BadRowKind.MISSING_FIELD, f"malformed WordNet data line: {error}")
 
 
-def read_exceptions(wordnet_dir: Path, pos: str) -> dict[str, set[str]]:
+def read_exceptions(wordnet_dir: Path, pos: str, policy: BadRowPolicy) -> dict[str, set[str]]:
     """Base form -> irregular inflected forms, from ``<pos>.exc`` (lines ``inflected base...``)."""
     inflections: dict[str, set[str]] = {}
     path = Path(wordnet_dir) / f"{pos}.exc"
     if not path.exists():
         return inflections
-    with path.open("r", encoding="utf-8") as handle:
-        for line in handle:
-            parts = line.split()
-            for base in parts[1:]:
-                inflections.setdefault(base.replace("_", " "), set()).add(
-                    parts[0].replace("_", " ")
-                )
+    for _, line in iter_text_lines(path, policy):
+        parts = line.split()
+        for base in parts[1:]:
+            inflections.setdefault(base.replace("_", " "), set()).add(parts[0].replace("_", " "))
     return inflections
 
 
@@ -240,110 +231,135 @@ def split_for_lemma(lemma: str, seed: int) -> str:
     return "dev" if fraction < SPLIT_FRACTIONS[0] + SPLIT_FRACTIONS[1] else "test"
 
 
+def data_files(wordnet_dir: Path) -> list[tuple[Path, str, str]]:
+    """``(data.<pos> path, key prefix, part of speech)`` of each part of speech; all must exist."""
+    found = [(wordnet_dir / f"data.{suffix}", *spec) for suffix, spec in PARTS_OF_SPEECH.items()]
+    missing = [str(path) for path, _, _ in found if not path.exists()]
+    if missing:
+        raise InputError(
+            f"WordNet data files not found: {', '.join(missing)} "
+            "(Debian: apt-get install wordnet-base)"
+        )
+    return found
+
+
+@dataclass
+class _Tally:
+    """What the summary reports, counted while converting."""
+
+    synsets_per_pos: Counter[str] = field(default_factory=Counter)
+    # keyed by (pos, lemma) and ("*", lemma): ambiguity within a part of speech and across all
+    synsets_per_lemma: Counter[tuple[str, str]] = field(default_factory=Counter)
+    mention_lemmas: dict[str, Counter[tuple[str, str]]] = field(
+        default_factory=lambda: {split: Counter() for split in SPLITS}
+    )
+    examples: int = 0
+    examples_without_lemma: int = 0
+
+    def add_synset(self, synset: Synset) -> None:
+        self.synsets_per_pos[synset.pos] += 1
+        self.synsets_per_lemma.update({(synset.pos, lemma.lower()) for lemma in synset.lemmas})
+        self.synsets_per_lemma.update({("*", lemma.lower()) for lemma in synset.lemmas})
+
+    def summary(self) -> dict[str, Any]:
+        per_split = self.mention_lemmas.items()
+        mentions = {split: sum(counts.values()) for split, counts in per_split}
+        ambiguous = {
+            split: sum(n for key, n in counts.items() if self.synsets_per_lemma[key] > 1)
+            for split, counts in per_split
+        }
+        ambiguous_any_pos = {
+            split: sum(
+                n for (_, lemma), n in counts.items() if self.synsets_per_lemma["*", lemma] > 1
+            )
+            for split, counts in per_split
+        }
+        return {
+            "synsets_per_pos": dict(self.synsets_per_pos),
+            "examples": self.examples,
+            "examples_without_lemma": self.examples_without_lemma,
+            "mentions": mentions,
+            "mentions_total": sum(mentions.values()),
+            "ambiguous": ambiguous,
+            "ambiguous_total": sum(ambiguous.values()),
+            "ambiguous_any_pos": ambiguous_any_pos,
+            "ambiguous_any_pos_total": sum(ambiguous_any_pos.values()),
+            "mention_lemmas": {
+                split: len({lemma for _, lemma in counts}) for split, counts in per_split
+            },
+        }
+
+
+def _example_mentions(
+    synset: Synset, entity_id: int, exceptions: dict[str, set[str]], seed: int, tally: _Tally
+) -> Iterator[tuple[str, Mention]]:
+    """``(split, mention)`` of each example sentence of ``synset`` that holds one of its lemmas."""
+    if not synset.examples:
+        return  # compiling a matcher is most of the conversion's time: only when it is used
+    matcher = LemmaMatcher(synset.lemmas, synset.pos, exceptions)
+    for number, example in enumerate(synset.examples):
+        tally.examples += 1
+        found = matcher.find(example)
+        if found is None:
+            tally.examples_without_lemma += 1
+            continue
+        start, end, lemma = found
+        split = split_for_lemma(lemma, seed)
+        tally.mention_lemmas[split][(synset.pos, lemma)] += 1
+        yield (
+            split,
+            Mention(
+                mention_id=f"{synset.key}.{number}",
+                context_left=example[:start].strip(),
+                mention=example[start:end],
+                context_right=example[end:].strip(),
+                gold=entity_id,
+            ),
+        )
+
+
 def convert_wordnet(
-    out: Path,
+    output: DatasetOutput | Path,
     wordnet_dir: Path = DEFAULT_WORDNET_DIR,
     seed: int = 0,
-    policy: BadRowPolicy | None = None,
 ) -> dict[str, Any]:
-    """Build the WordNet dataset directory ``out``; return (and write) its summary.
+    """Publish the WordNet dataset ``output``; return its summary.
 
-    Two streaming passes over the data files: the first writes the catalogue and counts the
-    synsets of each lemma, the second finds the example mentions (their ids need the entity ids
-    of the first pass, their ambiguity the lemma counts).
+    One streaming pass over the data files writes the catalogue and the example mentions (a
+    mention's gold is its synset, written just before it); ambiguity is counted at the end, once
+    every lemma's synsets are known.
     """
-    out, wordnet_dir = Path(out), Path(wordnet_dir)
-    policy = policy or BadRowPolicy()
-    data_files = [
-        (wordnet_dir / f"data.{suffix}", *spec) for suffix, spec in PARTS_OF_SPEECH.items()
+    wordnet_dir = Path(wordnet_dir)
+    files = data_files(wordnet_dir)
+    inputs = [(f"data.{pos}", path) for path, _, pos in files]
+    inputs += [
+        (f"{pos}.exc", wordnet_dir / f"{pos}.exc")
+        for _, _, pos in files
+        if (wordnet_dir / f"{pos}.exc").exists()
     ]
-    missing = [str(path) for path, _, _ in data_files if not path.exists()]
-    if missing:
-        raise FileNotFoundError(
-            f"WordNet data files not found: {', '.join(missing)} (Debian: apt-get install wordnet-base)"
-        )
-    # keyed by (pos, lemma) and ("*", lemma): ambiguity within a part of speech and across all
-    synsets_per_lemma: Counter[tuple[str, str]] = Counter()
-    synsets_per_pos: Counter[str] = Counter()
-    mention_lemmas: dict[str, Counter[tuple[str, str]]] = {split: Counter() for split in SPLITS}
-    examples = examples_without_lemma = 0
-    seen: set[str] = set()
-    writers = {split: MentionWriter(out, split) for split in SPLITS}
-    with EntityCatalogueWriter(out) as entity_writer:
-        try:
-            for path, prefix, pos in data_files:
-                exceptions = read_exceptions(wordnet_dir, pos)
-                rows = tqdm(iter_synsets(path, prefix, pos, policy), desc=f"wordnet {pos}")
-                for line_number, synset in rows:
-                    if synset.key in seen:
-                        policy.reject(
-                            BadRowKind.DUPLICATE_KEY,
-                            path,
-                            line_number,
-                            synset.key,
-                            f"duplicate synset {synset.key}",
-                        )
-                        continue
-                    seen.add(synset.key)
-                    entity_id = entity_writer.count
-                    entity_writer.write(Entity(entity_id, synset.key, synset.title, synset.text))
-                    synsets_per_pos[pos] += 1
-                    synsets_per_lemma.update({(pos, lemma.lower()) for lemma in synset.lemmas})
-                    synsets_per_lemma.update({("*", lemma.lower()) for lemma in synset.lemmas})
-                    matcher = LemmaMatcher(synset.lemmas, pos, exceptions)
-                    for number, example in enumerate(synset.examples):
-                        examples += 1
-                        found = matcher.find(example)
-                        if found is None:
-                            examples_without_lemma += 1
-                            continue
-                        start, end, lemma = found
-                        split = split_for_lemma(lemma, seed)
-                        writers[split].write(
-                            Mention(
-                                mention_id=f"{synset.key}.{number}",
-                                context_left=example[:start].strip(),
-                                mention=example[start:end],
-                                context_right=example[end:].strip(),
-                                gold=entity_id,
-                            )
-                        )
-                        mention_lemmas[split][(pos, lemma)] += 1
-        except BaseException as error:
-            for mention_writer in writers.values():
-                mention_writer.__exit__(type(error), error, error.__traceback__)
-            raise
-        for mention_writer in writers.values():
-            mention_writer.close()
-        entity_count = entity_writer.count
-    mentions = {split: sum(counts.values()) for split, counts in mention_lemmas.items()}
-    ambiguous = {
-        split: sum(n for key, n in counts.items() if synsets_per_lemma[key] > 1)
-        for split, counts in mention_lemmas.items()
-    }
-    ambiguous_any_pos = {
-        split: sum(n for (_, lemma), n in counts.items() if synsets_per_lemma["*", lemma] > 1)
-        for split, counts in mention_lemmas.items()
-    }
-    lemmas = {
-        split: len({lemma for _, lemma in counts}) for split, counts in mention_lemmas.items()
-    }
-    summary = {
-        "format": "wordnet",
-        "source": str(wordnet_dir),
-        "seed": seed,
-        "entities": entity_count,
-        "synsets_per_pos": dict(synsets_per_pos),
-        "examples": examples,
-        "examples_without_lemma": examples_without_lemma,
-        "mentions": mentions,
-        "mentions_total": sum(mentions.values()),
-        "ambiguous": ambiguous,
-        "ambiguous_total": sum(ambiguous.values()),
-        "ambiguous_any_pos": ambiguous_any_pos,
-        "ambiguous_any_pos_total": sum(ambiguous_any_pos.values()),
-        "mention_lemmas": lemmas,
-        "bad_rows": policy.summary(),
-    }
-    write_summary(out, summary)
-    return summary
+    with Conversion(output, "wordnet", CONVERTER_VERSION, inputs) as conversion:
+        policy = conversion.policy
+        tally = _Tally()
+        keys = KeySet()
+        writers = {split: conversion.builder.mentions(split) for split in SPLITS}
+        with conversion.stage("synsets and mentions"), conversion.builder.entities() as entities:
+            for path, prefix, pos in files:
+                exceptions = read_exceptions(wordnet_dir, pos, policy)
+                synsets = tqdm(iter_synsets(path, prefix, pos, policy), desc=f"wordnet {pos}")
+                for chunk in chunked(synsets, _CHUNK):
+                    by_key: dict[str, Synset] = {}
+                    for _, synset in chunk:
+                        by_key.setdefault(synset.key, synset)
+                    rows = [(row, Entity(-1, s.key, s.title, s.text)) for row, s in chunk]
+                    for written in write_unique_entities(rows, entities, keys, policy, "synset"):
+                        synset = by_key[written.key]
+                        tally.add_synset(synset)
+                        for split, mention in _example_mentions(
+                            synset, written.entity_id, exceptions, seed, tally
+                        ):
+                            writers[split].write(mention)
+        for writer in writers.values():
+            writer.close()
+        conversion.catalogue()
+        summary = {"format": "wordnet", "source": str(wordnet_dir), "seed": seed}
+        return conversion.publish({**summary, "entities": entities.count, **tally.summary()})
