@@ -128,7 +128,7 @@ class BiEncoder(nn.Module):
         chunk_size: int = 0,
     ) -> Tensor:
         """Scores s(x, y) (eq. 9) [B, C] of every mention against every candidate: the training
-        step's scoring call (``pipeline.train.step``), shared with the joint reranker.
+        step's scoring call, shared with the joint reranker.
 
         ``pairs`` [B, C] names the entries the loss reads; a bi-encoder computes all B x C of
         them for the price of B + C tower passes, so it is ignored here. ``chunk_size`` > 0
