@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import math
 from pathlib import Path
 
 import deepspeed
@@ -36,7 +37,7 @@ from pipeline.train.batch import ContrastiveBatch, assemble_batch
 from pipeline.train.checkpointing import UnsafeCheckpointError
 from pipeline.train.deepspeed_config import build_deepspeed_config
 from pipeline.train.events import read_events
-from pipeline.train.model import build_model
+from pipeline.train.model import build_model, build_trainable
 from pipeline.train.step import contrastive_loss, train_micro_batch
 from pipeline.train.task import TrainingTask
 from pipeline.train.worker import WorkerRun, start_engine
@@ -161,6 +162,31 @@ def _gradients(module: torch.nn.Module) -> torch.Tensor:
             for p in module.parameters()
         ]
     )
+
+
+def test_the_recipes_memory_switches_reach_the_towers(
+    still_model_dir: Path, small_dataset: Path
+) -> None:
+    """``model.activation_checkpointing`` turns it on in both towers, and
+    ``training.candidate_chunk_size`` makes the step encode the candidates chunk by chunk, each
+    chunk again in the backward pass."""
+    config = recipe(
+        Path("unused"),
+        small_dataset,
+        still_model_dir,
+        "model.activation_checkpointing=true",
+        "training.candidate_chunk_size=5",
+    )
+    model = build_trainable(config, "retriever")
+    assert model.mention_tower.is_activation_checkpointing
+    assert model.entity_tower.is_activation_checkpointing
+    engine = start_engine(model, config.training, CPU)
+    runs = []
+    model.entity_tower.embeddings.register_forward_hook(lambda *_: runs.append(1))
+    batch = _micro_batches(config, [[0, 1, 2, 3]])[0]
+    _backward(engine, batch)
+    assert len(batch.entity_ids) > 5
+    assert len(runs) == 2 * math.ceil(len(batch.entity_ids) / 5)
 
 
 @pytest.mark.parametrize("stage", [2, 3])
