@@ -21,6 +21,7 @@ from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel, PreTra
 from encoders.formatting import register_markers, tokenize_entities, tokenize_mentions
 from encoders.local import load_local
 from encoders.scorers import Scorer, ScorerConfig, build_scorer
+from encoders.towers import checkpointed_chunks, enable_activation_checkpointing, use_sdpa
 
 SCORER_FILE = "scorer.json"
 SCORER_WEIGHTS_FILE = "scorer.safetensors"
@@ -60,8 +61,8 @@ class BiEncoder(nn.Module):
     """Two BERT towers and a scorer (eq. 9). Inputs are BLINK-formatted (``encoders.formatting``).
 
     ``forward(mention_batch, entity_batch)`` scores every mention against every entity -> [B, E];
-    ``score_with_candidates`` scores each mention against its own gold + K negatives -> [B, K+1],
-    the trainer's entry point. Batches are mappings with ``input_ids`` and ``attention_mask``.
+    ``score_matrix`` does the same with the training step's options (chunked candidates).
+    Batches are mappings with ``input_ids`` and ``attention_mask``.
     """
 
     def __init__(
@@ -117,45 +118,42 @@ class BiEncoder(nn.Module):
         self, mention_batch: Mapping[str, Tensor], entity_batch: Mapping[str, Tensor]
     ) -> Tensor:
         """All-pairs scores [B, E] (e.g. in-batch negatives, or a small catalogue scored exactly)."""
-        mention_hidden, mention_mask = self.encode_mentions(
-            mention_batch["input_ids"], mention_batch["attention_mask"]
-        )
-        entity_hidden, entity_mask = self.encode_entities(
-            entity_batch["input_ids"], entity_batch["attention_mask"]
-        )
-        return self.scorer.score(mention_hidden, mention_mask, entity_hidden, entity_mask)
+        return self.score_matrix(mention_batch, entity_batch)
 
-    def score_with_candidates(
-        self, mention_batch: Mapping[str, Tensor], candidate_batch: Mapping[str, Tensor]
+    def score_matrix(
+        self,
+        mention_batch: Mapping[str, Tensor],
+        candidate_batch: Mapping[str, Tensor],
+        pairs: Tensor | None = None,
+        chunk_size: int = 0,
     ) -> Tensor:
-        """Scores [B, C] of each mention against its own C candidates (gold first, then K negatives).
+        """Scores s(x, y) (eq. 9) [B, C] of every mention against every candidate: the training
+        step's scoring call, shared with the joint reranker.
 
-        ``candidate_batch`` tensors are [B*C, L'] (row-major: mention 0's candidates first) or
-        [B, C, L']. Column 0 of the result is the positive score when the gold comes first.
+        ``pairs`` [B, C] names the entries the loss reads; a bi-encoder computes all B x C of
+        them for the price of B + C tower passes, so it is ignored here. ``chunk_size`` > 0
+        encodes the candidates that many at a time with their activations recomputed in the
+        backward pass (:func:`encoders.towers.checkpointed_chunks`): activation memory is
+        bounded by one chunk whatever the number of candidates.
         """
-        batch = mention_batch["input_ids"].shape[0]
-        input_ids = candidate_batch["input_ids"]
-        attention_mask = candidate_batch["attention_mask"]
-        if input_ids.shape[0] % batch != 0 and input_ids.dim() == 2:
-            raise ValueError(
-                f"candidate rows {input_ids.shape[0]} are not a multiple of the {batch} mentions"
-            )
-        input_ids = input_ids.reshape(batch, -1, input_ids.shape[-1])
-        attention_mask = attention_mask.reshape(batch, -1, attention_mask.shape[-1])
-        candidates = input_ids.shape[1]
-        mention_hidden, mention_mask = self.encode_mentions(
-            mention_batch["input_ids"], mention_batch["attention_mask"]
+        mention_vectors, mention_kept = self.scorer.reduce_mentions(
+            *self.encode_mentions(mention_batch["input_ids"], mention_batch["attention_mask"])
         )
-        cand_hidden, cand_mask = self.encode_entities(
-            input_ids.reshape(batch * candidates, -1),
-            attention_mask.reshape(batch * candidates, -1),
+        entity_vectors, entity_kept = checkpointed_chunks(
+            self._reduced_entities,
+            [candidate_batch["input_ids"], candidate_batch["attention_mask"]],
+            chunk_size,
         )
-        return self.scorer.score_candidates(
-            mention_hidden,
-            mention_mask,
-            cand_hidden.reshape(batch, candidates, *cand_hidden.shape[1:]),
-            cand_mask.reshape(batch, candidates, -1),
-        )
+        return self.scorer.score_reduced(mention_vectors, mention_kept, entity_vectors, entity_kept)
+
+    def _reduced_entities(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+        """Entity tower then the scorer's entity-side reduction: what a candidate chunk keeps."""
+        return self.scorer.reduce_entities(*self.encode_entities(input_ids, attention_mask))
+
+    def enable_activation_checkpointing(self) -> None:
+        """Recompute both towers' layers in the backward pass (``model.activation_checkpointing``)."""
+        enable_activation_checkpointing(self.mention_tower, "mention")
+        enable_activation_checkpointing(self.entity_tower, "entity")
 
     def entity_index_vectors(
         self, input_ids: Tensor, attention_mask: Tensor
@@ -241,8 +239,11 @@ def _assemble(
     entity_length: int,
     projection_size: int | None,
 ) -> BiEncoder:
-    """Towers, tokenizer (BLINK markers registered), scorer and optional projections."""
+    """Towers (SDPA attention where supported), tokenizer (BLINK markers registered), scorer
+    and optional projections."""
     register_markers(tokenizer)
+    use_sdpa(mention_tower, "mention")
+    use_sdpa(entity_tower, "entity")
     hidden_size = int(mention_tower.config.hidden_size)
     mention_projection = entity_projection = None
     if projection_size is not None:

@@ -21,6 +21,7 @@ from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel, PreTra
 
 from encoders.formatting import register_markers, tokenize_entities, tokenize_mentions
 from encoders.local import load_local
+from encoders.towers import checkpointed_chunks, enable_activation_checkpointing, use_sdpa
 
 RERANKER_FILE = "reranker.json"
 HEAD_WEIGHTS_FILE = "head.safetensors"
@@ -114,6 +115,50 @@ class JointReranker(nn.Module):
         )
         return self(**pairs)
 
+    def score_matrix(
+        self,
+        mention_batch: Mapping[str, Tensor],
+        candidate_batch: Mapping[str, Tensor],
+        pairs: Tensor,
+        chunk_size: int = 0,
+    ) -> Tensor:
+        """Scores [B, C] of mentions [B, Lm] against candidates [C, Le] where ``pairs`` [B, C] is
+        True, 0 elsewhere: the training step's scoring call, shared with the bi-encoder.
+
+        A cross-encoder pays one BERT pass per (mention, entity) pair, so only the pairs the loss
+        reads are encoded. ``chunk_size`` > 0 runs them that many at a time with activations
+        recomputed in the backward pass (:func:`encoders.towers.checkpointed_chunks`).
+        """
+        rows, columns = pairs.nonzero(as_tuple=True)
+        (scores,) = checkpointed_chunks(
+            self._pair_scores,
+            [
+                mention_batch["input_ids"][rows],
+                mention_batch["attention_mask"][rows],
+                candidate_batch["input_ids"][columns],
+                candidate_batch["attention_mask"][columns],
+            ],
+            chunk_size,
+        )
+        return scores.new_zeros(pairs.shape).index_put((rows, columns), scores)
+
+    def _pair_scores(
+        self,
+        mention_ids: Tensor,
+        mention_mask: Tensor,
+        candidate_ids: Tensor,
+        candidate_mask: Tensor,
+    ) -> Tensor:
+        """Scores [P] of P (mention, entity) pairs given row by row."""
+        return self.score_candidates(
+            {"input_ids": mention_ids, "attention_mask": mention_mask},
+            {"input_ids": candidate_ids, "attention_mask": candidate_mask},
+        )[:, 0]
+
+    def enable_activation_checkpointing(self) -> None:
+        """Recompute the encoder's layers in the backward pass (``rerank.activation_checkpointing``)."""
+        enable_activation_checkpointing(self.encoder, "reranker")
+
     def tokenize_mentions(
         self, context_left: Sequence[str], mention: Sequence[str], context_right: Sequence[str]
     ) -> dict[str, Tensor]:
@@ -147,6 +192,7 @@ def build_reranker(
         if tokenizer is None:
             tokenizer = load_local(AutoTokenizer, path)
     register_markers(tokenizer)
+    use_sdpa(encoder, "reranker")
     return JointReranker(encoder, tokenizer, mention_length, entity_length, max_length)
 
 

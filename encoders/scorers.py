@@ -197,6 +197,17 @@ class Scorer(nn.Module, metaclass=abc.ABCMeta):
         """All pairs: every mention [B, L, d] against every entity [E, L', d] -> [B, E]."""
         mention_vectors, mention_kept = self.reduce_mentions(mention_hidden, mention_mask)
         entity_vectors, entity_kept = self.reduce_entities(entity_hidden, entity_mask)
+        return self.score_reduced(mention_vectors, mention_kept, entity_vectors, entity_kept)
+
+    def score_reduced(
+        self,
+        mention_vectors: Tensor,
+        mention_kept: Tensor,
+        entity_vectors: Tensor,
+        entity_kept: Tensor,
+    ) -> Tensor:
+        """All pairs from already reduced sides (``reduce_mentions`` [B, a, d], ``reduce_entities``
+        [E, b, d]) -> [B, E], in blocks of entities that bound the pairwise logits' memory."""
         per_entity = mention_vectors.shape[0] * mention_vectors.shape[1] * entity_vectors.shape[1]
         step = max(1, _BLOCK_ELEMENTS // max(1, per_entity))
         blocks = [

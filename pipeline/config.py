@@ -251,8 +251,13 @@ class EvalSettings:
     per_domain_catalogue: Flag = False  # Zeshel: link each mention within its own domain
 
 
+# Where the reranker's training defaults differ from the retriever's: a cross-encoder pays one
+# BERT pass per (mention, candidate) pair, so 2 mentions x 64 candidates fill one worker.
+_RERANKER_TRAINING = {"batch_size": 2, "num_workers": 1}
+
+
 def _reranker_training() -> TrainingSettings:
-    return TrainingSettings(steps=1000, batch_size=2, warmup_steps=100, num_workers=1)
+    return TrainingSettings(**_RERANKER_TRAINING)
 
 
 @settings
@@ -262,6 +267,9 @@ class RerankSettings:
     ``candidates``: ``negatives`` (the run's newest negatives version of each split; mine dev/test
     by listing them in ``refresh.splits``) or ``retriever`` (search ``retriever``, a bi-encoder
     export directory or ``newest``, in the run's index version of that checkpoint, built if none).
+    Training runs through the same driver as ``hnce train`` under ``<run.dir>/rerank``, with its
+    own ``training`` settings (``training.candidate_chunk_size`` chunks the scored pairs) and
+    ``activation_checkpointing`` for the encoder.
     """
 
     model: Text = "minilm"
@@ -274,7 +282,14 @@ class RerankSettings:
     eval_batch_size: PositiveInt = 4
     max_train_mentions: NonNegativeInt = 0
     max_eval_mentions: NonNegativeInt = 0
+    activation_checkpointing: Flag = False
     training: TrainingSettings = field(default_factory=_reranker_training)
+
+    @field_validator("training", mode="before")
+    @classmethod
+    def _reranker_defaults(cls, value: Any) -> Any:
+        """A partial ``rerank.training`` keeps the reranker's defaults for the keys it omits."""
+        return {**_RERANKER_TRAINING, **value} if isinstance(value, Mapping) else value
 
 
 @settings

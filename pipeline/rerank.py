@@ -11,40 +11,46 @@ domain and macro-averaged over domains as in the paper's Table 2 / Appendix B:
   from the catalogue (``gold = MISSING_GOLD``), counts as an error.
 
 Candidates come from a negatives version (``<run>/negatives/v<N>/<split>.parquet``, the raw top-N
-of an index version) or from searching the retriever itself (:func:`retrieve_candidates`). The
-training engine is DeepSpeed, configured by ``pipeline.train.deepspeed_config`` as the
-bi-encoder trainer; a single process with the gloo backend is enough on a CPU.
+of an index version) or from searching the retriever itself (:func:`retrieve_candidates`, the
+train split's published under ``<run>/rerank/candidates`` for the workers). Training goes through
+the same driver, worker loop and step as ``hnce train`` (``pipeline.train``, the reranker task):
+DeepSpeed workers under Ray Train, resumable checkpoints under ``<run>/rerank/checkpoints``,
+negatives the retriever's top non-positive candidates, token ids from the catalogue's token store.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import socket
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+import logging
+import shutil
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import deepspeed
 import numpy as np
 import torch
-import torch.distributed as dist
-from torch import Tensor, nn
 from tqdm import tqdm
 
 from cluster.checkpoints import resolve_checkpoint
 from cluster.index_store import IndexStore, IndexVersion
 from cluster.miner import search_mentions
-from cluster.negatives_store import NegativesStore, NegativesVersion
+from cluster.negatives_store import MinedSplit, NegativesStore, NegativesVersion
 from cluster.sharded_index import IndexSpec
 from cluster.tables import EntityCatalogue, Mention, MentionSplit, mention_split_path
+from cluster.tokens import TokenStore
+from cluster.versioned_dir import next_version
 from encoders.biencoder import BiEncoder, load_biencoder
 from encoders.blink import export_blink_crossencoder
-from encoders.reranker import JointReranker, build_reranker, export_reranker
-from pipeline.config import Config, TrainingSettings
+from encoders.precision import autocast
+from encoders.reranker import JointReranker, load_reranker
+from pipeline.config import Config
 from pipeline.evaluate import build_index, encode_catalogue
-from pipeline.preflight import check_rerank_inputs, model_directory
-from pipeline.train.deepspeed_config import build_deepspeed_config
+from pipeline.preflight import check_rerank_inputs
+from pipeline.train.batch import MentionTokens
+from pipeline.train.task import TrainingTask, rerank_run_dir
+from pipeline.train.trainer import TrainingSummary, run_task
+
+logger = logging.getLogger(__name__)
 
 NUM_CANDIDATES = 64  # paper: top-64 candidates, i.e. the gold and the top-63 negatives
 
@@ -55,20 +61,34 @@ class SplitCandidates:
 
     mentions: list[Mention]
     cands: np.ndarray  # int64 [M, N]
+    scores: np.ndarray | None = None  # float32 [M, N], the retriever's
 
     def __post_init__(self) -> None:
         if self.cands.ndim != 2 or self.cands.shape[0] != len(self.mentions):
             raise ValueError(
                 f"{len(self.mentions)} mentions but candidates of shape {self.cands.shape}"
             )
+        if self.scores is not None and self.scores.shape != self.cands.shape:
+            raise ValueError(f"candidates {self.cands.shape} but scores {self.scores.shape}")
+
+    def mined(self) -> MinedSplit:
+        """As a negatives-store split (scores required; gold ranks for diagnostics)."""
+        if self.scores is None:
+            raise ValueError("candidates without the retriever's scores cannot be stored")
+        gold_ranks = np.full(len(self.mentions), -1, dtype=np.int32)
+        rows, ranks = np.nonzero(self.cands == np.asarray([m.gold for m in self.mentions])[:, None])
+        gold_ranks[rows] = ranks  # candidates of a row are distinct
+        return MinedSplit(
+            [m.mention_id for m in self.mentions], self.cands, self.scores, gold_ranks
+        )
 
 
 def candidates_from_negatives(
     version: NegativesVersion, mentions: Sequence[Mention]
 ) -> SplitCandidates:
     """The candidates a negatives version holds for ``mentions`` (KeyError naming a missing one)."""
-    cand_ids, _ = version.lookup([m.mention_id for m in mentions])
-    return SplitCandidates(list(mentions), cand_ids.numpy())
+    cand_ids, scores = version.lookup([m.mention_id for m in mentions])
+    return SplitCandidates(list(mentions), cand_ids.numpy(), scores.numpy())
 
 
 def latest_negatives(root: Path, split: str) -> NegativesVersion:
@@ -100,10 +120,10 @@ def retrieve_candidates(
         searcher = build_index(vectors, ids, IndexSpec(), 1, retriever.scorer.vectors_per_entity)
     else:
         searcher = index_version.searcher
-    cands, _ = search_mentions(
+    cands, scores = search_mentions(
         retriever, searcher, mentions, k, batch_size, progress, description="retrieve"
     )
-    return SplitCandidates(list(mentions), cands)
+    return SplitCandidates(list(mentions), cands, scores)
 
 
 def correct_sets(mentions: Sequence[Mention]) -> list[set[int]]:
@@ -111,167 +131,21 @@ def correct_sets(mentions: Sequence[Mention]) -> list[set[int]]:
     return [{g for g in (m.golds or (m.gold,)) if g >= 0} for m in mentions]
 
 
-def training_candidates(
-    split: SplitCandidates, num_candidates: int = NUM_CANDIDATES
-) -> tuple[list[Mention], np.ndarray, np.ndarray]:
-    """Rows for eq. 11: (mentions, ids [M, num_candidates] with the gold in column 0 followed by
-    the retriever's top non-gold candidates, valid [M, num_candidates]).
-
-    Known positives (every entity in ``golds``) never serve as negatives; mentions whose gold is
-    missing from the catalogue cannot be trained on and are left out; rows with fewer than
-    ``num_candidates - 1`` negatives are padded and masked (``valid`` False).
-    """
-    keep, rows, masks = [], [], []
-    for mention, cands, correct in zip(
-        split.mentions, split.cands, correct_sets(split.mentions), strict=True
-    ):
-        if mention.gold < 0:
-            continue
-        negatives = [int(c) for c in cands if c >= 0 and int(c) not in correct]
-        negatives = negatives[: num_candidates - 1]
-        pad = num_candidates - 1 - len(negatives)
-        rows.append([mention.gold, *negatives, *([mention.gold] * pad)])
-        masks.append([True] * (1 + len(negatives)) + [False] * pad)
-        keep.append(mention)
-    ids = np.asarray(rows, dtype=np.int64).reshape(-1, num_candidates)
-    return keep, ids, np.asarray(masks, dtype=bool).reshape(-1, num_candidates)
-
-
-def nce_loss(scores: Tensor, valid: Tensor) -> Tensor:
-    """Hard-negative NCE (eq. 5/11) with the gold in column 0:
-    J = −log exp s(x,y) / (exp s(x,y) + Σ_k exp s(x,y_k)), padded negatives masked out."""
-    masked = scores.masked_fill(~valid, float("-inf"))
-    return nn.functional.cross_entropy(masked, torch.zeros(len(scores), dtype=torch.long))
-
-
-class PairScoring(nn.Module):
-    """What DeepSpeed's engine wraps: scores [B, N] of each mention against its own candidates."""
-
-    def __init__(self, reranker: JointReranker) -> None:
-        super().__init__()
-        self.reranker = reranker
-
-    def forward(
-        self, mention_batch: Mapping[str, Tensor], candidate_batch: Mapping[str, Tensor]
-    ) -> Tensor:
-        return self.reranker.score_candidates(mention_batch, candidate_batch)
-
-
-def _pair_batch(
-    reranker: JointReranker,
-    catalogue: EntityCatalogue,
-    mentions: Sequence[Mention],
-    cand_ids: np.ndarray,
-) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """Tokenised mentions [B, Lm] and candidates [B, N, Le] for the cross-encoder."""
-    entities = catalogue.get_many(cand_ids.reshape(-1).tolist())
-    mention_batch = reranker.tokenize_mentions(
-        [m.context_left for m in mentions],
-        [m.mention for m in mentions],
-        [m.context_right for m in mentions],
-    )
-    entity_batch = reranker.tokenize_entities(
-        [e.title for e in entities], [e.text for e in entities]
-    )
-    candidate_batch = {
-        key: value.reshape(len(mentions), cand_ids.shape[1], -1)
-        for key, value in entity_batch.items()
-        if key in ("input_ids", "attention_mask")
-    }
-    return mention_batch, candidate_batch
-
-
-def init_single_process() -> None:
-    """A one-process group (gloo on CPU, nccl on a GPU) for DeepSpeed when none exists yet."""
-    if dist.is_available() and dist.is_initialized():
-        return
-    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
-        os.environ.setdefault(name, value)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if "MASTER_PORT" not in os.environ:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            os.environ["MASTER_PORT"] = str(probe.getsockname()[1])
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
-
-
-@dataclass
-class RerankTrainingLog:
-    """Loss per optimizer step (mean over its micro-batches) and the mentions trained on."""
-
-    losses: list[float] = field(default_factory=list)
-    train_mentions: int = 0
-    skipped_missing_gold: int = 0
-
-
-def train_reranker(
-    reranker: JointReranker,
-    catalogue: EntityCatalogue,
-    train: SplitCandidates,
-    settings: TrainingSettings,
-    num_candidates: int = NUM_CANDIDATES,
-    seed: int = 0,
-    progress: bool = True,
-) -> RerankTrainingLog:
-    """Train ``reranker`` in place with DeepSpeed on eq. 11 over the gold + top-(N−1) negatives.
-
-    ``settings.steps`` optimizer steps of ``gradient_accumulation`` micro-batches of
-    ``batch_size`` mentions; mentions are visited in a seeded random order, epoch after epoch.
-    """
-    mentions, cand_ids, valid = training_candidates(train, num_candidates)
-    log = RerankTrainingLog(
-        train_mentions=len(mentions), skipped_missing_gold=len(train.mentions) - len(mentions)
-    )
-    if not mentions:
-        raise ValueError("no training mention has its gold in the catalogue")
-    init_single_process()
-    on_gpu = torch.cuda.is_available()
-    module = PairScoring(reranker)
-    engine, _, _, _ = deepspeed.initialize(
-        model=module,
-        model_parameters=[p for p in module.parameters() if p.requires_grad],
-        config=build_deepspeed_config(settings, on_gpu),
-    )
-    device = engine.device
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(len(mentions))
-    cursor = 0
-    engine.train()
-    for _ in tqdm(range(settings.steps), desc="rerank training", unit="step", disable=not progress):
-        losses = []
-        for _ in range(settings.gradient_accumulation):
-            if cursor + settings.batch_size > len(order):
-                order, cursor = rng.permutation(len(mentions)), 0
-            rows = order[cursor : cursor + settings.batch_size]
-            cursor += len(rows)
-            mention_batch, candidate_batch = _pair_batch(
-                reranker, catalogue, [mentions[i] for i in rows], cand_ids[rows]
-            )
-            scores = engine(
-                {k: v.to(device) for k, v in mention_batch.items()},
-                {k: v.to(device) for k, v in candidate_batch.items()},
-            ).float()
-            loss = nce_loss(scores.cpu(), torch.from_numpy(valid[rows]))
-            engine.backward(loss)
-            engine.step()
-            losses.append(float(loss.detach()))
-        log.losses.append(sum(losses) / len(losses))
-    reranker.eval()
-    return log
-
-
 @torch.inference_mode()
 def rerank(
     reranker: JointReranker,
-    catalogue: EntityCatalogue,
+    store: TokenStore,
     split: SplitCandidates,
     num_candidates: int = NUM_CANDIDATES,
     batch_size: int = 4,
     progress: bool = True,
 ) -> np.ndarray:
-    """Candidate ids [M, num_candidates] reordered by the reranker's scores (-1 stays last)."""
+    """Candidate ids [M, num_candidates] reordered by the reranker's scores (-1 stays last);
+    entity tokens from the catalogue's token ``store``, bf16 autocast on a GPU."""
     reranker.eval()
     device = next(reranker.parameters()).device
+    logger.info("reranking %d mentions on %s", len(split.mentions), device)
+    tokens = MentionTokens.tokenize(reranker, split.mentions)
     cands = split.cands[:, :num_candidates]
     out = np.full_like(cands, -1)
     for start in tqdm(
@@ -279,20 +153,18 @@ def rerank(
     ):
         block = cands[start : start + batch_size]
         present = block >= 0
-        mention_batch, candidate_batch = _pair_batch(
-            reranker,
-            catalogue,
-            split.mentions[start : start + batch_size],
-            np.where(present, block, 0),
-        )
-        scores = reranker.score_candidates(
-            {k: v.to(device) for k, v in mention_batch.items()},
-            {k: v.to(device) for k, v in candidate_batch.items()},
-        ).float()
-        scores = scores.cpu().masked_fill(~torch.from_numpy(present), float("-inf"))
+        entities = store.batch(np.where(present, block, 0).reshape(-1))
+        candidates = {
+            key: value.reshape(*block.shape, -1).to(device) for key, value in entities.items()
+        }
+        mentions = tokens.batch(np.arange(start, start + len(block)))
+        with autocast(device):
+            scores = reranker.score_candidates(
+                {key: value.to(device) for key, value in mentions.items()}, candidates
+            )
+        scores = scores.float().cpu().masked_fill(~torch.from_numpy(present), float("-inf"))
         order = torch.argsort(scores, dim=1, descending=True, stable=True).numpy()
-        reordered = np.take_along_axis(block, order, axis=1)
-        out[start : start + len(block)] = reordered
+        out[start : start + len(block)] = np.take_along_axis(block, order, axis=1)
     return out
 
 
@@ -451,10 +323,12 @@ def format_reports(reports: Sequence[RerankReport]) -> str:
     return "\n".join([head, "-+-".join("-" * w for w in widths), *text])
 
 
-def write_reports(reports: Sequence[RerankReport], log: RerankTrainingLog, path: Path) -> None:
-    """JSON with every split's report and the training log."""
+def write_reports(reports: Sequence[RerankReport], training: TrainingSummary, path: Path) -> None:
+    """JSON with every split's report and what the training run did."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"training": asdict(log), "splits": [r.to_json() for r in reports]}
+    summary = asdict(training)
+    summary["run_dir"] = str(training.run_dir)
+    payload = {"training": summary, "splits": [r.to_json() for r in reports]}
     path.write_text(json.dumps(payload, indent=2) + "\n")
 
 
@@ -479,53 +353,60 @@ def _split_candidates(
     )
 
 
+def training_candidates_file(
+    config: Config,
+    out: Path,
+    catalogue: EntityCatalogue,
+    retriever: tuple[int | None, BiEncoder] | None,
+) -> Path:
+    """The negatives-version file the reranker's workers read the train split's candidates from:
+    the run's newest version, or the retriever's top-N published under ``out/candidates``."""
+    split = config.data.train_split
+    if retriever is None:
+        return latest_negatives(config.run_dir / "negatives", split).path
+    found = _split_candidates(config, split, config.rerank.max_train_mentions, catalogue, retriever)
+    store = NegativesStore(out / "candidates")
+    directory = store.publish(
+        next_version(store.root),
+        {split: found.mined()},
+        checkpoint_step=retriever[0] or 0,
+        top_n=found.cands.shape[1],
+    )
+    return directory / f"{split}.parquet"
+
+
 def run_rerank_job(
     config: Config, progress: bool = True
-) -> tuple[list[RerankReport], RerankTrainingLog, Path]:
-    """Train the joint reranker on the train split's candidates, rerank every eval split, write
+) -> tuple[list[RerankReport], TrainingSummary, Path]:
+    """Train the joint reranker on the train split's candidates (the shared driver, under
+    ``<run>/rerank``, resuming from its newest checkpoint), rerank every eval split, write
     ``<run>/rerank/reranker/`` (HF export), ``crossencoder_blink.bin`` (BLINK's cross-encoder
-    layout) and ``rerank_report.json``; returns the reports, the training log and that directory."""
+    layout) and ``rerank_report.json``; returns the reports, the training summary and that
+    directory."""
     check_rerank_inputs(config)
     settings = config.rerank
-    torch.manual_seed(config.run.seed)
     catalogue = EntityCatalogue.open(Path(config.data.root))
     retriever = None
     if settings.candidates == "retriever":
         step, export = resolve_checkpoint(config.run_dir, settings.retriever)
         retriever = (step, load_biencoder(export))
-    reranker = build_reranker(
-        model_directory(config, "rerank.model", settings.model),
-        mention_length=settings.mention_length,
-        entity_length=settings.entity_length,
-    )
-    train = _split_candidates(
-        config, config.data.train_split, settings.max_train_mentions, catalogue, retriever
-    )
-    log = train_reranker(
-        reranker,
-        catalogue,
-        train,
-        settings.training,
-        settings.num_candidates,
-        config.run.seed,
-        progress,
-    )
+    candidates = training_candidates_file(config, rerank_run_dir(config), catalogue, retriever)
+    task = TrainingTask.reranker(config, candidates)
+    summary = run_task(config, task, progress)
+    _, export = resolve_checkpoint(task.run_dir, "newest")
+    reranker = load_reranker(export)
+    store = TokenStore.ensure(Path(config.data.root), reranker.tokenizer, reranker.entity_length)
     reports = []
     for split in settings.eval_splits:
         candidates = _split_candidates(
             config, split, settings.max_eval_mentions, catalogue, retriever
         )
         reranked = rerank(
-            reranker,
-            catalogue,
-            candidates,
-            settings.num_candidates,
-            settings.eval_batch_size,
-            progress,
+            reranker, store, candidates, settings.num_candidates, settings.eval_batch_size, progress
         )
         reports.append(accuracy_report(split, candidates, reranked, settings.num_candidates))
-    out = config.run_dir / "rerank"
-    export_reranker(reranker, out / "reranker")
+    out = task.run_dir
+    shutil.copytree(export, out / "reranker", dirs_exist_ok=True)
     export_blink_crossencoder(reranker, out / "crossencoder_blink.bin")
-    write_reports(reports, log, out / "rerank_report.json")
-    return reports, log, out
+    write_reports(reports, summary, out / "rerank_report.json")
+    return reports, summary, out

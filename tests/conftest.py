@@ -70,6 +70,22 @@ def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> BertTokenizerFas
     return write_wordpiece_tokenizer(tmp_path_factory.mktemp("vocab"), [".", *TINY_WORDS])
 
 
+@pytest.fixture(scope="session")
+def small_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three synthetic worlds of 30 entities, 2 mentions each: train, dev, test a world apiece."""
+    from training_helpers import small_synthetic_dataset
+
+    return small_synthetic_dataset(tmp_path_factory.mktemp("synthetic"))
+
+
+@pytest.fixture(scope="session")
+def syllable_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny BERT directory whose vocabulary reads the synthetic data (training_helpers)."""
+    from training_helpers import write_syllable_bert
+
+    return write_syllable_bert(tmp_path_factory.mktemp("syllable-bert"))
+
+
 @pytest.fixture(autouse=True, scope="module")
 def ray_shut_down_after_module() -> Iterator[None]:
     """Each test module gets its own Ray instance: one left running by a module (the pipeline

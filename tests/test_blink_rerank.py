@@ -1,5 +1,7 @@
-"""The joint reranker: eq. 11 rows over a fixed retriever's candidates, normalized / unnormalized
-accuracy per domain and macro, and (slow) training that lifts accuracy above the retriever's."""
+"""The joint reranker: normalized / unnormalized accuracy per domain and macro, and (slow) training
+through the shared driver that lifts accuracy above the retriever's and resumes where it stopped.
+Its negatives (the retriever's top non-positive candidates) are tested with the drawer in
+test_pipeline_step.py."""
 
 from __future__ import annotations
 
@@ -13,39 +15,12 @@ from cluster.negatives_store import MinedSplit, NegativesStore
 from cluster.tables import MISSING_GOLD, EntityCatalogue, Mention, MentionSplit, mention_split_path
 from pipeline.cli.main import main
 from pipeline.data.synthetic import generate_synthetic_dataset
-from pipeline.rerank import (
-    SplitCandidates,
-    accuracy_report,
-    format_reports,
-    nce_loss,
-    training_candidates,
-)
+from pipeline.rerank import SplitCandidates, accuracy_report, format_reports
+from pipeline.train.events import read_events
 
 
 def mention(mention_id: str, gold: int, golds: tuple[int, ...] = (), domain: str = "") -> Mention:
     return Mention(mention_id, "left", "m", "right", gold, domain, golds or (gold,))
-
-
-def test_training_rows_put_gold_first_and_never_use_positives_as_negatives() -> None:
-    split = SplitCandidates(
-        [mention("a", 3, (3, 7)), mention("b", MISSING_GOLD), mention("c", 1)],
-        np.array([[7, 5, 3, 2, 9], [4, 5, 6, 7, 8], [1, 2, -1, -1, -1]]),
-    )
-    mentions, ids, valid = training_candidates(split, num_candidates=4)
-    assert [m.mention_id for m in mentions] == ["a", "c"]  # no gold in the catalogue: not trainable
-    np.testing.assert_array_equal(ids[0], [3, 5, 2, 9])  # alias 7 is a positive, not a negative
-    np.testing.assert_array_equal(valid[0], [True, True, True, True])
-    np.testing.assert_array_equal(ids[1, :2], [1, 2])
-    np.testing.assert_array_equal(valid[1], [True, True, False, False])
-
-
-def test_nce_loss_ignores_padded_negatives() -> None:
-    import torch
-
-    scores = torch.tensor([[2.0, 1.0, 100.0]])
-    padded = nce_loss(scores, torch.tensor([[True, True, False]]))
-    expected = -torch.log_softmax(torch.tensor([2.0, 1.0]), dim=0)[0]
-    torch.testing.assert_close(padded, expected)
 
 
 def test_normalized_and_unnormalized_accuracy_per_domain_and_macro() -> None:
@@ -99,9 +74,11 @@ def weak_retriever_candidates(
 
 
 @pytest.mark.slow
-def test_reranker_beats_its_retriever_on_a_synthetic_task(tmp_path: Path) -> None:
+def test_reranker_beats_its_retriever_through_the_shared_driver(tmp_path: Path) -> None:
     """``hnce rerank`` on a negatives version: the retriever's accuracy is ~0.25, chance is 1/8;
-    the trained joint reranker must reach a clearly higher normalized accuracy."""
+    the joint reranker trained by the shared DeepSpeed / Ray Train driver (checkpoints and event
+    log under ``<run>/rerank``) must reach a clearly higher normalized accuracy. Its resume is
+    tested in-process (test_pipeline_engine.py)."""
     data = tmp_path / "data"
     generate_synthetic_dataset(data, num_worlds=3, entities_per_world=40, mentions_per_entity=3)
     rng = np.random.default_rng(0)
@@ -114,17 +91,16 @@ def test_reranker_beats_its_retriever_on_a_synthetic_task(tmp_path: Path) -> Non
         "rerank.candidates": "negatives",
         "rerank.eval_splits": "[test]",
         "rerank.num_candidates": 8,
-        "rerank.mention_length": 32,
+        "rerank.mention_length": 24,
         "rerank.entity_length": 32,
         "rerank.training.steps": 30,
-        "rerank.training.batch_size": 2,
-        "rerank.training.learning_rate": 1e-4,
+        "rerank.training.learning_rate": 3e-4,
         "rerank.training.warmup_steps": 4,
+        "rerank.training.checkpoint_every": 10,
         "rerank.max_eval_mentions": 40,
     }
     overrides = [part for key, value in settings.items() for part in ("--set", f"{key}={value}")]
-    code = main(["rerank", *overrides, "--no-progress"])
-    assert code == 0
+    assert main(["rerank", *overrides, "--no-progress"]) == 0
     report = json.loads((out / "rerank_report.json").read_text())
     (test,) = report["splits"]
     overall = test["overall"]
@@ -132,3 +108,7 @@ def test_reranker_beats_its_retriever_on_a_synthetic_task(tmp_path: Path) -> Non
     assert overall["normalized_accuracy"] > overall["retriever_normalized_accuracy"] + 0.2
     assert (out / "reranker" / "reranker.json").is_file()
     assert (out / "crossencoder_blink.bin").is_file()
+    training = report["training"]
+    assert (training["task"], training["steps"], training["mentions"]) == ("reranker", 30, 120)
+    assert training["checkpoints"] == [10, 20, 30]
+    assert [e["world_size"] for e in read_events(out, "start")] == [1]

@@ -1,4 +1,5 @@
-"""BiEncoder: trainer entry point, gradients, index vectors, export/reload, the packaged MiniLM."""
+"""BiEncoder: the training step's scoring call (plain, chunked, checkpointed), gradients, index
+vectors, export/reload, the packaged MiniLM."""
 
 from __future__ import annotations
 
@@ -51,32 +52,15 @@ def batches(model: BiEncoder) -> tuple[dict, dict]:
     return mentions, entities
 
 
-@pytest.mark.parametrize("spec", ["dual", "multi-2", "som", "poly-3", "genpoly-3-2"])
-def test_score_with_candidates_matches_all_pairs(spec: str, tiny_config, tiny_tokenizer) -> None:
-    model = tiny_model(tiny_config, tiny_tokenizer, spec).eval()
-    mentions, entities = batches(model)
-    with torch.no_grad():
-        all_pairs = model(mentions, entities)
-        chosen = torch.tensor([[0, 2, 3], [2, 1, 0], [1, 1, 3]])  # gold first, then K=2 negatives
-        flat = {k: v[chosen.reshape(-1)] for k, v in entities.items()}
-        per_mention = model.score_with_candidates(mentions, flat)
-        shaped = model.score_with_candidates(mentions, {k: v[chosen] for k, v in entities.items()})
-    assert per_mention.shape == (3, 3)
-    torch.testing.assert_close(per_mention, all_pairs.gather(1, chosen), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(shaped, per_mention)
-
-
 @pytest.mark.parametrize("spec", ["dual", "som", "poly-3", "genpoly-3-2"])
 def test_gradients_reach_both_towers_and_the_codes(spec: str, tiny_config, tiny_tokenizer) -> None:
     model = tiny_model(
         tiny_config, tiny_tokenizer, spec, projection_size=16 if spec == "dual" else None
     )
     mentions, entities = batches(model)
-    chosen = torch.tensor([[0, 2, 3], [2, 1, 0], [1, 1, 3]])
-    scores = model.score_with_candidates(
-        mentions, {k: v[chosen.reshape(-1)] for k, v in entities.items()}
-    )
-    loss = torch.nn.functional.cross_entropy(scores, torch.zeros(3, dtype=torch.long))  # eq. 5
+    scores = model.score_matrix(mentions, entities)
+    gold = torch.tensor([0, 2, 1])
+    loss = torch.nn.functional.cross_entropy(scores, gold)  # eq. 5 against every entity
     loss.backward()
     for tower in (model.mention_tower, model.entity_tower):
         grad = tower.embeddings.word_embeddings.weight.grad
@@ -87,6 +71,63 @@ def test_gradients_reach_both_towers_and_the_codes(spec: str, tiny_config, tiny_
         assert model.scorer.codes.grad.abs().sum() > 0
     if spec == "dual":
         assert model.mention_projection.additional_linear.weight.grad.abs().sum() > 0
+
+
+def still_config(tiny_config: BertConfig) -> BertConfig:
+    """The tiny config without dropout, so a train-mode pass is deterministic."""
+    config = BertConfig.from_dict(tiny_config.to_dict())
+    config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
+    return config
+
+
+def loss_and_gradients(
+    model: BiEncoder, chunk_size: int
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    mentions, entities = batches(model)
+    model.zero_grad()
+    scores = model.score_matrix(mentions, entities, chunk_size=chunk_size)
+    loss = torch.nn.functional.cross_entropy(scores, torch.tensor([0, 2, 1]))
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), grads
+
+
+@pytest.mark.parametrize("spec", ["dual", "multi-2"])
+@pytest.mark.parametrize(
+    ("chunk_size", "checkpointing"), [(1, False), (3, False), (0, True), (2, True)]
+)
+def test_chunked_and_checkpointed_candidates_give_the_plain_loss_and_gradients(
+    spec: str, chunk_size: int, checkpointing: bool, tiny_config, tiny_tokenizer
+) -> None:
+    """Candidates encoded in chunks recomputed in the backward pass, and towers with activation
+    checkpointing, change memory, not the loss or any gradient (fp32 tolerance)."""
+    plain = tiny_model(still_config(tiny_config), tiny_tokenizer, spec).train()
+    expected_loss, expected = loss_and_gradients(plain, chunk_size=0)
+    model = tiny_model(still_config(tiny_config), tiny_tokenizer, spec).train()
+    if checkpointing:
+        model.enable_activation_checkpointing()
+        assert model.entity_tower.is_activation_checkpointing
+    loss, grads = loss_and_gradients(model, chunk_size)
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-6, atol=1e-6)
+    assert grads.keys() == expected.keys() and len(grads) > 20
+    # Float noise relative to the largest gradient (some, like the key biases, are 0 exactly).
+    scale = max(float(grad.abs().max()) for grad in expected.values())
+    for name, grad in expected.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-4 * scale, msg=name)
+
+
+def test_chunked_candidates_recompute_instead_of_keeping_activations(
+    tiny_config, tiny_tokenizer
+) -> None:
+    """With chunks, the entity tower runs twice per chunk (forward, then recomputed in the
+    backward pass); without, once: the activations are not kept."""
+    model = tiny_model(still_config(tiny_config), tiny_tokenizer, "dual").train()
+    calls = []
+    model.entity_tower.embeddings.register_forward_hook(lambda *_: calls.append(1))
+    for chunk_size, tower_runs in ((0, 1), (2, 4)):
+        calls.clear()
+        loss_and_gradients(model, chunk_size)
+        assert len(calls) == tower_runs, chunk_size
 
 
 @pytest.mark.parametrize("spec", ["dual", "multi-2", "som"])

@@ -16,6 +16,7 @@ from encoders.blink import (
     import_blink_biencoder,
     import_blink_crossencoder,
 )
+from encoders.reranker import build_reranker
 
 
 def tiny_config(tokenizer, hidden_size: int = 32) -> BertConfig:
@@ -185,3 +186,40 @@ def test_blink_crossencoder_scores_match_and_round_trip(tiny_tokenizer, tmp_path
     again = torch.load(exported, weights_only=True)
     assert list(again) == list(blink.state_dict())
     assert all(torch.equal(again[k], v) for k, v in blink.state_dict().items())
+
+
+@pytest.mark.parametrize("chunk_size", [0, 2])
+def test_reranker_scores_only_the_pairs_the_loss_reads(chunk_size: int, tiny_tokenizer) -> None:
+    """The training step's scoring call: each requested (mention, entity) pair scored as
+    ``score_candidates`` scores it, 0 elsewhere, and the same loss and gradients whether the
+    pairs run in chunks recomputed in the backward pass or all at once."""
+    torch.manual_seed(2)
+    config = tiny_config(tiny_tokenizer)
+    config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
+    reranker = build_reranker(config, tiny_tokenizer, mention_length=12, entity_length=10)
+    reranker.dropout.p = 0.0
+    mentions = reranker.tokenize_mentions(
+        ["the capital of", "a"], ["france", "seine"], ["is paris", "river"]
+    )
+    entities = reranker.tokenize_entities(
+        ["paris", "seine", "france"], ["capital of france", "a river", "big"]
+    )
+    pairs = torch.tensor([[True, False, True], [True, True, False]])
+    scores = reranker.score_matrix(mentions, entities, pairs, chunk_size)
+    with torch.no_grad():
+        per_mention = reranker.score_candidates(
+            mentions, {k: v[torch.tensor([[0, 2], [1, 0]])] for k, v in entities.items()}
+        )
+    torch.testing.assert_close(scores[pairs].detach(), per_mention.reshape(-1)[[0, 1, 3, 2]])
+    assert scores[~pairs].eq(0).all()
+    loss = -scores[0, 0] + scores[1, 1] ** 2
+    loss.backward()
+    grads = torch.cat([p.grad.reshape(-1) for p in reranker.parameters() if p.grad is not None])
+    reference = build_reranker(config, tiny_tokenizer, mention_length=12, entity_length=10)
+    reference.load_state_dict(reranker.state_dict())
+    reference.dropout.p = 0.0
+    plain = reference.score_matrix(mentions, entities, pairs)
+    (-plain[0, 0] + plain[1, 1] ** 2).backward()
+    expected = torch.cat([p.grad.reshape(-1) for p in reference.parameters() if p.grad is not None])
+    assert grads.abs().max() > 0
+    torch.testing.assert_close(grads, expected, rtol=1e-4, atol=1e-4 * float(expected.abs().max()))

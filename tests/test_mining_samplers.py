@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -290,9 +291,36 @@ SAMPLERS = {
 }
 
 
+def expected_valid(name: str, request: SamplingRequest, queue: MomentumQueue, row: int) -> int:
+    """How many valid negatives sampler ``name`` must return for ``row``: K, or every admissible
+    entity of what it draws from when fewer exist."""
+    k, entities = request.num_negatives, request.num_entities
+    excluded = request.positives[row] | {int(request.gold[row])}
+    in_catalogue = entities - len({e for e in excluded if 0 <= e < entities})
+    ids, scores = request.candidate_ids[row].tolist(), request.candidate_scores[row].tolist()
+    candidates = {
+        e for e, s in zip(ids, scores, strict=True) if 0 <= e < entities and math.isfinite(s)
+    } - excluded
+    golds = set(request.gold.tolist()) - excluded
+    queued = {e for e in queue.ids.tolist() if e >= 0} - excluded
+    admissible = {
+        "random": in_catalogue,
+        "random-shared": in_catalogue,
+        "mixed": in_catalogue,  # missing hard slots are filled with random ones
+        "hard": len(candidates),
+        "greedy": len(candidates),
+        "ohem": len(candidates),
+        "ance": min(4, len(candidates)),  # uniform over the top 4
+        "in-batch": len(golds),
+        "momentum-queue": len(queued),
+    }
+    return min(k, admissible[name])
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(request=requests())
 def test_no_sampler_returns_gold_positive_or_duplicate(request: SamplingRequest) -> None:
+    """Every sampler returns K distinct admissible negatives per mention, or all it has."""
     queue = MomentumQueue(dim=1, size=6)
     queue.enqueue(
         request.candidate_ids[0].clamp(0, request.num_entities - 1),
@@ -309,9 +337,43 @@ def test_no_sampler_returns_gold_positive_or_duplicate(request: SamplingRequest)
             assert len(chosen) == len(set(chosen)), (name, chosen)
             assert all(0 <= e < request.num_entities for e in chosen), (name, chosen)
             assert (out.ids[row][~out.valid[row]] == -1).all(), name
-        if name == "random":
-            for row in range(request.batch_size):
-                admissible = request.num_entities - len(
-                    {e for e in request.positives[row] | {int(request.gold[row])}}
-                )
-                assert int(out.valid[row].sum()) == min(k, admissible)
+            assert len(chosen) == expected_valid(name, request, queue, row), (name, row, chosen)
+
+
+def test_in_batch_negatives_are_the_other_mentions_golds_in_random_order() -> None:
+    request = SamplingRequest(
+        gold=torch.tensor([10, 11, 12, 11, 13]),
+        positives=[{10, 12}, {11}, {12}, {11}, {13}],
+        num_entities=100,
+        num_negatives=4,
+    )
+    firsts = set()
+    for seed in range(20):
+        out = InBatchSampler().sample(
+            replace(request, generator=torch.Generator().manual_seed(seed))
+        )
+        rows = [set(ids[valid].tolist()) for ids, valid in zip(out.ids, out.valid, strict=True)]
+        assert rows == [{11, 13}, {10, 12, 13}, {10, 11, 13}, {10, 12, 13}, {10, 11, 12}]
+        assert out.log_q is None
+        firsts.add(int(out.ids[1, 0]))
+    assert firsts == {10, 12, 13}  # shuffled: any of the others can come first
+
+
+def test_ance_draws_uniformly_from_the_top_n_admissible_candidates() -> None:
+    n, k = 30_000, 2
+    request = SamplingRequest(
+        gold=torch.full((n,), 21),
+        positives=[{21}] * n,
+        num_entities=100,
+        num_negatives=k,
+        candidate_ids=torch.tensor([20, 21, 22, 23, 24, 25]).expand(n, -1),
+        candidate_scores=torch.tensor([5.0, 4.0, 3.0, 2.0, 1.0, 0.0]).expand(n, -1),
+        generator=torch.Generator().manual_seed(11),
+    )
+    out = AnceSampler(top_n=3).sample(request)
+    assert out.valid.all()
+    assert set(out.ids.unique().tolist()) == {20, 22, 23}  # the gold 21 is not one of the top 3
+    for entity in (20, 22, 23):
+        frequency = (out.ids == entity).any(dim=1).double().mean().item()
+        assert abs(frequency - k / 3) <= 5 * math.sqrt((2 / 9) / n), (entity, frequency)
+    assert torch.allclose(out.log_q, torch.full((n, k), -math.log(3)))

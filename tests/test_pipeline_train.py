@@ -16,9 +16,7 @@ from pathlib import Path
 
 import pytest
 import ray
-import torch
-from conftest import tiny_bert_config, write_wordpiece_tokenizer
-from transformers import BertModel
+from training_helpers import CONFIGS, synthetic_config, write_syllable_bert
 
 from cluster.checkpoints import EXPORT_DIR, checkpoint_dir, newest_checkpoint
 from cluster.index_store import IndexStore
@@ -30,7 +28,6 @@ from cluster.tables import (
 )
 from encoders.biencoder import load_biencoder
 from pipeline.config import Config, load_config
-from pipeline.data import synthetic
 from pipeline.data.synthetic import generate_synthetic_dataset
 from pipeline.data.wordnet import convert_wordnet
 from pipeline.demo import write_demo_subset
@@ -40,9 +37,9 @@ from pipeline.train.model import build_model
 from pipeline.train.trainer import run_training
 
 pytestmark = pytest.mark.slow
-
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-LETTERS = "abcdefghijklmnopqrstuvwxyz"
+# A training step of the tiny BERT takes tens of milliseconds: enough of them for the refresh
+# (actor start, encode, index, mine) to publish twice while training goes on.
+STEPS = 600
 
 
 @pytest.fixture(scope="module")
@@ -65,22 +62,7 @@ def wordnet_subset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer, 32-wide BERT with a syllable WordPiece vocabulary, saved like a HF model."""
-    directory = tmp_path_factory.mktemp("tiny-bert")
-    syllables = {
-        o + v + c for o in synthetic._ONSETS for v in synthetic._VOWELS for c in synthetic._CODAS
-    }
-    pieces = sorted(syllables | set(LETTERS))
-    words = sorted(
-        set(synthetic._KINDS)
-        | set(synthetic._FILLER)
-        | {"is", "of", "known", "for", "famed", "and"}
-    )
-    tokens = [".", ",", *words, *[p for p in pieces if p not in words], *[f"##{p}" for p in pieces]]
-    tokenizer = write_wordpiece_tokenizer(directory, tokens)
-    torch.manual_seed(0)
-    config = tiny_bert_config(len(tokenizer))
-    BertModel(config).save_pretrained(directory)
-    return directory
+    return write_syllable_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
 @pytest.fixture(scope="module")
@@ -89,13 +71,6 @@ def local_ray() -> None:
     init_ray(config.cluster, cpus_needed=3)
     yield
     ray.shutdown()
-
-
-def make_config(run_dir: Path, dataset: Path, model_dir: Path, *overrides: str) -> Config:
-    return load_config(
-        CONFIGS / "synthetic-test.yaml",
-        [f"run.dir={run_dir}", f"data.root={dataset}", f"model.path={model_dir}", *overrides],
-    )
 
 
 def recall(config: Config, model: object, per_domain: bool = True) -> dict[int, float]:
@@ -117,20 +92,20 @@ def test_training_switches_to_refreshed_negatives_without_waiting(
     tmp_path: Path, dataset: Path, tiny_model_dir: Path, local_ray: None
 ) -> None:
     run_dir = tmp_path / "run"
-    config = make_config(
+    config = synthetic_config(
         run_dir,
         dataset,
         tiny_model_dir,
-        "training.steps=240",
-        "training.checkpoint_every=30",
+        f"training.steps={STEPS}",
+        "training.checkpoint_every=40",
         "training.negatives_check_every=2",
         "training.keep_checkpoints=4",
     )
     summary = run_training(config, progress=False)
 
-    assert summary.steps == 240
+    assert summary.steps == STEPS
     steps = [e["step"] for e in read_events(run_dir, "step")]
-    assert steps == list(range(1, 241))
+    assert steps == list(range(1, STEPS + 1))
     switches = read_events(run_dir, "negatives")
     assert len(switches) >= 2, switches
     versions = [s["version"] for s in switches]
@@ -141,12 +116,12 @@ def test_training_switches_to_refreshed_negatives_without_waiting(
         # trainer went on training while the refresh encoded, indexed and mined.
         assert switch["lag"] >= 1
         assert switch["step"] > switch["checkpoint_step"]
-    assert switches[-1]["step"] < 240
+    assert switches[-1]["step"] < STEPS
     later = [e for e in read_events(run_dir, "step") if e["step"] > switches[0]["step"]]
     assert later and all(e["negatives_version"] >= switches[0]["version"] for e in later)
 
     newest = newest_checkpoint(run_dir)
-    assert newest is not None and newest[0] == 240
+    assert newest is not None and newest[0] == STEPS
     assert (newest[1] / EXPORT_DIR / "scorer.json").is_file()
 
 
@@ -180,14 +155,13 @@ def test_recall_on_held_out_lemmas_rises_over_the_untrained_model(
     assert trained[8] > untrained[8], (untrained, trained)
 
 
-def test_killed_worker_resumes_from_newest_checkpoint(
+def test_killed_worker_resumes_and_repeats_the_uninterrupted_run(
     tmp_path: Path, dataset: Path, tiny_model_dir: Path, local_ray: None
 ) -> None:
-    run_dir = tmp_path / "run"
-    config = make_config(
-        run_dir,
-        dataset,
-        tiny_model_dir,
+    """A worker killed mid-run: Ray Train restarts the group, which resumes from the newest
+    checkpoint and then draws exactly the mentions, and computes exactly the losses, of a run
+    that was never interrupted."""
+    overrides = (
         "training.steps=100",
         "training.checkpoint_every=20",
         "training.max_failures=2",
@@ -195,6 +169,10 @@ def test_killed_worker_resumes_from_newest_checkpoint(
         "negatives.source=none",
         "refresh.enabled=false",
     )
+    whole = synthetic_config(tmp_path / "whole", dataset, tiny_model_dir, *overrides)
+    run_training(whole, progress=False)
+    run_dir = tmp_path / "run"
+    config = synthetic_config(run_dir, dataset, tiny_model_dir, *overrides)
     outcome: dict[str, object] = {}
 
     def train() -> None:
@@ -217,9 +195,14 @@ def test_killed_worker_resumes_from_newest_checkpoint(
     assert "error" not in outcome, outcome
     resumes = read_events(run_dir, "resume")
     assert resumes, "the restarted worker group did not resume from a checkpoint"
-    assert resumes[0]["step"] >= 20 and resumes[0]["step"] <= max(killed_at, 20) + 20
+    resumed_at = resumes[0]["step"]
+    assert 20 <= resumed_at <= max(killed_at, 20) + 20 and resumed_at % 20 == 0
     assert read_events(run_dir, "end")[-1]["step"] == 100
     assert (checkpoint_dir(run_dir, 100) / "COMPLETE").is_file()
-    # After the resume every step from the checkpoint on is trained again, in order.
-    after = [e["step"] for e in read_events(run_dir, "step") if e["time"] > resumes[0]["time"]]
-    assert after == list(range(resumes[0]["step"] + 1, 101))
+    after = [e for e in read_events(run_dir, "step") if e["time"] > resumes[0]["time"]]
+    assert [e["step"] for e in after] == list(range(resumed_at + 1, 101))
+    uninterrupted = {e["step"]: e for e in read_events(whole.run_dir, "step")}
+    for event in after:
+        same = uninterrupted[event["step"]]
+        assert event["mentions"] == same["mentions"], event["step"]
+        assert event["loss"] == same["loss"], event["step"]

@@ -1,4 +1,6 @@
-"""Fast unit tests of the pipeline's pure parts: recall, data order, checkpoints, DeepSpeed config."""
+"""Fast unit tests of the pipeline's pure parts: recall, data order, checkpoints, settings.
+
+The DeepSpeed configuration is tested through ``deepspeed.initialize`` (test_pipeline_engine.py)."""
 
 from __future__ import annotations
 
@@ -19,10 +21,9 @@ from cluster.checkpoints import (
     resolve_checkpoint,
     verify_checkpoint,
 )
-from pipeline.config import TrainingSettings
+from pipeline.config import load_config
 from pipeline.evaluate import format_table, hits_at, summarise
 from pipeline.train.data_order import MentionOrder
-from pipeline.train.deepspeed_config import build_deepspeed_config
 
 
 def test_hits_at_uses_every_gold_and_first_position() -> None:
@@ -123,17 +124,12 @@ def test_checkpoint_resolution(tmp_path: Path) -> None:
         resolve_checkpoint(tmp_path, "newest")
 
 
-def test_deepspeed_config_on_cpu() -> None:
-    settings = TrainingSettings(
-        steps=100, warmup_steps=500, zero_stage=2, gradient_accumulation=4, learning_rate=3e-5
-    )
-    config = build_deepspeed_config(settings, on_gpu=False)
-    assert config["optimizer"]["params"]["torch_adam"] is True
-    assert "bf16" not in config
-    assert config["zero_optimization"]["stage"] == 2
-    assert config["gradient_accumulation_steps"] == 4
-    schedule = config["scheduler"]["params"]
-    assert schedule["warmup_num_steps"] == 99 and schedule["total_num_steps"] == 100
-    assert schedule["warmup_max_lr"] == 3e-5
-    with pytest.raises(ValueError, match="bf16"):
-        build_deepspeed_config(TrainingSettings(precision="bf16"), on_gpu=False)
+def test_a_partial_rerank_training_section_keeps_the_rerankers_defaults() -> None:
+    """``--set rerank.training.steps=30`` must not turn the reranker into a 2-worker, 16-mention
+    run (the retriever's defaults): the keys it omits keep the reranker's own."""
+    defaults = load_config(None).rerank.training
+    partial = load_config(None, ["rerank.training.steps=30"]).rerank.training
+    assert (defaults.num_workers, defaults.batch_size) == (1, 2)
+    assert (partial.steps, partial.num_workers, partial.batch_size) == (30, 1, 2)
+    assert load_config(None, ["rerank.training.num_workers=3"]).rerank.training.num_workers == 3
+    assert load_config(None).training.num_workers == 2  # the retriever's are untouched

@@ -40,6 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bias": ("pipeline.cli.bias", "gradient-bias diagnostics of NCE negatives (paper §6.4)"),
     "demo": ("pipeline.cli.demo", "the main job end to end on real WordNet data"),
     "rerank": ("pipeline.cli.rerank", "train and evaluate the joint (cross-encoder) reranker"),
+    "plan": ("pipeline.cli.plan", "memory per process (trainer worker, index shard) for a recipe"),
     "finetune-blink": (
         "pipeline.cli.finetune_blink",
         "fine-tune BLINK on KILT AIDA against the whole catalogue",

@@ -3,6 +3,8 @@ normalized / unnormalized accuracy per domain and macro-averaged (paper Table 2,
 
 Settings: the ``rerank`` section of the run's recipe (candidates from the run's negatives store or
 from a retriever checkpoint, the reranker's own ``rerank.training``); ``data.train_split``.
+Training runs through the same driver as ``hnce train`` (DeepSpeed under Ray Train) in
+``<run.dir>/rerank`` and resumes from its newest checkpoint when run again.
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ def run(args: argparse.Namespace) -> int:
     config = load_recipe(args)
     from pipeline.rerank import format_reports, run_rerank_job
 
-    reports, log, out = run_rerank_job(config, progress=not args.no_progress)
+    reports, summary, out = run_rerank_job(config, progress=not args.no_progress)
     print(
-        f"trained on {log.train_mentions} mentions ({log.skipped_missing_gold} without a gold in "
-        f"the catalogue skipped), final loss {log.losses[-1]:.4f}"
+        f"{summary.line()}; {summary.mentions} training mentions "
+        f"({summary.skipped_missing_gold} without a gold in the catalogue left out)"
     )
     print(format_reports(reports))
     print(f"reranker: {out / 'reranker'}; report: {out / 'rerank_report.json'}")

@@ -1,8 +1,8 @@
-"""The DeepSpeed configuration of a run, derived from `TrainingSettings` and the hardware.
+"""The DeepSpeed configuration of a run, derived from `TrainingSettings` and the worker's device.
 
 Adam with warm-up then linear decay (DeepSpeed's ``WarmupDecayLR``), gradient clipping,
-gradient accumulation and a configurable ZeRO stage. bf16 is used where the accelerator
-supports it; on CPU the run is fp32 with the plain torch Adam (DESIGN.md §7).
+gradient accumulation and a configurable ZeRO stage. bf16 (DeepSpeed's bf16 mode) is used on a
+CUDA device that supports it; on CPU the run is fp32 with the plain torch Adam (DESIGN.md §7).
 """
 
 from __future__ import annotations
@@ -11,23 +11,24 @@ from typing import Any
 
 import torch
 
+from encoders.precision import bf16_supported
 from pipeline.config import TrainingSettings
 
 
-def use_bf16(settings: TrainingSettings) -> bool:
+def use_bf16(settings: TrainingSettings, device: torch.device) -> bool:
     """bf16 for ``precision: auto`` only on a CUDA device that supports it; ``bf16`` forces it."""
     if settings.precision == "fp32":
         return False
-    supported = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    supported = bf16_supported(device)
     if settings.precision == "bf16" and not supported:
         raise ValueError(
-            "'training.precision: bf16' but this machine has no bf16-capable CUDA device; "
+            f"'training.precision: bf16' but the worker's device {device} has no bf16 support; "
             "use precision=auto or fp32"
         )
     return supported
 
 
-def build_deepspeed_config(settings: TrainingSettings, on_gpu: bool) -> dict[str, Any]:
+def build_deepspeed_config(settings: TrainingSettings, device: torch.device) -> dict[str, Any]:
     """The dict passed to ``deepspeed.initialize(config=...)``.
 
     ``settings.steps`` counts optimizer steps; each takes ``gradient_accumulation`` micro-steps
@@ -46,7 +47,7 @@ def build_deepspeed_config(settings: TrainingSettings, on_gpu: bool) -> dict[str
                 "lr": settings.learning_rate,
                 "weight_decay": settings.weight_decay,
                 # DeepSpeed's fused/CPU Adam needs a compiled op; the torch one runs anywhere.
-                "torch_adam": not on_gpu,
+                "torch_adam": device.type != "cuda",
             },
         },
         "scheduler": {
@@ -61,6 +62,6 @@ def build_deepspeed_config(settings: TrainingSettings, on_gpu: bool) -> dict[str
         },
         "zero_optimization": {"stage": settings.zero_stage},
     }
-    if use_bf16(settings):
+    if use_bf16(settings, device):
         config["bf16"] = {"enabled": True}
     return config

@@ -1,10 +1,27 @@
-"""The bi-encoder a run starts from (``model`` section of the config)."""
+"""The model a training task starts from and how its checkpoints export it.
+
+The retriever is a bi-encoder (``model`` section of the config); the reranker a joint
+cross-encoder (``rerank`` section). Both are exported in Hugging Face format into every
+checkpoint's ``export/`` directory.
+"""
 
 from __future__ import annotations
 
-from encoders.biencoder import SCORER_FILE, BiEncoder, build_biencoder, load_biencoder
+from pathlib import Path
+
+from torch import nn
+
+from encoders.biencoder import (
+    SCORER_FILE,
+    BiEncoder,
+    build_biencoder,
+    export_biencoder,
+    load_biencoder,
+)
+from encoders.reranker import JointReranker, build_reranker, export_reranker
 from pipeline.config import Config
 from pipeline.preflight import model_directory
+from pipeline.train.task import TaskKind
 
 
 def build_model(config: Config) -> BiEncoder:
@@ -20,3 +37,37 @@ def build_model(config: Config) -> BiEncoder:
         mention_length=config.model.mention_length,
         entity_length=config.model.entity_length,
     )
+
+
+def build_reranker_model(config: Config) -> JointReranker:
+    """The joint reranker of the ``rerank`` section (encoder from ``rerank.model``, head random)."""
+    settings = config.rerank
+    return build_reranker(
+        model_directory(config, "rerank.model", settings.model),
+        mention_length=settings.mention_length,
+        entity_length=settings.entity_length,
+    )
+
+
+def build_trainable(config: Config, kind: TaskKind) -> BiEncoder | JointReranker:
+    """The model a task trains, with activation checkpointing when its settings ask for it
+    (``model.activation_checkpointing`` / ``rerank.activation_checkpointing``)."""
+    if kind == "retriever":
+        model: BiEncoder | JointReranker = build_model(config)
+        checkpointing = config.model.activation_checkpointing
+    else:
+        model = build_reranker_model(config)
+        checkpointing = config.rerank.activation_checkpointing
+    if checkpointing:
+        model.enable_activation_checkpointing()
+    return model
+
+
+def export_trainable(model: nn.Module, directory: Path) -> None:
+    """Write ``model`` in its Hugging Face export format into ``directory``."""
+    if isinstance(model, BiEncoder):
+        export_biencoder(model, directory)
+    elif isinstance(model, JointReranker):
+        export_reranker(model, directory)
+    else:
+        raise TypeError(f"cannot export a {type(model).__name__}")

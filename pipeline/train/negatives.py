@@ -1,28 +1,56 @@
-"""The trainer's view of the refreshed negatives: switch to the newest version, never wait.
+"""Where a worker's negatives come from: candidates (refreshed or fixed) and the sampler over them.
 
-Every C steps rank 0 reads ``<run>/negatives/CURRENT`` and broadcasts the version number, so
-all workers switch at the same step (DESIGN.md §5). Until the first version is published
-:attr:`current` is None and the trainer draws random negatives. The lag of a version is the
-number of steps between the checkpoint whose model mined it and the step that uses it.
+- :class:`RefreshedNegatives`: the newest published negatives version of the run. Every C steps
+  rank 0 reads ``<run>/negatives/CURRENT`` and broadcasts the version number, so all workers
+  switch at the same step without waiting for a refresh (DESIGN.md §5). Until the first version
+  is published :attr:`~RefreshedNegatives.current` is None and the trainer draws random
+  negatives. The lag of a version is the number of steps between the checkpoint whose model
+  mined it and the step that uses it.
+- :class:`FixedNegatives`: one version for the whole run (the reranker's retriever candidates,
+  paper §6.3 "Training a reranker").
+- :class:`NegativeDrawer`: K negatives per mention from the configured sampler (``mining``) over
+  those candidates; a mention's known positives are never its negatives.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, Protocol
 
+import numpy as np
 import torch
-import torch.distributed as dist
+from torch import Tensor
 
 from cluster.negatives_store import NegativesStore, NegativesVersion
+from cluster.tables import EntityCatalogue, Mention
 from cluster.versioned_dir import version_dir_name
+from mining.false_negatives import FalseNegativeFilter
+from mining.samplers import NegativeSampler, SampledNegatives, SamplingRequest, build_sampler
+from pipeline.config import Config, NegativesSettings
+from pipeline.train.distributed import Collectives
+
+
+class CandidateSource(Protocol):
+    """The negatives version a worker draws from, and when it changes."""
+
+    current: NegativesVersion | None
+
+    @property
+    def version(self) -> int: ...
+
+    def lag(self, step: int) -> int | None: ...
+
+    def poll(self) -> bool: ...
 
 
 class RefreshedNegatives:
     """Holds the negatives version in use and switches when a newer one is published."""
 
-    def __init__(self, root: Path, split: str) -> None:
+    def __init__(self, root: Path, split: str, collectives: Collectives) -> None:
         self.store = NegativesStore(root)
         self.split = split
+        self.collectives = collectives
         self.current: NegativesVersion | None = None
 
     @property
@@ -37,13 +65,10 @@ class RefreshedNegatives:
     def poll(self) -> bool:
         """Switch to the newest published version if it changed; True when it switched.
 
-        Collective over the process group when one is initialised (all ranks must call it).
+        A collective (every rank calls it): rank 0's view of ``CURRENT`` is broadcast.
         """
         newest = self.store.current_version()
-        chosen = torch.tensor([-1 if newest is None else newest], dtype=torch.long)
-        if dist.is_available() and dist.is_initialized():
-            dist.broadcast(chosen, src=0)
-        version = int(chosen.item())
+        version = self.collectives.broadcast_int(-1 if newest is None else newest)
         if version < 0 or version == self.version:
             return False
         path = self.store.root / version_dir_name(version) / f"{self.split}.parquet"
@@ -53,3 +78,155 @@ class RefreshedNegatives:
             # Retention removed it between the read and the open; the next poll sees a newer one.
             return False
         return True
+
+
+class FixedNegatives:
+    """One negatives version for a whole run: polling never switches."""
+
+    def __init__(self, path: Path) -> None:
+        self.current: NegativesVersion | None = NegativesVersion(path)
+
+    @property
+    def version(self) -> int:
+        return -1 if self.current is None else self.current.version
+
+    def lag(self, step: int) -> int | None:
+        return None
+
+    def poll(self) -> bool:
+        return False
+
+
+def training_entities(catalogue: EntityCatalogue, mentions: Sequence[Mention]) -> np.ndarray:
+    """Entity ids negatives are drawn from: the entities of the training mentions' domains.
+
+    Zeshel-style data trains on some domains and tests on others; negatives from the test
+    domains would let the model separate domains instead of entities (paper §6.3: "sampled
+    uniformly at random from all entities in training data"). Without domains: every entity.
+    """
+    domains = np.asarray(catalogue.domain_of().to_numpy(zero_copy_only=False))
+    training_domains = sorted({m.domain for m in mentions})
+    return np.flatnonzero(np.isin(domains, training_domains)).astype(np.int64)
+
+
+def sampler_options(negatives: NegativesSettings) -> dict[str, Any]:
+    """The constructor options of ``negatives.sampler`` from its option group."""
+    if negatives.sampler == "mixed":
+        return {
+            "hard_fraction": negatives.mixed.hard_fraction,
+            "temperature": negatives.hard.temperature,
+        }
+    if negatives.sampler == "hard":
+        return {"temperature": negatives.hard.temperature}
+    if negatives.sampler == "ohem":
+        return {"pool_size": negatives.ohem.pool_size}
+    return {}
+
+
+class NegativeDrawer:
+    """K negatives per mention from ``sampler`` over a :class:`CandidateSource` (``random``
+    while a refreshed source has no version yet), within an entity space.
+
+    Samplers work in a local id space 0..M-1 over ``entity_ids`` (the retriever's training
+    domains, :func:`training_entities`; the whole catalogue for the reranker); candidates
+    outside it are masked and drawn ids are mapped back to catalogue ids. With
+    ``filter_false_negatives`` every known positive of a mention (its ``golds``, kept in a
+    :class:`~mining.false_negatives.FalseNegativeFilter`) is excluded; without it only the gold.
+    """
+
+    def __init__(
+        self,
+        sampler: NegativeSampler,
+        num_negatives: int,
+        entity_ids: np.ndarray,
+        num_catalogue: int,
+        mentions: Sequence[Mention],
+        filter_false_negatives: bool,
+        draws_candidates: bool,
+    ) -> None:
+        self.sampler = sampler
+        self.random = build_sampler("random")
+        self.num_negatives = num_negatives
+        self.entity_ids = torch.from_numpy(np.asarray(entity_ids, dtype=np.int64))
+        self.to_local = torch.full((num_catalogue,), -1, dtype=torch.long)
+        self.to_local[self.entity_ids] = torch.arange(len(self.entity_ids))
+        self.draws_candidates = draws_candidates
+        self.filter = FalseNegativeFilter(
+            (m.mention_id, g) for m in mentions for g in m.golds if filter_false_negatives
+        )
+
+    @classmethod
+    def for_retriever(
+        cls, config: Config, catalogue: EntityCatalogue, mentions: Sequence[Mention]
+    ) -> NegativeDrawer:
+        """``hnce train``: the configured sampler over the refreshed index candidates, within
+        the training mentions' domains."""
+        negatives = config.negatives
+        return cls(
+            build_sampler(negatives.sampler, **sampler_options(negatives)),
+            negatives.num_negatives,
+            training_entities(catalogue, mentions),
+            len(catalogue),
+            mentions,
+            negatives.filter_false_negatives,
+            draws_candidates=negatives.source == "index",
+        )
+
+    @classmethod
+    def for_reranker(
+        cls, config: Config, num_catalogue: int, mentions: Sequence[Mention]
+    ) -> NegativeDrawer:
+        """``hnce rerank``: the retriever's top ``num_candidates - 1`` non-positive candidates
+        (greedy over its scores), from the whole catalogue."""
+        return cls(
+            build_sampler("greedy"),
+            config.rerank.num_candidates - 1,
+            np.arange(num_catalogue),
+            num_catalogue,
+            mentions,
+            filter_false_negatives=True,
+            draws_candidates=True,
+        )
+
+    def _local(self, ids: Tensor) -> Tensor:
+        return torch.where(ids >= 0, self.to_local[ids.clamp(min=0)], -1)
+
+    def known_positives(self, mention: Mention) -> set[int]:
+        """Catalogue ids that are never negatives of ``mention``: its gold (and its aliases)."""
+        return self.filter.positives(mention.mention_id) | {mention.gold}
+
+    def draw(
+        self, mentions: Sequence[Mention], source: CandidateSource, generator: torch.Generator
+    ) -> SampledNegatives:
+        """K negatives per mention: catalogue ids [B, K] (-1 where ``valid`` is False),
+        ``valid`` [B, K] and the sampler's ``log_q`` [B, K] (or None)."""
+        gold = self._local(torch.tensor([m.gold for m in mentions], dtype=torch.long))
+        positives = [
+            set(self._local(torch.tensor(sorted(self.known_positives(m)))).tolist()) - {-1}
+            for m in mentions
+        ]
+        candidate_ids = candidate_scores = None
+        sampler = self.sampler
+        if self.draws_candidates and source.current is None:
+            sampler = self.random
+        elif self.draws_candidates:
+            global_ids, candidate_scores = source.current.lookup([m.mention_id for m in mentions])
+            candidate_ids = self._local(global_ids)  # -1 outside the space: never drawn
+        sampled = sampler.sample(
+            SamplingRequest(
+                gold=gold,
+                positives=positives,
+                num_entities=len(self.entity_ids),
+                num_negatives=self.num_negatives,
+                candidate_ids=candidate_ids,
+                candidate_scores=candidate_scores,
+                generator=generator,
+            )
+        )
+        ids = self.entity_ids[sampled.ids.clamp(min=0, max=len(self.entity_ids) - 1)]
+        return SampledNegatives(
+            ids=ids.masked_fill(~sampled.valid, -1),
+            valid=sampled.valid,
+            log_q=sampled.log_q,
+            hard=sampled.hard,
+        )

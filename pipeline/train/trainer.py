@@ -1,12 +1,17 @@
-"""The driver of a training run: Ray Train's ``TorchTrainer`` plus the refresh coordinator.
+"""The one training driver: Ray Train's ``TorchTrainer`` (DeepSpeed in every worker), plus the
+refresh coordinator when the task trains the retriever on an index.
 
-The coordinator actor (cluster/refresh.py) runs alongside on its own CPU (its encoder actors
-request their own CPUs or GPUs, and ``hnce_encoder`` on a launched cluster), watching
-``<run>/checkpoints`` and publishing index and negatives versions; the trainer workers (one
-``hnce_trainer`` slot each on a launched cluster) never wait for it (DESIGN.md §5). A worker
-failure restarts the worker group up to ``training.max_failures`` times; the new group resumes
-from the newest complete checkpoint (``FailureConfig`` + the checkpoint pointer each publish
-reports to Ray Train).
+:func:`run_task` trains a :class:`~pipeline.train.task.TrainingTask`: ``hnce train`` the
+retriever (:func:`run_training`), ``hnce rerank`` the joint reranker. The coordinator actor
+(cluster/coordinator.py) runs alongside on its own CPU (its encoder actors request their own CPUs
+or GPUs, and ``hnce_encoder`` on a launched cluster), watching ``<run>/checkpoints`` and
+publishing index and negatives versions; the trainer workers (one ``hnce_trainer`` slot each on
+a launched cluster) never wait for it (DESIGN.md §5). A worker failure restarts the worker group
+up to ``training.max_failures`` times; the new group resumes from the newest complete checkpoint
+(``FailureConfig`` + the checkpoint pointer each publish reports to Ray Train).
+
+The driver can run many trainings in one process: Ray is started once (``init_ray`` is a no-op
+when it is up) and nothing of a run stays behind in the driver but its run directory.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from pipeline.preflight import check_training_inputs
 from pipeline.train.events import read_events
 from pipeline.train.progress import follow_progress
 from pipeline.train.refresh_supervisor import start_refresh, stop_refresh
+from pipeline.train.task import TrainingTask
 from pipeline.train.worker import train_loop_per_worker
 
 
@@ -41,6 +47,9 @@ class TrainingSummary:
     steps: int
     final_loss: float
     seconds: float
+    task: str = "retriever"
+    mentions: int = 0
+    skipped_missing_gold: int = 0
     checkpoints: list[int] = field(default_factory=list)
     negatives_switches: list[dict[str, Any]] = field(default_factory=list)
     resumed_from: list[int] = field(default_factory=list)
@@ -54,6 +63,8 @@ class TrainingSummary:
             if lags
             else "random negatives only"
         )
+        if self.task == "reranker":
+            switches = "the retriever's fixed candidates"
         resumed = f", resumed from step {self.resumed_from}" if self.resumed_from else ""
         return (
             f"trained {self.steps} steps in {self.seconds:.0f}s, final loss {self.final_loss:.4f}, "
@@ -62,12 +73,12 @@ class TrainingSummary:
         )
 
 
-def _with_run_dir(config: Config, run_dir: Path) -> dict[str, Any]:
-    """The config as the workers get it, with the run directory made absolute."""
+def _worker_config(config: Config, task: TrainingTask) -> dict[str, Any]:
+    """What every worker gets: the config (paths made absolute) and the task."""
     tree = config.to_dict()
-    tree["run"]["dir"] = str(run_dir)
+    tree["run"]["dir"] = str(config.run_dir.resolve())
     tree["data"]["root"] = str(Path(config.data.root).resolve())
-    return tree
+    return {"config": tree, "task": task.to_dict()}
 
 
 def refresh_plan(config: Config) -> RefreshPlan:
@@ -81,41 +92,53 @@ def refresh_plan(config: Config) -> RefreshPlan:
 
 
 def run_training(config: Config, progress: bool = True) -> TrainingSummary:
-    """Train ``config`` to ``training.steps`` (resuming from a checkpoint in ``run.dir``)."""
-    training = config.training
+    """``hnce train``: train the retriever to ``training.steps`` (resuming from a checkpoint in
+    ``run.dir``), with the asynchronous refresh when the recipe asks for it."""
     check_training_inputs(config)
-    run_dir = config.run_dir.resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    dump_config(config, run_dir / "config.yaml")
-    with_refresh = config.refresh.enabled and config.negatives.source == "index"
-    cpus_needed = training.num_workers * training.cpus_per_worker + (
-        config.refresh.num_encoders * config.refresh.encoder_cpus if with_refresh else 0
-    )
-    init_ray(config.cluster, cpus_needed)
+    return run_task(config, TrainingTask.retriever(config), progress)
 
+
+def _trainer(config: Config, task: TrainingTask) -> TorchTrainer:
+    """Ray Train's trainer for ``task``: one worker per ``num_workers``, each with its CPUs, a
+    GPU when ``cluster.use_gpu`` (NCCL; gloo without), and the ``hnce_trainer`` resource."""
+    settings = task.settings(config)
     resources = custom_resource_request(TRAINER_RESOURCE, ray.cluster_resources())
     scaling = ScalingConfig(
-        num_workers=training.num_workers,
+        num_workers=settings.num_workers,
         use_gpu=config.cluster.use_gpu,
-        resources_per_worker={"CPU": training.cpus_per_worker, **resources},
+        resources_per_worker={"CPU": settings.cpus_per_worker, **resources},
     )
-    trainer = TorchTrainer(
+    return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"config": _with_run_dir(config, run_dir)},
+        train_loop_config=_worker_config(config, task),
         scaling_config=scaling,
         torch_config=TorchConfig(backend="nccl" if config.cluster.use_gpu else "gloo"),
         run_config=RunConfig(
-            name=f"hnce-{run_dir.name}",
-            storage_path=str(run_dir / "ray"),
-            failure_config=FailureConfig(max_failures=training.max_failures),
+            name=f"hnce-{task.kind}-{task.run_dir.name}",
+            storage_path=str(task.run_dir / "ray"),
+            failure_config=FailureConfig(max_failures=settings.max_failures),
         ),
     )
+
+
+def run_task(config: Config, task: TrainingTask, progress: bool = True) -> TrainingSummary:
+    """Train ``task`` to its ``steps`` through Ray Train (resuming from the newest checkpoint in
+    its run directory); returns what the run did, read back from its event log."""
+    settings = task.settings(config)
+    task.run_dir.mkdir(parents=True, exist_ok=True)
+    dump_config(config, task.run_dir / "config.yaml")
+    with_refresh = task.refreshes(config)
+    cpus_needed = settings.num_workers * settings.cpus_per_worker + (
+        config.refresh.num_encoders * config.refresh.encoder_cpus if with_refresh else 0
+    )
+    init_ray(config.cluster, cpus_needed)
+    trainer = _trainer(config, task)
     coordinator = watch = None
     if with_refresh:
         coordinator, watch = start_refresh(refresh_plan(config))
     done = threading.Event()
     follower = threading.Thread(
-        target=follow_progress, args=(run_dir, training.steps, done), daemon=True
+        target=follow_progress, args=(task.run_dir, settings.steps, done), daemon=True
     )
     started = time.perf_counter()
     if progress:
@@ -129,8 +152,7 @@ def run_training(config: Config, progress: bool = True) -> TrainingSummary:
         status: dict[str, Any] = {}
         if coordinator is not None:
             status = stop_refresh(coordinator, watch)
-    seconds = time.perf_counter() - started
-    summary = summarise_run(run_dir, seconds)
+    summary = summarise_run(task.run_dir, time.perf_counter() - started)
     summary.refreshes = int(status.get("refreshes", 0))
     summary.refresh_error = status.get("error")
     return summary
@@ -139,9 +161,13 @@ def run_training(config: Config, progress: bool = True) -> TrainingSummary:
 def summarise_run(run_dir: Path, seconds: float) -> TrainingSummary:
     """Read a run's event log into a :class:`TrainingSummary`."""
     end = read_events(run_dir, "end")
+    start = read_events(run_dir, "start")
     newest = newest_checkpoint(run_dir)
     return TrainingSummary(
         run_dir=run_dir,
+        task=str(start[0].get("task", "retriever")) if start else "retriever",
+        mentions=int(start[0]["mentions"]) if start else 0,
+        skipped_missing_gold=int(start[0].get("skipped_missing_gold", 0)) if start else 0,
         steps=int(end[-1]["step"]) if end else (newest[0] if newest else 0),
         final_loss=float(end[-1]["loss"]) if end else float("nan"),
         seconds=seconds,

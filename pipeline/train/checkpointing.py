@@ -1,0 +1,175 @@
+"""A training run's checkpoints on the DeepSpeed side: publishing ``step-<S>/``, resuming safely.
+
+The layout and its SHA-256 manifest belong to :mod:`cluster.checkpoints`. Here:
+
+- :func:`publish_checkpoint`: DeepSpeed state on every rank, the Hugging Face export on rank 0
+  (under ZeRO-3 from parameters gathered from every rank), then the ``COMPLETE`` manifest and
+  pruning; :func:`report_checkpoint` gives Ray Train the pointer a restarted worker group
+  resumes from;
+- :func:`agreed_resume_step` and :func:`load_training_state`: the step to resume from (rank 0
+  decides, every rank follows), verified against its manifest, then loaded through
+  :class:`WeightsOnlyCheckpointEngine`.
+
+Trust: DeepSpeed's own loader calls ``torch.load(weights_only=False)``, which runs any code a
+pickle names. Whoever can write to ``run.dir`` controls both the state files and their manifest,
+so the manifest alone cannot stop a crafted file; loading every state file with
+``weights_only=True`` (tensors, containers and the few DeepSpeed data types listed in
+:data:`ALLOWED_GLOBALS`) can. Such a file makes the resume fail with
+:class:`UnsafeCheckpointError`; it never runs (README, "Trust").
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import deepspeed
+import ray.train
+import torch
+from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+from deepspeed.runtime.zero.config import ZeroStageEnum
+from deepspeed.utils.tensor_fragment import fragment_address
+from torch import nn
+
+from cluster.checkpoints import (
+    DEEPSPEED_DIR,
+    DEEPSPEED_TAG,
+    EXPORT_DIR,
+    CheckpointIntegrityError,
+    checkpoint_dir,
+    complete_checkpoints,
+    mark_complete,
+    newest_checkpoint,
+    prune_checkpoints,
+    verify_checkpoint,
+)
+from cluster.index_store import IndexStore
+from pipeline.config import Config
+from pipeline.train.distributed import Collectives
+from pipeline.train.events import EventLog
+from pipeline.train.model import export_trainable
+from pipeline.train.negatives import CandidateSource
+from pipeline.train.task import TrainingTask
+
+POINTER_FILE = "hnce_checkpoint.json"
+
+# Plain-data types DeepSpeed pickles into its model and optimizer states (ZeRO 0-3, fp32 and
+# bf16): the only globals a state file may name besides tensors and containers.
+ALLOWED_GLOBALS = [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+class UnsafeCheckpointError(CheckpointIntegrityError):
+    """A state file names Python objects outside :data:`ALLOWED_GLOBALS`: refused, never run."""
+
+
+class WeightsOnlyCheckpointEngine(TorchCheckpointEngine):
+    """DeepSpeed's torch checkpoint engine with every load done ``weights_only=True``."""
+
+    def load(self, path: str, map_location: Any = None) -> Any:
+        with torch.serialization.safe_globals(ALLOWED_GLOBALS):
+            try:
+                return torch.load(path, map_location=map_location, weights_only=True)
+            except pickle.UnpicklingError as error:
+                reason = str(error).splitlines()
+                detail = next((line for line in reason if "Unsupported" in line), reason[0])
+                raise UnsafeCheckpointError(
+                    f"{path}: refusing to resume from this file: it is not plain tensor data "
+                    f"({detail.strip()}); a checkpoint hnce wrote never is. Whoever can write to "
+                    f"the run directory may have planted it: remove that checkpoint directory"
+                ) from None
+
+
+def use_weights_only_loading(engine: deepspeed.DeepSpeedEngine) -> None:
+    """Make every later ``engine.load_checkpoint`` load with ``weights_only=True``."""
+    engine.checkpoint_engine = WeightsOnlyCheckpointEngine(engine._config)
+
+
+def reported_checkpoint_step() -> int | None:
+    """The step of the checkpoint this worker group last reported to Ray Train (set when Ray
+    Train restarts a failed group), or None."""
+    reported = ray.train.get_checkpoint()
+    if reported is None:
+        return None
+    with reported.as_directory() as directory:
+        return int(json.loads((Path(directory) / POINTER_FILE).read_text())["step"])
+
+
+def report_checkpoint(step: int, loss: float, rank: int) -> None:
+    """Report checkpoint ``step`` to Ray Train (every rank calls it; rank 0 attaches the pointer
+    a restarted worker group resumes from)."""
+    with tempfile.TemporaryDirectory(prefix="hnce-pointer-") as pointer_dir:
+        checkpoint = None
+        if rank == 0:
+            (Path(pointer_dir) / POINTER_FILE).write_text(json.dumps({"step": step}))
+            checkpoint = ray.train.Checkpoint.from_directory(pointer_dir)
+        ray.train.report({"step": step, "loss": loss}, checkpoint=checkpoint)
+
+
+def agreed_resume_step(run_dir: Path, collectives: Collectives, reported: int | None) -> int | None:
+    """The checkpoint step every rank resumes from (rank 0's choice, broadcast): ``reported``
+    (Ray Train's pointer) when that checkpoint still exists, else the newest complete one on
+    disk; None to start afresh."""
+    step = -1
+    if collectives.rank == 0:
+        if reported is not None and checkpoint_dir(run_dir, reported).is_dir():
+            step = reported
+        else:
+            newest = newest_checkpoint(run_dir)
+            step = -1 if newest is None else newest[0]
+    step = collectives.broadcast_int(step)
+    return None if step < 0 else step
+
+
+def load_training_state(engine: deepspeed.DeepSpeedEngine, run_dir: Path, step: int) -> Path:
+    """Verify checkpoint ``step`` against its manifest, then load its DeepSpeed state (model,
+    optimizer, scheduler) weights-only; returns its directory."""
+    path = checkpoint_dir(run_dir, step)
+    verify_checkpoint(path)
+    loaded, _ = engine.load_checkpoint(str(path / DEEPSPEED_DIR), tag=DEEPSPEED_TAG)
+    if loaded is None:
+        raise CheckpointIntegrityError(f"{path / DEEPSPEED_DIR}: no DeepSpeed state to resume")
+    return path
+
+
+def checkpoints_in_use(config: Config, task: TrainingTask, source: CandidateSource) -> set[int]:
+    """Checkpoint steps pruning must spare: the one the current negatives came from and, while
+    the refresh runs, every one newer than the live index (the coordinator may be encoding it)."""
+    protect = set()
+    if source.current is not None and task.kind == "retriever":
+        protect.add(source.current.checkpoint_step)
+    if task.refreshes(config):
+        store = IndexStore(config.run_dir / "index")
+        version = store.current_version()
+        indexed = -1 if version is None else int(store.read_manifest(version)["checkpoint"])
+        protect.update(step for step, _ in complete_checkpoints(task.run_dir) if step > indexed)
+    return protect
+
+
+def publish_checkpoint(
+    engine: deepspeed.DeepSpeedEngine,
+    model: nn.Module,
+    run_dir: Path,
+    state: dict[str, Any],
+    collectives: Collectives,
+    keep: int,
+    protect: set[int],
+    log: EventLog | None,
+) -> None:
+    """Write ``step-<S>/`` (S = ``state["step"]``) under ``run_dir``: DeepSpeed state (all
+    ranks), the export (rank 0; ZeRO-3 parameters gathered first), ``COMPLETE`` with ``state``
+    last, prune to ``keep`` sparing ``protect`` (rank 0, which holds ``log``)."""
+    step = int(state["step"])
+    directory = checkpoint_dir(run_dir, step)
+    engine.save_checkpoint(str(directory / DEEPSPEED_DIR), tag=DEEPSPEED_TAG)
+    with deepspeed.zero.GatheredParameters(list(model.parameters())):
+        if collectives.rank == 0:
+            export_trainable(model, directory / EXPORT_DIR)
+    collectives.barrier()
+    if log is not None:
+        mark_complete(directory, state)
+        prune_checkpoints(run_dir, keep, protect)
+        log.write("checkpoint", step=step, path=str(directory))

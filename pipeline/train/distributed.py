@@ -1,0 +1,67 @@
+"""The worker's device and its collectives, each tensor on the device its backend needs.
+
+Ray Train assigns every worker its device (``ray.train.torch.get_device()``: the worker's own
+CUDA device on a GPU cluster, the CPU otherwise) and starts the process group (NCCL with GPUs,
+gloo without, ``pipeline.train.trainer``). NCCL only moves CUDA tensors and gloo only CPU ones:
+a CPU tensor handed to an NCCL broadcast raises, so every collective of the worker goes through
+:class:`Collectives`, which puts its tensors on the right device. The device is never guessed
+from ``torch.cuda.is_available()`` or from which GPUs happen to be visible.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import ray.train.torch
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+
+def worker_device(use_gpu: bool) -> torch.device:
+    """The device Ray Train assigned to this worker, made current; asking for GPUs
+    (``cluster.use_gpu``) and getting none is an error, never a silent CPU run."""
+    device = ray.train.torch.get_device()
+    if use_gpu and device.type != "cuda":
+        raise RuntimeError(
+            f"cluster.use_gpu is true but Ray Train gave this worker {device}: no GPU is visible "
+            f"to it (check the nodes' GPUs and CUDA_VISIBLE_DEVICES)"
+        )
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+class Collectives:
+    """Broadcasts and barriers of one worker over the default process group (no-ops without one).
+
+    Tensors are created on :attr:`device`: the worker's CUDA device under NCCL, the CPU under
+    gloo. Every rank must make the same calls in the same order.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.active = dist.is_available() and dist.is_initialized()
+        self.backend = str(dist.get_backend()) if self.active else "none"
+        self.rank = dist.get_rank() if self.active else 0
+        if self.backend == "nccl" and device.type != "cuda":
+            raise RuntimeError(f"the NCCL backend needs a CUDA device, but the worker has {device}")
+        self.device = device if self.backend == "nccl" else torch.device("cpu")
+        logger.info("collectives: backend %s on %s", self.backend, self.device)
+
+    def broadcast_int(self, value: int, source: int = 0) -> int:
+        """``value`` as rank ``source`` gave it, on every rank."""
+        tensor = torch.tensor([value], dtype=torch.long, device=self.device)
+        if self.active:
+            dist.broadcast(tensor, src=source)
+        return int(tensor.item())
+
+    def barrier(self) -> None:
+        """Wait for every rank (NCCL: on this worker's device, so no device is guessed)."""
+        if not self.active:
+            return
+        if self.device.type == "cuda":
+            dist.barrier(device_ids=[self.device.index])
+        else:
+            dist.barrier()

@@ -1,0 +1,67 @@
+"""The one contrastive training step of hnce: encode, score, loss from ``mining.losses``, update.
+
+Both trainable models, the bi-encoder (``hnce train``) and the joint reranker (``hnce rerank``),
+go through it. The model's ``score_matrix`` gives scores [B, C] of a
+:class:`~pipeline.train.batch.ContrastiveBatch` (the bi-encoder scores every pair, the
+cross-encoder only the pairs the loss reads), and the loss is the configured one over each
+mention's gold and its valid candidates; with the default ``nce`` it is exactly the paper's
+hard-negative NCE (eq. 5/11):
+
+    J = −log exp s(x,y) / (exp s(x,y) + Σ_{k valid} exp s(x,y_k)).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+import deepspeed
+from torch import Tensor, nn
+
+from pipeline.train.batch import ContrastiveBatch
+
+
+class ScoringModel(Protocol):
+    """What the step trains: a model with the shared scoring call."""
+
+    def score_matrix(
+        self,
+        mention_batch: Mapping[str, Tensor],
+        candidate_batch: Mapping[str, Tensor],
+        pairs: Tensor,
+        chunk_size: int = 0,
+    ) -> Tensor: ...
+
+
+class ContrastiveScoring(nn.Module):
+    """The module DeepSpeed wraps: ``forward`` is the model's ``score_matrix`` with the run's
+    ``training.candidate_chunk_size``."""
+
+    def __init__(self, model: nn.Module, chunk_size: int = 0) -> None:
+        super().__init__()
+        self.model = model
+        self.chunk_size = chunk_size
+
+    def forward(
+        self, mentions: Mapping[str, Tensor], candidates: Mapping[str, Tensor], pairs: Tensor
+    ) -> Tensor:
+        return self.model.score_matrix(mentions, candidates, pairs, self.chunk_size)
+
+
+def contrastive_loss(scores: Tensor, batch: ContrastiveBatch, loss: nn.Module) -> Tensor:
+    """``loss`` (a :mod:`mining.losses` module) of scores [B, C]: each mention's gold column is
+    its positive, its ``valid`` columns its negatives (with ``log_q`` where the sampler gives it)."""
+    positive = scores.gather(1, batch.gold[:, None]).squeeze(1)
+    return loss(positive, scores, batch.valid, batch.log_q)
+
+
+def train_micro_batch(
+    engine: deepspeed.DeepSpeedEngine, batch: ContrastiveBatch, loss: nn.Module
+) -> float:
+    """Forward, loss, backward and DeepSpeed's step (which applies the optimizer only at a
+    gradient-accumulation boundary) for one micro-batch already on the engine's device."""
+    scores = engine(batch.mentions, batch.candidates, batch.scored_pairs).float()
+    value = contrastive_loss(scores, batch, loss)
+    engine.backward(value)
+    engine.step()
+    return float(value.detach())

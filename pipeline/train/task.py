@@ -1,0 +1,86 @@
+"""What one run of the shared driver trains: the retriever (``hnce train``) or the joint reranker
+(``hnce rerank``).
+
+Both go through the same driver (``pipeline.train.trainer``), worker loop and step; a task says
+only where the run lives, which settings drive it and where its negatives come from:
+
+=========  ==========================  ==================  ========================================
+task       run directory               settings            negatives
+=========  ==========================  ==================  ========================================
+retriever  ``run.dir``                 ``training``        ``negatives`` over refreshed versions
+reranker   ``run.dir/rerank``          ``rerank.training`` greedy over a fixed retriever's top-N
+=========  ==========================  ==================  ========================================
+
+A task is plain data, so Ray Train hands it to every worker (:meth:`TrainingTask.to_dict`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pipeline.config import Config, TrainingSettings
+
+TaskKind = Literal["retriever", "reranker"]
+RERANK_DIR = "rerank"
+
+
+def rerank_run_dir(config: Config) -> Path:
+    """``<run.dir>/rerank``: the reranker's checkpoints, event log, candidates and reports."""
+    return (config.run_dir / RERANK_DIR).resolve()
+
+
+@dataclass(frozen=True)
+class TrainingTask:
+    """A retriever or reranker training run (see the module docstring).
+
+    ``candidates``: the reranker's fixed candidates, a negatives-version Parquet file of the
+    train split (``cluster.negatives_store``); None for the retriever.
+    """
+
+    kind: TaskKind
+    run_dir: Path
+    candidates: Path | None = None
+
+    @classmethod
+    def retriever(cls, config: Config) -> TrainingTask:
+        return cls("retriever", config.run_dir.resolve())
+
+    @classmethod
+    def reranker(cls, config: Config, candidates: Path) -> TrainingTask:
+        return cls("reranker", rerank_run_dir(config), Path(candidates).resolve())
+
+    def settings(self, config: Config) -> TrainingSettings:
+        """The DeepSpeed / Ray Train settings of this task."""
+        return config.training if self.kind == "retriever" else config.rerank.training
+
+    def max_mentions(self, config: Config) -> int:
+        """How many training mentions to use (0: all)."""
+        if self.kind == "retriever":
+            return config.data.max_train_mentions
+        return config.rerank.max_train_mentions
+
+    def refreshes(self, config: Config) -> bool:
+        """Whether the asynchronous refresh runs beside the training (retriever on an index)."""
+        return (
+            self.kind == "retriever"
+            and config.refresh.enabled
+            and config.negatives.source == "index"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "run_dir": str(self.run_dir),
+            "candidates": None if self.candidates is None else str(self.candidates),
+        }
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainingTask:
+        candidates = values["candidates"]
+        return cls(
+            values["kind"],
+            Path(values["run_dir"]),
+            None if candidates is None else Path(candidates),
+        )

@@ -1,0 +1,320 @@
+"""The worker's DeepSpeed side in this process (one-rank gloo group, no Ray): the DeepSpeed config
+as the engine applies it, gradient accumulation, the export after ZeRO-2/3, a resume that repeats
+the uninterrupted run exactly, and a crafted checkpoint that must not run code on resume."""
+
+from __future__ import annotations
+
+import builtins
+import json
+import math
+from pathlib import Path
+
+import deepspeed
+import numpy as np
+import pytest
+import torch
+from training_helpers import (
+    single_process_group,
+    synthetic_config,
+    write_syllable_bert,
+)
+
+from cluster.checkpoints import (
+    DEEPSPEED_DIR,
+    DEEPSPEED_TAG,
+    EXPORT_DIR,
+    STATE_FILE,
+    checkpoint_dir,
+    mark_complete,
+)
+from cluster.negatives_store import MinedSplit, NegativesStore
+from cluster.tables import MentionSplit, mention_split_path
+from encoders.biencoder import load_biencoder
+from mining.losses import NCELoss
+from mining.samplers import SampledNegatives
+from pipeline.config import Config, TrainingSettings
+from pipeline.train.batch import ContrastiveBatch, assemble_batch
+from pipeline.train.checkpointing import UnsafeCheckpointError
+from pipeline.train.deepspeed_config import build_deepspeed_config
+from pipeline.train.events import read_events
+from pipeline.train.model import build_model, build_trainable
+from pipeline.train.step import contrastive_loss, train_micro_batch
+from pipeline.train.task import TrainingTask
+from pipeline.train.worker import WorkerRun, start_engine
+
+pytestmark = pytest.mark.slow
+
+CPU = torch.device("cpu")
+# Random negatives without an index: nothing but the worker and DeepSpeed takes part.
+NO_INDEX = ("negatives.sampler=random", "negatives.source=none", "refresh.enabled=false")
+
+
+@pytest.fixture(scope="module")
+def still_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same tiny BERT without dropout: equal computations give equal numbers."""
+    return write_syllable_bert(tmp_path_factory.mktemp("bert-still"), dropout=0.0)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def process_group() -> None:
+    """One group for the module: DeepSpeed keeps its groups for the life of the process."""
+    with single_process_group():
+        yield
+
+
+def recipe(run_dir: Path, small_dataset: Path, syllable_bert: Path, *overrides: str) -> Config:
+    return synthetic_config(
+        run_dir,
+        small_dataset,
+        syllable_bert,
+        *NO_INDEX,
+        "training.num_workers=1",
+        "training.batch_size=4",
+        "training.log_every=1",
+        *overrides,
+    )
+
+
+def train(config: Config, report: object = None, task: TrainingTask | None = None) -> WorkerRun:
+    """Build this rank's worker run (the retriever task unless given) and train it to the end."""
+    task = task or TrainingTask.retriever(config)
+    run = WorkerRun.build(config, task, CPU, 1, report or (lambda *_: None))
+    run.train()
+    return run
+
+
+def reranker_task(config: Config) -> TrainingTask:
+    """The reranker task over a retriever's top-8 (random same-world entities, gold included)."""
+    root = Path(config.data.root)
+    mentions = MentionSplit.open(mention_split_path(root, "train")).read_all()
+    rng = np.random.default_rng(0)
+    cands = np.stack([rng.permutation(30)[:8] for _ in mentions])
+    cands[:, 0] = [m.gold for m in mentions]
+    scores = -np.arange(8, dtype=np.float32)[None].repeat(len(mentions), 0)
+    mined = MinedSplit([m.mention_id for m in mentions], cands, scores, np.zeros(len(mentions)))
+    store = NegativesStore(config.run_dir / "retriever-negatives")
+    version = store.publish(1, {"train": mined}, checkpoint_step=0, top_n=8)
+    return TrainingTask.reranker(config, version / "train.parquet")
+
+
+def test_deepspeed_config_drives_the_engine(still_model_dir: Path, small_dataset: Path) -> None:
+    """Warm-up then linear decay, ZeRO stage and gradient accumulation as the engine applies
+    them; bf16 on a CPU is refused before DeepSpeed starts."""
+    settings = TrainingSettings(
+        steps=8, warmup_steps=4, learning_rate=1e-3, gradient_accumulation=2, zero_stage=2
+    )
+    config = recipe(Path("unused"), small_dataset, still_model_dir)
+    engine = start_engine(build_model(config), settings, CPU)
+    assert engine.zero_optimization_stage() == 2 and not engine.bfloat16_enabled()
+    batch = _micro_batches(config, [[0, 1, 2, 3]])[0]
+    rates, changed = [], []
+    for _ in range(settings.steps):
+        for _micro in range(settings.gradient_accumulation):
+            before = _parameters(engine.module)
+            train_micro_batch(engine, batch, NCELoss())
+            changed.append(not torch.equal(before, _parameters(engine.module)))
+        rates.append(float(engine.get_lr()[0]))
+    # The optimizer runs once per two micro-batches. DeepSpeed's linear warm-up starts from 0:
+    # the first two optimizer steps run at lr 0 and leave the weights as they were.
+    assert changed == [False] * 4 + [False, True] * (settings.steps - 2)
+    expected = [0.0, 2.5e-4, 5e-4, 7.5e-4, 1e-3, 7.5e-4, 5e-4, 2.5e-4]
+    assert rates == pytest.approx(expected), rates
+    with pytest.raises(ValueError, match="bf16 support"):
+        build_deepspeed_config(TrainingSettings(precision="bf16"), CPU)
+
+
+def test_gradient_accumulation_equals_one_step_over_the_concatenated_batch(
+    still_model_dir: Path, small_dataset: Path
+) -> None:
+    """Two micro-batches of 4 accumulate, at the optimizer step, exactly the gradient of one
+    micro-batch of the same 8 mentions with the same negatives (the mean of eq. 11 over 8).
+
+    Gradients, not weights, are compared: Adam turns the float noise of a gradient that is zero
+    in exact arithmetic (e.g. the last LayerNorm bias, which shifts every candidate's score
+    alike) into steps of size lr."""
+    config = recipe(Path("unused"), small_dataset, still_model_dir)
+    first, second, both = _micro_batches(config, [[0, 1, 2, 3], [4, 5, 6, 7], list(range(8))])
+    accumulated = start_engine(
+        build_model(config), TrainingSettings(batch_size=4, gradient_accumulation=2), CPU
+    )
+    train_micro_batch(accumulated, first, NCELoss())  # not a boundary: no optimizer step
+    _backward(accumulated, second)
+    single = start_engine(build_model(config), TrainingSettings(batch_size=8), CPU)
+    _backward(single, both)
+    expected = _gradients(single.module)
+    scale = float(expected.abs().max())
+    assert scale > 1e-2
+    torch.testing.assert_close(
+        _gradients(accumulated.module), expected, rtol=1e-4, atol=1e-4 * scale
+    )
+
+
+def _backward(engine: object, batch: ContrastiveBatch) -> None:
+    """The step's forward, loss and backward without the optimizer step."""
+    scores = engine(batch.mentions, batch.candidates, batch.scored_pairs).float()
+    engine.backward(contrastive_loss(scores, batch, NCELoss()))
+
+
+def _gradients(module: torch.nn.Module) -> torch.Tensor:
+    return torch.cat(
+        [
+            (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+            for p in module.parameters()
+        ]
+    )
+
+
+def test_the_recipes_memory_switches_reach_the_towers(
+    still_model_dir: Path, small_dataset: Path
+) -> None:
+    """``model.activation_checkpointing`` turns it on in both towers, and
+    ``training.candidate_chunk_size`` makes the step encode the candidates chunk by chunk, each
+    chunk again in the backward pass."""
+    config = recipe(
+        Path("unused"),
+        small_dataset,
+        still_model_dir,
+        "model.activation_checkpointing=true",
+        "training.candidate_chunk_size=5",
+    )
+    model = build_trainable(config, "retriever")
+    assert model.mention_tower.is_activation_checkpointing
+    assert model.entity_tower.is_activation_checkpointing
+    engine = start_engine(model, config.training, CPU)
+    runs = []
+    model.entity_tower.embeddings.register_forward_hook(lambda *_: runs.append(1))
+    batch = _micro_batches(config, [[0, 1, 2, 3]])[0]
+    _backward(engine, batch)
+    assert len(batch.entity_ids) > 5
+    assert len(runs) == 2 * math.ceil(len(batch.entity_ids) / 5)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_export_after_zero_stage_equals_the_trained_weights(
+    stage: int, still_model_dir: Path, small_dataset: Path, tmp_path: Path
+) -> None:
+    """The checkpoint export under ZeRO-2/3 holds the weights the engine trained (under ZeRO-3
+    partitioned across ranks, gathered for the export), poly-encoder codes included."""
+    config = recipe(
+        tmp_path,
+        small_dataset,
+        still_model_dir,
+        "model.scorer.name=poly",
+        "model.scorer.m=4",
+        "training.steps=3",
+        f"training.zero_stage={stage}",
+    )
+    run = train(config)
+    codes = run.model.scorer.codes
+    assert (codes.numel() == 0) == (stage == 3)  # ZeRO-3 keeps only this rank's partition
+    with deepspeed.zero.GatheredParameters(list(run.model.parameters())):
+        trained = {name: value.clone() for name, value in run.model.state_dict().items()}
+    exported = load_biencoder(checkpoint_dir(config.run_dir, 3) / EXPORT_DIR).state_dict()
+    initial = build_model(config).state_dict()
+    assert exported.keys() == trained.keys()
+    for name, value in trained.items():
+        assert torch.equal(exported[name], value), name
+    moved = [name for name, value in initial.items() if not torch.equal(exported[name], value)]
+    assert "scorer.codes" in moved and len(moved) > len(initial) // 2
+
+
+@pytest.mark.parametrize("kind", ["retriever", "reranker"])
+def test_resume_repeats_the_uninterrupted_run_exactly(
+    kind: str, syllable_bert: Path, small_dataset: Path, tmp_path: Path
+) -> None:
+    """A run that dies after its step-3 checkpoint and is started again trains steps 4-6 on the
+    same mentions, negatives and dropout as a run that never stopped: the same losses, bit for
+    bit, and the same mention ids. Both tasks go through the same worker loop."""
+    overrides = (
+        "training.steps=6",
+        "training.checkpoint_every=3",
+        f"rerank.model={syllable_bert}",
+        "rerank.num_candidates=4",
+        "rerank.mention_length=24",
+        "rerank.entity_length=24",
+        "rerank.training.steps=6",
+        "rerank.training.checkpoint_every=3",
+        "rerank.training.batch_size=4",
+        "rerank.training.log_every=1",
+    )
+
+    def task_of(config: Config) -> TrainingTask:
+        return TrainingTask.retriever(config) if kind == "retriever" else reranker_task(config)
+
+    whole = recipe(tmp_path / "whole", small_dataset, syllable_bert, *overrides)
+    whole_task = task_of(whole)
+    train(whole, task=whole_task)
+    broken = recipe(tmp_path / "broken", small_dataset, syllable_bert, *overrides)
+    broken_task = task_of(broken)
+
+    def crash_after_first_checkpoint(step: int, loss: float, rank: int) -> None:
+        raise RuntimeError(f"worker lost after checkpoint {step}")
+
+    with pytest.raises(RuntimeError, match="after checkpoint 3"):
+        train(broken, crash_after_first_checkpoint, broken_task)
+    resumed = train(broken, task=broken_task)
+    assert resumed.start_step == 3
+    assert [e["step"] for e in read_events(broken_task.run_dir, "resume")] == [3]
+
+    def after_resume(run_dir: Path) -> list[tuple[int, float, list[str]]]:
+        steps = read_events(run_dir, "step")[-3:]
+        return [(e["step"], e["loss"], e["mentions"]) for e in steps]
+
+    assert after_resume(broken_task.run_dir) == after_resume(whole_task.run_dir)
+    assert [s for s, _, _ in after_resume(whole_task.run_dir)] == [4, 5, 6]
+
+
+class WritesMarker:
+    """A pickle that, when loaded without ``weights_only``, creates ``path`` (stands for any
+    code an attacker would run)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return builtins.open, (str(self.path), "w")
+
+
+def test_resume_refuses_a_crafted_state_file_and_runs_none_of_it(
+    syllable_bert: Path, small_dataset: Path, tmp_path: Path
+) -> None:
+    config = recipe(tmp_path / "run", small_dataset, syllable_bert, "training.steps=2")
+    train(config)
+    directory = checkpoint_dir(config.run_dir, 2)
+    states = directory / DEEPSPEED_DIR / DEEPSPEED_TAG / "mp_rank_00_model_states.pt"
+    marker = tmp_path / "code-ran"
+    torch.save({"module": WritesMarker(marker)}, states)
+    torch.load(states, weights_only=False)  # the pickle is live: loading it runs code
+    assert marker.is_file()
+    marker.unlink()
+    # The attacker controls the run directory, so the manifest is re-signed to match.
+    state = json.loads((directory / STATE_FILE).read_text())
+    mark_complete(directory, state)
+
+    longer = recipe(tmp_path / "run", small_dataset, syllable_bert, "training.steps=4")
+    with pytest.raises(UnsafeCheckpointError, match=r"mp_rank_00_model_states\.pt: refusing"):
+        WorkerRun.build(longer, TrainingTask.retriever(longer), CPU, 1, lambda *_: None)
+    assert not marker.exists()
+
+
+def _parameters(module: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1).clone() for p in module.parameters()])
+
+
+def _micro_batches(config: Config, rows: list[list[int]]) -> list[ContrastiveBatch]:
+    """Micro-batches of training mentions by row, each mention with the same two negatives
+    whatever batch it is in; tokens from the run's stores."""
+    from cluster.tokens import TokenStore
+    from pipeline.train.batch import MentionTokens
+
+    mentions = MentionSplit.open(mention_split_path(Path(config.data.root), "train")).read_all()
+    model = build_model(config)
+    store = TokenStore.ensure(Path(config.data.root), model.tokenizer, model.entity_length)
+    tokens = MentionTokens.tokenize(model, mentions)
+    batches = []
+    for chosen in rows:
+        picked = [mentions[i] for i in chosen]
+        ids = torch.tensor([[(m.gold + 1) % 30, (m.gold + 2) % 30] for m in picked])
+        negatives = SampledNegatives(ids=ids, valid=torch.ones_like(ids, dtype=torch.bool))
+        batches.append(assemble_batch(picked, np.asarray(chosen), tokens, negatives, store))
+    return batches

@@ -1,0 +1,122 @@
+"""``hnce plan``: the estimator's arithmetic on hand-computed cases, its parameter counts against
+real models, and the recipes' claims (aida-blink fits a 24 GB GPU). Its figures against measured
+peaks of real steps: benchmarks/plan_memory.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import tiny_bert_config, write_wordpiece_tokenizer
+from transformers import BertModel
+
+from encoders.scorers import ScorerConfig
+from pipeline.cli.main import main
+from pipeline.config import load_config
+from pipeline.plan import (
+    GIB,
+    ZERO_BUCKET_ELEMENTS,
+    Encoder,
+    entity_vectors_kept,
+    model_states,
+    plan_memory,
+)
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def test_layer_and_tower_activations_by_hand() -> None:
+    """3 sequences of 2 tokens, hidden 4, 2 heads, fp32: n·s·h = 24 elements, n·a·s² = 24."""
+    encoder = Encoder(parameters=0, hidden=4, layers=3, heads=2)
+    # 16·24 elements + 2·24 probabilities, 4 B each, + 2·24 + 24 mask bytes
+    assert encoder.layer_bytes(3, 2, element=4, fused=False) == (16 * 24 + 2 * 24) * 4 + 72
+    assert encoder.layer_bytes(3, 2, element=4, fused=True) == 16 * 24 * 4 + 48
+    assert encoder.layer_bytes(3, 2, element=2, fused=True) == 16 * 24 * 2 + 48
+    edges = 3 * 24 * 4 + 24
+    layer = 1800
+    assert encoder.tower_bytes(3, 2, 4, fused=False, checkpointing=False) == edges + 4 * layer
+    assert encoder.tower_bytes(3, 2, 4, fused=False, checkpointing=True) == (
+        edges + 3 * 24 * 4 + layer
+    )
+
+
+def test_model_states_per_zero_stage_by_hand() -> None:
+    def sizes(stage: int, ranks: int, mixed: bool) -> dict[str, int]:
+        return {line.name: line.size for line in model_states(1000, stage, ranks, mixed)}
+
+    assert sizes(0, 4, mixed=False) == {
+        "parameters": 4000,
+        "gradients": 4000,
+        "optimizer states": 8000,
+    }
+    assert sizes(1, 4, mixed=True) == {
+        "parameters": 2000,
+        "gradients": 2000,
+        "optimizer states": 3000,
+    }
+    assert sizes(2, 4, mixed=True) == {
+        "parameters": 2000,
+        "gradients": 500,
+        "optimizer states": 3000,
+        "ZeRO buckets": 2 * ZERO_BUCKET_ELEMENTS * 2,
+    }
+    assert sizes(3, 8, mixed=True)["parameters"] == 250
+
+
+@pytest.mark.parametrize(
+    ("spec", "vectors"),
+    [("dual", 1), ("multi-8", 8), ("som", 64), ("poly-16", 1), ("genpoly-16-4", 4)],
+)
+def test_a_candidate_chunk_keeps_what_the_scorer_reads(spec: str, vectors: int) -> None:
+    assert entity_vectors_kept(ScorerConfig.parse(spec), entity_length=64) == vectors
+
+
+def test_plan_counts_the_real_parameters_and_chunks_the_candidates(tmp_path: Path) -> None:
+    tokenizer = write_wordpiece_tokenizer(tmp_path, ["a", "b"])
+    architecture = tiny_bert_config(len(tokenizer))
+    BertModel(architecture).save_pretrained(tmp_path)
+    tower = sum(p.numel() for p in BertModel(architecture).parameters())
+    config = load_config(
+        None,
+        [
+            f"model.path={tmp_path}",
+            "model.scorer.name=poly",
+            "model.scorer.m=4",
+            "model.entity_length=16",
+            "training.batch_size=2",
+            "negatives.num_negatives=7",
+            "training.candidate_chunk_size=4",
+            "training.zero_stage=0",
+            "negatives.source=none",
+            "negatives.sampler=random",
+        ],
+    )
+    plan = plan_memory(config, "retriever", 1000)
+    figures = {line.name: line.size for line in plan.trainer}
+    parameters = 2 * tower + 4 * 32  # two towers and the poly codes
+    assert figures["parameters"] == 4 * parameters
+    encoder = Encoder(tower, hidden=32, layers=2, heads=2)
+    kept = 16 * 1 * 32 * 4  # 16 candidates x y_1 (poly) x 32 dims x fp32
+    assert figures["candidate tower"] == kept + encoder.tower_bytes(4, 16, 4, False, False)
+    assert {line.name: line.size for line in plan.index}["whole index"] == 1000 * 32 * 4
+    assert Encoder.from_config(architecture).parameters == tower
+
+
+def test_aida_blink_fits_a_24_gb_gpu_by_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    """The recipe as shipped (bert-large towers, 8 x 64 candidates of 128 tokens, ZeRO-2 on 4
+    GPUs) needs activation checkpointing and candidate chunks to fit; without them it does not."""
+    arguments = ["plan", "--config", str(CONFIGS / "aida-blink.yaml"), "--entities", "5903530"]
+    assert main([*arguments, "--json"]) == 0
+    shipped = json.loads(capsys.readouterr().out)
+    assert shipped["trainer_total"] < 20 * GIB  # leaves room for the CUDA context
+    assert shipped["index"]["whole index"] == 5903530 * 1024 * 2
+    plain = ["--set", "model.activation_checkpointing=false"]
+    assert main([*arguments, *plain, "--set", "training.candidate_chunk_size=0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["trainer_total"] > 24 * GIB
+
+
+def test_plan_without_a_catalogue_asks_for_its_size(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["plan", "--config", str(CONFIGS / "demo.yaml"), "--set", "data.root=nowhere"])
+    assert code == 2
+    assert "--entities" in capsys.readouterr().err

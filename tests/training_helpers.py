@@ -1,0 +1,86 @@
+"""Helpers shared by the trainer's tests: a tiny BERT that reads the synthetic dataset, recipes
+for it, and a one-process gloo group for running the worker's code in the test process."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from conftest import tiny_bert_config, write_wordpiece_tokenizer
+from transformers import BertModel
+
+from pipeline.config import Config, load_config
+from pipeline.data import synthetic
+from pipeline.data.synthetic import generate_synthetic_dataset
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def write_syllable_bert(directory: Path, dropout: float = 0.1) -> Path:
+    """A 2-layer, 32-wide BERT with a WordPiece vocabulary of the synthetic generator's
+    syllables, saved like a Hugging Face model directory."""
+    syllables = {
+        o + v + c for o in synthetic._ONSETS for v in synthetic._VOWELS for c in synthetic._CODAS
+    }
+    pieces = sorted(syllables | set(LETTERS))
+    words = sorted(
+        set(synthetic._KINDS)
+        | set(synthetic._FILLER)
+        | {"is", "of", "known", "for", "famed", "and"}
+    )
+    tokens = [".", ",", *words, *[p for p in pieces if p not in words], *[f"##{p}" for p in pieces]]
+    tokenizer = write_wordpiece_tokenizer(directory, tokens)
+    torch.manual_seed(0)
+    config = tiny_bert_config(len(tokenizer))
+    config.hidden_dropout_prob = config.attention_probs_dropout_prob = dropout
+    BertModel(config).save_pretrained(directory)
+    return directory
+
+
+def small_synthetic_dataset(root: Path) -> Path:
+    """Three worlds of 30 entities, 2 mentions each: train, dev and test one world apiece."""
+    generate_synthetic_dataset(root, num_worlds=3, entities_per_world=30, mentions_per_entity=2)
+    return root
+
+
+def synthetic_config(run_dir: Path, dataset: Path, model_dir: Path, *overrides: str) -> Config:
+    """``configs/synthetic-test.yaml`` on ``dataset`` and ``model_dir``, with ``overrides``."""
+    return load_config(
+        CONFIGS / "synthetic-test.yaml",
+        [f"run.dir={run_dir}", f"data.root={dataset}", f"model.path={model_dir}", *overrides],
+    )
+
+
+@contextlib.contextmanager
+def single_process_group() -> Iterator[None]:
+    """A gloo process group of one rank in this process (what Ray Train gives a worker), torn
+    down afterwards together with the environment it needed."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    environment = {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": port,
+    }
+    saved = {name: os.environ.get(name) for name in environment}
+    os.environ.update(environment)
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
