@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from cluster.checkpoints import EXPORT_DIR, newest_checkpoint
+from cluster.index_build import IndexedModel
 from cluster.tables import (
     SPLITS,
     Entity,
@@ -34,11 +35,16 @@ from cluster.tables import (
     mention_split_path,
     write_summary,
 )
-from encoders.biencoder import load_biencoder
 from pipeline.config import Config
 from pipeline.data.wordnet import convert_wordnet
-from pipeline.evaluate import RecallReport, evaluate_model, format_table, write_reports
-from pipeline.train.model import build_model
+from pipeline.evaluate import (
+    RecallReport,
+    evaluate_export,
+    evaluate_model,
+    format_table,
+    untrained_export,
+    write_reports,
+)
 from pipeline.train.trainer import TrainingSummary, run_training
 
 PART_OF_SPEECH = {"n": "noun", "v": "verb", "a": "adjective", "r": "adverb"}
@@ -145,17 +151,6 @@ class DemoResult:
     seconds: dict[str, float]
 
 
-def _evaluate_export(name: str, export_dir: Path, config: Config, data_root: Path) -> RecallReport:
-    model = load_biencoder(export_dir)
-    return _evaluate(name, model, config, data_root)
-
-
-def _evaluate(name: str, model: object, config: Config, data_root: Path) -> RecallReport:
-    catalogue = EntityCatalogue.open(data_root)
-    mentions = MentionSplit.open(mention_split_path(data_root, config.data.eval_split)).read_all()
-    return evaluate_model(name, model, catalogue, mentions, config.eval.ks, config.eval.batch_size)
-
-
 def run_demo(config: Config, announce: Callable[[str], None] = lambda _: None) -> DemoResult:
     """The whole demo under ``run.dir``; configs for the two trainings derive from ``config``.
 
@@ -182,7 +177,8 @@ def run_demo(config: Config, announce: Callable[[str], None] = lambda _: None) -
     base = replace(config, data=replace(config.data, root=str(data_root)))
     reports: list[RecallReport] = []
     mark = time.perf_counter()
-    reports.append(_evaluate("untrained", build_model(base), base, data_root))
+    untrained = IndexedModel.from_export(untrained_export(base))
+    reports.append(evaluate_model(base, untrained, "untrained"))
     seconds["eval untrained"] = time.perf_counter() - mark
     announce(format_table(reports))
 
@@ -207,9 +203,7 @@ def run_demo(config: Config, announce: Callable[[str], None] = lambda _: None) -
         if newest is None:
             raise RuntimeError(f"{run_dir}: training finished without a complete checkpoint")
         mark = time.perf_counter()
-        reports.append(
-            _evaluate_export(f"trained, {name}", newest[1] / EXPORT_DIR, base, data_root)
-        )
+        reports.append(evaluate_export(base, newest[1] / EXPORT_DIR, f"trained, {name}"))
         seconds[f"eval {name}"] = time.perf_counter() - mark
         announce(f"{name}: {trainings[name].line()}\n{format_table(reports)}")
     seconds["total"] = time.perf_counter() - started

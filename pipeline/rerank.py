@@ -11,7 +11,9 @@ domain and macro-averaged over domains as in the paper's Table 2 / Appendix B:
   from the catalogue (``gold = MISSING_GOLD``), counts as an error.
 
 Candidates come from a negatives version (``<run>/negatives/v<N>/<split>.parquet``, the raw top-N
-of an index version) or from searching the retriever itself (:func:`retrieve_candidates`). The
+of an index version) or from searching the retriever itself through the cluster
+(:func:`retrieve_candidates`, in the run's index version of that checkpoint or one built for
+it). The
 training engine is DeepSpeed, configured by ``pipeline.train.deepspeed_config`` as the
 bi-encoder trainer; a single process with the gloo backend is enough on a CPU.
 """
@@ -33,18 +35,18 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from cluster.checkpoints import resolve_checkpoint
-from cluster.index_store import IndexStore, IndexVersion
-from cluster.miner import search_mentions
+from cluster.index_build import IndexedModel
 from cluster.negatives_store import NegativesStore, NegativesVersion
-from cluster.sharded_index import IndexSpec
+from cluster.refresh import RefreshPlan
+from cluster.retrieval import retrieve
+from cluster.session import init_ray
 from cluster.tables import EntityCatalogue, Mention, MentionSplit, mention_split_path
-from encoders.biencoder import BiEncoder, load_biencoder
 from encoders.blink import export_blink_crossencoder
 from encoders.reranker import JointReranker, build_reranker, export_reranker
 from pipeline.config import Config, TrainingSettings
-from pipeline.evaluate import build_index, encode_catalogue
 from pipeline.preflight import check_rerank_inputs, model_directory
 from pipeline.train.deepspeed_config import build_deepspeed_config
+from pipeline.train.trainer import refresh_plan
 
 NUM_CANDIDATES = 64  # paper: top-64 candidates, i.e. the gold and the top-63 negatives
 
@@ -80,30 +82,16 @@ def latest_negatives(root: Path, split: str) -> NegativesVersion:
 
 
 def retrieve_candidates(
-    retriever: BiEncoder,
+    plan: RefreshPlan,
+    retriever: IndexedModel,
     mentions: Sequence[Mention],
     k: int,
-    catalogue: EntityCatalogue | None = None,
-    index_version: IndexVersion | None = None,
-    batch_size: int = 128,
     progress: bool = True,
 ) -> SplitCandidates:
-    """Top-``k`` candidates of ``mentions`` under ``retriever``: searched in ``index_version``
-    (which must have been built by this retriever) or, without one, in an exact index over the
-    whole ``catalogue`` encoded now."""
-    retriever.eval()
-    if index_version is None:
-        if catalogue is None:
-            raise ValueError("retrieve_candidates needs an index version or the catalogue")
-        with torch.inference_mode():
-            vectors, ids = encode_catalogue(retriever, catalogue, batch_size, progress=progress)
-        searcher = build_index(vectors, ids, IndexSpec(), 1, retriever.scorer.vectors_per_entity)
-    else:
-        searcher = index_version.searcher
-    cands, _ = search_mentions(
-        retriever, searcher, mentions, k, batch_size, progress, description="retrieve"
-    )
-    return SplitCandidates(list(mentions), cands)
+    """Top-``k`` candidates of ``mentions`` under ``retriever``, through the cluster: searched in
+    the run's index version of that model, or one built for it (``cluster.retrieval``)."""
+    found = retrieve(plan, retriever, mentions, k, progress=progress)
+    return SplitCandidates(list(mentions), found.cands)
 
 
 def correct_sets(mentions: Sequence[Mention]) -> list[set[int]]:
@@ -459,23 +447,15 @@ def write_reports(reports: Sequence[RerankReport], log: RerankTrainingLog, path:
 
 
 def _split_candidates(
-    config: Config,
-    split: str,
-    limit: int,
-    catalogue: EntityCatalogue,
-    retriever: tuple[int | None, BiEncoder] | None,
+    config: Config, split: str, limit: int, retriever: IndexedModel | None, progress: bool
 ) -> SplitCandidates:
     mentions = MentionSplit.open(mention_split_path(Path(config.data.root), split)).read_all()
     mentions = mentions[:limit] if limit > 0 else mentions
     if retriever is None:
         negatives = config.run_dir / "negatives"
         return candidates_from_negatives(latest_negatives(negatives, split), mentions)
-    step, model = retriever
-    index_version = IndexStore(config.run_dir / "index").current()
-    if index_version is not None and (step is None or index_version.checkpoint != step):
-        index_version = None
     return retrieve_candidates(
-        model, mentions, config.rerank.num_candidates, catalogue, index_version
+        refresh_plan(config), retriever, mentions, config.rerank.num_candidates, progress
     )
 
 
@@ -492,14 +472,15 @@ def run_rerank_job(
     retriever = None
     if settings.candidates == "retriever":
         step, export = resolve_checkpoint(config.run_dir, settings.retriever)
-        retriever = (step, load_biencoder(export))
+        retriever = IndexedModel.from_checkpoint(export.parent, step)
+        init_ray(config.cluster, config.refresh.num_encoders * config.refresh.encoder_cpus)
     reranker = build_reranker(
         model_directory(config, "rerank.model", settings.model),
         mention_length=settings.mention_length,
         entity_length=settings.entity_length,
     )
     train = _split_candidates(
-        config, config.data.train_split, settings.max_train_mentions, catalogue, retriever
+        config, config.data.train_split, settings.max_train_mentions, retriever, progress
     )
     log = train_reranker(
         reranker,
@@ -513,7 +494,7 @@ def run_rerank_job(
     reports = []
     for split in settings.eval_splits:
         candidates = _split_candidates(
-            config, split, settings.max_eval_mentions, catalogue, retriever
+            config, split, settings.max_eval_mentions, retriever, progress
         )
         reranked = rerank(
             reranker,
