@@ -367,13 +367,12 @@ class ShardedSearcher:
     def _shard_top_k(
         self, shard: IndexShard, queries: np.ndarray, k: int, allowed: np.ndarray | None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """One shard's top-k entities, exact under the scorer (module docstring)."""
+        """Hits holding one shard's top-k entities, exact under the scorer (module docstring)."""
         if self.vectors_per_entity is None:
             return _sum_of_max_top_k(shard, queries, k, self.candidate_depth, allowed)
-        ids, scores = shard.search_vectors(queries, k * self.vectors_per_entity, allowed)
-        if self.vectors_per_entity == 1:
-            return ids, scores
-        return first_distinct(ids, scores, k)
+        # k·m vector hits hold the shard's top-k entities (module docstring); the merge keeps each
+        # entity's first, i.e. best, hit.
+        return shard.search_vectors(queries, k * self.vectors_per_entity, allowed)
 
 
 def _check_disjoint(shards: Sequence[IndexShard]) -> None:

@@ -336,16 +336,21 @@ def _stored_vectors(plan: RefreshPlan) -> np.ndarray:
 def test_index_version_zero_holds_the_models_vectors_and_is_mined(
     inputs: dict[str, Path], tmp_path: Path, ray_cluster: None, from_t7: bool
 ) -> None:
-    """Version 0 is BLINK's .t7 rows as they are, or the checkpoint's own encodings (equal up to
-    float error); the train mentions are mined against it into negatives version 0."""
+    """Version 0 is the .t7's rows as they are (here BLINK's encodings scaled by 2, so they differ
+    from what the model would encode), or the checkpoint's own encodings (equal up to float
+    error); the train mentions are mined against it into negatives version 0."""
     plan = _version_zero_plan(inputs, tmp_path)
     model = IndexedModel.from_export(inputs["export"])
-    encodings = inputs["encodings"] if from_t7 else None
+    expected = read_encodings(inputs["encodings"]).numpy()
+    encodings = None
+    if from_t7:
+        expected = expected * 2
+        encodings = tmp_path / "scaled.t7"
+        torch.save(torch.from_numpy(expected), encodings)
     version = prepare_version_zero(plan, model, "train", encodings, progress=False)
     assert version.version == 0 and plan.index_store.current_version() == 0
     assert version.checkpoint == 0 and version.num_entities == 10
     assert [shard.count for shard in version.manifest.shards] == [3, 3, 3, 1]
-    expected = read_encodings(inputs["encodings"]).numpy()
     if from_t7:
         np.testing.assert_array_equal(_stored_vectors(plan), expected)
     else:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -27,7 +29,6 @@ from cluster.sharded_index import (
     ShardedSearcher,
     build_shard_index,
     merge_entity_lists,
-    read_index_file,
     resolve_faiss_device,
 )
 from cluster.versioned_dir import ChecksumError, StoreError, confined_path
@@ -70,7 +71,8 @@ def test_restricted_search_equals_flat_search_over_the_allowed_entities() -> Non
 
 def test_multi_vector_search_equals_brute_force_max_per_entity() -> None:
     entities, m, k = 120, 4, 15
-    vectors = _vectors(entities * m)
+    # An entity's m vectors lie close together, so its vectors crowd the top hits.
+    vectors = np.repeat(_vectors(entities), m, axis=0) + 0.1 * _vectors(entities * m, seed=9)
     ids = np.repeat(np.arange(entities), m)
     queries = _vectors(25, seed=2)
     searcher = ShardedSearcher(_shards(vectors, ids, [200, 300]), vectors_per_entity=m)
@@ -135,19 +137,27 @@ def test_gpu_request_without_faiss_gpu_fails_clearly() -> None:
 
 
 def test_shard_files_are_memory_mapped_not_copied(tmp_path: Path) -> None:
+    """A fresh process opens and searches a 5 MB flat shard: its private memory grows by far
+    less than the shard (the vectors stay in the page cache)."""
     vectors = _vectors(20_000, dim=64)
     faiss.write_index(build_shard_index(vectors, IndexSpec()), str(tmp_path / "shard.faiss"))
+    probe = f"""
+import numpy as np
+from pathlib import Path
+from cluster.sharded_index import read_index_file
 
-    def anonymous_kib() -> int:
-        status = Path("/proc/self/status").read_text()
-        return int(
-            next(line for line in status.splitlines() if line.startswith("RssAnon")).split()[1]
-        )
+def anonymous_kib():
+    status = Path("/proc/self/status").read_text().splitlines()
+    return int(next(line for line in status if line.startswith("RssAnon")).split()[1])
 
-    before = anonymous_kib()
-    index = read_index_file(tmp_path / "shard.faiss", "flat")
-    index.search(vectors[:4], 3)
-    grown = anonymous_kib() - before
+before = anonymous_kib()
+index = read_index_file(Path({str(tmp_path / "shard.faiss")!r}), "flat")
+index.search(np.ones((4, 64), np.float32), 3)
+print(anonymous_kib() - before)
+"""
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    grown = int(result.stdout.split()[-1])
     assert grown < vectors.nbytes // 1024 // 4, f"{grown} KiB of private memory for a mapped shard"
 
 
@@ -462,6 +472,27 @@ def test_negatives_checksum_version_and_manifest_are_checked(tmp_path: Path) -> 
     (tmp_path / "negatives/v2/manifest.json").unlink()
     with pytest.raises(StoreError, match=r"v2/manifest\.json: missing"):
         store.latest()
+
+
+def _unit(vectors: np.ndarray) -> np.ndarray:
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+def test_ivfpq_probes_as_many_lists_as_asked() -> None:
+    """Noisy queries: probing 16 of 64 lists finds each query's source far more often than
+    probing 1 (a build that ignored nprobe would score the same twice)."""
+    vectors = _unit(_vectors(6000))
+    queries = _unit(vectors[:300] + 0.5 * _unit(_vectors(300, seed=7)))
+
+    def found_at_5(nprobe: int) -> float:
+        spec = IndexSpec(kind="ivfpq", nlist=64, pq_m=8, nprobe=nprobe)
+        ids, _ = ShardedSearcher(
+            [IndexShard(build_shard_index(vectors, spec), np.arange(6000))]
+        ).search(queries, 5)
+        return float((ids == np.arange(300)[:, None]).any(axis=1).mean())
+
+    one, sixteen = found_at_5(1), found_at_5(16)
+    assert sixteen >= 0.8 and sixteen >= one + 0.1, (one, sixteen)
 
 
 @pytest.mark.parametrize(

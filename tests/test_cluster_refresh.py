@@ -21,6 +21,7 @@ from conftest import tiny_bert_config, write_wordpiece_tokenizer
 from cluster.actors import PlacementError, Task, TaskClock, TaskTimeout
 from cluster.checkpoints import mark_complete
 from cluster.encoder_pool import EncoderPool, ShardEncoded
+from cluster.files import sha256_file
 from cluster.index_build import IndexedModel, ensure_token_store
 from cluster.index_store import IndexStore
 from cluster.negatives_store import NegativesStore
@@ -283,6 +284,8 @@ def test_coordinator_never_holds_the_catalogues_vectors(ray_instance, assets, mo
 
     for name in ("read_index", "deserialize_index", "IndexFlatIP", "clone_index"):
         monkeypatch.setattr(faiss, name, refuse)
+    # Hashing streams 4 MiB chunks, which would hide a shard of this size in the peak.
+    monkeypatch.setattr(sha256_file, "__defaults__", (1 << 14,))
     peaks = []
     for number, size in enumerate((100, 100, 4000)):
         data = _dataset(assets["root"] / f"data-{size}", num_entities=size)

@@ -101,6 +101,7 @@ def _report(path: Path, names: list[str]) -> Path:
 def test_setup_check_refuses_a_resolution_with_both_faiss_builds(tmp_path: Path) -> None:
     both = _report(tmp_path / "both.json", ["numpy", "faiss_cpu", "faiss-gpu-cu12"])
     assert check_faiss_variant.main([str(both), "gpu"]) == 1
+    assert check_faiss_variant.main([str(both), "cpu"]) == 1
     gpu = _report(tmp_path / "gpu.json", ["numpy", "faiss-gpu-cu12"])
     assert check_faiss_variant.main([str(gpu), "gpu"]) == 0
     assert check_faiss_variant.main([str(gpu), "cpu"]) == 1
