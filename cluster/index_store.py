@@ -40,7 +40,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shutil
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -66,6 +65,7 @@ from cluster.versioned_dir import (
     building_versions,
     check_version,
     confined_path,
+    created_at,
     manifest_json,
     next_version,
     publish_version,
@@ -318,7 +318,7 @@ class IndexBuilder:
             format=FORMAT,
             version=self.version,
             shards=[self._finished[number] for number in range(num_shards)],
-            created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            created_at=created_at(),
         )
         manifest_path = self.directory / MANIFEST_FILE
         check_layout(manifest, manifest_path)

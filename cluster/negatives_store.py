@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +52,7 @@ from cluster.versioned_dir import (
     StoreError,
     building_dir_name,
     check_version,
+    created_at,
     manifest_json,
     publish_version,
     read_current,
@@ -275,7 +275,7 @@ class NegativesStore:
             top_n=top_n,
             num_entities=num_entities,
             splits=records,
-            created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            created_at=created_at(),
         )
         atomic_write_text(building / MANIFEST_FILE, manifest_json(manifest, _MANIFEST))
         publish_version(self.root, version, self.keep)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -161,6 +162,11 @@ def verify_sha256(path: Path, expected: str, manifest_path: Path) -> None:
             f"{path}: sha256 {actual} does not match {expected} recorded in {manifest_path}; "
             f"the file is corrupt"
         )
+
+
+def created_at() -> str:
+    """Now, as a manifest records when its version was written (UTC, ISO 8601)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def manifest_json(record: Any, schema: TypeAdapter[Any]) -> str:
