@@ -2,10 +2,11 @@
 length-bucketed vs fixed-padding batches, on real WordNet definitions with all-MiniLM-L6-v2
 (DESIGN.md §8).
 
-The bare loop gets the same model, the same length-sorted, already tokenized batches and the same
-torch thread count as the pool's actor; the pool's time includes tokenization, Ray scheduling
-and writing the `.npy` shard arrays (actor start-up and model loading, once per refresh, are
-reported apart).
+The bare loop gets the same model, the same length-sorted batches read from the catalogue's token
+store and the same torch thread count as the pool's actor; the pool's time includes reading the
+token rows, Ray scheduling, building each shard's FAISS index and writing it (actor start-up and
+model loading, once per refresh, and building the token store, once per tokenizer, are reported
+apart).
 
     .venv/bin/python benchmarks/cluster_encode.py     # writes benchmarks/results/cluster_encode.md
 """
@@ -22,8 +23,10 @@ import ray
 import torch
 from report import write_measures
 
-from cluster.encoder_pool import EncoderPool, ShardEncoded, ShardTask, encode_entity_texts
-from cluster.tables import Entity, EntityCatalogue, write_dataset
+from cluster.encoder_pool import EncoderPool, EncoderPoolSettings, ShardTask, encode_entities
+from cluster.index_build import IndexedModel, ensure_token_store
+from cluster.sharded_index import IndexSpec
+from cluster.tables import Entity, write_dataset
 from encoders.biencoder import build_biencoder, export_biencoder, load_biencoder, minilm_path
 from encoders.formatting import length_sorted_batches
 from pipeline.data.wordnet import parse_data_line
@@ -73,52 +76,50 @@ def main() -> None:
         (Entity(i, f"n{i}", title, text) for i, (title, text) in enumerate(entities)),
     )
     model = load_biencoder(export_dir).eval()
-    titles = [title for title, _ in entities]
-    texts = [text for _, text in entities]
+    tokens_started = time.perf_counter()
+    tokens = ensure_token_store(workdir / "data", IndexedModel.from_export(export_dir), False)
+    tokens_seconds = time.perf_counter() - tokens_started
+    bounds = [
+        (start, min(start + args.shard_size, len(entities)))
+        for start in range(0, len(entities), args.shard_size)
+    ]
 
-    # Same inputs for the bare loop: the pool's shards, tokenized, in its length-sorted batches.
+    # Same inputs for the bare loop: the pool's shards, in its length-sorted batches.
     bare_batches = []
-    for start in range(0, len(entities), args.shard_size):
-        tokens = model.tokenize_entities(
-            titles[start : start + args.shard_size], texts[start : start + args.shard_size]
-        )
-        lengths = tokens["attention_mask"].sum(1).numpy()
-        for rows in length_sorted_batches(lengths, args.batch_size):
-            width = int(lengths[rows].max())
-            bare_batches.append({name: value[rows, :width] for name, value in tokens.items()})
+    for start, stop in bounds:
+        ids = np.arange(start, stop)
+        for rows in length_sorted_batches(tokens.lengths[ids], args.batch_size):
+            bare_batches.append(tokens.batch(ids[rows]))
+    all_ids = np.arange(len(entities))
     bucketed_seconds = time.perf_counter()
-    _, _, bucketed_tokens = encode_entity_texts(model, titles, texts, args.batch_size, True)
+    _, _, bucketed_tokens = encode_entities(model, tokens, all_ids, args.batch_size, True)
     bucketed_seconds = time.perf_counter() - bucketed_seconds
     fixed_seconds = time.perf_counter()
-    _, _, fixed_tokens = encode_entity_texts(model, titles, texts, args.batch_size, False)
+    _, _, fixed_tokens = encode_entities(model, tokens, all_ids, args.batch_size, False)
     fixed_seconds = time.perf_counter() - fixed_seconds
     real_tokens = int(sum(int(b["attention_mask"].sum()) for b in bare_batches))
 
     ray.init(num_cpus=max(2, args.threads), include_dashboard=False, log_to_driver=False)
     startup = time.perf_counter()
-    pool = EncoderPool(
-        export_dir, num_encoders=1, batch_size=args.batch_size, num_threads=args.threads
+    settings = EncoderPoolSettings(
+        num_encoders=1, batch_size=args.batch_size, num_threads=args.threads
     )
-    ray.get([actor.pid.remote() for actor in pool.actors])
+    pool = EncoderPool(export_dir, settings, tokens.directory)
     startup = time.perf_counter() - startup
-    catalogue = EntityCatalogue.open(workdir / "data")
-    embeddings = workdir / "embeddings"
-    embeddings.mkdir()
+    shards = workdir / "shards"
+    shards.mkdir()
     tasks = [
-        ShardTask(n, rows, str(embeddings / f"{n}.vectors.npy"), str(embeddings / f"{n}.ids.npy"))
-        for n, rows in enumerate(
-            catalogue.iter_batches(args.shard_size, ["entity_id", "title", "text"])
-        )
+        ShardTask(number, entity_range, str(shards), IndexSpec(), 1)
+        for number, entity_range in enumerate(bounds)
     ]
-    done: list[ShardEncoded] = []
-    pool.encode_shards(tasks[:1], done.append)  # warm-up shard
+    pool.index_shards(tasks[:1], lambda _: None)  # warm-up shard
     bare_loop(model, bare_batches[:2])
     # Alternate the two on a shared, noisy machine and keep the best of each.
     bare_times, pool_times = [], []
     for _ in range(args.repeats):
         bare_times.append(bare_loop(model, bare_batches))
         started = time.perf_counter()
-        pool.encode_shards(tasks, done.append)
+        pool.index_shards(tasks, lambda _: None)
         pool_times.append(time.perf_counter() - started)
     bare_seconds, pool_seconds = min(bare_times), min(pool_times)
     pool.shutdown()
@@ -132,11 +133,12 @@ def main() -> None:
         ("timing", f"best of {args.repeats}, bare loop and pool alternated"),
         ("bare `entity_tower(**batch)` loop", f"{count / bare_seconds:.1f} entities/s"),
         (
-            "encoder pool (1 actor, tokenize + encode + write .npy)",
+            "encoder pool (1 actor, token rows + encode + FAISS shard written)",
             f"{count / pool_seconds:.1f} entities/s",
         ),
         ("pool / bare throughput", f"{bare_seconds / pool_seconds:.3f}"),
         ("actor start-up + model load (once per refresh)", f"{startup:.1f} s"),
+        ("token store build (once per tokenizer and length)", f"{tokens_seconds:.1f} s"),
         (
             "length-bucketed batches",
             f"{count / bucketed_seconds:.1f} entities/s, {bucketed_tokens} padded tokens",

@@ -25,8 +25,9 @@ import numpy as np
 from report import write_measures
 from tqdm import tqdm
 
+from cluster.index_build import index_parameters
 from cluster.index_store import BuildParameters, IndexStore
-from cluster.sharded_index import IndexSpec, build_shard_index, train_index
+from cluster.sharded_index import IndexSpec, build_shard_index, resolve_faiss_device, train_index
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -76,7 +77,7 @@ def main() -> None:
     spec = IndexSpec(kind="ivfpq", nlist=args.nlist, pq_m=args.pq_m, nprobe=args.nprobe)
 
     workdir = Path(tempfile.mkdtemp(prefix="hnce-scale-"))
-    store = IndexStore(workdir / "index", keep=1, device="cpu")
+    store = IndexStore(workdir / "index", keep=1)
     started = time.perf_counter()
     sample = chunk_vectors(0, min(spec.train_size, args.entities), generator, args.seed + 1)
     trained = train_index(sample, spec, args.seed)
@@ -85,11 +86,14 @@ def main() -> None:
         BuildParameters(
             checkpoint=0,
             checkpoint_path="synthetic",
+            model="0" * 64,
+            catalogue="0" * 64,
+            source="synthetic clustered vectors",
             scorer={"name": "dual"},
             dim=args.dim,
             vectors_per_entity=1,
             num_entities=args.entities,
-            index=spec.to_json(),
+            index=index_parameters(spec, args.shard_size),
         )
     )
     generate_seconds = 0.0
@@ -99,7 +103,8 @@ def main() -> None:
             vectors = chunk_vectors(start, stop, generator, args.seed)
             generate_seconds += time.perf_counter() - tick
             index = build_shard_index(vectors, spec, trained=trained)
-            builder.add_shard(shard_no, index, np.arange(start, stop, dtype=np.int64))
+            ids = np.arange(start, stop, dtype=np.int64)
+            builder.add_shard(shard_no, index, ids, (start, stop))
             del vectors, index
             bar.update(stop - start)
     builder.publish(len(bounds) - 1)
@@ -109,7 +114,7 @@ def main() -> None:
     )
 
     tick = time.perf_counter()
-    version = store.current()
+    version = store.current().load(device=resolve_faiss_device("cpu"))
     load_seconds = time.perf_counter() - tick
     # Queries: noisy copies of random catalogue entities (their source should come back first).
     sources = np.sort(rng.choice(args.entities, args.queries, replace=False))
@@ -152,7 +157,7 @@ def main() -> None:
         ("build (add + write + sha256, generator time excluded)", f"{build_seconds:.1f} s"),
         ("vector generation", f"{generate_seconds:.1f} s"),
         ("store on disk", f"{store_bytes / 2**30:.2f} GiB"),
-        ("load + verify sha256", f"{load_seconds:.1f} s"),
+        ("load (memory-mapped) + verify sha256 (streamed) + check ids", f"{load_seconds:.1f} s"),
         (
             f"search {args.queries} queries, k={args.k}",
             f"{args.queries / search_seconds:.1f} queries/s",

@@ -79,7 +79,7 @@ def main() -> None:
         ("queries with the same top-k set", f"{same_sets:.4f}"),
         ("max |score difference| at equal ranks (rounding)", f"{max_score_gap:.2e}"),
         ("single IndexFlatIP", f"{qps['flat']:.1f} queries/s"),
-        ("sharded, sequential + ResultHeap merge", f"{qps['sharded']:.1f} queries/s"),
+        ("sharded, sequential + per-shard top-k merge", f"{qps['sharded']:.1f} queries/s"),
         ("sharded / single QPS", f"{qps['sharded'] / qps['flat']:.3f}"),
         ("faiss.IndexShards threaded (same shards)", f"{qps['threaded']:.1f} queries/s"),
         ("threaded ids == single", str(bool((threaded_ids == flat_ids).all()))),

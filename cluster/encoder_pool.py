@@ -1,35 +1,57 @@
-"""Ray actors that turn catalogue shards into index vectors, and mentions into query vectors (DESIGN.md §5).
+"""Ray actors that encode the catalogue into index shards, hold those shards, and encode mentions
+(DESIGN.md §5).
 
-Each `EntityEncoderActor` loads the bi-encoder from a checkpoint's `export/` directory once, when
-it starts (so weights reach an actor once per refresh, not once per batch), takes a GPU when the
-cluster has them and the CPU otherwise, and encodes whole shards: it tokenizes the shard once,
-groups entities of similar length into batches (`length_sorted_batches`) to cut padding, and
-writes the shard's index vectors with their entity ids as two `.npy` arrays (never pickled).
+Each `EntityEncoderActor` loads the bi-encoder from an `export/` directory once, when it starts
+(so weights reach an actor once per refresh, not once per batch), takes a GPU when the cluster
+has them and the CPU otherwise, and runs every forward pass under `encoders.precision.autocast`
+(bf16 on a GPU). For a shard of the catalogue it reads the entities' token rows from the
+catalogue's token store (`cluster.tokens`: tokenized once per tokenizer and length, memory-mapped,
+so nothing is tokenized per refresh), groups entities of similar length into batches
+(`length_sorted_batches`) to cut padding, builds the shard's FAISS index and writes it straight
+into the version being built (`cluster.index_store.write_shard`): the orchestrating process
+never sees the vectors. Precomputed vectors (BLINK's ``.t7``) are indexed the same way, read
+memory-mapped. Once a version is published the same actors hold its shards and search them
+(`cluster.shard_holders`).
 
 Actors are restarted by Ray when they die (`max_restarts`) and their queued and running calls are
-retried (`max_task_retries`). Encoding a shard is a pure function of the checkpoint, the shard's
-rows and the batching, so a retried shard writes the same bytes as a clean run.
+retried (`max_task_retries`). A shard is a pure function of the checkpoint, the shard's token rows
+and the batching, so a retried shard writes the same bytes as a clean run. Starting a pool the
+cluster cannot place, and every wait on an actor, fail with a clear error instead of hanging
+(`cluster.actors`).
+
+Example::
+
+    with EncoderPool(export_dir, EncoderPoolSettings(num_encoders=2), token_store) as pool:
+        pool.index_shards(tasks, on_done)
+        held = pool.hold(index_version, "auto", candidate_depth=256)
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import pickle
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 
 import numpy as np
-import pyarrow as pa
 import ray
 import torch
 
-from cluster.files import AtomicPath
+from cluster.actors import PlacementError, Task, TaskClock, actor_request, check_placeable
+from cluster.index_store import IndexVersion, ShardRecord, write_shard
 from cluster.resources import ENCODER_RESOURCE, custom_resource_request
+from cluster.shard_holders import HeldIndex, ShardHolder
+from cluster.sharded_index import DeviceRequest, IndexSpec, build_shard_index
+from cluster.tokens import TokenStore
 from encoders.biencoder import BiEncoder, load_biencoder
-from encoders.formatting import length_sorted_batches
+from encoders.errors import InputError
+from encoders.formatting import length_sorted_batches, tokenizer_fingerprint
+from encoders.precision import autocast
 
 logger = logging.getLogger(__name__)
 
@@ -51,44 +73,45 @@ def torch_device() -> torch.device:
 
 
 @torch.inference_mode()
-def encode_entity_texts(
+def encode_entities(
     model: BiEncoder,
-    titles: Sequence[str | None],
-    texts: Sequence[str],
+    tokens: TokenStore,
+    entity_ids: np.ndarray,
     batch_size: int,
     bucketed: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, int]:
-    """Index vectors of a list of entities, in entity order.
+    """Index vectors of `entity_ids` from their token-store rows, in entity order.
 
-    Returns (vectors float32 [V, d], rows int64 [V] — each vector's position in `titles`, padded
-    token count). `bucketed` groups entities of similar length into a batch; otherwise batches
-    follow catalogue order and are padded to the entity length (the fixed-padding baseline).
+    Returns (vectors float32 [V, d], the entity id of each vector int64 [V], padded token count).
+    `bucketed` groups entities of similar length into a batch, each padded to its longest;
+    otherwise batches follow catalogue order padded to the entity length (the fixed-padding
+    baseline of the benchmarks).
     """
     device = next(model.entity_tower.parameters()).device
-    tokens = model.tokenize_entities(titles, texts)
-    input_ids, attention_mask = tokens["input_ids"], tokens["attention_mask"]
-    lengths = attention_mask.sum(dim=1).numpy()
+    entity_ids = np.asarray(entity_ids, dtype=np.int64)
+    lengths = np.asarray(tokens.lengths[entity_ids])
     if bucketed:
         batches = length_sorted_batches(lengths, batch_size)
     else:
-        order = np.arange(len(lengths))
+        order = np.arange(len(entity_ids))
         batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     vectors, rows, padded = [], [], 0
     for batch in batches:
-        width = int(lengths[batch].max()) if bucketed else model.entity_length
-        batch_ids = _pad_to(input_ids[batch], width)
-        batch_mask = _pad_to(attention_mask[batch], width)
-        padded += batch_ids.numel()
-        batch_vectors, batch_rows = model.entity_index_vectors(
-            batch_ids.to(device), batch_mask.to(device)
-        )
+        inputs = tokens.batch(entity_ids[batch])
+        if not bucketed:
+            inputs = {name: _pad_to(value, model.entity_length) for name, value in inputs.items()}
+        padded += inputs["input_ids"].numel()
+        with autocast(device):
+            batch_vectors, batch_rows = model.entity_index_vectors(
+                inputs["input_ids"].to(device), inputs["attention_mask"].to(device)
+            )
         vectors.append(batch_vectors.float().cpu().numpy())
         rows.append(batch[batch_rows.cpu().numpy()])
     if not vectors:
         return np.zeros((0, model.output_size), np.float32), np.zeros(0, np.int64), 0
     all_rows = np.concatenate(rows).astype(np.int64)
     order = np.argsort(all_rows, kind="stable")  # back to catalogue order, tokens in order
-    return np.concatenate(vectors)[order], all_rows[order], padded
+    return np.concatenate(vectors)[order], entity_ids[all_rows[order]], padded
 
 
 @torch.inference_mode()
@@ -101,9 +124,10 @@ def encode_mention_queries(
     """Query vectors float32 [B, Q, d] of a batch of mentions (Q = 1 for dual and multi-m)."""
     device = next(model.mention_tower.parameters()).device
     tokens = model.tokenize_mentions(context_left, mention, context_right)
-    queries = model.mention_query_vectors(
-        tokens["input_ids"].to(device), tokens["attention_mask"].to(device)
-    )
+    with autocast(device):
+        queries = model.mention_query_vectors(
+            tokens["input_ids"].to(device), tokens["attention_mask"].to(device)
+        )
     return queries.float().cpu().numpy()
 
 
@@ -113,52 +137,106 @@ def _pad_to(tensor: torch.Tensor, width: int) -> torch.Tensor:
     return torch.nn.functional.pad(tensor, (0, width - tensor.shape[1]))
 
 
+def read_encodings(path: Path) -> torch.Tensor:
+    """Precomputed entity vectors [N, d] (BLINK's ``all_entities_large.t7``: row i is entity i),
+    memory-mapped (``torch.load(mmap=True, weights_only=True)``): nothing is read into memory
+    until a shard's rows are taken."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such encodings file")
+    try:
+        encodings = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except (RuntimeError, pickle.UnpicklingError, EOFError) as error:
+        raise InputError(
+            f"{path}: cannot memory-map as a torch tensor file (torch.save zip format needed; "
+            f"re-save a legacy file once with torch.save(torch.load(path), path)): {error}"
+        ) from error
+    if not isinstance(encodings, torch.Tensor) or encodings.dim() != 2:
+        kind = tuple(encodings.shape) if isinstance(encodings, torch.Tensor) else type(encodings)
+        raise InputError(f"{path}: expected a 2-d tensor [entities, dim], got {kind}")
+    if encodings.dtype != torch.float32:
+        raise InputError(f"{path}: expected float32 encodings, got {encodings.dtype}")
+    return encodings
+
+
 @dataclass(frozen=True)
 class ShardTask:
-    """One shard to encode: catalogue rows (entity_id, title, text) and where its arrays go."""
+    """One shard to index: entities [start, stop) into the version directory `directory`.
+
+    Vectors come from encoding the entities' token rows, or, with `encodings`, from rows
+    start..stop-1 of that precomputed file.
+    """
 
     shard_no: int
-    rows: pa.RecordBatch
-    vectors_path: str
-    ids_path: str
+    entities: tuple[int, int]
+    directory: str
+    spec: IndexSpec
+    vectors_per_entity: int | None
+    encodings: str | None = None
 
 
 @dataclass(frozen=True)
 class ShardEncoded:
-    """What an encoder reports for a finished shard (the arrays are on disk)."""
+    """What an encoder reports for a finished shard (its files are in the version directory)."""
 
     shard_no: int
+    record: ShardRecord
     num_entities: int
-    num_vectors: int
     seconds: float
     padded_tokens: int
     encoder_pid: int
 
 
-class EntityEncoderActor:
-    """Holds one loaded bi-encoder; encodes entity shards and mention batches (a Ray actor)."""
+class EntityEncoderActor(ShardHolder):
+    """Holds one loaded bi-encoder; indexes catalogue shards, encodes mentions and holds index
+    shards (a Ray actor).
 
-    def __init__(self, export_dir: str, batch_size: int, num_threads: int) -> None:
+    Args:
+        export_dir: the model's `export/` directory.
+        batch_size: entities per forward pass.
+        num_threads: torch threads (on a CPU actor).
+        token_store: the catalogue's token store directory (None: this pool encodes no entity).
+    """
+
+    def __init__(
+        self, export_dir: str, batch_size: int, num_threads: int, token_store: str | None
+    ) -> None:
         torch.set_num_threads(num_threads)
         self.model = load_biencoder(Path(export_dir), device=torch_device()).eval()
         self.batch_size = batch_size
+        self.tokens = None
+        if token_store is not None:
+            fingerprint = tokenizer_fingerprint(self.model.tokenizer)
+            self.tokens = TokenStore.open(Path(token_store), fingerprint, verify=False)
 
-    def encode_shard(self, task: ShardTask) -> ShardEncoded:
-        """Encode one shard and write `<vectors_path>` (float32 [V, d]) and `<ids_path>` (int64 [V])."""
+    def ready(self) -> int:
+        return os.getpid()
+
+    def index_shard(self, task: ShardTask) -> ShardEncoded:
+        """Encode (or read) one shard's vectors, build its FAISS index and write it."""
         start = time.perf_counter()
-        entity_ids = task.rows.column("entity_id").to_numpy()
-        vectors, rows, padded = encode_entity_texts(
-            self.model,
-            task.rows.column("title").to_pylist(),
-            task.rows.column("text").to_pylist(),
-            self.batch_size,
+        entity_ids = np.arange(*task.entities, dtype=np.int64)
+        if task.encodings is not None:
+            vectors = read_encodings(Path(task.encodings))[task.entities[0] : task.entities[1]]
+            vectors, vector_ids, padded = vectors.numpy(), entity_ids, 0
+        else:
+            if self.tokens is None:
+                raise RuntimeError("this encoder pool was started without a token store")
+            vectors, vector_ids, padded = encode_entities(
+                self.model, self.tokens, entity_ids, self.batch_size
+            )
+        record = write_shard(
+            Path(task.directory),
+            task.shard_no,
+            build_shard_index(vectors, task.spec),
+            vector_ids,
+            task.entities,
+            task.vectors_per_entity,
         )
-        _save_array(Path(task.vectors_path), vectors)
-        _save_array(Path(task.ids_path), entity_ids[rows].astype(np.int64))
         return ShardEncoded(
             shard_no=task.shard_no,
+            record=record,
             num_entities=len(entity_ids),
-            num_vectors=len(vectors),
             seconds=time.perf_counter() - start,
             padded_tokens=padded,
             encoder_pid=os.getpid(),
@@ -174,109 +252,155 @@ class EntityEncoderActor:
         return os.getpid()
 
 
-def _save_array(path: Path, array: np.ndarray) -> None:
-    """`np.save` without pickling, published atomically so a half-written file never shows."""
-    with AtomicPath(path) as temporary, open(temporary, "wb") as handle:
-        np.save(handle, np.ascontiguousarray(array), allow_pickle=False)
+@dataclass(frozen=True)
+class EncoderPoolSettings:
+    """How many encoder actors, how big, how patient (from the ``refresh`` section).
+
+    `num_encoders` 0 means one per `hnce_encoder` slot when the cluster advertises them, else one
+    per GPU, or 1 without GPUs. `wait_floor_seconds` is the least time any wait on an actor may
+    take before it is reported as hung (`cluster.actors.TaskClock`).
+    """
+
+    num_encoders: int = 0
+    batch_size: int = 64
+    num_threads: int = 1
+    wait_floor_seconds: float = 900.0
+    faiss_device: DeviceRequest = "auto"
+    max_restarts: int = 3
+    max_task_retries: int = 3
 
 
 class EncoderPool:
-    """A pool of `EntityEncoderActor`s for one refresh.
+    """A pool of `EntityEncoderActor`s for one refresh, evaluation or index build (a context
+    manager that stops the actors on exit).
 
     Args:
-        export_dir: the checkpoint's `export/` directory (export_biencoder format).
-        num_encoders: actors; 0 means one per `hnce_encoder` slot when the cluster advertises
-            them, else one per GPU, or 1 without GPUs.
-        batch_size: entities per forward pass.
-        num_threads: torch threads per actor on CPU (also its `num_cpus` request).
-        max_restarts, max_task_retries: Ray fault tolerance for the actors.
+        export_dir: the model's `export/` directory (export_biencoder format).
+        settings: pool size, batching and patience.
+        token_store: the catalogue's token store (needed to index shards by encoding).
     """
 
     def __init__(
-        self,
-        export_dir: Path,
-        num_encoders: int = 0,
-        batch_size: int = 64,
-        num_threads: int = 1,
-        max_restarts: int = 3,
-        max_task_retries: int = 3,
+        self, export_dir: Path, settings: EncoderPoolSettings, token_store: Path | None = None
     ) -> None:
+        self.settings = settings
         resources = ray.cluster_resources()
         gpus = int(resources.get("GPU", 0))
         custom = custom_resource_request(ENCODER_RESOURCE, resources)
         # With the launcher's encoder slots, one actor per slot (trainer GPUs are not ours).
         slots = int(resources[ENCODER_RESOURCE]) if custom else max(1, gpus)
-        self.num_encoders = num_encoders or slots
-        request: dict[str, object] = (
-            {"num_gpus": 1, "num_cpus": 1} if gpus else {"num_cpus": num_threads}
-        )
-        if custom:
-            request["resources"] = custom
+        self.num_encoders = settings.num_encoders or slots
+        if settings.faiss_device == "gpu" and not gpus:
+            raise PlacementError(
+                "index.faiss_device is gpu but the cluster offers no GPU for the shard holders"
+            )
+        cpus = 1 if gpus else settings.num_threads
+        self.request = actor_request(cpus, 1 if gpus else 0, custom)
+        check_placeable(self.request, self.num_encoders, "encoder")
         logger.info(
-            "starting %d entity encoder actor(s) on %s%s",
+            "starting %d entity encoder actor(s), each %s",
             self.num_encoders,
-            "GPU" if gpus else "CPU",
-            f" with {custom}" if custom else "",
+            ", ".join(f"{name} {amount:g}" for name, amount in self.request.items()),
         )
         remote_class = ray.remote(EntityEncoderActor)
-        self.pool_id = uuid.uuid4().hex[:8]
+        pool_id = uuid.uuid4().hex[:8]
+        self.names = [f"hnce-encoder-{pool_id}-{n}" for n in range(self.num_encoders)]
         self.actors = [
             remote_class.options(
-                name=f"hnce-encoder-{self.pool_id}-{number}",
-                max_restarts=max_restarts,
-                max_task_retries=max_task_retries,
-                **request,
-            ).remote(str(export_dir), batch_size, num_threads)
-            for number in range(self.num_encoders)
+                name=name,
+                max_restarts=settings.max_restarts,
+                max_task_retries=settings.max_task_retries,
+                num_cpus=cpus,
+                num_gpus=1 if gpus else 0,
+                resources=custom,
+            ).remote(str(export_dir), settings.batch_size, settings.num_threads, _text(token_store))
+            for name in self.names
         ]
+        starting = TaskClock(settings.wait_floor_seconds, "encoder start")
+        starting.wait_started(
+            [actor.ready.remote() for actor in self.actors], self.names, self.request
+        )
 
-    def encode_shards(
+    def __enter__(self) -> EncoderPool:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.shutdown()
+
+    def clock(self, what: str) -> TaskClock:
+        """A fresh deadline keeper for one kind of task on this pool."""
+        return TaskClock(self.settings.wait_floor_seconds, what)
+
+    def index_shards(
         self,
         tasks: Iterable[ShardTask],
         on_done: Callable[[ShardEncoded], None],
         max_in_flight_per_encoder: int = 2,
     ) -> None:
-        """Encode `tasks` across the actors, calling `on_done` (in this process) as shards finish.
+        """Index `tasks` across the actors, calling `on_done` (in this process) as shards finish.
 
-        At most `max_in_flight_per_encoder` shards per actor are queued, so the catalogue is
-        streamed rather than loaded at once.
+        At most `max_in_flight_per_encoder` shards per actor are queued. A wait that passes its
+        deadline (derived from the slowest shard so far) raises TaskTimeout naming the shard
+        and the actor.
         """
-        pending: dict[ray.ObjectRef, int] = {}
+        clock = self.clock("entity shard")
+        pending: dict[ray.ObjectRef, tuple[int, Task]] = {}
         load = [0] * len(self.actors)
         limit = max_in_flight_per_encoder * len(self.actors)
         for task in tasks:
             while len(pending) >= limit:
-                self._finish_one(pending, load, on_done)
+                self._finish_one(clock, pending, load, on_done)
             actor = int(np.argmin(load))
-            pending[self.actors[actor].encode_shard.remote(task)] = actor
+            reference = self.actors[actor].index_shard.remote(task)
+            pending[reference] = (actor, Task(f"shard {task.shard_no}", self.names[actor]))
             load[actor] += 1
         while pending:
-            self._finish_one(pending, load, on_done)
+            self._finish_one(clock, pending, load, on_done)
 
     @staticmethod
     def _finish_one(
-        pending: dict[ray.ObjectRef, int],
+        clock: TaskClock,
+        pending: dict[ray.ObjectRef, tuple[int, Task]],
         load: list[int],
         on_done: Callable[[ShardEncoded], None],
     ) -> None:
-        (ready,), _ = ray.wait(list(pending), num_returns=1)
-        load[pending.pop(ready)] -= 1
-        on_done(ray.get(ready))
+        ready = clock.wait_next({reference: task for reference, (_, task) in pending.items()})
+        actor, _ = pending.pop(ready)
+        load[actor] -= 1
+        encoded: ShardEncoded = ray.get(ready)
+        clock.record(encoded.seconds)
+        on_done(encoded)
 
-    def encode_mentions(
+    def mention_queries(
         self, batches: Iterable[tuple[list[str], list[str], list[str]]]
-    ) -> Iterable[np.ndarray]:
-        """Query vectors per mention batch, in input order, spread over the actors."""
-        window: list[ray.ObjectRef] = []
+    ) -> Iterator[ray.ObjectRef]:
+        """A reference to the query vectors of each (left, mention, right) batch, spread over the
+        actors; the vectors go from the encoder to the shard holders without passing here."""
         for number, (left, mention, right) in enumerate(batches):
             actor = self.actors[number % len(self.actors)]
-            window.append(actor.encode_mentions.remote(left, mention, right))
-            if len(window) > 2 * len(self.actors):
-                yield ray.get(window.pop(0))
-        for reference in window:
-            yield ray.get(reference)
+            yield actor.encode_mentions.remote(left, mention, right)
+
+    def hold(self, version: IndexVersion, candidate_depth: int, progress: bool = True) -> HeldIndex:
+        """Spread `version`'s shards over the actors (see `cluster.shard_holders`)."""
+        return HeldIndex.start(
+            version,
+            list(zip(self.actors, self.names, strict=True)),
+            self.settings.faiss_device,
+            candidate_depth,
+            self.clock("index search"),
+            progress,
+        )
 
     def shutdown(self) -> None:
-        """Stop the actors (their weights are freed)."""
+        """Stop the actors (their weights and shards are freed)."""
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
+
+
+def _text(path: Path | None) -> str | None:
+    return None if path is None else str(path)

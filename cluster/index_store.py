@@ -3,114 +3,147 @@
 Layout::
 
     index/CURRENT                       "v7" — replaced atomically
-    index/v7/manifest.json              {version, checkpoint, scorer, dim, vectors_per_entity,
-                                         num_entities, shards: [{file, ids, sha256, ids_sha256,
-                                         count}], index, created_at}
+    index/v7/manifest.json              {format, version, checkpoint, checkpoint_path, model,
+                                         catalogue, source, scorer, dim, vectors_per_entity,
+                                         num_entities, index, shards: [{file, ids, sha256,
+                                         ids_sha256, count, entities: [start, stop]}], created_at}
     index/v7/shard-00000.faiss          FAISS index of shard 0
     index/v7/shard-00000.ids.npy        int64 entity id of each vector of shard 0
-    index/.building-v8/                 a refresh in progress: progress.json records finished
-                                        shards so a restarted refresh resumes; embeddings/ holds
-                                        the encoders' output arrays until the shard is indexed
+    index/.building-v8/                 a build in progress: progress.json records finished
+                                        shards, so a restarted build resumes
+
+`model` is the SHA-256 fingerprint of the exported model the vectors were encoded with
+(`cluster.index_build.model_fingerprint`) and `catalogue` the catalogue's
+(`cluster.tables.catalogue_fingerprint`), so a version can be found again for the same model and
+catalogue. Shard i covers the contiguous entity range `entities` = [start, stop) and holds every
+vector of those entities.
 
 A version becomes visible only by renaming its complete directory to `v<N>` and then replacing
-`CURRENT`; the last `keep` versions are retained. Loading verifies every file's SHA-256, and file
-names in a manifest must stay inside the version directory.
+`CURRENT`; the last `keep` versions are retained. Nothing in a manifest is trusted: opening a
+version checks the manifest's schema, its version against the directory, that the shards' entity
+ranges tile 0..num_entities-1 exactly (no shard dropped or repeated) with the vector count the
+scorer implies; loading a shard streams its files through SHA-256, checks that its ids lie in its
+range (each entity exactly once for one-vector scorers, m times for multi-m, in order for
+sum-of-max) and memory-maps the FAISS file. File names must stay inside the version directory.
+Every failure is a `StoreError` (an `InputError`) naming the file.
 
 Example::
 
     store = IndexStore(run_dir / "index")
-    version = store.current()               # None before the first refresh
-    entity_ids, scores = version.search(query_vectors, k=64)
+    version = store.current()               # None before the first refresh; manifest verified
+    searcher = version.load()               # every shard, verified, in this process
+    entity_ids, scores = searcher.search(query_vectors, k=64)
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
-import json
+import dataclasses
 import logging
 import shutil
-import time
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Annotated, Any, Literal
 
 import faiss
 import numpy as np
+from pydantic import ConfigDict, Field, TypeAdapter
+from pydantic.dataclasses import dataclass
 
 from cluster.files import AtomicPath, atomic_write_text, sha256_file
 from cluster.sharded_index import (
-    DeviceRequest,
     FaissDevice,
     IndexShard,
-    IndexSpec,
     ShardedSearcher,
+    read_index_file,
     resolve_faiss_device,
 )
 from cluster.versioned_dir import (
+    MANIFEST_FILE,
+    Sha256,
+    StoreError,
     building_dir_name,
     building_versions,
+    check_version,
     confined_path,
+    created_at,
+    manifest_json,
     next_version,
     publish_version,
     published_versions,
     read_current,
+    read_manifest,
+    verify_sha256,
     version_dir_name,
 )
-from encoders.errors import InputError
 
 logger = logging.getLogger(__name__)
 
-MANIFEST_FILE = "manifest.json"
+FORMAT = 1
 PROGRESS_FILE = "progress.json"
-EMBEDDINGS_DIR = "embeddings"
+_RECORD = ConfigDict(extra="forbid", strict=True, frozen=True)
+Count = Annotated[int, Field(ge=0)]
+Positive = Annotated[int, Field(gt=0)]
 
 
-class ChecksumError(InputError):
-    """A shard file does not match the SHA-256 recorded in its manifest."""
-
-
-@dataclass(frozen=True)
+@dataclass(config=_RECORD)
 class ShardRecord:
-    """One shard of a version, as recorded in the manifest."""
+    """One shard of a version, as recorded in the manifest: its files, their SHA-256, its vector
+    count and the entity range [start, stop) it covers."""
 
     file: str
     ids: str
-    sha256: str
-    ids_sha256: str
-    count: int
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "file": self.file,
-            "ids": self.ids,
-            "sha256": self.sha256,
-            "ids_sha256": self.ids_sha256,
-            "count": self.count,
-        }
+    sha256: Sha256
+    ids_sha256: Sha256
+    count: Count
+    entities: tuple[Count, Count]
 
 
-@dataclass(frozen=True)
+@dataclass(config=_RECORD)
 class BuildParameters:
-    """What a version is built from; a resumed build must match these exactly."""
+    """What a version is built from; a resumed build must match these exactly.
 
-    checkpoint: int
+    `checkpoint` is the run's checkpoint step (None for a model that is not one, e.g. the
+    untrained model evaluated); `source` is ``encoded`` or ``encodings <file>`` (precomputed
+    vectors, BLINK's ``.t7``).
+    """
+
+    checkpoint: int | None
     checkpoint_path: str
-    scorer: dict[str, object]
-    dim: int
-    vectors_per_entity: int | None
-    num_entities: int
-    index: dict[str, object] = field(default_factory=lambda: IndexSpec().to_json())
+    model: Sha256
+    catalogue: Sha256
+    source: str
+    scorer: dict[str, Any]
+    dim: Positive
+    vectors_per_entity: Positive | None
+    num_entities: Positive
+    index: dict[str, Any]
 
-    def to_json(self) -> dict[str, object]:
-        return {
-            "checkpoint": self.checkpoint,
-            "checkpoint_path": self.checkpoint_path,
-            "scorer": self.scorer,
-            "dim": self.dim,
-            "vectors_per_entity": self.vectors_per_entity,
-            "num_entities": self.num_entities,
-            "index": self.index,
-        }
+
+@dataclass(config=_RECORD)
+class IndexManifest(BuildParameters):
+    """`manifest.json` of a published version (DESIGN.md §2)."""
+
+    format: Literal[1]
+    version: Count
+    shards: Annotated[list[ShardRecord], Field(min_length=1)]
+    created_at: str
+
+    @property
+    def num_vectors(self) -> int:
+        return sum(shard.count for shard in self.shards)
+
+
+@dataclass(config=_RECORD)
+class BuildProgress:
+    """`progress.json` of an unfinished build: its parameters and the shards already written."""
+
+    version: Count
+    parameters: BuildParameters
+    shards: dict[int, ShardRecord]
+
+
+_MANIFEST = TypeAdapter(IndexManifest)
+_PROGRESS = TypeAdapter(BuildProgress)
 
 
 def shard_file_names(shard_no: int) -> tuple[str, str]:
@@ -118,131 +151,257 @@ def shard_file_names(shard_no: int) -> tuple[str, str]:
     return f"shard-{shard_no:05d}.faiss", f"shard-{shard_no:05d}.ids.npy"
 
 
+def check_layout(manifest: IndexManifest, manifest_path: Path) -> None:
+    """The shards' entity ranges tile 0..num_entities-1 in order, each with the vector count its
+    scorer implies, and no file is listed twice (StoreError naming the manifest otherwise)."""
+    files = [name for shard in manifest.shards for name in (shard.file, shard.ids)]
+    repeated = sorted({name for name in files if files.count(name) > 1})
+    if repeated:
+        raise StoreError(f"{manifest_path}: lists {repeated[0]} more than once")
+    covered = 0
+    for number, shard in enumerate(manifest.shards):
+        start, stop = shard.entities
+        if start < covered:
+            raise StoreError(
+                f"{manifest_path}: shard {number} repeats entities {start}..{covered - 1}"
+            )
+        if start > covered:
+            raise StoreError(
+                f"{manifest_path}: entities {covered}..{start - 1} are in no shard (one dropped?)"
+            )
+        if stop <= start:
+            raise StoreError(f"{manifest_path}: shard {number} covers no entity [{start}, {stop})")
+        _check_count(shard, number, manifest.vectors_per_entity, manifest_path)
+        covered = stop
+    if covered != manifest.num_entities:
+        raise StoreError(
+            f"{manifest_path}: shards cover entities 0..{covered - 1} but num_entities is "
+            f"{manifest.num_entities}"
+        )
+
+
+def _check_count(
+    shard: ShardRecord, number: int, vectors_per_entity: int | None, manifest_path: Path
+) -> None:
+    entities = shard.entities[1] - shard.entities[0]
+    expected = entities * (vectors_per_entity or 1)
+    wrong = shard.count < expected if vectors_per_entity is None else shard.count != expected
+    if wrong:
+        per = f"{vectors_per_entity} per entity" if vectors_per_entity else "at least 1 per entity"
+        raise StoreError(
+            f"{manifest_path}: shard {number} records {shard.count} vectors for {entities} "
+            f"entities ({per})"
+        )
+
+
+def check_shard_ids(
+    ids: np.ndarray, entities: tuple[int, int], vectors_per_entity: int | None, path: Path
+) -> None:
+    """A shard's ids are int64, within [start, stop), and cover each entity of the range: exactly
+    once (dual), m times in a row (multi-m) or at least once, in order (sum-of-max)."""
+    start, stop = entities
+    if ids.dtype != np.int64 or ids.ndim != 1:
+        raise StoreError(f"{path}: expected a 1-d int64 id array, got {ids.dtype} {ids.shape}")
+    if len(ids) and (int(ids.min()) < start or int(ids.max()) >= stop):
+        raise StoreError(
+            f"{path}: entity ids {int(ids.min())}..{int(ids.max())} outside this shard's range "
+            f"{start}..{stop - 1}"
+        )
+    if vectors_per_entity is not None:
+        expected = np.repeat(np.arange(start, stop, dtype=np.int64), vectors_per_entity)
+        if not np.array_equal(ids, expected):
+            raise StoreError(
+                f"{path}: ids must list each entity of {start}..{stop - 1} exactly "
+                f"{vectors_per_entity} time(s), in order"
+            )
+        return
+    steps = np.diff(ids)
+    if (
+        len(ids) == 0
+        or ids[0] != start
+        or ids[-1] != stop - 1
+        or ((steps != 0) & (steps != 1)).any()
+    ):
+        raise StoreError(
+            f"{path}: ids must cover every entity of {start}..{stop - 1} in order, at least once"
+        )
+
+
+def write_shard(
+    directory: Path,
+    shard_no: int,
+    index: faiss.Index,
+    ids: np.ndarray,
+    entities: tuple[int, int],
+    vectors_per_entity: int | None,
+) -> ShardRecord:
+    """Write shard `shard_no` (a CPU index and its int64 entity ids) into a version directory;
+    returns its manifest record. Encoder actors call this; retried, it writes the same bytes."""
+    directory = Path(directory)
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    file_name, ids_name = shard_file_names(shard_no)
+    if len(ids) != index.ntotal:
+        raise ValueError(f"shard {shard_no}: {index.ntotal} vectors but {len(ids)} ids")
+    check_shard_ids(ids, entities, vectors_per_entity, directory / ids_name)
+    index_path, ids_path = directory / file_name, directory / ids_name
+    with AtomicPath(index_path) as temporary:
+        faiss.write_index(index, str(temporary))
+    with AtomicPath(ids_path) as temporary, open(temporary, "wb") as handle:
+        np.save(handle, ids, allow_pickle=False)
+    return ShardRecord(
+        file=file_name,
+        ids=ids_name,
+        sha256=sha256_file(index_path),
+        ids_sha256=sha256_file(ids_path),
+        count=int(index.ntotal),
+        entities=(int(entities[0]), int(entities[1])),
+    )
+
+
 class IndexBuilder:
-    """An index version under construction in `.building-v<N>/`; resumable shard by shard."""
+    """An index version under construction in `.building-v<N>/`; resumable shard by shard.
+
+    Shards are written into `directory` by whoever encodes them (`write_shard`, in the encoder
+    actors) and recorded here; :meth:`publish` writes the manifest and makes the version live.
+    """
 
     def __init__(self, store: IndexStore, version: int, parameters: BuildParameters) -> None:
         self.store = store
         self.version = version
         self.parameters = parameters
         self.directory = store.root / building_dir_name(version)
-        self.embeddings_dir = self.directory / EMBEDDINGS_DIR
-        self.embeddings_dir.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(parents=True, exist_ok=True)
         progress_path = self.directory / PROGRESS_FILE
         if progress_path.exists():
-            progress = json.loads(progress_path.read_text(encoding="utf-8"))
-            self._finished = {
-                int(number): ShardRecord(**record) for number, record in progress["shards"].items()
-            }
+            progress = read_manifest(progress_path, _PROGRESS)
+            if progress.parameters != parameters:
+                raise StoreError(
+                    f"{progress_path}: an unfinished build of other parameters; remove "
+                    f"{self.directory} to build v{version} again"
+                )
+            self._finished = dict(progress.shards)
         else:
             self._finished = {}
             self._write_progress()
 
     @property
     def finished_shards(self) -> dict[int, ShardRecord]:
-        """Shards already indexed and recorded (skipped by a resumed refresh)."""
+        """Shards already written and recorded (skipped by a resumed build)."""
         return dict(self._finished)
 
-    def embedding_paths(self, shard_no: int) -> tuple[Path, Path]:
-        """Where an encoder writes shard `shard_no`'s vectors and their entity ids (.npy arrays)."""
-        stem = self.embeddings_dir / f"shard-{shard_no:05d}"
-        return stem.with_suffix(".vectors.npy"), stem.with_suffix(".ids.npy")
-
-    def add_shard(self, shard_no: int, index: faiss.Index, ids: np.ndarray) -> ShardRecord:
-        """Write shard `shard_no` (a CPU index and its int64 entity ids) and record it finished."""
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
-        if len(ids) != index.ntotal:
-            raise ValueError(f"shard {shard_no}: {index.ntotal} vectors but {len(ids)} ids")
-        file_name, ids_name = shard_file_names(shard_no)
-        index_path, ids_path = self.directory / file_name, self.directory / ids_name
-        with AtomicPath(index_path) as temporary:
-            faiss.write_index(index, str(temporary))
-        with AtomicPath(ids_path) as temporary, open(temporary, "wb") as handle:
-            np.save(handle, ids, allow_pickle=False)
-        record = ShardRecord(
-            file=file_name,
-            ids=ids_name,
-            sha256=sha256_file(index_path),
-            ids_sha256=sha256_file(ids_path),
-            count=int(index.ntotal),
-        )
+    def record_shard(self, shard_no: int, record: ShardRecord) -> None:
+        """Record shard `shard_no` (already written into `directory`) as finished."""
         self._finished[shard_no] = record
         self._write_progress()
+
+    def add_shard(
+        self, shard_no: int, index: faiss.Index, ids: np.ndarray, entities: tuple[int, int]
+    ) -> ShardRecord:
+        """Write shard `shard_no` from this process (a CPU index and its ids) and record it."""
+        record = write_shard(
+            self.directory, shard_no, index, ids, entities, self.parameters.vectors_per_entity
+        )
+        self.record_shard(shard_no, record)
         return record
 
     def publish(self, num_shards: int) -> IndexVersion:
-        """Write the manifest, make the version live, drop old versions; needs every shard done."""
+        """Write the manifest (checked like any reader checks it), make the version live, drop
+        old versions; needs every shard done."""
         missing = sorted(set(range(num_shards)) - set(self._finished))
         if missing:
             raise RuntimeError(f"cannot publish v{self.version}: shards {missing} not finished")
         extra = sorted(set(self._finished) - set(range(num_shards)))
         if extra:
             raise RuntimeError(f"cannot publish v{self.version}: unexpected shards {extra}")
-        shutil.rmtree(self.embeddings_dir, ignore_errors=False)
-        manifest = {
-            "version": self.version,
-            **self.parameters.to_json(),
-            "shards": [self._finished[number].to_json() for number in range(num_shards)],
-            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }
-        atomic_write_text(self.directory / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
+        manifest = IndexManifest(
+            **dataclasses.asdict(self.parameters),
+            format=FORMAT,
+            version=self.version,
+            shards=[self._finished[number] for number in range(num_shards)],
+            created_at=created_at(),
+        )
+        manifest_path = self.directory / MANIFEST_FILE
+        check_layout(manifest, manifest_path)
+        atomic_write_text(manifest_path, manifest_json(manifest, _MANIFEST))
         (self.directory / PROGRESS_FILE).unlink()
         removed = publish_version(self.store.root, self.version, self.store.keep)
         logger.info("published index v%d (removed %s)", self.version, removed or "none")
-        return self.store.open(self.version, device=self.store.default_device)
+        return self.store.open(self.version)
 
     def _write_progress(self) -> None:
-        progress = {
-            "version": self.version,
-            "parameters": self.parameters.to_json(),
-            "shards": {str(number): record.to_json() for number, record in self._finished.items()},
-        }
-        atomic_write_text(self.directory / PROGRESS_FILE, json.dumps(progress, indent=2) + "\n")
+        progress = BuildProgress(self.version, self.parameters, self._finished)
+        atomic_write_text(self.directory / PROGRESS_FILE, manifest_json(progress, _PROGRESS))
 
 
 class IndexVersion:
-    """A published, verified index version, ready to search."""
+    """A published version whose manifest has been verified; its shards are loaded on demand
+    (:meth:`load`), in this process or in shard-holder actors. Small and picklable."""
 
-    def __init__(self, path: Path, manifest: dict, shards: list[IndexShard]) -> None:
-        self.path = path
+    def __init__(self, path: Path, manifest: IndexManifest) -> None:
+        self.path = Path(path)
         self.manifest = manifest
-        self.version: int = manifest["version"]
-        self.checkpoint: int = manifest["checkpoint"]
-        self.num_entities: int = manifest["num_entities"]
-        self.vectors_per_entity: int | None = manifest["vectors_per_entity"]
-        self.searcher = ShardedSearcher(shards, self.vectors_per_entity)
+        self.version = manifest.version
+        self.checkpoint = manifest.checkpoint
+        self.num_entities = manifest.num_entities
+        self.vectors_per_entity = manifest.vectors_per_entity
+        self.num_vectors = manifest.num_vectors
 
     @property
     def shard_checksums(self) -> list[str]:
-        return [shard["sha256"] for shard in self.manifest["shards"]]
+        return [shard.sha256 for shard in self.manifest.shards]
 
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top-k entities: (entity_ids int64 [B, k], scores float32 [B, k]); see ShardedSearcher."""
-        return self.searcher.search(queries, k)
+    def load(
+        self,
+        shard_numbers: Sequence[int] | None = None,
+        device: FaissDevice | None = None,
+        candidate_depth: int = 256,
+        verify: bool = True,
+    ) -> ShardedSearcher:
+        """A searcher over shards `shard_numbers` (default: all), each verified (`load_shard`)
+        and placed on `device` (default: `resolve_faiss_device("auto")`)."""
+        numbers = range(len(self.manifest.shards)) if shard_numbers is None else shard_numbers
+        device = device or resolve_faiss_device("auto")
+        shards = [self.load_shard(number, device, verify) for number in numbers]
+        return ShardedSearcher(shards, self.vectors_per_entity, candidate_depth)
+
+    def load_shard(self, number: int, device: FaissDevice, verify: bool = True) -> IndexShard:
+        """Shard `number`: files checked against their SHA-256 (streamed), ids against the
+        shard's entity range, the FAISS index memory-mapped and placed on `device`."""
+        manifest_path = self.path / MANIFEST_FILE
+        record = self.manifest.shards[number]
+        index_path = confined_path(self.path, record.file, manifest_path)
+        ids_path = confined_path(self.path, record.ids, manifest_path)
+        if verify:
+            verify_sha256(index_path, record.sha256, manifest_path)
+            verify_sha256(ids_path, record.ids_sha256, manifest_path)
+        try:
+            ids = np.load(ids_path, mmap_mode="r", allow_pickle=False)
+        except ValueError as error:
+            raise StoreError(f"{ids_path}: not a .npy id array ({error})") from None
+        check_shard_ids(ids, record.entities, self.vectors_per_entity, ids_path)
+        index = read_index_file(index_path, self.manifest.index["kind"])
+        if index.ntotal != record.count or index.d != self.manifest.dim:
+            raise StoreError(
+                f"{index_path}: {index.ntotal} vectors of dim {index.d}, but {manifest_path} "
+                f"records {record.count} of dim {self.manifest.dim}"
+            )
+        return IndexShard.on_device(index, ids, device)
 
 
 class IndexStore:
-    """The versions under `root` (normally `<run>/index`).
+    """The versions under `root` (`<run>/index` for the refresh; `<run>/eval-index` for versions
+    built only to evaluate, see `cluster.retrieval`).
 
     Args:
         root: store directory (created when building).
         keep: versions retained after a publication (the live one always is).
-        device: where loaded shards are searched: auto | cpu | gpu (see resolve_faiss_device).
     """
 
-    def __init__(self, root: Path, keep: int = 3, device: DeviceRequest = "auto") -> None:
+    def __init__(self, root: Path, keep: int = 3) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.root = Path(root)
         self.keep = keep
-        self.device_request = device
-        self._device: FaissDevice | None = None
-
-    @property
-    def default_device(self) -> FaissDevice:
-        if self._device is None:
-            self._device = resolve_faiss_device(self.device_request)
-        return self._device
 
     def versions(self) -> list[int]:
         """Published version numbers, ascending."""
@@ -251,7 +410,7 @@ class IndexStore:
     def current_version(self) -> int | None:
         return read_current(self.root)
 
-    def current(self, verify: bool = True) -> IndexVersion | None:
+    def current(self) -> IndexVersion | None:
         """The live version, or None before the first publication.
 
         If the version named by CURRENT is removed by retention while it is being opened, CURRENT
@@ -262,85 +421,61 @@ class IndexStore:
             if version is None:
                 return None
             try:
-                return self.open(version, verify=verify)
-            except FileNotFoundError:
+                return self.open(version)
+            except StoreError:
                 if self.current_version() == version:
                     raise
         raise RuntimeError(f"{self.root}: CURRENT kept moving while opening it")
 
-    def read_manifest(self, version: int) -> dict:
-        path = self.root / version_dir_name(version) / MANIFEST_FILE
-        try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as error:
-            raise ValueError(
-                f"{path}:{error.lineno}: invalid manifest JSON: {error.msg}"
-            ) from error
+    def read_manifest(self, version: int) -> dict[str, Any]:
+        """Version `version`'s verified manifest as a plain dict."""
+        return dataclasses.asdict(self.open(version).manifest)
 
-    def open(
-        self, version: int, device: FaissDevice | None = None, verify: bool = True
-    ) -> IndexVersion:
-        """Load version `version`, checking every file's SHA-256 (ChecksumError on mismatch)."""
+    def open(self, version: int) -> IndexVersion:
+        """Version `version` with its manifest verified (schema, version, shard layout)."""
         directory = self.root / version_dir_name(version)
         manifest_path = directory / MANIFEST_FILE
-        manifest = self.read_manifest(version)
-        if manifest.get("version") != version:
-            raise ValueError(f"{manifest_path}: records version {manifest.get('version')}")
-        device = device or self.default_device
-        shards = []
-        for number, record in enumerate(manifest["shards"]):
-            index_path = confined_path(directory, record["file"], manifest_path)
-            ids_path = confined_path(directory, record["ids"], manifest_path)
-            index_bytes = index_path.read_bytes()
-            ids_bytes = ids_path.read_bytes()
-            if verify:
-                for path, payload, expected in (
-                    (index_path, index_bytes, record["sha256"]),
-                    (ids_path, ids_bytes, record["ids_sha256"]),
-                ):
-                    actual = _sha256_bytes(payload)
-                    if actual != expected:
-                        raise ChecksumError(
-                            f"{path}: sha256 {actual} does not match {expected} recorded in "
-                            f"{manifest_path} (shard {number}); the file is corrupt"
-                        )
-            index = faiss.deserialize_index(np.frombuffer(index_bytes, dtype=np.uint8))
-            ids = _load_ids(ids_bytes, ids_path)
-            if index.ntotal != record["count"] or len(ids) != record["count"]:
-                raise ValueError(f"{manifest_path}: shard {number} count mismatch")
-            shards.append(IndexShard(device.place(index), ids))
-        return IndexVersion(directory, manifest, shards)
+        manifest = read_manifest(manifest_path, _MANIFEST)
+        check_version(manifest.version, directory, manifest_path)
+        check_layout(manifest, manifest_path)
+        for shard in manifest.shards:
+            confined_path(directory, shard.file, manifest_path)
+            confined_path(directory, shard.ids, manifest_path)
+        return IndexVersion(directory, manifest)
+
+    def find(self, model: str, catalogue: str, index: dict[str, Any]) -> IndexVersion | None:
+        """The newest published version of model fingerprint `model` over catalogue `catalogue`
+        built with index parameters `index`, or None."""
+        for version in reversed(self.versions()):
+            try:
+                found = self.open(version)
+            except StoreError as error:
+                logger.warning("skipping unreadable index version: %s", error)
+                continue
+            manifest = found.manifest
+            if (manifest.model, manifest.catalogue, manifest.index) == (model, catalogue, index):
+                return found
+        return None
 
     def begin(self, parameters: BuildParameters) -> IndexBuilder:
         """A builder for the next version, resuming an unfinished build of the same parameters.
 
         Unfinished builds of other parameters (an older checkpoint) are removed: callers hold the
-        refresh lock, so nothing else is writing them.
+        store's lock (the refresh lock, or the evaluation store's), so nothing else writes them.
         """
         self.root.mkdir(parents=True, exist_ok=True)
         for version in reversed(building_versions(self.root)):
             directory = self.root / building_dir_name(version)
             progress_path = directory / PROGRESS_FILE
             if progress_path.exists():
-                progress = json.loads(progress_path.read_text(encoding="utf-8"))
-                if progress["parameters"] == json.loads(json.dumps(parameters.to_json())):
+                progress = read_manifest(progress_path, _PROGRESS)
+                if progress.parameters == parameters:
                     logger.info(
                         "resuming index v%d (%d shards already finished)",
                         version,
-                        len(progress["shards"]),
+                        len(progress.shards),
                     )
                     return IndexBuilder(self, version, parameters)
             logger.info("removing unfinished build %s of other parameters", directory)
             shutil.rmtree(directory)
         return IndexBuilder(self, next_version(self.root), parameters)
-
-
-def _sha256_bytes(payload: bytes) -> str:
-    return hashlib.sha256(payload).hexdigest()
-
-
-def _load_ids(payload: bytes, path: Path) -> np.ndarray:
-    ids = np.load(io.BytesIO(payload), allow_pickle=False)
-    if ids.dtype != np.int64 or ids.ndim != 1:
-        raise ValueError(f"{path}: expected a 1-d int64 id array, got {ids.dtype} {ids.shape}")
-    return ids

@@ -1,96 +1,86 @@
-"""Mine top-N candidates for a mention split against an index version (DESIGN.md §4, §5).
+"""Top-N candidates of mentions under an index version held by the encoder actors (DESIGN.md §4, §5).
 
-The mentions are encoded by the mention tower of the checkpoint the index version was built from
-(through the encoder pool), searched top-N, and returned with the rank of the gold for
-diagnostics. Nothing is excluded here: the gold, aliases and known positives stay in the list and
-the sampler (mining/) filters them with the false-negative filter, which sees every positive.
+The mentions are encoded by the mention tower of the model the index version was built from (in
+the encoder actors), their query vectors go straight to the shard holders, and the per-holder
+top-N lists are merged here (`cluster.shard_holders`). Nothing is excluded: the gold, aliases and
+known positives stay in the list and the sampler (mining/) filters them with the false-negative
+filter, which sees every positive.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 from tqdm import tqdm
 
-from cluster.encoder_pool import EncoderPool, encode_mention_queries
-from cluster.index_store import IndexVersion
+from cluster.encoder_pool import EncoderPool
 from cluster.negatives_store import MinedSplit
-from cluster.sharded_index import ShardedSearcher
+from cluster.shard_holders import HeldIndex
 from cluster.tables import Mention, MentionSplit
-from encoders.biencoder import BiEncoder
 
 
 def gold_ranks(cands: np.ndarray, gold: np.ndarray) -> np.ndarray:
-    """Position of each row's gold in its candidate list, -1 when absent (int32 [M])."""
-    hits = cands == gold[:, None]
+    """Position of each row's gold in its candidate list, -1 when absent (int32 [M]); padding
+    (-1) never matches a missing gold."""
+    hits = (cands == gold[:, None]) & (cands >= 0)
     return np.where(hits.any(axis=1), hits.argmax(axis=1), -1).astype(np.int32)
 
 
-def mine_split(
-    pool: EncoderPool,
-    index_version: IndexVersion,
-    split: MentionSplit,
-    top_n: int,
-    batch_size: int = 256,
-    description: str = "mining",
-) -> MinedSplit:
-    """Top-`top_n` entities of every mention of `split` under `index_version`."""
-    mention_ids: list[str] = []
-    golds: list[int] = []
-
-    def batches() -> Iterator[tuple[list[str], list[str], list[str]]]:
-        for mentions in split.iter_batches(batch_size):
-            mention_ids.extend(m.mention_id for m in mentions)
-            golds.extend(m.gold for m in mentions)
-            yield _columns(mentions)
-
-    cands, scores = [], []
-    with tqdm(total=len(split), desc=description, unit="mentions", unit_scale=True) as bar:
-        for queries in pool.encode_mentions(batches()):
-            batch_cands, batch_scores = index_version.search(queries, top_n)
-            cands.append(batch_cands)
-            scores.append(batch_scores)
-            bar.update(len(queries))
-    if not cands:
-        empty = np.zeros((0, top_n))
-        return MinedSplit([], empty.astype(np.int64), empty.astype(np.float32), np.zeros(0))
-    all_cands = np.concatenate(cands)
-    return MinedSplit(
-        mention_ids=mention_ids,
-        cands=all_cands,
-        scores=np.concatenate(scores),
-        gold_ranks=gold_ranks(all_cands, np.asarray(golds, dtype=np.int64)),
-    )
-
-
 def search_mentions(
-    model: BiEncoder,
-    searcher: ShardedSearcher,
-    mentions: Sequence[Mention],
+    pool: EncoderPool,
+    held: HeldIndex,
+    batches: Iterable[Sequence[Mention]],
     k: int,
-    batch_size: int = 256,
-    progress: bool = True,
-    description: str = "search mentions",
+    allowed: np.ndarray | None = None,
+    bar: tqdm | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """In-process counterpart of :func:`mine_split` for a model already in memory: the top-k
-    (entity ids int64 [M, k], scores float32 [M, k]) of each mention under ``searcher``."""
+    """Top-k (entity ids int64 [M, k], scores float32 [M, k]) of every mention of `batches`, in
+    order; `allowed` restricts the search to those entity ids (a Zeshel world)."""
     ids, scores = [], []
-    for start in tqdm(
-        range(0, len(mentions), batch_size), desc=description, unit="batch", disable=not progress
-    ):
-        queries = encode_mention_queries(
-            model, *_columns(list(mentions[start : start + batch_size]))
-        )
-        batch_ids, batch_scores = searcher.search(queries, k)
+    queries = pool.mention_queries(_columns(batch) for batch in batches)
+    for batch_ids, batch_scores in held.search_stream(queries, k, allowed):
         ids.append(batch_ids)
         scores.append(batch_scores)
+        if bar is not None:
+            bar.update(len(batch_ids))
     if not ids:
         return np.zeros((0, k), np.int64), np.zeros((0, k), np.float32)
     return np.concatenate(ids), np.concatenate(scores)
 
 
-def _columns(mentions: list[Mention]) -> tuple[list[str], list[str], list[str]]:
+def mine_split(
+    pool: EncoderPool,
+    held: HeldIndex,
+    split: MentionSplit,
+    top_n: int,
+    batch_size: int = 256,
+    description: str = "mining",
+    progress: bool = True,
+) -> MinedSplit:
+    """Top-`top_n` entities of every mention of `split` under the held index version."""
+    mention_ids: list[str] = []
+    golds: list[int] = []
+
+    def batches() -> Iterator[list[Mention]]:
+        for mentions in split.iter_batches(batch_size):
+            mention_ids.extend(m.mention_id for m in mentions)
+            golds.extend(m.gold for m in mentions)
+            yield mentions
+
+    with tqdm(
+        total=len(split), desc=description, unit="mentions", unit_scale=True, disable=not progress
+    ) as bar:
+        cands, scores = search_mentions(pool, held, batches(), top_n, bar=bar)
+    return MinedSplit(
+        mention_ids=mention_ids,
+        cands=cands,
+        scores=scores,
+        gold_ranks=gold_ranks(cands, np.asarray(golds, dtype=np.int64)),
+    )
+
+
+def _columns(mentions: Sequence[Mention]) -> tuple[list[str], list[str], list[str]]:
     return (
         [m.context_left for m in mentions],
         [m.mention for m in mentions],

@@ -1,8 +1,10 @@
-"""Versioned store of mined negatives: `<run>/negatives/` (DESIGN.md §2, §5).
+"""Versioned, checksummed store of mined negatives: `<run>/negatives/` (DESIGN.md §2, §5).
 
 Layout::
 
     negatives/CURRENT                   "v7" — replaced atomically
+    negatives/v7/manifest.json          {format, version, checkpoint, top_n, num_entities,
+                                         splits: {train: {file, sha256, rows}}, created_at}
     negatives/v7/train.parquet          mention_id string, cands list<int64>, scores list<float32>,
                                         gold_rank int32 (rank of the gold in cands, -1 if absent;
                                         diagnostics only); file metadata: hnce.version,
@@ -13,6 +15,12 @@ the gold and known positives is the sampler's job (mining/), which sees the mult
 A version is written under `.building-v<N>/` and renamed when complete, so the trainer can call
 `latest()` every few steps and switch without waiting for a refresh.
 
+Nothing is trusted on reading: the manifest's schema and version, the file's SHA-256, the table's
+schema and metadata against the manifest, and its rows (mention ids unique, candidate ids in
+0..num_entities-1, as many scores as candidates and at most top_n of each, gold ranks inside
+the list) are checked, and the same checks run before a version is written. Every failure is a
+`StoreError` (an `InputError`) naming the file.
+
 Example::
 
     negatives = NegativesStore(run_dir / "negatives").latest()
@@ -22,28 +30,40 @@ Example::
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
+from pydantic import ConfigDict, Field, TypeAdapter
+from pydantic.dataclasses import dataclass as record
 
-from cluster.files import AtomicPath
+from cluster.files import AtomicPath, atomic_write_text, sha256_file
 from cluster.versioned_dir import (
+    MANIFEST_FILE,
+    Sha256,
+    StoreError,
     building_dir_name,
+    check_version,
+    created_at,
+    manifest_json,
     publish_version,
     read_current,
+    read_manifest,
+    verify_sha256,
     version_dir_name,
 )
 
 logger = logging.getLogger(__name__)
 
+FORMAT = 1
 NEGATIVES_SCHEMA = pa.schema(
     [
         pa.field("mention_id", pa.string(), nullable=False),
@@ -52,6 +72,47 @@ NEGATIVES_SCHEMA = pa.schema(
         pa.field("gold_rank", pa.int32(), nullable=False),
     ]
 )
+_RECORD = ConfigDict(extra="forbid", strict=True, frozen=True)
+Count = Annotated[int, Field(ge=0)]
+Positive = Annotated[int, Field(gt=0)]
+
+
+@record(config=_RECORD)
+class SplitRecord:
+    """One split's file in a negatives version."""
+
+    file: str
+    sha256: Sha256
+    rows: Count
+
+
+@record(config=_RECORD)
+class NegativesManifest:
+    """`manifest.json` of a negatives version."""
+
+    format: Literal[1]
+    version: Count
+    checkpoint: int
+    top_n: Positive
+    num_entities: Positive
+    splits: Annotated[dict[str, SplitRecord], Field(min_length=1)]
+    created_at: str
+
+    def metadata(self) -> dict[bytes, bytes]:
+        """The Parquet file metadata every split of this version carries."""
+        return file_metadata(self.version, self.checkpoint, self.top_n)
+
+
+_MANIFEST = TypeAdapter(NegativesManifest)
+
+
+def file_metadata(version: int, checkpoint: int, top_n: int) -> dict[bytes, bytes]:
+    """What each split file's Parquet metadata records (and a reader checks)."""
+    return {
+        b"hnce.version": str(version).encode(),
+        b"hnce.checkpoint": str(checkpoint).encode(),
+        b"hnce.top_n": str(top_n).encode(),
+    }
 
 
 @dataclass(frozen=True)
@@ -60,7 +121,7 @@ class MinedSplit:
 
     mention_ids: list[str]
     cands: np.ndarray  # int64 [M, N], -1 where fewer than N entities exist
-    scores: np.ndarray  # float32 [M, N], best first
+    scores: np.ndarray  # float32 [M, N], best first, -inf where cands is -1
     gold_ranks: np.ndarray  # int32 [M], -1 when the gold is not in the top-N
 
     def __post_init__(self) -> None:
@@ -72,17 +133,83 @@ class MinedSplit:
         if self.gold_ranks.shape != (rows,):
             raise ValueError(f"{rows} mentions but gold_ranks {self.gold_ranks.shape}")
 
+    def table(self) -> pa.Table:
+        """The split as a table of NEGATIVES_SCHEMA (padding dropped from each row's lists)."""
+        return pa.table(
+            {
+                "mention_id": pa.array(self.mention_ids, pa.string()),
+                "cands": _list_column(self.cands, self.cands >= 0, pa.int64()),
+                "scores": _list_column(self.scores, np.isfinite(self.scores), pa.float32()),
+                "gold_rank": pa.array(self.gold_ranks.astype(np.int32), pa.int32()),
+            },
+            schema=NEGATIVES_SCHEMA,
+        )
+
+
+def check_table(
+    table: pa.Table, metadata: Mapping[bytes, bytes], top_n: int, num_entities: int, path: Path
+) -> None:
+    """Schema, `metadata` and rows of one split (module docstring); StoreError naming `path`."""
+    found = pa.schema([pa.field(f.name, f.type) for f in table.schema])
+    wanted = pa.schema([pa.field(f.name, f.type) for f in NEGATIVES_SCHEMA])
+    if not found.equals(wanted):
+        raise StoreError(f"{path}: columns {found} do not match the negatives schema {wanted}")
+    recorded = table.schema.metadata or {}
+    for key, value in metadata.items():
+        if recorded.get(key) != value:
+            raise StoreError(
+                f"{path}: metadata {key.decode()} is {recorded.get(key)!r}, the manifest says "
+                f"{value.decode()!r}"
+            )
+    if any(table.column(name).null_count for name in table.column_names):
+        raise StoreError(f"{path}: holds null values")
+    if pc.count_distinct(table.column("mention_id")).as_py() != table.num_rows:
+        raise StoreError(f"{path}: a mention id is listed more than once")
+    cand_lengths = pc.list_value_length(table.column("cands")).to_numpy()
+    score_lengths = pc.list_value_length(table.column("scores")).to_numpy()
+    if not np.array_equal(cand_lengths, score_lengths):
+        row = int(np.flatnonzero(cand_lengths != score_lengths)[0])
+        raise StoreError(
+            f"{path}: row {row} has {cand_lengths[row]} candidates but {score_lengths[row]} scores"
+        )
+    if len(cand_lengths) and cand_lengths.max() > top_n:
+        raise StoreError(f"{path}: a row holds more than top_n = {top_n} candidates")
+    cands = pc.list_flatten(table.column("cands")).to_numpy()
+    if len(cands) and (cands.min() < 0 or cands.max() >= num_entities):
+        raise StoreError(
+            f"{path}: candidate ids {cands.min()}..{cands.max()} outside the catalogue's "
+            f"0..{num_entities - 1}"
+        )
+    ranks = table.column("gold_rank").to_numpy()
+    if ((ranks < -1) | (ranks >= cand_lengths)).any():
+        raise StoreError(f"{path}: a gold_rank lies outside its row's candidates")
+
 
 class NegativesVersion:
-    """One published negatives version of one split, indexed by mention id."""
+    """One published negatives version of one split, verified, indexed by mention id.
+
+    Args:
+        path: `<negatives>/v<N>/<split>.parquet`; the version's manifest lies beside it.
+    """
 
     def __init__(self, path: Path) -> None:
-        table = pq.read_table(path)
-        metadata = table.schema.metadata or {}
-        self.path = path
-        self.version = int(metadata[b"hnce.version"])
-        self.checkpoint_step = int(metadata[b"hnce.checkpoint"])
-        self.top_n = int(metadata[b"hnce.top_n"])
+        self.path = Path(path)
+        directory = self.path.parent
+        manifest_path = directory / MANIFEST_FILE
+        manifest = read_manifest(manifest_path, _MANIFEST)
+        check_version(manifest.version, directory, manifest_path)
+        split = manifest.splits.get(self.path.stem)
+        if split is None or split.file != self.path.name:
+            raise StoreError(f"{manifest_path}: lists no split file {self.path.name}")
+        verify_sha256(self.path, split.sha256, manifest_path)
+        table = pq.read_table(self.path)
+        if table.num_rows != split.rows:
+            raise StoreError(f"{self.path}: {table.num_rows} rows, the manifest says {split.rows}")
+        check_table(table, manifest.metadata(), manifest.top_n, manifest.num_entities, self.path)
+        self.manifest = manifest
+        self.version = manifest.version
+        self.checkpoint_step = manifest.checkpoint
+        self.top_n = manifest.top_n
         self.mention_ids: list[str] = table.column("mention_id").to_pylist()
         self._row = {mention_id: row for row, mention_id in enumerate(self.mention_ids)}
         self.cands = _fixed_width(table.column("cands"), self.top_n, np.int64, -1)
@@ -124,28 +251,33 @@ class NegativesStore:
         splits: Mapping[str, MinedSplit],
         checkpoint_step: int,
         top_n: int,
+        num_entities: int,
     ) -> Path:
-        """Write every split of version `version` and make it the live one atomically."""
+        """Write every split of version `version` (checked as a reader checks it), then its
+        manifest, and make it the live one atomically."""
         building = self.root / building_dir_name(version)
         building.mkdir(parents=True, exist_ok=True)
-        metadata = {
-            b"hnce.version": str(version).encode(),
-            b"hnce.checkpoint": str(checkpoint_step).encode(),
-            b"hnce.top_n": str(top_n).encode(),
-            b"hnce.splits": json.dumps(sorted(splits)).encode(),
-        }
-        for split, mined in splits.items():
-            table = pa.table(
-                {
-                    "mention_id": pa.array(mined.mention_ids, pa.string()),
-                    "cands": _list_column(mined.cands, pa.int64()),
-                    "scores": _list_column(mined.scores, pa.float32()),
-                    "gold_rank": pa.array(mined.gold_ranks.astype(np.int32), pa.int32()),
-                },
-                schema=NEGATIVES_SCHEMA.with_metadata(metadata),
+        metadata = file_metadata(version, checkpoint_step, top_n)
+        records = {}
+        for name, mined in splits.items():
+            path = building / f"{name}.parquet"
+            table = mined.table().replace_schema_metadata(
+                {**metadata, b"hnce.splits": json.dumps(sorted(splits)).encode()}
             )
-            with AtomicPath(building / f"{split}.parquet") as temporary:
+            check_table(table, metadata, top_n, num_entities, path)
+            with AtomicPath(path) as temporary:
                 pq.write_table(table, temporary)
+            records[name] = SplitRecord(path.name, sha256_file(path), table.num_rows)
+        manifest = NegativesManifest(
+            format=FORMAT,
+            version=version,
+            checkpoint=checkpoint_step,
+            top_n=top_n,
+            num_entities=num_entities,
+            splits=records,
+            created_at=created_at(),
+        )
+        atomic_write_text(building / MANIFEST_FILE, manifest_json(manifest, _MANIFEST))
         publish_version(self.root, version, self.keep)
         logger.info("published negatives v%d (%s)", version, ", ".join(sorted(splits)))
         return self.root / version_dir_name(version)
@@ -172,9 +304,8 @@ class NegativesStore:
         raise RuntimeError(f"{self.root}: CURRENT kept moving while opening it")
 
 
-def _list_column(matrix: np.ndarray, value_type: pa.DataType) -> pa.ListArray:
-    """A list<value_type> column of the rows of `matrix`, dropping -1 / -inf padding."""
-    valid = np.isfinite(matrix) if value_type == pa.float32() else matrix >= 0
+def _list_column(matrix: np.ndarray, valid: np.ndarray, value_type: pa.DataType) -> pa.ListArray:
+    """A list<value_type> column of the rows of `matrix`, keeping the `valid` entries."""
     lengths = valid.sum(axis=1)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     values = pa.array(matrix[valid], value_type)
@@ -182,13 +313,11 @@ def _list_column(matrix: np.ndarray, value_type: pa.DataType) -> pa.ListArray:
 
 
 def _fixed_width(column: pa.ChunkedArray, width: int, dtype: type, fill: float) -> np.ndarray:
-    """A [rows, width] array from a list column, padded with `fill`."""
-    out = np.full((len(column), width), fill, dtype=dtype)
-    row = 0
-    for chunk in column.chunks:
-        offsets = chunk.offsets.to_numpy()
-        values = chunk.values.to_numpy()
-        for start, end in itertools.pairwise(offsets):
-            out[row, : end - start] = values[start:end]
-            row += 1
+    """A [rows, width] array from a list column, padded with `fill` (vectorised)."""
+    lengths = pc.list_value_length(column).to_numpy()
+    values = pc.list_flatten(column).to_numpy()
+    rows = np.repeat(np.arange(len(lengths)), lengths)
+    columns = np.arange(len(values)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    out = np.full((len(lengths), width), fill, dtype=dtype)
+    out[rows, columns] = values
     return out

@@ -1,16 +1,23 @@
 """The asynchronous refresh: newest checkpoint → encode → index → mine → publish (DESIGN.md §5).
 
-`run_refresh` does one refresh in the calling process, with an `EncoderPool` of Ray actors doing
-the encoding; `cluster.coordinator.RefreshCoordinator` is the Ray actor the trainer starts to keep
-refreshing as checkpoints appear, and `cluster.refresh_job` runs it as a scheduled job. The
-``refresh`` section of a recipe is :class:`RefreshSettings`. A refresh:
+`run_refresh` does one refresh, orchestrating an `EncoderPool` of Ray actors that do the work;
+`cluster.coordinator.RefreshCoordinator` is the Ray actor the trainer starts to keep refreshing
+as checkpoints appear, and `cluster.refresh_job` runs it as a scheduled job. The ``refresh``
+section of a recipe is :class:`RefreshSettings`. A refresh:
 
 1. picks the newest complete checkpoint `<run>/checkpoints/step-<S>/` (with its `COMPLETE`
-   marker), skipping older ones not yet refreshed (stale);
-2. streams the catalogue in shards to the encoder actors; each finished shard is indexed and
-   recorded in the unfinished version's `progress.json`, so a restarted refresh resumes;
-3. publishes the index version when every shard is in (a rename, then `CURRENT`);
-4. mines the mention splits against it and publishes the negatives version of the same number.
+   marker, verified), skipping older ones not yet refreshed (stale);
+2. makes sure the catalogue's token store exists for the model's tokenizer (built once, reused
+   by every later refresh, the trainer and evaluation);
+3. has the encoder actors index the catalogue shard by shard (`cluster.index_build`); each
+   finished shard is recorded, so a restarted refresh resumes; the version is published when
+   every shard is in (a rename, then `CURRENT`);
+4. spreads the new version's shards over the same actors, mines the mention splits against them
+   (`cluster.miner`) and publishes the negatives version of the same number.
+
+This process only orchestrates: it never holds the catalogue's vectors (the actors write and
+hold the shards) and every wait on an actor has a deadline (`cluster.actors`). The summary line
+gives the time of each stage.
 
 Example::
 
@@ -21,32 +28,23 @@ Example::
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 from pydantic import Field
-from tqdm import tqdm
 
-from cluster.checkpoints import (
-    EXPORT_DIR,
-    checkpoints_root,
-    complete_checkpoints,
-    verify_checkpoint,
-)
-from cluster.encoder_pool import EncoderPool, ShardEncoded, ShardTask
-from cluster.index_store import BuildParameters, IndexBuilder, IndexStore, IndexVersion
+from cluster.checkpoints import checkpoints_root, complete_checkpoints
+from cluster.encoder_pool import EncoderPool, EncoderPoolSettings, ShardEncoded
+from cluster.index_build import IndexedModel, build_version, start_pool, timed
+from cluster.index_store import IndexStore, IndexVersion
 from cluster.miner import mine_split
 from cluster.negatives_store import NegativesStore
-from cluster.sharded_index import IndexSpec, build_shard_index
-from cluster.tables import EntityCatalogue, MentionSplit, mention_split_path
-from encoders.biencoder import SCORER_FILE
+from cluster.sharded_index import IndexSpec
+from cluster.tables import MentionSplit, mention_split_path
 from encoders.errors import InputError
-from encoders.scorers import ScorerConfig
 from encoders.settings import Flag, NonNegativeInt, PositiveInt, PositiveReal, Text, settings
 
 logger = logging.getLogger(__name__)
@@ -73,6 +71,9 @@ class RefreshSettings:
             add dev/test to rerank them with ``hnce rerank``).
         poll_seconds: how often the coordinator looks for a newer checkpoint.
         max_consecutive_failures: refreshes in a row that may fail before training stops.
+        wait_floor_seconds: the least time any wait on an encoder actor (its start, a shard, a
+            search) may take before it is reported as hung; later waits also allow 10x the
+            slowest task measured. Raise it for big shards encoded on CPUs.
     """
 
     enabled: Flag = True
@@ -85,6 +86,7 @@ class RefreshSettings:
     splits: list[Text] = Field(default_factory=lambda: ["train"], min_length=1)
     poll_seconds: PositiveReal = 2.0
     max_consecutive_failures: PositiveInt = 3
+    wait_floor_seconds: PositiveReal = 900.0
 
 
 @dataclass(frozen=True)
@@ -99,18 +101,26 @@ class RefreshPlan:
 
     @property
     def index_store(self) -> IndexStore:
-        return IndexStore(
-            self.run_dir / "index", keep=self.index.keep_versions, device=self.index.faiss_device
-        )
+        return IndexStore(self.run_dir / "index", keep=self.index.keep_versions)
 
     @property
     def negatives_store(self) -> NegativesStore:
         return NegativesStore(self.run_dir / "negatives", keep=self.index.keep_versions)
 
+    @property
+    def pool_settings(self) -> EncoderPoolSettings:
+        return EncoderPoolSettings(
+            num_encoders=self.refresh.num_encoders,
+            batch_size=self.refresh.batch_size,
+            num_threads=self.refresh.encoder_cpus,
+            wait_floor_seconds=self.refresh.wait_floor_seconds,
+            faiss_device=self.index.faiss_device,
+        )
+
 
 @dataclass
 class RefreshSummary:
-    """What a refresh did (also its one-line log)."""
+    """What a refresh did, with the seconds of each stage (also its one-line log)."""
 
     checkpoint: int
     index_version: int
@@ -119,8 +129,8 @@ class RefreshSummary:
     num_vectors: int = 0
     num_shards: int = 0
     resumed_shards: int = 0
-    encode_seconds: float = 0.0
-    total_seconds: float = 0.0
+    num_holders: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
     skipped_checkpoints: list[int] = field(default_factory=list)
     recall: dict[str, float] = field(default_factory=dict)
     up_to_date: bool = False
@@ -131,9 +141,13 @@ class RefreshSummary:
                 f"refresh: checkpoint step-{self.checkpoint} already published as index "
                 f"v{self.index_version} / negatives v{self.negatives_version}; nothing to do"
             )
-        rate = self.num_entities / self.encode_seconds if self.encode_seconds else 0.0
+        index_seconds = self.seconds.get("index", 0.0)
+        rate = f" at {self.num_entities / index_seconds:.1f} entities/s" if index_seconds else ""
         recall = ", ".join(
             f"{split} gold@top-N {value:.3f}" for split, value in self.recall.items()
+        )
+        stages = ", ".join(
+            f"{stage} {value:.1f}s" for stage, value in self.seconds.items() if stage != "total"
         )
         skipped = (
             f"; skipped stale {', '.join(f'step-{s}' for s in self.skipped_checkpoints)}"
@@ -143,8 +157,9 @@ class RefreshSummary:
         return (
             f"refresh: step-{self.checkpoint} → index v{self.index_version} "
             f"({self.num_entities} entities, {self.num_vectors} vectors, {self.num_shards} shards, "
-            f"{self.resumed_shards} resumed) encoded at {rate:.1f} entities/s; negatives "
-            f"v{self.negatives_version} ({recall}) in {self.total_seconds:.1f}s{skipped}"
+            f"{self.resumed_shards} resumed){rate}; held by {self.num_holders} actor(s); "
+            f"negatives v{self.negatives_version} "
+            f"({recall}); {stages}; total {self.seconds.get('total', 0.0):.1f}s{skipped}"
         )
 
 
@@ -152,6 +167,7 @@ def run_refresh(
     plan: RefreshPlan,
     step: int | None = None,
     on_shard: Callable[[ShardEncoded, EncoderPool], None] | None = None,
+    progress: bool = True,
 ) -> RefreshSummary:
     """One refresh from checkpoint `step` (default: the newest complete one).
 
@@ -159,6 +175,45 @@ def run_refresh(
     NoCheckpointError when there is nothing to refresh from.
     """
     started = time.perf_counter()
+    index_store = plan.index_store
+    # The manifest alone says which checkpoint is live; no shard is loaded here.
+    live = index_store.current()
+    step, directory, skipped = _checkpoint_to_refresh(plan, step, live)
+    if live is not None and live.checkpoint == step:
+        if plan.negatives_store.current_version() == live.version:
+            return RefreshSummary(step, live.version, live.version, up_to_date=True)
+        logger.info("index v%d exists for step-%d; mining only", live.version, step)
+    else:
+        live = None
+    summary = RefreshSummary(step, -1, -1, skipped_checkpoints=skipped)
+    model = IndexedModel.from_checkpoint(directory, step)
+    encode = plan.data_dir if live is None else None
+    pool, tokens = start_pool(model, plan.pool_settings, encode, summary.seconds, progress)
+    with pool:
+        if tokens is not None:
+            with timed(summary.seconds, "index"):
+                report = build_version(
+                    pool,
+                    index_store,
+                    model,
+                    tokens,
+                    plan.index,
+                    plan.refresh.shard_size,
+                    on_shard,
+                    progress,
+                )
+            live = report.version
+            summary.num_shards, summary.resumed_shards = report.num_shards, report.resumed_shards
+        _mine(plan, pool, live, summary, progress)
+    summary.seconds["total"] = time.perf_counter() - started
+    logger.info(summary.line())
+    return summary
+
+
+def _checkpoint_to_refresh(
+    plan: RefreshPlan, step: int | None, live: IndexVersion | None
+) -> tuple[int, Path, list[int]]:
+    """(step, directory, stale steps skipped) of the checkpoint this refresh encodes."""
     checkpoints = complete_checkpoints(plan.run_dir)
     if not checkpoints:
         raise NoCheckpointError(f"{checkpoints_root(plan.run_dir)}: no complete checkpoint")
@@ -167,123 +222,41 @@ def run_refresh(
         step = checkpoints[-1][0]
     if step not in by_step:
         raise NoCheckpointError(f"{checkpoints_root(plan.run_dir)}/step-{step}: not complete")
-    verify_checkpoint(by_step[step])
-    index_store, negatives_store = plan.index_store, plan.negatives_store
-    # The manifest alone says which checkpoint is live; the index is loaded only when needed.
-    live = index_store.current_version()
-    live_step = index_store.read_manifest(live)["checkpoint"] if live is not None else -1
+    live_step = -1 if live is None or live.checkpoint is None else live.checkpoint
     skipped = [s for s, _ in checkpoints if live_step < s < step]
     if skipped:
         logger.info("skipping stale checkpoints %s: step-%d is newer", skipped, step)
-    export_dir = by_step[step] / EXPORT_DIR
-    mine_only = live is not None and live_step == step
-    if mine_only:
-        if negatives_store.current_version() == live:
-            return RefreshSummary(step, live, live, up_to_date=True)
-        logger.info("index v%d exists for step-%d; mining only", live, step)
-    pool = _pool(plan.refresh, export_dir)
-    try:
-        if mine_only:
-            index_version, summary = index_store.open(live), RefreshSummary(step, live, live)
-        else:
-            index_version, summary = _build_index(
-                plan, index_store, pool, step, export_dir, on_shard
-            )
-        summary.skipped_checkpoints = skipped
-        mined = {}
+    return step, by_step[step], skipped
+
+
+def _mine(
+    plan: RefreshPlan,
+    pool: EncoderPool,
+    version: IndexVersion,
+    summary: RefreshSummary,
+    progress: bool,
+) -> None:
+    """Hold `version` in the pool, mine every split, publish the negatives version."""
+    summary.index_version = summary.negatives_version = version.version
+    summary.num_entities, summary.num_vectors = version.num_entities, version.num_vectors
+    with timed(summary.seconds, "hold"):
+        held = pool.hold(version, plan.index.candidate_depth, progress)
+    summary.num_holders = len(held.holders)
+    mined = {}
+    with timed(summary.seconds, "mine"):
         for split in plan.refresh.splits:
             mentions = MentionSplit.open(mention_split_path(plan.data_dir, split))
             mined[split] = mine_split(
                 pool,
-                index_version,
+                held,
                 mentions,
                 plan.refresh.top_n,
                 plan.refresh.mention_batch_size,
                 description=f"mining {split}",
+                progress=progress,
             )
             ranks = mined[split].gold_ranks
             summary.recall[split] = float((ranks >= 0).mean()) if len(ranks) else 0.0
-        negatives_store.publish(index_version.version, mined, step, plan.refresh.top_n)
-    finally:
-        pool.shutdown()
-    summary.total_seconds = time.perf_counter() - started
-    logger.info(summary.line())
-    return summary
-
-
-def _pool(refresh: RefreshSettings, export_dir: Path) -> EncoderPool:
-    return EncoderPool(
-        export_dir,
-        num_encoders=refresh.num_encoders,
-        batch_size=refresh.batch_size,
-        num_threads=refresh.encoder_cpus,
+    plan.negatives_store.publish(
+        version.version, mined, summary.checkpoint, plan.refresh.top_n, version.num_entities
     )
-
-
-def _build_index(
-    plan: RefreshPlan,
-    store: IndexStore,
-    pool: EncoderPool,
-    step: int,
-    export_dir: Path,
-    on_shard: Callable[[ShardEncoded, EncoderPool], None] | None,
-) -> tuple[IndexVersion, RefreshSummary]:
-    """Encode and index every unfinished shard, then publish the version."""
-    description = json.loads((export_dir / SCORER_FILE).read_text(encoding="utf-8"))
-    if not ScorerConfig.from_dict(description["scorer"]).indexable:
-        raise InputError(
-            f"{export_dir / SCORER_FILE}: scorer {description['scorer']['name']!r} cannot be "
-            f"indexed (its query depends on the entity); refresh needs dual, multi or som"
-        )
-    catalogue = EntityCatalogue.open(plan.data_dir)
-    parameters = BuildParameters(
-        checkpoint=step,
-        checkpoint_path=str(export_dir),
-        scorer=description["scorer"],
-        dim=int(description["output_size"]),
-        vectors_per_entity=description["vectors_per_entity"],
-        num_entities=len(catalogue),
-        index={**plan.index.to_json(), "shard_size": plan.refresh.shard_size},
-    )
-    builder = store.begin(parameters)
-    summary = RefreshSummary(step, builder.version, builder.version)
-    finished = builder.finished_shards
-    summary.resumed_shards = len(finished)
-    bar = tqdm(total=len(catalogue), desc=f"encoding step-{step}", unit="entities", unit_scale=True)
-    bar.update(sum(_shard_entities(builder, number) for number in finished))
-    encode_started = time.perf_counter()
-    shard_count = [0]
-
-    def tasks() -> Iterator[ShardTask]:
-        columns = ["entity_id", "title", "text"]
-        for number, rows in enumerate(catalogue.iter_batches(plan.refresh.shard_size, columns)):
-            shard_count[0] = number + 1
-            if number not in finished:
-                vectors_path, ids_path = builder.embedding_paths(number)
-                yield ShardTask(number, rows, str(vectors_path), str(ids_path))
-
-    def index_shard(encoded: ShardEncoded) -> None:
-        vectors_path, ids_path = builder.embedding_paths(encoded.shard_no)
-        vectors = np.load(vectors_path, allow_pickle=False)
-        ids = np.load(ids_path, allow_pickle=False)
-        builder.add_shard(encoded.shard_no, build_shard_index(vectors, plan.index), ids)
-        vectors_path.unlink()
-        ids_path.unlink()
-        bar.update(encoded.num_entities)
-        if on_shard is not None:
-            on_shard(encoded, pool)
-
-    with bar:
-        pool.encode_shards(tasks(), index_shard)
-    summary.encode_seconds = time.perf_counter() - encode_started
-    summary.num_entities = len(catalogue)
-    summary.num_shards = shard_count[0]
-    version = builder.publish(summary.num_shards)
-    summary.num_vectors = version.searcher.ntotal
-    return version, summary
-
-
-def _shard_entities(builder: IndexBuilder, shard_no: int) -> int:
-    """Distinct entities of a finished shard (for the progress bar of a resumed refresh)."""
-    ids_path = builder.directory / builder.finished_shards[shard_no].ids
-    return len(np.unique(np.load(ids_path, allow_pickle=False)))

@@ -1,37 +1,50 @@
 """Sharded FAISS index over entity vectors, and the searcher that merges its shards (DESIGN.md §5, §7).
 
 Each shard is one FAISS index plus an `ids` array giving the entity id of every vector in it
-(one vector per entity for dual, m per entity for multi-m, one per token for sum-of-max). Shards
-are searched one after another and their top-k lists merged with FAISS's `ResultHeap` (a C++
-heap): on a 2-core machine threaded `IndexShards` is slower than sequential search (DESIGN.md §7).
+(one vector per entity for dual, m per entity for multi-m, one per token for sum-of-max). A shard
+covers a contiguous range of entities and holds every vector of each of them, so each shard can
+rank its own entities exactly and a search is a merge of per-shard entity top-k lists
+(:func:`merge_entity_lists`): the same merge joins the shards one process holds
+(:class:`ShardedSearcher`, searched one after another: on a 2-core machine threaded
+`IndexShards` is slower than sequential search, DESIGN.md §7) and the lists of several shard-holder
+actors (`cluster.shard_holders`).
 
-Score functions (DESIGN.md §3, eq. 9 of papers/000 restated there):
+Score functions (DESIGN.md §3, eq. 9 of papers/000 restated there), per shard:
 
-- dual: s(x, y) = ⟨x_1, y_1⟩ — one vector per entity, the heap merge is exact.
-- multi-m: s(x, y) = max_{t≤m} ⟨x_1, y_t⟩ — the index holds m vectors per entity. Walking vector
+- dual: s(x, y) = ⟨x_1, y_1⟩ — one vector per entity; the top-k vectors are the top-k entities.
+- multi-m: s(x, y) = max_{t≤m} ⟨x_1, y_t⟩ — the shard holds m vectors per entity. Walking vector
   hits in descending score order, an entity's first hit is its max, so the first k distinct
   entities are exactly the top-k entities; and the top k·m vector hits contain at least k distinct
   entities (each contributes at most m). Searching k·m vectors deep is therefore exact.
-- som: s(x, y) = Σ_i max_j ⟨x_i, y_j⟩ — a token-level index proposes candidates (each query token's
-  nearest entity tokens), then the candidates are rescored exactly from their stored token vectors
-  (ColBERT-style). Exact when `candidate_depth` covers the catalogue; meant for small catalogues.
+- som: s(x, y) = Σ_i max_j ⟨x_i, y_j⟩ — the shard's token-level index proposes candidates (each
+  query token's `candidate_depth` nearest entity tokens), then the candidates are rescored exactly
+  from the shard's stored token vectors (ColBERT-style). A shard proposes at least the candidates
+  a single index over the whole catalogue would propose from it, so the result is exact whenever
+  `candidate_depth` covers what one index would need; meant for small catalogues.
+
+Because every entity lives in one shard, merging per-shard top-k lists by score is exact.
 
 The device is chosen in one place, `resolve_faiss_device`: FAISS GPU shards (fp16 flat) when faiss
-has GPU support and a GPU is visible, CPU otherwise; the choice is logged, and asking for `gpu`
-without one raises instead of falling back.
+has GPU support and the process sees a GPU (sharded over several with faiss's own multi-GPU
+cloner when it sees more than one), CPU otherwise; the choice is logged, and asking for `gpu`
+without one raises instead of falling back. Shard files are read memory-mapped
+(:func:`read_index_file`), so a shard's vectors live in the page cache, not twice in memory.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import faiss
 import numpy as np
 from pydantic import ValidationInfo, field_validator
 
+from encoders.errors import InputError
 from encoders.settings import PositiveInt, settings
 
 logger = logging.getLogger(__name__)
@@ -145,31 +158,56 @@ def train_index(sample: np.ndarray, spec: IndexSpec, seed: int = 0) -> faiss.Ind
     return index
 
 
+def read_index_file(path: Path, kind: IndexKind) -> faiss.Index:
+    """A shard's FAISS index, memory-mapped where FAISS allows it.
+
+    Flat and HNSW storage is mapped from the file (`IO_FLAG_MMAP_IFC`: the vectors stay in the page
+    cache, shared and evictable, instead of a private copy); IVF-PQ maps its inverted lists
+    (`IO_FLAG_MMAP`). The mapping outlives the file's removal by retention.
+    """
+    flag = faiss.IO_FLAG_MMAP if kind == "ivfpq" else faiss.IO_FLAG_MMAP_IFC
+    return faiss.read_index(str(path), flag)
+
+
 @dataclass
 class FaissDevice:
-    """Where shard indexes are searched: `cpu`, or one GPU with fp16 flat storage."""
+    """Where shard indexes are searched: `cpu`, or GPUs with fp16 flat storage (one GPU, or
+    several with each index sharded across them by faiss)."""
 
     kind: Literal["cpu", "gpu"]
-    gpu_id: int = 0
+    gpu_ids: tuple[int, ...] = ()
     float16: bool = True
-    resources: object | None = None  # faiss.StandardGpuResources on a GPU
+    resources: list[object] = field(default_factory=list)  # faiss.StandardGpuResources per GPU
 
     def place(self, index: faiss.Index) -> faiss.Index:
         """`index` ready to search on this device (the CPU index itself on `cpu`)."""
         if self.kind == "cpu":
             return index
         if isinstance(index, faiss.IndexHNSW):
-            raise ValueError("FAISS has no GPU HNSW; use --faiss-device cpu for hnsw shards")
+            raise InputError("FAISS has no GPU HNSW; set index.faiss_device: cpu for hnsw shards")
+        if len(self.gpu_ids) > 1:
+            options = faiss.GpuMultipleClonerOptions()
+            options.shard = True
+            options.useFloat16 = self.float16
+            return faiss.index_cpu_to_gpu_multiple_py(
+                self.resources, index, options, list(self.gpu_ids)
+            )
+        gpu_id, resources = self.gpu_ids[0], self.resources[0]
         if isinstance(index, faiss.IndexFlat):
             config = faiss.GpuIndexFlatConfig()
-            config.device = self.gpu_id
+            config.device = gpu_id
             config.useFloat16 = self.float16
-            gpu_index = faiss.GpuIndexFlatIP(self.resources, index.d, config)
+            gpu_index = faiss.GpuIndexFlatIP(resources, index.d, config)
             gpu_index.copyFrom(index)
             return gpu_index
         options = faiss.GpuClonerOptions()
         options.useFloat16 = self.float16
-        return faiss.index_cpu_to_gpu(self.resources, self.gpu_id, index, options)
+        return faiss.index_cpu_to_gpu(resources, gpu_id, index, options)
+
+    def describe(self) -> str:
+        if self.kind == "cpu":
+            return "CPU"
+        return f"GPU {', '.join(map(str, self.gpu_ids))} (fp16 flat storage)"
 
 
 def faiss_gpu_count() -> int:
@@ -179,11 +217,12 @@ def faiss_gpu_count() -> int:
     return int(faiss.get_num_gpus())
 
 
-def resolve_faiss_device(requested: DeviceRequest = "auto", gpu_id: int = 0) -> FaissDevice:
+def resolve_faiss_device(requested: DeviceRequest = "auto") -> FaissDevice:
     """The device for shard search: the only place that chooses between CPU and GPU.
 
-    `auto` takes a GPU when FAISS has GPU support and sees one, else the CPU; `gpu` without one
-    raises `RuntimeError` (never a silent fallback); `cpu` forces the CPU. The choice is logged.
+    `auto` takes every GPU this process sees (a Ray actor sees the GPUs Ray assigned it) when
+    FAISS has GPU support, else the CPU; `gpu` without one raises `InputError` (never a silent
+    fallback); `cpu` forces the CPU. The choice is logged.
     """
     if requested not in ("auto", "cpu", "gpu"):
         raise ValueError(f"faiss device must be auto, cpu or gpu, got {requested!r}")
@@ -194,22 +233,31 @@ def resolve_faiss_device(requested: DeviceRequest = "auto", gpu_id: int = 0) -> 
             if not hasattr(faiss, "StandardGpuResources")
             else "faiss sees no GPU"
         )
-        raise RuntimeError(f"GPU index shards requested but {reason}")
+        raise InputError(f"index.faiss_device is gpu but {reason}")
     if requested == "cpu" or gpus == 0:
         logger.info("FAISS shards on CPU (%s)", "forced" if requested == "cpu" else "no GPU")
         return FaissDevice("cpu")
-    if gpu_id >= gpus:
-        raise RuntimeError(f"FAISS GPU {gpu_id} requested but only {gpus} visible")
-    logger.info("FAISS shards on GPU %d (fp16 flat storage)", gpu_id)
-    return FaissDevice("gpu", gpu_id=gpu_id, resources=faiss.StandardGpuResources())
+    device = FaissDevice(
+        "gpu",
+        gpu_ids=tuple(range(gpus)),
+        resources=[faiss.StandardGpuResources() for _ in range(gpus)],
+    )
+    logger.info("FAISS shards on %s", device.describe())
+    return device
 
 
 @dataclass
 class IndexShard:
-    """One searchable shard: a FAISS index and the entity id of each of its vectors."""
+    """One searchable shard: a FAISS index and the entity id of each of its vectors.
+
+    `vectors` is the shard's stored vectors (a view of a flat CPU index's storage, `storage`, kept
+    alive with it), which sum-of-max rescoring reads; None for other kinds.
+    """
 
     index: faiss.Index
     ids: np.ndarray  # int64 [ntotal]
+    vectors: np.ndarray | None = None
+    storage: faiss.Index | None = None
 
     def __post_init__(self) -> None:
         if len(self.ids) != self.index.ntotal:
@@ -217,15 +265,59 @@ class IndexShard:
                 f"shard has {self.index.ntotal} vectors but {len(self.ids)} entity ids"
             )
 
+    @classmethod
+    def on_device(cls, index: faiss.Index, ids: np.ndarray, device: FaissDevice) -> IndexShard:
+        """A shard of the CPU `index` placed on `device`, keeping its flat storage readable."""
+        vectors = None
+        if isinstance(index, faiss.IndexFlat):
+            vectors = faiss.rev_swig_ptr(index.get_xb(), index.ntotal * index.d)
+            vectors = vectors.reshape(index.ntotal, index.d)
+        return cls(device.place(index), ids, vectors, storage=index)
+
+    def search_vectors(
+        self, queries: np.ndarray, depth: int, allowed: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Top-`depth` vector hits (entity ids, scores), best first; -1 / -inf where fewer exist.
+
+        `allowed` (sorted entity ids) restricts the search to those entities' vectors.
+        """
+        depth = min(depth, self.index.ntotal)
+        empty = (
+            np.full((len(queries), 0), -1, np.int64),
+            np.full((len(queries), 0), -np.inf, np.float32),
+        )
+        if depth == 0:
+            return empty
+        params = None
+        if allowed is not None:
+            positions = np.flatnonzero(np.isin(self.ids, allowed))
+            if positions.size == 0:
+                return empty
+            params = _restricted(self.index, faiss.IDSelectorBatch(positions.astype(np.int64)))
+        scores, positions = self.index.search(queries, depth, params=params)
+        found = positions >= 0
+        labels = np.where(found, self.ids[np.maximum(positions, 0)], -1)
+        return labels, np.where(found, scores, -np.inf).astype(np.float32)
+
+
+def _restricted(index: faiss.Index, selector: faiss.IDSelector) -> faiss.SearchParameters:
+    """Search parameters that keep `index`'s own knobs and add an id selector."""
+    if isinstance(index, faiss.IndexIVF):
+        return faiss.SearchParametersIVF(sel=selector, nprobe=index.nprobe)
+    if isinstance(index, faiss.IndexHNSW):
+        return faiss.SearchParametersHNSW(sel=selector, efSearch=index.hnsw.efSearch)
+    return faiss.SearchParameters(sel=selector)
+
 
 class ShardedSearcher:
-    """Fans a query batch out to every shard in turn and merges per-shard top-k with a heap.
+    """The shards one process holds; ranks each shard's entities and merges the lists.
 
     Args:
-        shards: the shards (already placed on their device).
+        shards: the shards (already placed on their device); each holds every vector of the
+            entities it covers, and no two shards cover the same entity.
         vectors_per_entity: 1 (dual), m (multi-m) or None (one vector per token: sum-of-max).
         candidate_depth: sum-of-max only: entity tokens retrieved per query token before the
-            exact rerank.
+            exact rerank (`index.candidate_depth`).
     """
 
     def __init__(
@@ -243,103 +335,127 @@ class ShardedSearcher:
         self.candidate_depth = candidate_depth
         self.dim = self.shards[0].index.d
         self.ntotal = sum(shard.index.ntotal for shard in self.shards)
-        self._token_vectors: np.ndarray | None = None
-        self._token_offsets: np.ndarray | None = None
-        self._token_entities: np.ndarray | None = None
+        _check_disjoint(self.shards)
 
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def search(
+        self, queries: np.ndarray, k: int, allowed: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Top-k entities per query: (entity_ids int64 [B, k], scores float32 [B, k]).
 
         `queries` is [B, d], or [B, Q, d] (Q = 1 for dual / multi-m; Q query tokens for
-        sum-of-max, zero rows for padding). Rows with fewer than k entities are padded with
-        id -1 and score -inf.
+        sum-of-max, zero rows for padding). `allowed` (entity ids) restricts the search to those
+        entities (a Zeshel world). Rows with fewer than k entities are padded with id -1 and
+        score -inf.
         """
-        queries = np.asarray(queries, dtype=np.float32)
-        if queries.ndim == 3 and self.vectors_per_entity is not None:
+        queries = self._shape(queries)
+        parts = [self._shard_top_k(shard, queries, k, allowed) for shard in self.shards]
+        return merge_entity_lists(parts, k)
+
+    def _shape(self, queries: np.ndarray) -> np.ndarray:
+        """Queries as [B, d] for dual / multi-m, [B, Q, d] for sum-of-max (float32, contiguous)."""
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        if self.vectors_per_entity is None:
+            queries = queries[:, None, :] if queries.ndim == 2 else queries
+        elif queries.ndim == 3:
             if queries.shape[1] != 1:
                 raise ValueError(f"one query vector per mention expected, got {queries.shape}")
             queries = queries[:, 0]
+        if queries.shape[-1] != self.dim:
+            raise ValueError(f"query vectors must have dim {self.dim}, got {queries.shape}")
+        return np.ascontiguousarray(queries)
+
+    def _shard_top_k(
+        self, shard: IndexShard, queries: np.ndarray, k: int, allowed: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Hits holding one shard's top-k entities, exact under the scorer (module docstring)."""
         if self.vectors_per_entity is None:
-            if queries.ndim == 2:
-                queries = queries[:, None, :]
-            return self._search_sum_of_max(queries, k)
-        if queries.ndim != 2 or queries.shape[1] != self.dim:
-            raise ValueError(f"queries must be [B, {self.dim}], got {queries.shape}")
-        depth = k * self.vectors_per_entity
-        ids, scores = self.search_vectors(queries, depth)
-        if self.vectors_per_entity == 1:
-            return ids, scores
-        return _first_distinct(ids, scores, k)
+            return _sum_of_max_top_k(shard, queries, k, self.candidate_depth, allowed)
+        # k·m vector hits hold the shard's top-k entities (module docstring); the merge keeps each
+        # entity's first, i.e. best, hit.
+        return shard.search_vectors(queries, k * self.vectors_per_entity, allowed)
 
-    def search_vectors(self, queries: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top-`depth` vector hits over all shards, labelled with entity ids, best first."""
-        queries = np.ascontiguousarray(queries, dtype=np.float32)
-        heap = faiss.ResultHeap(len(queries), depth, keep_max=True)
-        for shard in self.shards:
-            shard_depth = min(depth, shard.index.ntotal)
-            if shard_depth == 0:
-                continue
-            scores, positions = shard.index.search(queries, shard_depth)
-            labels = np.where(positions >= 0, shard.ids[np.maximum(positions, 0)], -1)
-            scores = np.where(positions >= 0, scores, -np.inf).astype(np.float32)
-            heap.add_result(scores, labels)
-        heap.finalize()
-        # Unfilled heap slots hold id -1 and -FLT_MAX, as do the -inf hits pushed above.
-        filled = heap.I >= 0
-        return np.where(filled, heap.I, -1), np.where(filled, heap.D, -np.inf).astype(np.float32)
 
-    def _token_store(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """All entity token vectors grouped by entity (reconstructed once from flat shards)."""
-        if self._token_vectors is None:
-            vectors, entities = [], []
-            for shard in self.shards:
-                if not isinstance(shard.index, faiss.IndexFlat):
-                    raise ValueError("sum-of-max rerank needs flat shards (exact token vectors)")
-                vectors.append(shard.index.reconstruct_n(0, shard.index.ntotal))
-                entities.append(shard.ids)
-            all_entities = np.concatenate(entities)
-            order = np.argsort(all_entities, kind="stable")
-            self._token_vectors = np.concatenate(vectors)[order]
-            self._token_entities = np.unique(all_entities[order])
-            sorted_entities = all_entities[order]
-            self._token_offsets = np.searchsorted(
-                sorted_entities, np.append(self._token_entities, self._token_entities[-1] + 1)
+def _check_disjoint(shards: Sequence[IndexShard]) -> None:
+    """Shards must cover disjoint entity ranges (the merge relies on each entity being in one)."""
+    ranges = sorted(
+        (int(shard.ids.min()), int(shard.ids.max())) for shard in shards if len(shard.ids)
+    )
+    for (_, last), (first, _) in itertools.pairwise(ranges):
+        if first <= last:
+            raise ValueError(
+                f"shards overlap in entity ids ({first} <= {last}): every entity's vectors must "
+                f"lie in one shard"
             )
-        return self._token_vectors, self._token_offsets, self._token_entities
-
-    def _search_sum_of_max(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Sum-of-max: token-level candidate generation, then s = Σ_i max_j ⟨x_i, y_j⟩ exactly."""
-        batch, num_query, dim = queries.shape
-        if dim != self.dim:
-            raise ValueError(f"query vectors must have dim {self.dim}, got {dim}")
-        token_vectors, offsets, entities = self._token_store()
-        depth = min(self.candidate_depth, self.ntotal)
-        hit_ids, _ = self.search_vectors(queries.reshape(batch * num_query, dim), depth)
-        hit_ids = hit_ids.reshape(batch, num_query * depth)
-        out_ids = np.full((batch, k), -1, dtype=np.int64)
-        out_scores = np.full((batch, k), -np.inf, dtype=np.float32)
-        for row in range(batch):
-            live = np.abs(queries[row]).sum(axis=1) > 0
-            candidates = np.unique(hit_ids[row][hit_ids[row] >= 0])
-            slots = np.searchsorted(entities, candidates)
-            scores = np.empty(len(candidates), dtype=np.float32)
-            for position, slot in enumerate(slots):
-                tokens = token_vectors[offsets[slot] : offsets[slot + 1]]
-                scores[position] = (queries[row][live] @ tokens.T).max(axis=1).sum()
-            order = np.lexsort((candidates, -scores))[:k]
-            out_ids[row, : len(order)] = candidates[order]
-            out_scores[row, : len(order)] = scores[order]
-        return out_ids, out_scores
 
 
-def _first_distinct(ids: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per row, the first k distinct entity ids of a best-first hit list (its max per entity)."""
-    out_ids = np.full((len(ids), k), -1, dtype=np.int64)
-    out_scores = np.full((len(ids), k), -np.inf, dtype=np.float32)
-    for row in range(len(ids)):
-        valid = ids[row] >= 0
-        _, first = np.unique(ids[row][valid], return_index=True)
-        keep = np.sort(first)[:k]
-        out_ids[row, : len(keep)] = ids[row][valid][keep]
-        out_scores[row, : len(keep)] = scores[row][valid][keep]
+def _sum_of_max_top_k(
+    shard: IndexShard,
+    queries: np.ndarray,
+    k: int,
+    candidate_depth: int,
+    allowed: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Sum-of-max within one shard: token-level candidates, then s = Σ_i max_j ⟨x_i, y_j⟩ exactly."""
+    if shard.vectors is None:
+        raise InputError(
+            "sum-of-max rerank needs flat shards (exact token vectors); set index.kind: flat"
+        )
+    batch, num_query, dim = queries.shape
+    hit_ids, _ = shard.search_vectors(
+        queries.reshape(batch * num_query, dim), candidate_depth, allowed
+    )
+    hit_ids = hit_ids.reshape(batch, -1)
+    # The shard's ids are sorted (entity by entity), so an entity's tokens are one slice.
+    entities, starts = np.unique(shard.ids, return_index=True)
+    stops = np.append(starts[1:], len(shard.ids))
+    out_ids = np.full((batch, k), -1, dtype=np.int64)
+    out_scores = np.full((batch, k), -np.inf, dtype=np.float32)
+    for row in range(batch):
+        live = queries[row][np.abs(queries[row]).sum(axis=1) > 0]
+        candidates = np.unique(hit_ids[row][hit_ids[row] >= 0])
+        slots = np.searchsorted(entities, candidates)
+        scores = np.array(
+            [(live @ shard.vectors[starts[s] : stops[s]].T).max(axis=1).sum() for s in slots],
+            dtype=np.float32,
+        )
+        order = np.lexsort((candidates, -scores))[:k]
+        out_ids[row, : len(order)] = candidates[order]
+        out_scores[row, : len(order)] = scores[order]
     return out_ids, out_scores
+
+
+def first_distinct(ids: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the first k distinct entity ids of a best-first hit list (each entity at its first,
+    i.e. best, score); -1 / -inf where fewer exist. Vectorised over rows."""
+    rows = len(ids)
+    order = np.argsort(ids, axis=1, kind="stable")  # equal ids stay in best-first order
+    sorted_ids = np.take_along_axis(ids, order, axis=1)
+    first = np.ones_like(sorted_ids, dtype=bool)
+    first[:, 1:] = sorted_ids[:, 1:] != sorted_ids[:, :-1]
+    keep = np.zeros_like(first)
+    np.put_along_axis(keep, order, first, axis=1)
+    keep &= ids >= 0
+    rank = np.cumsum(keep, axis=1) - 1
+    keep &= rank < k
+    out_ids = np.full((rows, k), -1, dtype=np.int64)
+    out_scores = np.full((rows, k), -np.inf, dtype=np.float32)
+    row_index, column = np.nonzero(keep)
+    out_ids[row_index, rank[keep]] = ids[row_index, column]
+    out_scores[row_index, rank[keep]] = scores[row_index, column]
+    return out_ids, out_scores
+
+
+def merge_entity_lists(
+    parts: Sequence[tuple[np.ndarray, np.ndarray]], k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Merge per-shard (or per-holder) top-k entity lists into the top-k overall, best first.
+
+    Each part is (entity ids [B, k_i], scores [B, k_i]), padded with -1 / -inf. Entities are
+    disjoint across parts for a verified index; an entity listed twice keeps its best score.
+    """
+    ids = np.concatenate([part[0] for part in parts], axis=1)
+    scores = np.concatenate([part[1] for part in parts], axis=1).astype(np.float32)
+    order = np.argsort(-scores, axis=1, kind="stable")
+    ids = np.take_along_axis(ids, order, axis=1)
+    scores = np.take_along_axis(scores, order, axis=1)
+    return first_distinct(ids, scores, k)

@@ -1,18 +1,48 @@
-"""Atomic publication of versioned directories, shared by the index and negatives stores (DESIGN.md §2).
+"""Versioned directories shared by the index and negatives stores (DESIGN.md §2): atomic
+publication, and the manifests that make a published version verifiable.
 
 A version is built in a hidden `.building-v<N>/` directory, renamed to `v<N>/` when complete (a
 rename is atomic on one file system), and then named live by `CURRENT`, which is replaced through
 the one atomic write of `cluster.files`. A reader that follows `CURRENT` therefore only ever sees
 complete versions.
+
+Every version holds a `manifest.json`, written last, that records its version number and the
+SHA-256 of each of its files. Readers check a manifest against its schema (pydantic, strict:
+a missing or mistyped key is an error naming the file and the key, never a bare KeyError), its
+version against the directory's name and each file against its checksum (streamed); every
+failure is a :class:`StoreError`, an ``InputError`` naming the file.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
+import time
 from pathlib import Path
+from typing import Annotated, Any, TypeVar
 
-from cluster.files import atomic_write_text, publish_directory
+from pydantic import Field, TypeAdapter, ValidationError
+
+from cluster.files import atomic_write_text, publish_directory, sha256_file
+from encoders.errors import InputError
+
+MANIFEST_FILE = "manifest.json"
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+Record = TypeVar("Record")
+
+
+class StoreError(InputError):
+    """A store version that does not match its manifest, or a manifest that is malformed."""
+
+
+class ChecksumError(StoreError):
+    """A file does not match the SHA-256 recorded in its version's manifest."""
+
+
+class VersionMissing(StoreError, FileNotFoundError):
+    """A version's manifest or file is gone (e.g. removed by retention while being opened)."""
+
 
 VERSION_PATTERN = re.compile(r"^v(\d+)$")
 BUILDING_PATTERN = re.compile(r"^\.building-v(\d+)$")
@@ -52,7 +82,7 @@ def read_current(root: Path) -> int | None:
         return None
     match = VERSION_PATTERN.match(text)
     if not match:
-        raise ValueError(f"{path}:1: expected a version name like 'v3', got {text!r}")
+        raise StoreError(f"{path}:1: expected a version name like 'v3', got {text!r}")
     return int(match.group(1))
 
 
@@ -83,8 +113,62 @@ def confined_path(base: Path, name: str, source: Path) -> Path:
     `source` is the file the name came from (named in the error).
     """
     if not name or Path(name).is_absolute() or Path(name).name != name:
-        raise ValueError(f"{source}: path {name!r} must be a plain file name inside {base}")
+        raise StoreError(f"{source}: path {name!r} must be a plain file name inside {base}")
     path = base / name
     if not path.resolve().is_relative_to(base.resolve()):
-        raise ValueError(f"{source}: path {name!r} resolves outside {base}")
+        raise StoreError(f"{source}: path {name!r} resolves outside {base}")
     return path
+
+
+def read_manifest(path: Path, schema: TypeAdapter[Record]) -> Record:
+    """The manifest at ``path`` validated against ``schema``; StoreError naming the file (and the
+    line for invalid JSON, the keys for a schema violation)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise VersionMissing(f"{path}: missing; not a published store version") from None
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as error:
+        raise StoreError(f"{path}:{error.lineno}: invalid manifest JSON: {error.msg}") from None
+    try:
+        return schema.validate_json(text)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in problem['loc']) or '(top level)'}: {problem['msg']}"
+            for problem in error.errors(include_url=False)
+        )
+        raise StoreError(f"{path}: not a valid manifest: {problems}") from None
+
+
+def check_version(recorded: int, directory: Path, manifest_path: Path) -> None:
+    """The version a manifest records must be the one its directory is named after."""
+    match = VERSION_PATTERN.match(directory.name) or BUILDING_PATTERN.match(directory.name)
+    expected = int(match.group(1)) if match else None
+    if recorded != expected:
+        raise StoreError(
+            f"{manifest_path}: records version {recorded} but lies in {directory.name}/"
+        )
+
+
+def verify_sha256(path: Path, expected: str, manifest_path: Path) -> None:
+    """Stream ``path`` through SHA-256 and compare with ``expected`` (from ``manifest_path``)."""
+    try:
+        actual = sha256_file(path)
+    except FileNotFoundError:
+        raise VersionMissing(f"{path}: listed in {manifest_path} but missing") from None
+    if actual != expected:
+        raise ChecksumError(
+            f"{path}: sha256 {actual} does not match {expected} recorded in {manifest_path}; "
+            f"the file is corrupt"
+        )
+
+
+def created_at() -> str:
+    """Now, as a manifest records when its version was written (UTC, ISO 8601)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def manifest_json(record: Any, schema: TypeAdapter[Any]) -> str:
+    """``record`` as the indented JSON text of a manifest (what :func:`read_manifest` reads)."""
+    return json.dumps(schema.dump_python(record, mode="json"), indent=2) + "\n"

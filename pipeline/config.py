@@ -247,7 +247,6 @@ class EvalSettings:
 
     ks: list[PositiveInt] = Field(default_factory=lambda: [1, 8, 64, 100], min_length=1)
     batch_size: PositiveInt = 256
-    max_entities: NonNegativeInt = 0  # 0 = whole catalogue
     per_domain_catalogue: Flag = False  # Zeshel: link each mention within its own domain
 
 
@@ -324,7 +323,6 @@ class BlinkSettings:
     encodings: Text | None = None
     aida: list[Text] = Field(default_factory=list)
     max_text_chars: PositiveInt = 2000
-    index_shard_size: PositiveInt = 1_000_000
 
 
 @settings

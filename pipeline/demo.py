@@ -19,13 +19,20 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cluster.checkpoints import EXPORT_DIR, newest_checkpoint
-from cluster.tables import EntityCatalogue, MentionSplit, mention_split_path
-from encoders.biencoder import load_biencoder
+from cluster.index_build import IndexedModel
+from cluster.tables import MANIFEST_FILE
 from pipeline.config import Config
+from pipeline.data.conversion import DatasetOutput
 from pipeline.data.demo_subset import write_demo_subset
 from pipeline.data.wordnet import convert_wordnet
-from pipeline.evaluate import RecallReport, evaluate_model, format_table, write_reports
-from pipeline.train.model import build_model
+from pipeline.evaluate import (
+    RecallReport,
+    evaluate_export,
+    evaluate_model,
+    format_table,
+    untrained_export,
+    write_reports,
+)
 from pipeline.train.trainer import TrainingSummary, run_training
 
 
@@ -37,17 +44,6 @@ class DemoResult:
     seconds: dict[str, float]
 
 
-def _evaluate_export(name: str, export_dir: Path, config: Config, data_root: Path) -> RecallReport:
-    model = load_biencoder(export_dir)
-    return _evaluate(name, model, config, data_root)
-
-
-def _evaluate(name: str, model: object, config: Config, data_root: Path) -> RecallReport:
-    catalogue = EntityCatalogue.open(data_root)
-    mentions = MentionSplit.open(mention_split_path(data_root, config.data.eval_split)).read_all()
-    return evaluate_model(name, model, catalogue, mentions, config.eval.ks, config.eval.batch_size)
-
-
 def run_demo(config: Config, announce: Callable[[str], None] = lambda _: None) -> DemoResult:
     """The whole demo under ``run.dir``; configs for the two trainings derive from ``config``.
 
@@ -57,8 +53,11 @@ def run_demo(config: Config, announce: Callable[[str], None] = lambda _: None) -
     seconds: dict[str, float] = {}
     started = time.perf_counter()
     wordnet = work_dir / "wordnet"
-    if not (wordnet / "summary.json").is_file():
-        convert_wordnet(wordnet, Path(config.demo.wordnet_dir), seed=config.run.seed)
+    if not (wordnet / MANIFEST_FILE).is_file():  # the manifest is written last: a conversion
+        # without one crashed part way and is done again
+        convert_wordnet(
+            DatasetOutput(wordnet, overwrite=True), Path(config.demo.wordnet_dir), config.run.seed
+        )
     data_root = work_dir / "wordnet-demo"
     counts = write_demo_subset(
         wordnet,
@@ -74,7 +73,8 @@ def run_demo(config: Config, announce: Callable[[str], None] = lambda _: None) -
     base = replace(config, data=replace(config.data, root=str(data_root)))
     reports: list[RecallReport] = []
     mark = time.perf_counter()
-    reports.append(_evaluate("untrained", build_model(base), base, data_root))
+    untrained = IndexedModel.from_export(untrained_export(base))
+    reports.append(evaluate_model(base, untrained, "untrained"))
     seconds["eval untrained"] = time.perf_counter() - mark
     announce(format_table(reports))
 
@@ -99,9 +99,7 @@ def run_demo(config: Config, announce: Callable[[str], None] = lambda _: None) -
         if newest is None:
             raise RuntimeError(f"{run_dir}: training finished without a complete checkpoint")
         mark = time.perf_counter()
-        reports.append(
-            _evaluate_export(f"trained, {name}", newest[1] / EXPORT_DIR, base, data_root)
-        )
+        reports.append(evaluate_export(base, newest[1] / EXPORT_DIR, f"trained, {name}"))
         seconds[f"eval {name}"] = time.perf_counter() - mark
         announce(f"{name}: {trainings[name].line()}\n{format_table(reports)}")
     seconds["total"] = time.perf_counter() - started

@@ -1,33 +1,44 @@
-"""Retrieval evaluation against the whole catalogue through a FAISS index (paper §6.1, §6.5).
+"""Retrieval evaluation against the whole catalogue through the cluster (paper §6.1, §6.5).
 
-The catalogue is encoded with the model's entity tower (length-bucketed batches), indexed in
-``index.num_shards`` FAISS shards and searched with each mention's query vectors, exactly as a
-refresh does. Reported: recall@k (share of mentions with a correct entity among the top k; a
-mention may have several correct entities, ``golds``), accuracy (= recall@1, "unnormalized
-accuracy" in the Zeshel sense: every mention counts), micro over mentions and Zeshel-style macro
-averages over domains (the mean of per-domain figures).
+``hnce eval`` (:func:`evaluate_checkpoint`) and the demo (:func:`evaluate_export`, for a model's
+export directory) search every mention among every entity with the cluster's encoder actors and
+an index version of the evaluated model held by them (``cluster.retrieval``): the version the
+refresh published for that checkpoint when there is one, so evaluating the checkpoint the refresh
+last indexed encodes nothing; else a version built once into ``<run>/eval-index/`` (never into
+the refresh's store, so it cannot become live). The driver gets k candidates per mention and
+never holds the catalogue's vectors.
+
+Reported: recall@k (share of mentions with a correct entity among the top k; a mention may have
+several correct entities, ``golds``), accuracy (= recall@1, "unnormalized accuracy" in the
+Zeshel sense: every mention counts), micro over mentions and Zeshel-style macro averages over
+domains (the mean of per-domain figures).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import shutil
+import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
-from tqdm import tqdm
 
 from cluster.checkpoints import resolve_checkpoint
-from cluster.encoder_pool import encode_entity_texts
-from cluster.miner import search_mentions
-from cluster.sharded_index import IndexShard, IndexSpec, ShardedSearcher, build_shard_index
-from cluster.tables import EntityCatalogue, Mention, MentionSplit, mention_split_path
-from encoders.biencoder import BiEncoder, load_biencoder
+from cluster.files import publish_directory
+from cluster.index_build import IndexedModel, model_fingerprint
+from cluster.retrieval import EVAL_INDEX_DIR, retrieve
+from cluster.session import init_ray
+from cluster.tables import MentionSplit, mention_split_path
+from encoders.biencoder import export_biencoder
 from pipeline.config import Config
 from pipeline.preflight import check_eval_inputs
 from pipeline.train.model import build_model
+from pipeline.train.trainer import refresh_plan
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -40,6 +51,7 @@ class RecallReport:
     recall: dict[int, float]
     macro_recall: dict[int, float]
     per_domain: dict[str, dict[str, float]] = field(default_factory=dict)
+    index: str = ""  # the index version searched
 
     @property
     def accuracy(self) -> float:
@@ -94,102 +106,6 @@ def summarise(
     return RecallReport(name, len(hits), num_entities, recall, macro, per_domain)
 
 
-def encode_catalogue(
-    model: BiEncoder,
-    catalogue: EntityCatalogue,
-    batch_size: int,
-    max_entities: int = 0,
-    progress: bool = True,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Index vectors [V, d] of the catalogue (or its first ``max_entities``) and their entity ids."""
-    total = len(catalogue) if max_entities <= 0 else min(max_entities, len(catalogue))
-    chunk = max(batch_size * 16, 1024)
-    vectors, ids = [], []
-    seen = 0
-    bar = tqdm(total=total, desc="encode catalogue", unit="entity", disable=not progress)
-    for record_batch in catalogue.iter_batches(chunk, columns=["entity_id", "title", "text"]):
-        if seen >= total:
-            break
-        take = min(record_batch.num_rows, total - seen)
-        entity_ids = record_batch.column("entity_id").to_numpy()[:take]
-        titles = record_batch.column("title").to_pylist()[:take]
-        texts = record_batch.column("text").to_pylist()[:take]
-        chunk_vectors, rows, _ = encode_entity_texts(model, titles, texts, batch_size)
-        vectors.append(chunk_vectors)
-        ids.append(entity_ids[rows])
-        seen += take
-        bar.update(take)
-    bar.close()
-    return np.concatenate(vectors), np.concatenate(ids).astype(np.int64)
-
-
-def build_index(
-    vectors: np.ndarray,
-    ids: np.ndarray,
-    spec: IndexSpec,
-    num_shards: int,
-    vectors_per_entity: int | None,
-) -> ShardedSearcher:
-    """``num_shards`` FAISS shards over the vectors, searched with a heap merge."""
-    num_shards = max(1, min(num_shards, len(ids)))
-    shards = [
-        IndexShard(build_shard_index(np.ascontiguousarray(part_vectors), spec), part_ids)
-        for part_vectors, part_ids in zip(
-            np.array_split(vectors, num_shards), np.array_split(ids, num_shards), strict=True
-        )
-    ]
-    return ShardedSearcher(shards, vectors_per_entity=vectors_per_entity)
-
-
-def evaluate_model(
-    name: str,
-    model: BiEncoder,
-    catalogue: EntityCatalogue,
-    mentions: Sequence[Mention],
-    ks: Sequence[int],
-    batch_size: int = 256,
-    spec: IndexSpec | None = None,
-    num_shards: int = 1,
-    max_entities: int = 0,
-    per_domain_catalogue: bool = False,
-    progress: bool = True,
-) -> RecallReport:
-    """Recall@ks of ``model`` on ``mentions`` against the catalogue through a FAISS index.
-
-    ``per_domain_catalogue`` searches each mention among its own domain's entities only (Zeshel:
-    a test world is linked against that world's documents); otherwise the whole catalogue.
-    """
-    model.eval()
-    spec = spec or IndexSpec()
-    vectors_per_entity = model.scorer.vectors_per_entity
-    candidates = np.full((len(mentions), max(ks)), -1, dtype=np.int64)
-    with torch.inference_mode():
-        vectors, ids = encode_catalogue(model, catalogue, batch_size, max_entities, progress)
-        if per_domain_catalogue:
-            entity_domains = np.asarray(catalogue.domain_of().to_numpy(zero_copy_only=False))
-            mention_domains = np.asarray([m.domain for m in mentions])
-            for domain in sorted(set(mention_domains.tolist())):
-                keep = entity_domains[ids] == domain
-                rows = np.flatnonzero(mention_domains == domain)
-                if not keep.any():
-                    continue
-                searcher = build_index(
-                    vectors[keep], ids[keep], spec, num_shards, vectors_per_entity
-                )
-                found, _ = search_mentions(
-                    model, searcher, [mentions[i] for i in rows], max(ks), batch_size, progress
-                )
-                candidates[rows] = found
-        else:
-            searcher = build_index(vectors, ids, spec, num_shards, vectors_per_entity)
-            candidates, _ = search_mentions(
-                model, searcher, mentions, max(ks), batch_size, progress
-            )
-    golds = [m.golds or (m.gold,) for m in mentions]
-    hits = hits_at(candidates, golds, ks)
-    return summarise(name, hits, [m.domain for m in mentions], ks, len(np.unique(ids)))
-
-
 def format_table(reports: Sequence[RecallReport], ks: Sequence[int] | None = None) -> str:
     """A plain-text table: one row per report, micro recall@k and macro accuracy."""
     ks = list(ks or sorted(reports[0].recall)) if reports else []
@@ -219,27 +135,78 @@ def write_reports(reports: Sequence[RecallReport], path: Path) -> None:
     path.write_text(json.dumps([report.to_json() for report in reports], indent=2) + "\n")
 
 
-def evaluate_checkpoint(config: Config, checkpoint: str, progress: bool = True) -> RecallReport:
-    """Recall of a run's checkpoint (``newest``, a ``step-<S>/`` or ``export/`` directory, or
-    ``untrained``: ``model.path`` itself) on ``data.eval_split``."""
+def untrained_export(config: Config) -> Path:
+    """``model.path`` with the recipe's scorer, exported once under
+    ``<run>/eval-index/models/<fingerprint>/`` so the encoder actors can load it and an index
+    built for it is found again (the fingerprint is of the exported files)."""
+    model = build_model(config)
+    root = config.run_dir / EVAL_INDEX_DIR / "models"
+    root.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
+    try:
+        export_biencoder(model, building)
+        target = root / model_fingerprint(building)[:16]
+        if not target.exists():
+            publish_directory(building, target)
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return target
+
+
+def evaluate_model(
+    config: Config, model: IndexedModel, name: str, progress: bool = True
+) -> RecallReport:
+    """Recall@``eval.ks`` of ``model`` on ``data.eval_split`` against every entity, through the
+    encoder pool and an index version of the model held by the actors (``cluster.retrieval``:
+    the refresh's own version when it indexed this model, else one built for evaluation)."""
     check_eval_inputs(config)
-    if checkpoint == "untrained":
-        model, name = build_model(config), f"untrained {config.model.path}"
-    else:
-        _, export = resolve_checkpoint(config.run_dir, checkpoint)
-        model, name = load_biencoder(export), str(export.parent)
+    init_ray(config.cluster, config.refresh.num_encoders * config.refresh.encoder_cpus)
     root = Path(config.data.root)
     mentions = MentionSplit.open(mention_split_path(root, config.data.eval_split)).read_all()
     limit = config.data.max_eval_mentions
     mentions = mentions[:limit] if limit > 0 else mentions
-    return evaluate_model(
-        name,
+    retrieved = retrieve(
+        refresh_plan(config),
         model,
-        EntityCatalogue.open(root),
         mentions,
-        config.eval.ks,
-        config.eval.batch_size,
-        max_entities=config.eval.max_entities,
-        per_domain_catalogue=config.eval.per_domain_catalogue,
+        max(config.eval.ks),
+        per_domain=config.eval.per_domain_catalogue,
+        batch_size=config.eval.batch_size,
         progress=progress,
     )
+    version = retrieved.index_version
+    logger.info(
+        "evaluated %s with index v%d of %s (%s); %s",
+        name,
+        version.version,
+        version.path.parent,
+        "built for this evaluation" if retrieved.built else "reused",
+        ", ".join(f"{stage} {value:.1f}s" for stage, value in retrieved.seconds.items()),
+    )
+    golds = [m.golds or (m.gold,) for m in mentions]
+    hits = hits_at(retrieved.cands, golds, config.eval.ks)
+    report = summarise(
+        name, hits, [m.domain for m in mentions], config.eval.ks, version.num_entities
+    )
+    report.index = str(version.path)
+    return report
+
+
+def evaluate_export(
+    config: Config, export_dir: Path, name: str | None = None, progress: bool = True
+) -> RecallReport:
+    """Recall of the bi-encoder exported in ``export_dir`` (e.g. a checkpoint's ``export/``)."""
+    model = IndexedModel.from_export(Path(export_dir))
+    return evaluate_model(config, model, name or str(export_dir), progress)
+
+
+def evaluate_checkpoint(config: Config, checkpoint: str, progress: bool = True) -> RecallReport:
+    """Recall of a run's checkpoint (``newest``, a ``step-<S>/`` or ``export/`` directory, or
+    ``untrained``: ``model.path`` itself with the recipe's scorer) on ``data.eval_split``."""
+    check_eval_inputs(config)
+    if checkpoint == "untrained":
+        model = IndexedModel.from_export(untrained_export(config))
+        return evaluate_model(config, model, f"untrained {config.model.path}", progress)
+    step, export = resolve_checkpoint(config.run_dir, checkpoint)
+    model = IndexedModel.from_checkpoint(export.parent, step)
+    return evaluate_model(config, model, str(export.parent), progress)

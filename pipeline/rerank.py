@@ -11,10 +11,11 @@ domain and macro-averaged over domains as in the paper's Table 2 / Appendix B:
   from the catalogue (``gold = MISSING_GOLD``), counts as an error.
 
 Candidates come from a negatives version (``<run>/negatives/v<N>/<split>.parquet``, the raw top-N
-of an index version) or from searching the retriever itself (:func:`retrieve_candidates`, the
-train split's published under ``<run>/rerank/candidates`` for the workers). Training goes through
-the same driver, worker loop and step as ``hnce train`` (``pipeline.train``, the reranker task):
-DeepSpeed workers under Ray Train, resumable checkpoints under ``<run>/rerank/checkpoints``,
+of an index version) or from searching the retriever itself through the cluster
+(:func:`retrieve_candidates`, in the run's index version of that checkpoint or one built for it;
+the train split's published under ``<run>/rerank/candidates`` for the workers). Training goes
+through the same driver, worker loop and step as ``hnce train`` (``pipeline.train``, the reranker
+task): DeepSpeed workers under Ray Train, resumable checkpoints under ``<run>/rerank/checkpoints``,
 negatives the retriever's top non-positive candidates, token ids from the catalogue's token store.
 """
 
@@ -32,23 +33,22 @@ import torch
 from tqdm import tqdm
 
 from cluster.checkpoints import resolve_checkpoint
-from cluster.index_store import IndexStore, IndexVersion
-from cluster.miner import search_mentions
+from cluster.index_build import IndexedModel
 from cluster.negatives_store import MinedSplit, NegativesStore, NegativesVersion
-from cluster.sharded_index import IndexSpec
-from cluster.tables import EntityCatalogue, Mention, MentionSplit, mention_split_path
+from cluster.refresh import RefreshPlan
+from cluster.retrieval import retrieve
+from cluster.session import init_ray
+from cluster.tables import Mention, MentionSplit, mention_split_path
 from cluster.tokens import TokenStore
 from cluster.versioned_dir import next_version
-from encoders.biencoder import BiEncoder, load_biencoder
 from encoders.blink import export_blink_crossencoder
 from encoders.precision import autocast
 from encoders.reranker import JointReranker, load_reranker
 from pipeline.config import Config
-from pipeline.evaluate import build_index, encode_catalogue
 from pipeline.preflight import check_rerank_inputs
 from pipeline.train.batch import MentionTokens
 from pipeline.train.task import TrainingTask, rerank_run_dir
-from pipeline.train.trainer import TrainingSummary, run_task
+from pipeline.train.trainer import TrainingSummary, refresh_plan, run_task
 
 logger = logging.getLogger(__name__)
 
@@ -100,30 +100,16 @@ def latest_negatives(root: Path, split: str) -> NegativesVersion:
 
 
 def retrieve_candidates(
-    retriever: BiEncoder,
+    plan: RefreshPlan,
+    retriever: IndexedModel,
     mentions: Sequence[Mention],
     k: int,
-    catalogue: EntityCatalogue | None = None,
-    index_version: IndexVersion | None = None,
-    batch_size: int = 128,
     progress: bool = True,
 ) -> SplitCandidates:
-    """Top-``k`` candidates of ``mentions`` under ``retriever``: searched in ``index_version``
-    (which must have been built by this retriever) or, without one, in an exact index over the
-    whole ``catalogue`` encoded now."""
-    retriever.eval()
-    if index_version is None:
-        if catalogue is None:
-            raise ValueError("retrieve_candidates needs an index version or the catalogue")
-        with torch.inference_mode():
-            vectors, ids = encode_catalogue(retriever, catalogue, batch_size, progress=progress)
-        searcher = build_index(vectors, ids, IndexSpec(), 1, retriever.scorer.vectors_per_entity)
-    else:
-        searcher = index_version.searcher
-    cands, scores = search_mentions(
-        retriever, searcher, mentions, k, batch_size, progress, description="retrieve"
-    )
-    return SplitCandidates(list(mentions), cands, scores)
+    """Top-``k`` candidates of ``mentions`` under ``retriever``, through the cluster: searched in
+    the run's index version of that model, or one built for it (``cluster.retrieval``)."""
+    found = retrieve(plan, retriever, mentions, k, progress=progress)
+    return SplitCandidates(list(mentions), found.cands, found.scores)
 
 
 def correct_sets(mentions: Sequence[Mention]) -> list[set[int]]:
@@ -333,43 +319,35 @@ def write_reports(reports: Sequence[RerankReport], training: TrainingSummary, pa
 
 
 def _split_candidates(
-    config: Config,
-    split: str,
-    limit: int,
-    catalogue: EntityCatalogue,
-    retriever: tuple[int | None, BiEncoder] | None,
+    config: Config, split: str, limit: int, retriever: IndexedModel | None, progress: bool
 ) -> SplitCandidates:
     mentions = MentionSplit.open(mention_split_path(Path(config.data.root), split)).read_all()
     mentions = mentions[:limit] if limit > 0 else mentions
     if retriever is None:
         negatives = config.run_dir / "negatives"
         return candidates_from_negatives(latest_negatives(negatives, split), mentions)
-    step, model = retriever
-    index_version = IndexStore(config.run_dir / "index").current()
-    if index_version is not None and (step is None or index_version.checkpoint != step):
-        index_version = None
     return retrieve_candidates(
-        model, mentions, config.rerank.num_candidates, catalogue, index_version
+        refresh_plan(config), retriever, mentions, config.rerank.num_candidates, progress
     )
 
 
 def training_candidates_file(
     config: Config,
     out: Path,
-    catalogue: EntityCatalogue,
-    retriever: tuple[int | None, BiEncoder] | None,
+    retriever: IndexedModel | None,
+    progress: bool,
 ) -> Path:
     """The negatives-version file the reranker's workers read the train split's candidates from:
     the run's newest version, or the retriever's top-N published under ``out/candidates``."""
     split = config.data.train_split
     if retriever is None:
         return latest_negatives(config.run_dir / "negatives", split).path
-    found = _split_candidates(config, split, config.rerank.max_train_mentions, catalogue, retriever)
+    found = _split_candidates(config, split, config.rerank.max_train_mentions, retriever, progress)
     store = NegativesStore(out / "candidates")
     directory = store.publish(
         next_version(store.root),
         {split: found.mined()},
-        checkpoint_step=retriever[0] or 0,
+        checkpoint_step=retriever.checkpoint or 0,
         top_n=found.cands.shape[1],
     )
     return directory / f"{split}.parquet"
@@ -385,12 +363,12 @@ def run_rerank_job(
     directory."""
     check_rerank_inputs(config)
     settings = config.rerank
-    catalogue = EntityCatalogue.open(Path(config.data.root))
     retriever = None
     if settings.candidates == "retriever":
         step, export = resolve_checkpoint(config.run_dir, settings.retriever)
-        retriever = (step, load_biencoder(export))
-    candidates = training_candidates_file(config, rerank_run_dir(config), catalogue, retriever)
+        retriever = IndexedModel.from_checkpoint(export.parent, step)
+        init_ray(config.cluster, config.refresh.num_encoders * config.refresh.encoder_cpus)
+    candidates = training_candidates_file(config, rerank_run_dir(config), retriever, progress)
     task = TrainingTask.reranker(config, candidates)
     summary = run_task(config, task, progress)
     _, export = resolve_checkpoint(task.run_dir, "newest")
@@ -399,7 +377,7 @@ def run_rerank_job(
     reports = []
     for split in settings.eval_splits:
         candidates = _split_candidates(
-            config, split, settings.max_eval_mentions, catalogue, retriever
+            config, split, settings.max_eval_mentions, retriever, progress
         )
         reranked = rerank(
             reranker, store, candidates, settings.num_candidates, settings.eval_batch_size, progress

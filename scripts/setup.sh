@@ -1,10 +1,21 @@
 #!/usr/bin/env bash
 # One-shot, idempotent set-up on a fresh Debian machine with Python 3.11:
-# Debian's WordNet files, a virtual environment in .venv, torch 2.13.0 (CPU) first and pinned by
-# constraints.txt, then the project with its dev extras. Re-runs are a no-op unless
-# pyproject.toml or constraints.txt changed.
+# Debian's WordNet files, a virtual environment in .venv, torch 2.13.0 first and pinned by
+# constraints.txt, then the project with its dev extras and exactly one FAISS build:
+#   scripts/setup.sh          CPU: the `cpu` extra (faiss-cpu) and the local CPU torch wheel
+#   scripts/setup.sh --gpu    GPU nodes: the `gpu` extra (faiss-gpu-cu12) and a CUDA torch build
+# Both FAISS wheels own the `faiss` module, so the install is resolved first (a pip dry run) and
+# refused when it would hold both (scripts/check_faiss_variant.py), then checked again installed.
+# Re-runs are a no-op unless pyproject.toml, constraints.txt or the variant changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+variant=cpu
+case "${1:-}" in
+  "") ;;
+  --gpu) variant=gpu ;;
+  *) echo "usage: scripts/setup.sh [--gpu]" >&2; exit 2 ;;
+esac
 
 if [ ! -f /usr/share/wordnet/data.noun ]; then
   sudo_cmd=""
@@ -14,7 +25,7 @@ if [ ! -f /usr/share/wordnet/data.noun ]; then
 fi
 
 stamp=.venv/.setup-stamp
-want=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
+want=$( (cat pyproject.toml constraints.txt; echo "$variant") | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
@@ -22,10 +33,27 @@ fi
 python3.11 -m venv .venv 2>/dev/null || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q torch==2.13.0
-.venv/bin/python -m pip install -q -c constraints.txt -e ".[dev]"
-.venv/bin/python - <<'PY'
+report=$(mktemp)
+trap 'rm -f "$report"' EXIT
+.venv/bin/python -m pip install -q --dry-run --ignore-installed --report "$report" \
+  -c constraints.txt -e ".[$variant,dev]"
+.venv/bin/python scripts/check_faiss_variant.py "$report" "$variant"
+other=faiss-gpu-cu12
+[ "$variant" = gpu ] && other=faiss-cpu
+.venv/bin/python -m pip uninstall -q -y "$other" 2>/dev/null || true
+.venv/bin/python -m pip install -q -c constraints.txt -e ".[$variant,dev]"
+.venv/bin/python scripts/check_faiss_variant.py --installed "$variant"
+HNCE_VARIANT=$variant .venv/bin/python - <<'PY'
+import os
+
+import faiss
 import torch
+
 assert torch.__version__.startswith("2.13.0"), torch.__version__
-assert torch.version.cuda is None, "a CUDA build of torch was pulled in"
+if os.environ["HNCE_VARIANT"] == "cpu":
+    assert torch.version.cuda is None, "a CUDA build of torch was pulled in"
+else:
+    assert torch.version.cuda is not None, "GPU nodes need a CUDA build of torch"
+    assert hasattr(faiss, "StandardGpuResources"), "the faiss module is not the GPU build"
 PY
 echo "$want" > "$stamp"

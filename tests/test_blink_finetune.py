@@ -1,24 +1,35 @@
 """hnce finetune-blink: fixture files in the real formats (KILT AIDA jsonl train / dev /
-test_without_answers, BLINK entity.jsonl, a .t7 tensor of encodings) and a tiny BERT saved as a
-BLINK checkpoint; index version 0 from the .t7, KILT predictions, missing golds, BLINK export."""
+test_without_answers, BLINK entity.jsonl, a .t7 tensor of encodings) and the packaged MiniLM
+saved as a BLINK checkpoint; index version 0 from the .t7 or encoded, KILT predictions, missing
+golds, BLINK export, and linking that fine-tuning improves.
+
+The catalogue names each city's entity by its country ("Capital of France": the capital city of
+france), and AIDA mentions name the city ("paris"): the starting model links most of them from
+what it knows, and fine-tuning on the train split (every city, other contexts) must link all."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
-import faiss
 import numpy as np
 import pytest
+import ray
 import torch
-from transformers import BertConfig, BertTokenizerFast
 
+from cluster.encoder_pool import read_encodings
+from cluster.index_build import IndexedModel
 from cluster.index_store import IndexStore
-from cluster.tables import MISSING_GOLD, EntityCatalogue, Mention
-from encoders.biencoder import build_biencoder, load_biencoder
+from cluster.negatives_store import NegativesStore
+from cluster.refresh import RefreshPlan, RefreshSettings
+from cluster.sharded_index import IndexSpec
+from cluster.tables import MISSING_GOLD, EntityCatalogue, Mention, MentionWriter
+from encoders.biencoder import build_biencoder, export_biencoder, load_biencoder, minilm_path
 from encoders.blink import export_blink_biencoder, import_blink_biencoder
+from encoders.errors import InputError
 from encoders.scorers import ScorerConfig
-from pipeline.blink_finetune.index_v0 import index_from_encodings, read_blink_encodings
+from pipeline.blink_finetune.index_v0 import check_encodings, prepare_version_zero
 from pipeline.blink_finetune.kilt_output import (
     linking_accuracy,
     read_kilt_inputs,
@@ -27,7 +38,6 @@ from pipeline.blink_finetune.kilt_output import (
 from pipeline.cli.main import main
 from pipeline.data.bad_rows import BadRowError
 from pipeline.data.kilt import convert_kilt
-from pipeline.evaluate import encode_catalogue
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 CITIES = [
@@ -44,27 +54,30 @@ CITIES = [
 ]
 MISSING = ("atlantis", 999)  # named by AIDA, absent from the catalogue
 CONTEXTS = [("he flew to", "last week ."), ("the team from", "won again ."), ("we met in", ".")]
-WORDS = ["is", "a", "city", "in", "the", "capital", "of", *[w for c in CONTEXTS for w in c]]
 
 
 def curid(index: int) -> int:
     return 1000 + index
 
 
-def aida_line(mention_id: str, title: str, wikipedia_id: int | None, context: int) -> dict:
+def gold(index: int) -> tuple[int, str]:
+    """(wikipedia_id, title) of CITIES[index]'s entity."""
+    return curid(index), f"Capital of {CITIES[index][1].capitalize()}"
+
+
+def aida_line(
+    mention_id: str, mention: str, context: int, answer: tuple[int, str] | None = None
+) -> dict:
+    """A KILT AIDA line; `answer` (wikipedia_id, title) labels it."""
     left, right = CONTEXTS[context % len(CONTEXTS)]
     line: dict = {
         "id": mention_id,
-        "input": f"{left} [START_ENT] {title} [END_ENT] {right}",
-        "meta": {"left_context": left, "mention": title, "right_context": right},
+        "input": f"{left} [START_ENT] {mention} [END_ENT] {right}",
+        "meta": {"left_context": left, "mention": mention, "right_context": right},
     }
-    if wikipedia_id is not None:
-        line["output"] = [
-            {
-                "answer": title.capitalize(),
-                "provenance": [{"wikipedia_id": str(wikipedia_id), "title": title.capitalize()}],
-            }
-        ]
+    if answer is not None:
+        provenance = [{"wikipedia_id": str(answer[0]), "title": answer[1]}]
+        line["output"] = [{"answer": answer[1], "provenance": provenance}]
     return line
 
 
@@ -75,74 +88,57 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """BLINK entity.jsonl, KILT AIDA train/dev/test_without_answers, a tiny BERT as a BLINK
+    """BLINK entity.jsonl, KILT AIDA train/dev/test_without_answers, MiniLM as a BLINK
     checkpoint, its base model directory and a .t7 of its own entity encodings."""
     root = tmp_path_factory.mktemp("blink-inputs")
-    words = sorted(
-        {w for text in WORDS for w in text.split()} | {c for pair in CITIES for c in pair}
-    )
-    words += [MISSING[0]]
-    vocab = ["[PAD]", "[unused0]", "[unused1]", "[unused2]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    vocab += [w for w in words if w not in vocab]
-    base = root / "bert-base-dir"
-    base.mkdir()
-    (base / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    tokenizer = BertTokenizerFast(vocab=str(base / "vocab.txt"))
-    tokenizer.save_pretrained(base)
-    config = BertConfig(
-        vocab_size=len(vocab),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-    )
-    config.save_pretrained(base)
-    torch.manual_seed(0)
-    model = build_biencoder(config, "dual", tokenizer=tokenizer, entity_length=24)
-    export_blink_biencoder(model, root / "biencoder_tiny.bin")
-
+    base = minilm_path()
+    model = build_biencoder(base, "dual", mention_length=24, entity_length=24)
+    export_blink_biencoder(model, root / "biencoder_minilm.bin")
     entities = [
         {
-            "text": f"{city} is the capital city of {country} .",
+            "text": f"the capital city of {country} .",
             "idx": f"https://en.wikipedia.org/wiki?curid={curid(i)}",
-            "title": city.capitalize(),
-            "entity": city.capitalize(),
+            "title": gold(i)[1],
+            "entity": gold(i)[1],
         }
-        for i, (city, country) in enumerate(CITIES)
+        for i, (_, country) in enumerate(CITIES)
     ]
     write_jsonl(root / "entity.jsonl", entities)
-    train = [
-        aida_line(f"train-{n}", CITIES[n % len(CITIES)][0], curid(n % len(CITIES)), n)
-        for n in range(20)
-    ]
-    train.append(aida_line("train-missing", MISSING[0], MISSING[1], 0))
+    atlantis = (MISSING[1], "Atlantis")
+    train = [aida_line(f"train-{n}", CITIES[n % 10][0], n, gold(n % 10)) for n in range(20)]
+    train.append(aida_line("train-missing", MISSING[0], 0, atlantis))
     write_jsonl(root / "aidayago2-train-kilt.jsonl", train)
-    dev = [aida_line(f"dev-{n}", CITIES[n][0], curid(n), n + 1) for n in range(5)]
-    dev.append(aida_line("dev-missing", MISSING[0], MISSING[1], 2))
+    dev = [aida_line(f"dev-{n}", CITIES[n][0], n + 1, gold(n)) for n in range(10)]
+    dev.append(aida_line("dev-missing", MISSING[0], 2, atlantis))
     write_jsonl(root / "aidayago2-dev-kilt.jsonl", dev)
-    test = [aida_line(f"test-{n}", CITIES[n + 5][0], None, n) for n in range(4)]
+    test = [aida_line(f"test-{n}", CITIES[n + 5][0], n) for n in range(4)]
     write_jsonl(root / "aidayago2-test_without_answers-kilt.jsonl", test)
 
     # BLINK's all_entities_large.t7 is its entity tower's [CLS] encodings, one row per line
     catalogue_dir = root / "catalogue"
     convert_kilt(catalogue_dir, [], blink_entities=root / "entity.jsonl")
-    imported = import_blink_biencoder(root / "biencoder_tiny.bin", base, entity_length=24)
+    imported = import_blink_biencoder(
+        root / "biencoder_minilm.bin", base, mention_length=24, entity_length=24
+    )
+    catalogue = EntityCatalogue.open(catalogue_dir)
     with torch.inference_mode():
-        vectors, _ = encode_catalogue(
-            imported, EntityCatalogue.open(catalogue_dir), 8, progress=False
+        tokens = imported.tokenize_entities(
+            catalogue.titles().to_pylist(), catalogue.texts().to_pylist()
         )
-    torch.save(torch.from_numpy(vectors), root / "all_entities_tiny.t7")
+        vectors, _ = imported.entity_index_vectors(tokens["input_ids"], tokens["attention_mask"])
+    torch.save(vectors.contiguous(), root / "all_entities_minilm.t7")
+    export_biencoder(imported, root / "imported-export")
     return {
         "root": root,
         "base": base,
-        "checkpoint": root / "biencoder_tiny.bin",
+        "checkpoint": root / "biencoder_minilm.bin",
         "entities": root / "entity.jsonl",
-        "encodings": root / "all_entities_tiny.t7",
+        "encodings": root / "all_entities_minilm.t7",
         "train": root / "aidayago2-train-kilt.jsonl",
         "dev": root / "aidayago2-dev-kilt.jsonl",
         "test": root / "aidayago2-test_without_answers-kilt.jsonl",
         "catalogue": catalogue_dir,
+        "export": root / "imported-export",
     }
 
 
@@ -171,7 +167,10 @@ def test_predictions_are_kilt_lines_one_per_input(inputs: dict[str, Path], tmp_p
     assert lines[0] == {
         "id": "test-0",
         "output": [
-            {"answer": "Vienna", "provenance": [{"wikipedia_id": "1005", "title": "Vienna"}]}
+            {
+                "answer": "Capital of Austria",
+                "provenance": [{"wikipedia_id": "1005", "title": "Capital of Austria"}],
+            }
         ],
     }
     assert lines[2]["output"] == []  # no candidate: an empty answer list, never a dropped line
@@ -197,43 +196,17 @@ def test_missing_gold_counts_as_error() -> None:
     assert accuracy.recall_at_k == pytest.approx(0.75)
 
 
-def test_index_version_zero_holds_the_t7_rows(inputs: dict[str, Path], tmp_path: Path) -> None:
-    model = import_blink_biencoder(inputs["checkpoint"], inputs["base"], entity_length=24)
-    catalogue = EntityCatalogue.open(inputs["catalogue"])
-    store = IndexStore(tmp_path / "index")
-    from cluster.sharded_index import IndexSpec
-
-    version = index_from_encodings(
-        store, inputs["encodings"], model, tmp_path / "export", len(catalogue), IndexSpec(), 4
-    )
-    assert version.version == 0 and store.current_version() == 0
-    manifest = version.manifest
-    assert manifest["checkpoint"] == 0 and manifest["num_entities"] == len(catalogue)
-    assert [s["count"] for s in manifest["shards"]] == [4, 4, 2]
-    encodings = read_blink_encodings(inputs["encodings"])
-    stored = np.concatenate(
-        [s.index.reconstruct_n(0, s.index.ntotal) for s in version.searcher.shards]
-    )
-    ids = np.concatenate([s.ids for s in version.searcher.shards])
-    np.testing.assert_array_equal(stored, encodings.numpy()[ids])
-    assert isinstance(version.searcher.shards[0].index, faiss.IndexFlatIP)
-
-
 def test_t7_must_match_catalogue_and_scorer(inputs: dict[str, Path], tmp_path: Path) -> None:
-    from cluster.sharded_index import IndexSpec
-
-    model = import_blink_biencoder(inputs["checkpoint"], inputs["base"], entity_length=24)
-    with pytest.raises(ValueError, match="10 encodings but the catalogue has 11"):
-        index_from_encodings(
-            IndexStore(tmp_path / "a"), inputs["encodings"], model, tmp_path, 11, IndexSpec()
-        )
+    model = IndexedModel.from_export(inputs["export"])
+    check_encodings(inputs["encodings"], model, 10)
+    with pytest.raises(InputError, match="10 encodings but the catalogue has 11"):
+        check_encodings(inputs["encodings"], model, 11)
     multi = import_blink_biencoder(
         inputs["checkpoint"], inputs["base"], scorer=ScorerConfig(name="multi", m=2)
     )
-    with pytest.raises(ValueError, match="one vector per entity"):
-        index_from_encodings(
-            IndexStore(tmp_path / "b"), inputs["encodings"], multi, tmp_path, 10, IndexSpec()
-        )
+    export_biencoder(multi, tmp_path / "multi")
+    with pytest.raises(InputError, match="one vector per entity"):
+        check_encodings(inputs["encodings"], IndexedModel.from_export(tmp_path / "multi"), 10)
 
 
 @pytest.mark.slow
@@ -250,6 +223,8 @@ def test_finetune_blink_end_to_end(inputs: dict[str, Path], tmp_path: Path) -> N
             f"data.root={data_dir}",
             "--set",
             "index.keep_versions=5",
+            "--set",
+            "training.learning_rate=1.0e-4",
             "--blink-checkpoint",
             str(inputs["checkpoint"]),
             "--base-model",
@@ -263,7 +238,7 @@ def test_finetune_blink_end_to_end(inputs: dict[str, Path], tmp_path: Path) -> N
             str(inputs["dev"]),
             str(inputs["test"]),
             "--set",
-            "blink.index_shard_size=4",
+            "refresh.shard_size=4",
             "--no-progress",
         ]
     )
@@ -273,20 +248,22 @@ def test_finetune_blink_end_to_end(inputs: dict[str, Path], tmp_path: Path) -> N
     # the converter skipped (and counted) the train mention whose gold is not in the catalogue
     assert report["data"]["train_rejected"] == 1 and report["data"]["mentions"]["train"] == 20
     # version 0 is BLINK's own encodings, published as a proper version with a manifest
-    store = IndexStore(run_dir / "index")
-    zero = store.open(0)
-    assert zero.manifest["checkpoint"] == 0 and zero.num_entities == 10
-    # the final model is evaluated through an index of every catalogue entity
-    final = store.current()
-    assert final is not None and final.checkpoint == report["final_step"] == 6
-    assert final.num_entities == 10 and final.searcher.ntotal == 10
+    zero = IndexStore(run_dir / "index").open(0)
+    assert zero.checkpoint == 0 and zero.num_entities == 10
+    assert zero.manifest.source == f"encodings {inputs['encodings']}"
+    # the final model is evaluated through an index of that model over every catalogue entity
+    (searched,) = {split["index"] for split in report["splits"]}
+    final = IndexStore(Path(searched).parent).open(int(Path(searched).name[1:]))
+    final_export = run_dir / "checkpoints" / f"step-{report['final_step']}" / "export"
+    assert final.manifest.model == IndexedModel.from_export(final_export).fingerprint
+    assert final.num_entities == 10 and final.num_vectors == 10
 
     splits = {s["file"]: s for s in report["splits"]}
     dev = splits["aidayago2-dev-kilt.jsonl"]
     for figures in (dev["before"], dev["after"]):
-        assert figures["mentions"] == 6 and figures["missing_gold"] == 1
-        assert figures["accuracy"] == pytest.approx(figures["correct"] / 6)
-        assert figures["correct"] <= 5
+        assert figures["mentions"] == 11 and figures["missing_gold"] == 1
+    # fine-tuning links better: every dev mention whose gold is in the catalogue, unlike before
+    assert dev["after"]["correct"] == 10 > dev["before"]["correct"], (dev["before"], dev["after"])
     assert splits["aidayago2-test_without_answers-kilt.jsonl"]["after"] is None
 
     for name, source in (
@@ -308,7 +285,10 @@ def test_finetune_blink_end_to_end(inputs: dict[str, Path], tmp_path: Path) -> N
     # the BLINK export loads back with outputs identical to the Hugging Face export
     hf = load_biencoder(run_dir / "export" / "hf")
     blink = import_blink_biencoder(
-        run_dir / "export" / "biencoder_blink.bin", inputs["base"], entity_length=24
+        run_dir / "export" / "biencoder_blink.bin",
+        inputs["base"],
+        mention_length=24,
+        entity_length=24,
     )
     tokens = hf.tokenize_entities(["Paris", "Oslo"], ["paris is a city", "oslo is a city"])
     mentions = hf.tokenize_mentions(["he flew to"], ["rome"], ["."])
@@ -319,41 +299,71 @@ def test_finetune_blink_end_to_end(inputs: dict[str, Path], tmp_path: Path) -> N
         ):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
     # and it differs from the starting checkpoint: it was trained
-    start = import_blink_biencoder(inputs["checkpoint"], inputs["base"], entity_length=24)
+    start = import_blink_biencoder(
+        inputs["checkpoint"], inputs["base"], mention_length=24, entity_length=24
+    )
     with torch.inference_mode():
         assert not torch.equal(start.encode_entities(**tokens)[0], hf.encode_entities(**tokens)[0])
 
 
-def test_index_version_zero_encoded_from_the_checkpoint_and_mined(
-    inputs: dict[str, Path], tmp_path: Path
-) -> None:
-    """Without BLINK's encodings, version 0 is the checkpoint's own encodings; the train
-    mentions are mined against it into negatives version 0 (checkpoint step 0)."""
-    from cluster.negatives_store import NegativesStore
-    from cluster.sharded_index import IndexSpec
-    from pipeline.blink_finetune.index_v0 import index_from_model, mine_initial_negatives
-    from pipeline.rerank import retrieve_candidates
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray.shutdown()  # the end-to-end test leaves the instance its command started
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
 
-    model = import_blink_biencoder(inputs["checkpoint"], inputs["base"], entity_length=24)
-    catalogue = EntityCatalogue.open(inputs["catalogue"])
-    version = index_from_model(
-        IndexStore(tmp_path / "index"), model, tmp_path, catalogue, IndexSpec(), shard_size=3
-    )
-    assert version.version == 0 and len(version.manifest["shards"]) == 4
-    stored = np.concatenate(
-        [s.index.reconstruct_n(0, s.index.ntotal) for s in version.searcher.shards]
-    )
-    np.testing.assert_allclose(
-        stored, read_blink_encodings(inputs["encodings"]).numpy(), rtol=1e-5, atol=1e-5
-    )
-    mentions = [
-        Mention(f"m{i}", "we met in", CITIES[i][0], ".", i, "", (i,)) for i in range(len(CITIES))
-    ]
-    store = NegativesStore(tmp_path / "negatives")
-    mine_initial_negatives(store, version, model, "train", mentions, top_n=5)
-    negatives = store.latest("train")
-    assert negatives is not None and negatives.version == 0 and negatives.checkpoint_step == 0
-    # the same candidates as searching an exact index encoded now (hnce rerank --retriever)
-    exact = retrieve_candidates(model, mentions, 5, catalogue=catalogue, progress=False)
-    cands, _ = negatives.lookup([m.mention_id for m in mentions])
-    np.testing.assert_array_equal(cands.numpy(), exact.cands)
+
+def _version_zero_plan(inputs: dict[str, Path], root: Path) -> RefreshPlan:
+    """The BLINK catalogue with train mentions of each city, and a refresh plan over them."""
+    data = root / "data"
+    shutil.copytree(inputs["catalogue"], data)
+    with MentionWriter(data, "train") as writer:
+        for i, (city, _) in enumerate(CITIES):
+            writer.write(Mention(f"m{i}", "we met in", city, ".", i, "", (i,)))
+    refresh = RefreshSettings(shard_size=3, top_n=5, num_encoders=2)
+    return RefreshPlan(root / "run", data, refresh, IndexSpec(faiss_device="cpu"))
+
+
+def _stored_vectors(plan: RefreshPlan) -> np.ndarray:
+    version = plan.index_store.open(0)
+    searcher = version.load()
+    return np.concatenate([shard.vectors for shard in searcher.shards])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("from_t7", [True, False], ids=["t7-encodings", "encoded"])
+def test_index_version_zero_holds_the_models_vectors_and_is_mined(
+    inputs: dict[str, Path], tmp_path: Path, ray_cluster: None, from_t7: bool
+) -> None:
+    """Version 0 is the .t7's rows as they are (here BLINK's encodings scaled by 2, so they differ
+    from what the model would encode), or the checkpoint's own encodings (equal up to float
+    error); the train mentions are mined against it into negatives version 0."""
+    plan = _version_zero_plan(inputs, tmp_path)
+    model = IndexedModel.from_export(inputs["export"])
+    expected = read_encodings(inputs["encodings"]).numpy()
+    encodings = None
+    if from_t7:
+        expected = expected * 2
+        encodings = tmp_path / "scaled.t7"
+        torch.save(torch.from_numpy(expected), encodings)
+    version = prepare_version_zero(plan, model, "train", encodings, progress=False)
+    assert version.version == 0 and plan.index_store.current_version() == 0
+    assert version.checkpoint == 0 and version.num_entities == 10
+    assert [shard.count for shard in version.manifest.shards] == [3, 3, 3, 1]
+    if from_t7:
+        np.testing.assert_array_equal(_stored_vectors(plan), expected)
+    else:
+        np.testing.assert_allclose(_stored_vectors(plan), expected, rtol=1e-5, atol=1e-5)
+    negatives = NegativesStore(plan.run_dir / "negatives").latest("train")
+    assert negatives.version == 0 and negatives.checkpoint_step == 0
+    # the exact top-5 of each mention: scores straight from the model, no index
+    imported = load_biencoder(inputs["export"])
+    with torch.inference_mode():
+        mentions = imported.tokenize_mentions(
+            ["we met in"] * 10, [c for c, _ in CITIES], ["."] * 10
+        )
+        queries = imported.mention_query_vectors(mentions["input_ids"], mentions["attention_mask"])
+    scores = queries[:, 0].numpy() @ expected.T
+    cands, _ = negatives.lookup([f"m{i}" for i in range(10)])
+    np.testing.assert_array_equal(cands.numpy(), np.argsort(-scores, axis=1)[:, :5])

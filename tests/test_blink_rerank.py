@@ -83,7 +83,9 @@ def test_reranker_beats_its_retriever_through_the_shared_driver(tmp_path: Path) 
     generate_synthetic_dataset(data, num_worlds=3, entities_per_world=40, mentions_per_entity=3)
     rng = np.random.default_rng(0)
     mined = {split: weak_retriever_candidates(data, split, 8, rng) for split in ("train", "test")}
-    NegativesStore(tmp_path / "negatives").publish(1, mined, checkpoint_step=0, top_n=8)
+    NegativesStore(tmp_path / "negatives").publish(
+        1, mined, checkpoint_step=0, top_n=8, num_entities=len(EntityCatalogue.open(data))
+    )
     out = tmp_path / "rerank"
     settings = {
         "run.dir": tmp_path,

@@ -1,26 +1,38 @@
-"""Sharded search, the versioned index store and the negatives store (no Ray, no model)."""
+"""Sharded search, the versioned index store and the negatives store (no Ray, no model).
+
+The store tests feed each a version that lies in one way (a manifest that drops or repeats a
+shard, totals that disagree with the shards, ids outside their shard, a negatives file with
+repeated mentions, ...) and expect a `StoreError` naming the file."""
 
 from __future__ import annotations
 
 import itertools
 import json
+import re
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import faiss
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-from cluster.index_store import BuildParameters, ChecksumError, IndexStore
-from cluster.negatives_store import MinedSplit, NegativesStore
+from cluster.files import sha256_file
+from cluster.index_store import BuildParameters, IndexStore
+from cluster.negatives_store import MinedSplit, NegativesStore, NegativesVersion
 from cluster.sharded_index import (
     IndexShard,
     IndexSpec,
     ShardedSearcher,
     build_shard_index,
+    merge_entity_lists,
     resolve_faiss_device,
 )
-from cluster.versioned_dir import confined_path
+from cluster.versioned_dir import ChecksumError, StoreError, confined_path
+from encoders.errors import InputError
 
 
 def _vectors(rows: int, dim: int = 16, seed: int = 0) -> np.ndarray:
@@ -46,12 +58,24 @@ def test_sharded_search_equals_single_flat_index() -> None:
     np.testing.assert_allclose(scores, expected_scores, rtol=1e-5)
 
 
+def test_restricted_search_equals_flat_search_over_the_allowed_entities() -> None:
+    vectors, queries = _vectors(300), _vectors(12, seed=1)
+    allowed = np.sort(np.random.default_rng(2).choice(300, size=40, replace=False))
+    searcher = ShardedSearcher(_shards(vectors, np.arange(300), [100, 200]))
+    ids, scores = searcher.search(queries, 7, allowed=allowed)
+    brute = queries @ vectors[allowed].T
+    expected = allowed[np.argsort(-brute, axis=1)[:, :7]]
+    np.testing.assert_array_equal(ids, expected)
+    np.testing.assert_allclose(scores, -np.sort(-brute, axis=1)[:, :7], rtol=1e-5)
+
+
 def test_multi_vector_search_equals_brute_force_max_per_entity() -> None:
     entities, m, k = 120, 4, 15
-    vectors = _vectors(entities * m)
+    # An entity's m vectors lie close together, so its vectors crowd the top hits.
+    vectors = np.repeat(_vectors(entities), m, axis=0) + 0.1 * _vectors(entities * m, seed=9)
     ids = np.repeat(np.arange(entities), m)
     queries = _vectors(25, seed=2)
-    searcher = ShardedSearcher(_shards(vectors, ids, [200, 301]), vectors_per_entity=m)
+    searcher = ShardedSearcher(_shards(vectors, ids, [200, 300]), vectors_per_entity=m)
     got_ids, got_scores = searcher.search(queries, k)
     # s(x, y) = max_t <x_1, y_t> (DESIGN.md §3, multi-m)
     brute = (queries @ vectors.T).reshape(len(queries), entities, m).max(axis=2)
@@ -67,15 +91,33 @@ def test_sum_of_max_rerank_equals_brute_force_at_full_depth() -> None:
     vectors = _vectors(len(ids), seed=4)
     queries = _vectors(6 * 3, seed=5).reshape(6, 3, 16)
     queries[0, 2] = 0  # a padded query token
-    searcher = ShardedSearcher(
-        _shards(vectors, ids, [50]), vectors_per_entity=None, candidate_depth=len(ids)
-    )
+    shards = [
+        IndexShard.on_device(
+            build_shard_index(vectors[a:b], IndexSpec()), ids[a:b], resolve_faiss_device("cpu")
+        )
+        for a, b in itertools.pairwise([0, int(np.searchsorted(ids, 17)), len(ids)])
+    ]
+    searcher = ShardedSearcher(shards, vectors_per_entity=None, candidate_depth=len(ids))
     got_ids, got_scores = searcher.search(queries, 5)
     for row in range(6):
         live = queries[row][np.abs(queries[row]).sum(1) > 0]
         brute = np.array([(live @ vectors[ids == e].T).max(1).sum() for e in range(40)])
         np.testing.assert_array_equal(got_ids[row], np.argsort(-brute)[:5])
         np.testing.assert_allclose(got_scores[row], np.sort(brute)[::-1][:5], rtol=1e-5)
+
+
+def test_shards_sharing_an_entity_are_refused() -> None:
+    ids = np.repeat(np.arange(10), 2)
+    with pytest.raises(ValueError, match="overlap"):
+        ShardedSearcher(_shards(_vectors(20), ids, [9]), vectors_per_entity=2)
+
+
+def test_merge_keeps_the_best_score_of_an_entity_listed_twice() -> None:
+    first = (np.array([[3, 1, -1]]), np.array([[0.9, 0.5, -np.inf]], np.float32))
+    second = (np.array([[2, 3, 4]]), np.array([[0.7, 0.6, 0.1]], np.float32))
+    ids, scores = merge_entity_lists([first, second], 4)
+    assert ids.tolist() == [[3, 2, 1, 4]]
+    np.testing.assert_allclose(scores, [[0.9, 0.7, 0.5, 0.1]])
 
 
 def test_fewer_entities_than_k_pads_with_minus_one() -> None:
@@ -89,31 +131,61 @@ def test_fewer_entities_than_k_pads_with_minus_one() -> None:
     reason="a GPU is present: the no-GPU error cannot be provoked",
 )
 def test_gpu_request_without_faiss_gpu_fails_clearly() -> None:
-    with pytest.raises(RuntimeError, match="GPU index shards requested"):
+    with pytest.raises(InputError, match=r"index\.faiss_device is gpu but"):
         resolve_faiss_device("gpu")
     assert resolve_faiss_device("auto").kind == "cpu"
+
+
+def test_shard_files_are_memory_mapped_not_copied(tmp_path: Path) -> None:
+    """A fresh process opens and searches a 5 MB flat shard: its private memory grows by far
+    less than the shard (the vectors stay in the page cache)."""
+    vectors = _vectors(20_000, dim=64)
+    faiss.write_index(build_shard_index(vectors, IndexSpec()), str(tmp_path / "shard.faiss"))
+    probe = f"""
+import numpy as np
+from pathlib import Path
+from cluster.sharded_index import read_index_file
+
+def anonymous_kib():
+    status = Path("/proc/self/status").read_text().splitlines()
+    return int(next(line for line in status if line.startswith("RssAnon")).split()[1])
+
+before = anonymous_kib()
+index = read_index_file(Path({str(tmp_path / "shard.faiss")!r}), "flat")
+index.search(np.ones((4, 64), np.float32), 3)
+print(anonymous_kib() - before)
+"""
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    grown = int(result.stdout.split()[-1])
+    assert grown < vectors.nbytes // 1024 // 4, f"{grown} KiB of private memory for a mapped shard"
 
 
 def _parameters(checkpoint: int = 1, num_entities: int = 60) -> BuildParameters:
     return BuildParameters(
         checkpoint=checkpoint,
         checkpoint_path=f"checkpoints/step-{checkpoint}",
+        model=f"{checkpoint:064x}",
+        catalogue="c" * 64,
+        source="encoded",
         scorer={"name": "dual"},
         dim=16,
         vectors_per_entity=1,
         num_entities=num_entities,
+        index={**IndexSpec().to_json(), "shard_size": 20},
     )
 
 
 def _publish(store: IndexStore, checkpoint: int, vectors: np.ndarray, shards: int = 3):
     builder = store.begin(_parameters(checkpoint, len(vectors)))
     for number, part in enumerate(np.array_split(np.arange(len(vectors)), shards)):
-        builder.add_shard(number, build_shard_index(vectors[part], IndexSpec()), part)
+        entities = (int(part[0]), int(part[-1]) + 1)
+        builder.add_shard(number, build_shard_index(vectors[part], IndexSpec()), part, entities)
     return builder.publish(shards)
 
 
 def test_store_publish_search_and_retention(tmp_path: Path) -> None:
-    store = IndexStore(tmp_path / "index", keep=2, device="cpu")
+    store = IndexStore(tmp_path / "index", keep=2)
     assert store.current() is None
     vectors = _vectors(60)
     for checkpoint in (1, 2, 3):
@@ -121,28 +193,30 @@ def test_store_publish_search_and_retention(tmp_path: Path) -> None:
     assert published.version == 3 and store.versions() == [2, 3]
     current = store.current()
     assert current.version == 3 and current.checkpoint == 3
-    ids, _ = current.search(vectors[:5], 1)
+    ids, _ = current.load().search(vectors[:5], 1)
     np.testing.assert_array_equal(ids[:, 0], np.arange(5))
     manifest = json.loads((tmp_path / "index/v3/manifest.json").read_text())
     assert {"version", "checkpoint", "scorer", "dim", "vectors_per_entity", "num_entities"} <= set(
         manifest
     )
     assert [shard["count"] for shard in manifest["shards"]] == [20, 20, 20]
+    assert store.find(f"{2:064x}", "c" * 64, manifest["index"]).version == 2
+    assert store.find(f"{1:064x}", "c" * 64, manifest["index"]) is None  # removed by retention
 
 
 def test_corrupted_shard_is_detected_by_checksum(tmp_path: Path) -> None:
-    store = IndexStore(tmp_path / "index", device="cpu")
+    store = IndexStore(tmp_path / "index")
     _publish(store, 1, _vectors(60))
     shard = tmp_path / "index/v1/shard-00001.faiss"
     payload = bytearray(shard.read_bytes())
     payload[-7] ^= 0xFF
     shard.write_bytes(bytes(payload))
     with pytest.raises(ChecksumError, match=r"shard-00001\.faiss"):
-        store.current()
+        store.current().load()
 
 
 def test_manifest_path_escaping_the_store_is_rejected(tmp_path: Path) -> None:
-    store = IndexStore(tmp_path / "index", device="cpu")
+    store = IndexStore(tmp_path / "index")
     _publish(store, 1, _vectors(60))
     (tmp_path / "secret.faiss").write_bytes(b"x")
     manifest_path = tmp_path / "index/v1/manifest.json"
@@ -150,31 +224,125 @@ def test_manifest_path_escaping_the_store_is_rejected(tmp_path: Path) -> None:
         manifest = json.loads(manifest_path.read_text())
         manifest["shards"][0]["file"] = bad
         manifest_path.write_text(json.dumps(manifest))
-        with pytest.raises(ValueError, match=r"manifest\.json"):
+        with pytest.raises(StoreError, match=r"manifest\.json"):
             store.open(1)
     (tmp_path / "index/v1/link.faiss").symlink_to(tmp_path / "secret.faiss")
-    with pytest.raises(ValueError, match="outside"):
+    with pytest.raises(StoreError, match="outside"):
         confined_path(tmp_path / "index/v1", "link.faiss", manifest_path)
 
 
+def _edit_manifest(path: Path, edit) -> None:
+    manifest = json.loads(path.read_text())
+    edit(manifest)
+    path.write_text(json.dumps(manifest))
+
+
+def test_manifest_that_drops_a_shard_is_refused(tmp_path: Path) -> None:
+    store = IndexStore(tmp_path / "index")
+    _publish(store, 1, _vectors(60))
+    _edit_manifest(tmp_path / "index/v1/manifest.json", lambda m: m["shards"].pop(1))
+    with pytest.raises(StoreError, match=r"manifest\.json: entities 20\.\.39 are in no shard"):
+        store.open(1)
+
+
+def test_manifest_that_repeats_a_shard_is_refused(tmp_path: Path) -> None:
+    store = IndexStore(tmp_path / "index")
+    _publish(store, 1, _vectors(60))
+    _edit_manifest(
+        tmp_path / "index/v1/manifest.json", lambda m: m["shards"].insert(1, m["shards"][0])
+    )
+    with pytest.raises(StoreError, match=r"manifest\.json: lists shard-00000\.faiss more than"):
+        store.open(1)
+
+
+def test_num_entities_must_match_the_shards(tmp_path: Path) -> None:
+    store = IndexStore(tmp_path / "index")
+    _publish(store, 1, _vectors(60))
+    _edit_manifest(tmp_path / "index/v1/manifest.json", lambda m: m.update(num_entities=70))
+    with pytest.raises(StoreError, match=r"cover entities 0\.\.59 but num_entities is 70"):
+        store.open(1)
+
+
+def test_shard_count_must_match_its_entity_range(tmp_path: Path) -> None:
+    store = IndexStore(tmp_path / "index")
+    _publish(store, 1, _vectors(60))
+
+    def shrink(manifest: dict) -> None:
+        manifest["shards"][2]["entities"] = [40, 59]
+        manifest["num_entities"] = 59
+
+    _edit_manifest(tmp_path / "index/v1/manifest.json", shrink)
+    with pytest.raises(StoreError, match="shard 2 records 20 vectors for 19 entities"):
+        store.open(1)
+
+
+def _replace_ids(directory: Path, shard: int, ids: np.ndarray) -> None:
+    """Swap a shard's id file and record its new checksum: only the id check can object."""
+    path = directory / f"shard-{shard:05d}.ids.npy"
+    np.save(path, ids, allow_pickle=False)
+    _edit_manifest(
+        directory / "manifest.json",
+        lambda m: m["shards"][shard].update(ids_sha256=sha256_file(path)),
+    )
+
+
+def test_shard_ids_outside_their_range_are_refused(tmp_path: Path) -> None:
+    store = IndexStore(tmp_path / "index")
+    _publish(store, 1, _vectors(60))
+    ids = np.arange(20, 40)
+    ids[-1] = 60  # beyond the catalogue
+    _replace_ids(tmp_path / "index/v1", 1, ids)
+    with pytest.raises(StoreError, match=r"shard-00001\.ids\.npy: entity ids 20\.\.60 outside"):
+        store.open(1).load()
+
+
+def test_dual_shard_listing_an_entity_twice_is_refused(tmp_path: Path) -> None:
+    store = IndexStore(tmp_path / "index")
+    _publish(store, 1, _vectors(60))
+    ids = np.arange(20, 40)
+    ids[5] = ids[4]  # entity 24 twice, entity 25 never
+    _replace_ids(tmp_path / "index/v1", 1, ids)
+    with pytest.raises(StoreError, match=r"each entity of 20\.\.39 exactly 1 time"):
+        store.open(1).load()
+
+
+def test_manifest_missing_a_key_names_the_file_and_key(tmp_path: Path) -> None:
+    store = IndexStore(tmp_path / "index")
+    _publish(store, 1, _vectors(60))
+    _edit_manifest(tmp_path / "index/v1/manifest.json", lambda m: m.pop("vectors_per_entity"))
+    with pytest.raises(
+        StoreError, match=r"manifest\.json: not a valid manifest: vectors_per_entity"
+    ):
+        store.current()
+
+
+def test_manifest_of_another_version_is_refused(tmp_path: Path) -> None:
+    store = IndexStore(tmp_path / "index", keep=2)
+    _publish(store, 1, _vectors(60))
+    _publish(store, 2, _vectors(60))
+    _edit_manifest(tmp_path / "index/v2/manifest.json", lambda m: m.update(version=1))
+    with pytest.raises(StoreError, match="records version 1 but lies in v2/"):
+        store.open(2)
+
+
 def test_unfinished_build_is_invisible_and_resumes(tmp_path: Path) -> None:
-    store = IndexStore(tmp_path / "index", device="cpu")
+    store = IndexStore(tmp_path / "index")
     vectors = _vectors(60)
     builder = store.begin(_parameters(5))
-    builder.add_shard(0, build_shard_index(vectors[:30], IndexSpec()), np.arange(30))
+    builder.add_shard(0, build_shard_index(vectors[:30], IndexSpec()), np.arange(30), (0, 30))
     assert store.current() is None and store.versions() == []
     resumed = store.begin(_parameters(5))
     assert resumed.version == builder.version and list(resumed.finished_shards) == [0]
     with pytest.raises(RuntimeError, match=r"shards \[1\] not finished"):
         resumed.publish(2)
-    resumed.add_shard(1, build_shard_index(vectors[30:], IndexSpec()), np.arange(30, 60))
+    resumed.add_shard(1, build_shard_index(vectors[30:], IndexSpec()), np.arange(30, 60), (30, 60))
     assert resumed.publish(2).num_entities == 60
     newer = store.begin(_parameters(6))
     assert newer.version == 2
 
 
 def test_reader_never_sees_a_half_written_version(tmp_path: Path) -> None:
-    store = IndexStore(tmp_path / "index", keep=2, device="cpu")
+    store = IndexStore(tmp_path / "index", keep=2)
     vectors = _vectors(60)
     _publish(store, 0, vectors)
     done = threading.Event()
@@ -182,15 +350,17 @@ def test_reader_never_sees_a_half_written_version(tmp_path: Path) -> None:
     errors: list[BaseException] = []
 
     def read_in_a_loop() -> None:
-        reader = IndexStore(tmp_path / "index", keep=2, device="cpu")
+        reader = IndexStore(tmp_path / "index", keep=2)
         while not done.is_set():
             try:
                 version = reader.current()
                 assert version.checkpoint == version.version - 1
-                assert sum(s["count"] for s in version.manifest["shards"]) == 60
-                ids, _ = version.search(vectors[:3], 1)
+                assert version.num_vectors == 60
+                ids, _ = version.load().search(vectors[:3], 1)
                 np.testing.assert_array_equal(ids[:, 0], np.arange(3))
                 seen.append(version.version)
+            except FileNotFoundError:
+                continue  # retention removed it between open and load; CURRENT moved on
             except BaseException as error:  # surfaced below
                 errors.append(error)
                 return
@@ -205,16 +375,19 @@ def test_reader_never_sees_a_half_written_version(tmp_path: Path) -> None:
     assert len(set(seen)) > 1 and seen == sorted(seen)
 
 
-def test_negatives_publish_latest_and_lookup(tmp_path: Path) -> None:
-    store = NegativesStore(tmp_path / "negatives", keep=2)
-    assert store.latest() is None
-    mined = MinedSplit(
+def _mined() -> MinedSplit:
+    return MinedSplit(
         mention_ids=["a", "b", "c"],
         cands=np.array([[4, 2, 9], [1, -1, -1], [7, 8, 3]]),
         scores=np.array([[3, 2, 1], [5, -np.inf, -np.inf], [1, 0.5, 0]], dtype=np.float32),
         gold_ranks=np.array([1, -1, 0]),
     )
-    store.publish(1, {"train": mined}, checkpoint_step=100, top_n=3)
+
+
+def test_negatives_publish_latest_and_lookup(tmp_path: Path) -> None:
+    store = NegativesStore(tmp_path / "negatives", keep=2)
+    assert store.latest() is None
+    store.publish(1, {"train": _mined()}, checkpoint_step=100, top_n=3, num_entities=10)
     latest = store.latest()
     assert (latest.version, latest.checkpoint_step, len(latest)) == (1, 100, 3)
     cands, scores = latest.lookup(["c", "b"])
@@ -223,19 +396,114 @@ def test_negatives_publish_latest_and_lookup(tmp_path: Path) -> None:
     assert latest.recall_at(1) == pytest.approx(1 / 3)
     with pytest.raises(KeyError, match="'zzz'"):
         latest.lookup(["zzz"])
-    store.publish(2, {"train": mined}, checkpoint_step=200, top_n=3)
+    store.publish(2, {"train": _mined()}, checkpoint_step=200, top_n=3, num_entities=10)
     assert store.latest().checkpoint_step == 200
+
+
+def _rewrite_negatives(directory: Path, edit) -> Path:
+    """Rewrite `train.parquet` with `edit(rows)` applied and its checksum recorded: only the
+    row checks can object."""
+    path = directory / "train.parquet"
+    table = pq.read_table(path)
+    rows = table.to_pylist()
+    edit(rows)
+    rewritten = pa.Table.from_pylist(rows, schema=table.schema)
+    pq.write_table(rewritten, path)
+    _edit_manifest(
+        directory / "manifest.json",
+        lambda m: m["splits"]["train"].update(sha256=sha256_file(path), rows=len(rows)),
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda rows: rows.append(dict(rows[0])), "a mention id is listed more than once"),
+        (lambda rows: rows[1].update(cands=[10]), r"candidate ids 2\.\.10 outside the catalogue"),
+        (lambda rows: rows[0].update(scores=[3.0, 2.0]), "row 0 has 3 candidates but 2 scores"),
+        (lambda rows: rows[2].update(gold_rank=3), "a gold_rank lies outside"),
+    ],
+    ids=["duplicate-mention", "candidate-out-of-range", "scores-shorter", "gold-rank"],
+)
+def test_inconsistent_negatives_are_refused(tmp_path: Path, edit, message: str) -> None:
+    store = NegativesStore(tmp_path / "negatives")
+    store.publish(1, {"train": _mined()}, checkpoint_step=100, top_n=3, num_entities=10)
+    path = _rewrite_negatives(tmp_path / "negatives/v1", edit)
+    with pytest.raises(StoreError, match=rf"{re.escape(str(path))}: {message}"):
+        NegativesVersion(path)
+
+
+def test_inconsistent_negatives_are_never_published(tmp_path: Path) -> None:
+    mined = _mined()
+    repeated = MinedSplit(["a", "a", "c"], mined.cands, mined.scores, mined.gold_ranks)
+    with pytest.raises(StoreError, match="a mention id is listed more than once"):
+        NegativesStore(tmp_path / "negatives").publish(1, {"train": repeated}, 100, 3, 10)
+    with pytest.raises(StoreError, match=r"outside the catalogue's 0\.\.8"):
+        NegativesStore(tmp_path / "negatives").publish(1, {"train": mined}, 100, 3, 9)
+    assert NegativesStore(tmp_path / "negatives").latest() is None
+
+
+def test_negatives_file_metadata_must_match_the_manifest(tmp_path: Path) -> None:
+    store = NegativesStore(tmp_path / "negatives")
+    store.publish(1, {"train": _mined()}, checkpoint_step=100, top_n=3, num_entities=10)
+    path = tmp_path / "negatives/v1/train.parquet"
+    table = pq.read_table(path)
+    pq.write_table(table.replace_schema_metadata({}), path)
+    _edit_manifest(
+        tmp_path / "negatives/v1/manifest.json",
+        lambda m: m["splits"]["train"].update(sha256=sha256_file(path)),
+    )
+    with pytest.raises(StoreError, match=r"train\.parquet: metadata hnce\.version is None"):
+        store.latest()
+
+
+def test_negatives_checksum_version_and_manifest_are_checked(tmp_path: Path) -> None:
+    store = NegativesStore(tmp_path / "negatives", keep=3)
+    store.publish(1, {"train": _mined()}, checkpoint_step=100, top_n=3, num_entities=10)
+    store.publish(2, {"train": _mined()}, checkpoint_step=200, top_n=3, num_entities=10)
+    with (tmp_path / "negatives/v1/train.parquet").open("ab") as handle:
+        handle.write(b"tampered")
+    with pytest.raises(ChecksumError, match=r"v1/train\.parquet: sha256"):
+        NegativesVersion(tmp_path / "negatives/v1/train.parquet")
+    _edit_manifest(tmp_path / "negatives/v2/manifest.json", lambda m: m.update(version=1))
+    with pytest.raises(StoreError, match="records version 1 but lies in v2/"):
+        store.latest()
+    (tmp_path / "negatives/v2/manifest.json").unlink()
+    with pytest.raises(StoreError, match=r"v2/manifest\.json: missing"):
+        store.latest()
+
+
+def _unit(vectors: np.ndarray) -> np.ndarray:
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+def test_ivfpq_probes_as_many_lists_as_asked() -> None:
+    """Noisy queries: probing 16 of 64 lists finds each query's source far more often than
+    probing 1 (a build that ignored nprobe would score the same twice)."""
+    vectors = _unit(_vectors(6000))
+    queries = _unit(vectors[:300] + 0.5 * _unit(_vectors(300, seed=7)))
+
+    def found_at_5(nprobe: int) -> float:
+        spec = IndexSpec(kind="ivfpq", nlist=64, pq_m=8, nprobe=nprobe)
+        ids, _ = ShardedSearcher(
+            [IndexShard(build_shard_index(vectors, spec), np.arange(6000))]
+        ).search(queries, 5)
+        return float((ids == np.arange(300)[:, None]).any(axis=1).mean())
+
+    one, sixteen = found_at_5(1), found_at_5(16)
+    assert sixteen >= 0.8 and sixteen >= one + 0.1, (one, sixteen)
 
 
 @pytest.mark.parametrize(
     "spec",
-    [IndexSpec(kind="ivfpq", nlist=16, pq_m=8, nprobe=16), IndexSpec(kind="hnsw", hnsw_m=16)],
+    [IndexSpec(kind="ivfpq", nlist=64, pq_m=8, nprobe=8), IndexSpec(kind="hnsw", hnsw_m=16)],
     ids=["ivfpq", "hnsw"],
 )
 def test_serving_index_kinds_find_their_own_vectors(spec: IndexSpec) -> None:
-    vectors = _vectors(2000)
+    vectors = _vectors(6000)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    ids = np.arange(2000)
+    ids = np.arange(6000)
     shards = [
         IndexShard(build_shard_index(vectors[part], spec), ids[part])
         for part in np.array_split(ids, 2)

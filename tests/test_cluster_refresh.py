@@ -1,29 +1,32 @@
-"""End-to-end refresh on a local 2-CPU Ray instance with a tiny random BERT (slow)."""
+"""End-to-end refresh, mining and evaluation through the cluster, on a local Ray instance with a
+tiny random BERT (slow): shard holders, faults, placement, deadlines, and the coordinator's
+memory."""
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
 import string
-import subprocess
-import sys
 import time
+import tracemalloc
 from pathlib import Path
 
+import faiss
 import numpy as np
 import pytest
 import ray
 import torch
 from conftest import tiny_bert_config, write_wordpiece_tokenizer
 
+from cluster.actors import PlacementError, Task, TaskClock, TaskTimeout
 from cluster.checkpoints import mark_complete
-from cluster.coordinator import RefreshCoordinator
-from cluster.encoder_pool import EncoderPool, ShardEncoded, encode_entity_texts
+from cluster.encoder_pool import EncoderPool, ShardEncoded
+from cluster.files import sha256_file
+from cluster.index_build import IndexedModel, ensure_token_store
 from cluster.index_store import IndexStore
 from cluster.negatives_store import NegativesStore
 from cluster.refresh import RefreshPlan, RefreshSettings, run_refresh
-from cluster.refresh_job import EXIT_LOCKED, EXIT_OK
+from cluster.retrieval import EVAL_INDEX_DIR, retrieve
 from cluster.sharded_index import IndexSpec
 from cluster.tables import (
     Entity,
@@ -38,12 +41,12 @@ from encoders.biencoder import build_biencoder, export_biencoder, load_biencoder
 pytestmark = pytest.mark.slow
 
 NUM_ENTITIES = 48
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def ray_instance():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # Four logical CPUs: three one-CPU encoder actors fit, five do not.
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 
@@ -59,26 +62,35 @@ def _tiny_export(directory: Path, scorer: str) -> Path:
     return export_dir
 
 
-def _dataset(root: Path) -> Path:
+def _dataset(root: Path, num_entities: int = NUM_ENTITIES, mentions: int = 30) -> Path:
+    """Random words; entities alternate between domains "even" and "odd" (a mention takes its
+    gold's)."""
     rng = random.Random(0)
 
     def word() -> str:
         return "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 7)))
 
+    def domain(entity_id: int) -> str:
+        return ("even", "odd")[entity_id % 2]
+
     entities = [
-        Entity(i, f"k{i}", word(), " ".join(word() for _ in range(rng.randint(1, 12))))
-        for i in range(NUM_ENTITIES)
+        Entity(i, f"k{i}", word(), " ".join(word() for _ in range(rng.randint(1, 12))), domain(i))
+        for i in range(num_entities)
     ]
-    golds = [rng.randrange(NUM_ENTITIES) for _ in range(30)]
-    train = [Mention(f"m{n}", word(), word(), word(), g, golds=(g,)) for n, g in enumerate(golds)]
+    golds = [rng.randrange(num_entities) for _ in range(mentions)]
+    train = [
+        Mention(f"m{n}", word(), word(), word(), g, domain(g), golds=(g,))
+        for n, g in enumerate(golds)
+    ]
     write_dataset(root, entities, {"train": train})
     return root
 
 
-def _checkpoint(run_dir: Path, step: int, export_dir: Path) -> None:
+def _checkpoint(run_dir: Path, step: int, export_dir: Path) -> Path:
     directory = run_dir / "checkpoints" / f"step-{step}"
     shutil.copytree(export_dir, directory / "export")
     mark_complete(directory, {"step": step})
+    return directory
 
 
 @pytest.fixture(scope="module")
@@ -88,14 +100,16 @@ def assets(tmp_path_factory):
         "data": _dataset(root / "data"),
         "dual": _tiny_export(root / "dual", "dual"),
         "multi": _tiny_export(root / "multi", "multi-3"),
+        "som": _tiny_export(root / "som", "som"),
         "root": root,
     }
 
 
-def _config(run_dir: Path, data: Path, **overrides) -> RefreshPlan:
+def _config(run_dir: Path, data: Path, depth: int = 256, **overrides) -> RefreshPlan:
     settings = {"shard_size": 8, "batch_size": 4, "top_n": 10, "num_encoders": 1}
     settings.update(overrides)
-    return RefreshPlan(run_dir, data, RefreshSettings(**settings), IndexSpec(faiss_device="cpu"))
+    index = IndexSpec(faiss_device="cpu", candidate_depth=depth)
+    return RefreshPlan(run_dir, data, RefreshSettings(**settings), index)
 
 
 def _clean_run(assets) -> Path:
@@ -106,30 +120,70 @@ def _clean_run(assets) -> Path:
     return run_dir
 
 
+def _exact_scores(export_dir: Path, data: Path, mentions: list[Mention]) -> np.ndarray:
+    """s(x, y) of every mention against every entity, straight from the model (no index)."""
+    model = load_biencoder(export_dir).eval()
+    catalogue = EntityCatalogue.open(data)
+    with torch.inference_mode():
+        return model(
+            model.tokenize_mentions(
+                [m.context_left for m in mentions],
+                [m.mention for m in mentions],
+                [m.context_right for m in mentions],
+            ),
+            model.tokenize_entities(catalogue.titles().to_pylist(), catalogue.texts().to_pylist()),
+        ).numpy()
+
+
+def _train_mentions(data: Path) -> list[Mention]:
+    return MentionSplit.open(mention_split_path(data, "train")).read_all()
+
+
+def _assert_negatives_are_exact(run_dir: Path, export_dir: Path, data: Path, k: int = 10) -> None:
+    mentions = _train_mentions(data)
+    scores = _exact_scores(export_dir, data, mentions)
+    cands, cand_scores = (
+        NegativesStore(run_dir / "negatives").latest().lookup([m.mention_id for m in mentions])
+    )
+    np.testing.assert_array_equal(cands.numpy(), np.argsort(-scores, axis=1)[:, :k])
+    np.testing.assert_allclose(
+        cand_scores.numpy(), -np.sort(-scores, axis=1)[:, :k], rtol=1e-4, atol=1e-4
+    )
+
+
 def test_refresh_publishes_exact_index_and_negatives(ray_instance, assets) -> None:
     run_dir = _clean_run(assets)
-    version = IndexStore(run_dir / "index", device="cpu").current()
+    version = IndexStore(run_dir / "index").current()
     assert (version.version, version.checkpoint, version.num_entities) == (1, 1, NUM_ENTITIES)
-    assert len(version.manifest["shards"]) == NUM_ENTITIES // 8
+    assert len(version.manifest.shards) == NUM_ENTITIES // 8
     # The index holds exactly the model's entity vectors, whatever the sharding and bucketing.
     model = load_biencoder(assets["dual"]).eval()
     catalogue = EntityCatalogue.open(assets["data"])
-    vectors, rows, _ = encode_entity_texts(
-        model, catalogue.titles().to_pylist(), catalogue.texts().to_pylist(), 64, bucketed=False
-    )
-    np.testing.assert_array_equal(rows, np.arange(NUM_ENTITIES))
-    ids, _ = version.search(vectors, 1)
+    with torch.inference_mode():
+        tokens = model.tokenize_entities(
+            catalogue.titles().to_pylist(), catalogue.texts().to_pylist()
+        )
+        vectors, _ = model.entity_index_vectors(tokens["input_ids"], tokens["attention_mask"])
+    ids, scores = version.load().search(vectors.numpy(), 1)
     np.testing.assert_array_equal(ids[:, 0], np.arange(NUM_ENTITIES))
+    np.testing.assert_allclose(scores[:, 0], (vectors**2).sum(1).numpy(), rtol=1e-4)
     negatives = NegativesStore(run_dir / "negatives").latest()
     assert (negatives.version, negatives.checkpoint_step, len(negatives)) == (1, 1, 30)
-    cands, cand_scores = negatives.lookup(["m0", "m1"])
-    assert cands.shape == (2, 10) and bool((cand_scores[:, :-1] >= cand_scores[:, 1:]).all())
+    _assert_negatives_are_exact(run_dir, assets["dual"], assets["data"])
     again = run_refresh(_config(run_dir, assets["data"]))
     assert again.up_to_date and "nothing to do" in again.line()
 
 
+def test_mining_through_three_shard_holders_equals_exact_search(ray_instance, assets) -> None:
+    run_dir = assets["root"] / "holders"
+    _checkpoint(run_dir, 1, assets["dual"])
+    summary = run_refresh(_config(run_dir, assets["data"], num_encoders=3))
+    assert summary.num_shards == 6 and summary.num_holders == 3
+    _assert_negatives_are_exact(run_dir, assets["dual"], assets["data"])
+
+
 def test_killed_encoder_mid_refresh_publishes_identical_index(ray_instance, assets) -> None:
-    clean = IndexStore(_clean_run(assets) / "index", device="cpu").current()
+    clean = IndexStore(_clean_run(assets) / "index").current()
     run_dir = assets["root"] / "killed"
     _checkpoint(run_dir, 1, assets["dual"])
     pids: list[int] = []
@@ -141,10 +195,10 @@ def test_killed_encoder_mid_refresh_publishes_identical_index(ray_instance, asse
 
     summary = run_refresh(_config(run_dir, assets["data"]), on_shard=kill_after_first_shard)
     assert len(set(pids)) == 2, "the encoder actor should have been restarted once"
-    killed = IndexStore(run_dir / "index", device="cpu").current()
+    killed = IndexStore(run_dir / "index").current()
     assert summary.index_version == killed.version == 1
     assert killed.shard_checksums == clean.shard_checksums
-    assert NegativesStore(run_dir / "negatives").latest().version == 1
+    _assert_negatives_are_exact(run_dir, assets["dual"], assets["data"])
 
 
 def test_stale_checkpoints_are_skipped(ray_instance, assets) -> None:
@@ -157,49 +211,8 @@ def test_stale_checkpoints_are_skipped(ray_instance, assets) -> None:
     assert NegativesStore(run_dir / "negatives").latest().checkpoint_step == 30
 
 
-def test_two_concurrent_cli_refreshes_one_runs_other_exits(ray_instance, assets) -> None:
-    run_dir = assets["root"] / "cli"
-    _checkpoint(run_dir, 5, assets["dual"])
-    command = [
-        sys.executable,
-        "-m",
-        "pipeline.cli.main",
-        "refresh",
-        "--set",
-        f"run.dir={run_dir}",
-        "--set",
-        f"data.root={assets['data']}",
-        "--set",
-        f"cluster.address={ray_instance}",
-        "--set",
-        "refresh.shard_size=16",
-        "--set",
-        "refresh.top_n=5",
-        "--set",
-        "negatives.num_negatives=4",
-        "--set",
-        "index.faiss_device=cpu",
-    ]
-    environment = {**os.environ, "PYTHONPATH": str(REPO)}
-    first = subprocess.Popen(
-        command, cwd=REPO, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
-    lock = run_dir / "refresh.lock"
-    deadline = time.monotonic() + 60
-    while not (lock.exists() and lock.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    second = subprocess.run(
-        command, cwd=REPO, env=environment, capture_output=True, text=True, timeout=120
-    )
-    output, _ = first.communicate(timeout=240)
-    assert second.returncode == EXIT_LOCKED, second.stdout + second.stderr
-    assert "another refresh" in second.stdout and "is running" in second.stdout
-    assert first.returncode == EXIT_OK, output.decode()
-    assert "refresh: step-5 → index v1" in output.decode()
-
-
 def test_interrupted_refresh_resumes_finished_shards(ray_instance, assets) -> None:
-    clean = IndexStore(_clean_run(assets) / "index", device="cpu").current()
+    clean = IndexStore(_clean_run(assets) / "index").current()
     run_dir = assets["root"] / "resumed"
     _checkpoint(run_dir, 1, assets["dual"])
     indexed: list[int] = []
@@ -214,58 +227,121 @@ def test_interrupted_refresh_resumes_finished_shards(ray_instance, assets) -> No
     assert IndexStore(run_dir / "index").current_version() is None  # nothing half-published
     summary = run_refresh(_config(run_dir, assets["data"]))
     assert summary.resumed_shards == 2 and summary.index_version == 1
-    resumed = IndexStore(run_dir / "index", device="cpu").current()
+    resumed = IndexStore(run_dir / "index").current()
     assert resumed.shard_checksums == clean.shard_checksums
 
 
 def test_multi_vector_refresh_mines_the_scorers_top_n(ray_instance, assets) -> None:
     run_dir = assets["root"] / "multi"
     _checkpoint(run_dir, 1, assets["multi"])
-    run_refresh(_config(run_dir, assets["data"]))
-    version = IndexStore(run_dir / "index", device="cpu").current()
-    assert version.vectors_per_entity == 3 and version.searcher.ntotal == 3 * NUM_ENTITIES
-    negatives = NegativesStore(run_dir / "negatives").latest()
+    run_refresh(_config(run_dir, assets["data"], num_encoders=2))
+    version = IndexStore(run_dir / "index").current()
+    assert version.vectors_per_entity == 3 and version.num_vectors == 3 * NUM_ENTITIES
     # Direct formula: s = max_t <x_1, y_t> over every entity, from the exported model.
-    model = load_biencoder(assets["multi"]).eval()
-    catalogue = EntityCatalogue.open(assets["data"])
-    names = ["m0", "m7"]
-    split = {
-        m.mention_id: m
-        for m in MentionSplit.open(mention_split_path(assets["data"], "train")).read_all()
-    }
-    chosen = [split[name] for name in names]
-    with torch.inference_mode():
-        scores = model(
-            model.tokenize_mentions(
-                [m.context_left for m in chosen],
-                [m.mention for m in chosen],
-                [m.context_right for m in chosen],
-            ),
-            model.tokenize_entities(catalogue.titles().to_pylist(), catalogue.texts().to_pylist()),
-        ).numpy()
-    cands, cand_scores = negatives.lookup(names)
-    np.testing.assert_array_equal(cands.numpy(), np.argsort(-scores, axis=1)[:, :10])
-    np.testing.assert_allclose(
-        cand_scores.numpy(), -np.sort(-scores, axis=1)[:, :10], rtol=1e-4, atol=1e-4
-    )
+    _assert_negatives_are_exact(run_dir, assets["multi"], assets["data"])
 
 
-def test_coordinator_actor_follows_new_checkpoints(ray_instance, assets) -> None:
-    run_dir = assets["root"] / "watched"
+def test_sum_of_max_refresh_mines_the_scorers_top_n(ray_instance, assets) -> None:
+    """Sum-of-max through two shard holders: token-level candidates `index.candidate_depth` deep,
+    rescored exactly within each shard, equal the scorer's own top-N (s = Σ_i max_j ⟨x_i, y_j⟩)."""
+    run_dir = assets["root"] / "som"
+    _checkpoint(run_dir, 1, assets["som"])
+    run_refresh(_config(run_dir, assets["data"], depth=10_000, shard_size=16, num_encoders=2))
+    version = IndexStore(run_dir / "index").current()
+    assert version.vectors_per_entity is None and version.num_vectors > NUM_ENTITIES
+    _assert_negatives_are_exact(run_dir, assets["som"], assets["data"])
+
+
+def test_more_encoders_than_the_cluster_can_place_fail_in_seconds(ray_instance, assets) -> None:
+    run_dir = assets["root"] / "too-many"
     _checkpoint(run_dir, 1, assets["dual"])
-    coordinator = RefreshCoordinator.remote(
-        _config(run_dir, assets["data"], shard_size=100, poll_seconds=0.2)
+    started = time.monotonic()
+    with pytest.raises(PlacementError, match=r"5 encoder actor\(s\) asking \{CPU: 1\}.*CPU 4"):
+        run_refresh(_config(run_dir, assets["data"], num_encoders=5))
+    assert time.monotonic() - started < 60
+    assert IndexStore(run_dir / "index").versions() == []
+
+
+@ray.remote(num_cpus=0)
+class _StuckEncoder:
+    def index_shard(self, seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+
+def test_a_hung_task_is_reported_with_its_shard_and_actor(ray_instance) -> None:
+    actor = _StuckEncoder.remote()
+    ray.get(actor.index_shard.remote(0.0))  # started
+    clock = TaskClock(floor_seconds=5.0, what="entity shard")
+    quick = actor.index_shard.remote(0.1)
+    assert clock.get(quick, Task("shard 0", "encoder-a")) == pytest.approx(0.1)
+    assert clock.timeout == 5.0  # 10 x ~0.1 s is under the floor
+    stuck = actor.index_shard.remote(120)
+    started = time.monotonic()
+    with pytest.raises(TaskTimeout, match="shard 7 on actor encoder-a: no entity shard finished"):
+        clock.wait_next({stuck: Task("shard 7", "encoder-a")})
+    assert time.monotonic() - started < 15
+    clock.record(0.9)
+    assert clock.timeout == pytest.approx(9.0)  # 10 x the slowest shard so far
+    ray.kill(actor)
+
+
+def test_coordinator_never_holds_the_catalogues_vectors(ray_instance, assets, monkeypatch) -> None:
+    """The refresh runs with every way of loading or building a FAISS index disabled in this
+    process (the actors are other processes), and its Python heap peak does not grow with a
+    catalogue 20 times larger cut into as many shards (after a warm-up run)."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the coordinator loaded or built a FAISS index")
+
+    for name in ("read_index", "deserialize_index", "IndexFlatIP", "clone_index"):
+        monkeypatch.setattr(faiss, name, refuse)
+    # Hashing streams 4 MiB chunks, which would hide a shard of this size in the peak.
+    monkeypatch.setattr(sha256_file, "__defaults__", (1 << 14,))
+    peaks = []
+    for number, size in enumerate((100, 100, 2000)):
+        data = _dataset(assets["root"] / f"data-{size}", num_entities=size)
+        run_dir = assets["root"] / f"memory-{number}"
+        _checkpoint(run_dir, 1, assets["dual"])
+        ensure_token_store(data, IndexedModel.from_export(assets["dual"]), progress=False)
+        tracemalloc.start()
+        plan = _config(run_dir, data, shard_size=size // 2, num_encoders=2)
+        run_refresh(plan, progress=False)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+        assert IndexStore(run_dir / "index").current().num_vectors == size
+    one_shard_of_vectors = 1000 * 32 * 4
+    assert peaks[2] - peaks[1] < one_shard_of_vectors / 4, peaks
+
+
+def test_evaluation_reuses_the_published_index_and_equals_re_encoding(ray_instance, assets) -> None:
+    run_dir = _clean_run(assets)
+    mentions = _train_mentions(assets["data"])
+    checkpoint = run_dir / "checkpoints" / "step-1"
+    published = retrieve(
+        _config(run_dir, assets["data"]), IndexedModel.from_checkpoint(checkpoint, 1), mentions, 10
     )
-    watching = coordinator.watch.remote()
-    negatives = NegativesStore(run_dir / "negatives")
-    deadline = time.monotonic() + 120
-    while negatives.current_version() != 1 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    _checkpoint(run_dir, 2, assets["dual"])
-    while negatives.current_version() != 2 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    ray.get(coordinator.stop.remote())
-    assert ray.get(watching, timeout=60) == 2
-    status = ray.get(coordinator.status.remote())
-    assert status["error"] is None and "step-2" in status["last"]
-    assert NegativesStore(run_dir / "negatives").latest().checkpoint_step == 2
+    assert not published.built and published.index_version.path == run_dir / "index" / "v1"
+    fresh = assets["root"] / "fresh-eval"
+    re_encoded = retrieve(
+        _config(fresh, assets["data"]), IndexedModel.from_export(assets["dual"]), mentions, 10
+    )
+    assert re_encoded.built and re_encoded.index_version.path == fresh / EVAL_INDEX_DIR / "v1"
+    np.testing.assert_array_equal(re_encoded.cands, published.cands)
+    np.testing.assert_array_equal(re_encoded.scores, published.scores)
+    exact = _exact_scores(assets["dual"], assets["data"], mentions)
+    np.testing.assert_array_equal(published.cands, np.argsort(-exact, axis=1)[:, :10])
+    # Evaluation never writes into the refresh's store, and finds its own version again.
+    assert not (fresh / "index").exists()
+    again = retrieve(
+        _config(fresh, assets["data"]),
+        IndexedModel.from_export(assets["dual"]),
+        mentions,
+        5,
+        per_domain=True,
+    )
+    assert not again.built and again.index_version.path == fresh / EVAL_INDEX_DIR / "v1"
+    domains = np.array([m.domain == "odd" for m in mentions])
+    exact[:, 1::2][~domains] = -np.inf  # an even mention never sees odd entities
+    exact[:, 0::2][domains] = -np.inf
+    np.testing.assert_array_equal(again.cands, np.argsort(-exact, axis=1)[:, :5])

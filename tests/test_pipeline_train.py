@@ -21,19 +21,12 @@ from training_helpers import CONFIGS, synthetic_config, write_syllable_bert
 from cluster.checkpoints import EXPORT_DIR, checkpoint_dir, newest_checkpoint
 from cluster.index_store import IndexStore
 from cluster.session import init_ray
-from cluster.tables import (
-    EntityCatalogue,
-    MentionSplit,
-    mention_split_path,
-)
-from encoders.biencoder import load_biencoder
-from pipeline.config import Config, load_config
+from pipeline.config import Config, config_from_dict, load_config
 from pipeline.data.synthetic import generate_synthetic_dataset
 from pipeline.data.wordnet import convert_wordnet
 from pipeline.demo import write_demo_subset
-from pipeline.evaluate import evaluate_model
+from pipeline.evaluate import evaluate_checkpoint, evaluate_export
 from pipeline.train.events import read_events
-from pipeline.train.model import build_model
 from pipeline.train.trainer import run_training
 
 pytestmark = pytest.mark.slow
@@ -73,19 +66,15 @@ def local_ray() -> None:
     ray.shutdown()
 
 
-def recall(config: Config, model: object, per_domain: bool = True) -> dict[int, float]:
-    root = Path(config.data.root)
-    mentions = MentionSplit.open(mention_split_path(root, "test")).read_all()
-    report = evaluate_model(
-        "t",
-        model,
-        EntityCatalogue.open(root),
-        mentions,
-        [1, 8],
-        per_domain_catalogue=per_domain,
-        progress=False,
-    )
-    return report.recall
+def recall(config: Config, export_dir: Path | None) -> dict[int, float]:
+    """Recall@{1, 8} on the test split through the cluster (``hnce eval``); None: untrained."""
+    tree = config.to_dict()
+    tree["data"]["eval_split"] = "test"
+    tree["eval"].update(ks=[1, 8], per_domain_catalogue=False)
+    config = config_from_dict(tree)
+    if export_dir is None:
+        return evaluate_checkpoint(config, "untrained", progress=False).recall
+    return evaluate_export(config, export_dir, progress=False).recall
 
 
 def test_training_switches_to_refreshed_negatives_without_waiting(
@@ -146,11 +135,11 @@ def test_recall_on_held_out_lemmas_rises_over_the_untrained_model(
             "refresh.enabled=false",
         ],
     )
-    untrained = recall(config, build_model(config), per_domain=False)
+    untrained = recall(config, None)
     run_training(config, progress=False)
     newest = newest_checkpoint(config.run_dir)
     assert newest is not None and newest[0] == 30
-    trained = recall(config, load_biencoder(newest[1] / EXPORT_DIR), per_domain=False)
+    trained = recall(config, newest[1] / EXPORT_DIR)
     assert trained[1] > untrained[1] + 0.05, (untrained, trained)
     assert trained[8] > untrained[8], (untrained, trained)
 

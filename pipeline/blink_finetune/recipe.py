@@ -8,13 +8,16 @@
    errors. Unlabelled files (``test_without_answers``) only get predictions.
 2. Import the BLINK checkpoint (``encoders.blink``) with the configured scorer (dual, or multi-m
    over the same towers) and export it as the run's starting model.
-3. Index version 0: BLINK's precomputed encodings (``.t7``, memory-mapped) when given, else
-   encoded from the checkpoint; train negatives version 0 mined from it, so mixed-50 training
-   has hard negatives from step 0.
+3. Index version 0 by the encoder actors (``index_v0``): BLINK's precomputed encodings
+   (``.t7``, memory-mapped) when given, else encoded from the checkpoint; train negatives
+   version 0 mined from it, so mixed-50 training has hard negatives from step 0.
 4. Train through ``pipeline.train`` (DeepSpeed workers under Ray Train, asynchronous refresh)
    over the whole catalogue.
-5. Evaluate against every entity, before (index v0) and after fine-tuning (an index version of
-   the final checkpoint, built by the refresh); write KILT predictions for every input id.
+5. Link every input of every AIDA file against every entity through the cluster
+   (``cluster.retrieval``), before (with index v0) and after fine-tuning (with the refresh's
+   version of the final checkpoint when it caught up, else one built for it in
+   ``<run>/eval-index/``); accuracy on the labelled files, KILT predictions for every input id.
+   The driver never holds the catalogue's vectors.
 6. Export the fine-tuned model in Hugging Face format and in BLINK's checkpoint layout.
 """
 
@@ -28,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from cluster.checkpoints import EXPORT_DIR, newest_checkpoint
-from cluster.index_store import IndexStore, IndexVersion
-from cluster.negatives_store import NegativesStore
-from cluster.refresh import run_refresh
+from cluster.index_build import IndexedModel
+from cluster.refresh import RefreshPlan
+from cluster.retrieval import retrieve
 from cluster.session import init_ray
 from cluster.tables import (
     MANIFEST_FILE,
@@ -39,14 +42,9 @@ from cluster.tables import (
     mention_split_path,
     read_summary,
 )
-from encoders.biencoder import BiEncoder, export_biencoder, load_biencoder
+from encoders.biencoder import SCORER_FILE, export_biencoder, load_biencoder
 from encoders.blink import export_blink_biencoder, import_blink_biencoder
-from pipeline.blink_finetune.index_v0 import (
-    INITIAL_VERSION,
-    index_from_encodings,
-    index_from_model,
-    mine_initial_negatives,
-)
+from pipeline.blink_finetune.index_v0 import prepare_version_zero
 from pipeline.blink_finetune.kilt_output import (
     LinkingAccuracy,
     as_mentions,
@@ -59,7 +57,6 @@ from pipeline.data.bad_rows import BadRowKind
 from pipeline.data.conversion import DatasetOutput
 from pipeline.data.kilt import aida_split_name, convert_kilt
 from pipeline.preflight import check_blink_inputs
-from pipeline.rerank import retrieve_candidates
 from pipeline.train.trainer import refresh_plan, run_training
 
 DATASET_FORMAT = "blink-finetune"
@@ -77,6 +74,7 @@ class SplitResult:
     split: str
     inputs: int
     predictions: str
+    index: str  # the index version the predictions were searched in
     before: LinkingAccuracy | None = None
     after: LinkingAccuracy | None = None
 
@@ -86,6 +84,7 @@ class SplitResult:
             "split": self.split,
             "inputs": self.inputs,
             "predictions": self.predictions,
+            "index": self.index,
             "before": None if self.before is None else self.before.to_json(),
             "after": None if self.after is None else self.after.to_json(),
         }
@@ -166,10 +165,10 @@ def convert_inputs(root: Path, inputs: BlinkSettings) -> dict[str, Any]:
     }
 
 
-def initial_model(config: Config, export_dir: Path) -> BiEncoder:
+def initial_export(config: Config, export_dir: Path) -> Path:
     """BLINK's bi-encoder with the configured scorer, exported once as the run's starting model."""
-    if (export_dir / "scorer.json").is_file():
-        return load_biencoder(export_dir)
+    if (export_dir / SCORER_FILE).is_file():
+        return export_dir
     model = import_blink_biencoder(
         Path(config.blink.checkpoint),
         Path(config.blink.base_model),
@@ -178,7 +177,7 @@ def initial_model(config: Config, export_dir: Path) -> BiEncoder:
         entity_length=config.model.entity_length,
     )
     export_biencoder(model, export_dir)
-    return model
+    return export_dir
 
 
 def with_model_path(config: Config, export_dir: Path) -> Config:
@@ -188,87 +187,40 @@ def with_model_path(config: Config, export_dir: Path) -> Config:
     return config_from_dict(tree)
 
 
-def prepare_version_zero(config: Config, model: BiEncoder, export_dir: Path) -> IndexVersion | None:
-    """Index and train negatives version 0 (kept when the run already has them); None when a
-    resumed run's retention has already removed version 0."""
-    run_dir = config.run_dir
-    store = IndexStore(run_dir / "index", keep=config.index.keep_versions)
-    versions = store.versions()
-    version = store.open(INITIAL_VERSION) if INITIAL_VERSION in versions else None
-    if not versions:
-        catalogue = EntityCatalogue.open(Path(config.data.root))
-        if config.blink.encodings is not None:
-            version = index_from_encodings(
-                store,
-                Path(config.blink.encodings),
-                model,
-                export_dir,
-                len(catalogue),
-                config.index,
-                config.blink.index_shard_size,
-            )
-        else:
-            version = index_from_model(
-                store,
-                model,
-                export_dir,
-                catalogue,
-                config.index,
-                batch_size=config.refresh.batch_size,
-            )
-    negatives = NegativesStore(run_dir / "negatives", keep=config.index.keep_versions)
-    if version is not None and negatives.current_version() is None:
-        split = config.data.train_split
-        mentions = MentionSplit.open(mention_split_path(Path(config.data.root), split)).read_all()
-        mine_initial_negatives(negatives, version, model, split, mentions, config.refresh.top_n)
-    return version
-
-
 def link_files(
-    model: BiEncoder,
-    index_version: IndexVersion,
-    catalogue: EntityCatalogue,
-    data_root: Path,
+    plan: RefreshPlan,
+    model: IndexedModel,
     aida: Sequence[Path],
     k: int,
     predictions_dir: Path | None,
+    progress: bool = True,
 ) -> list[SplitResult]:
-    """Top-``k`` entities of every input of every file; predictions (top 1) written to
-    ``predictions_dir/<file name>``; accuracy for the files with a labelled Parquet split."""
-    results = []
-    for path in aida:
-        inputs = read_kilt_inputs(path)
-        found = retrieve_candidates(
-            model, as_mentions(inputs), k, index_version=index_version, progress=False
-        ).cands
+    """Top-``k`` entities of every input of every file under ``model``, in one search through
+    the cluster; predictions (top 1) written to ``predictions_dir/<file name>``; accuracy for the
+    files with a labelled Parquet split."""
+    files = [(Path(path), read_kilt_inputs(Path(path))) for path in aida]
+    mentions = [mention for _, inputs in files for mention in as_mentions(inputs)]
+    retrieved = retrieve(plan, model, mentions, k, progress=progress)
+    catalogue = EntityCatalogue.open(plan.data_dir)
+    results, offset = [], 0
+    for path, inputs in files:
+        found = retrieved.cands[offset : offset + len(inputs)]
+        offset += len(inputs)
         written = ""
         if predictions_dir is not None:
-            target = predictions_dir / Path(path).name
+            target = predictions_dir / path.name
             write_kilt_predictions(target, inputs, found[:, 0], catalogue)
             written = str(target)
         split = aida_split_name(path)
         accuracy = None
-        split_path = mention_split_path(data_root, split)
+        split_path = mention_split_path(plan.data_dir, split)
         if split != "train" and split_path.is_file():
             labelled = MentionSplit.open(split_path).read_all()
             by_id = {item.id: row for item, row in zip(inputs, found, strict=True)}
             accuracy = linking_accuracy(split, labelled, by_id)
-        results.append(SplitResult(Path(path).name, split, len(inputs), written, after=accuracy))
+        index = str(retrieved.index_version.path)
+        results.append(SplitResult(path.name, split, len(inputs), written, index, after=accuracy))
     return results
-
-
-def final_index(config: Config, step: int) -> IndexVersion:
-    """An index version built from checkpoint ``step``: the refresh's own when it caught up,
-    else one refresh now through the encoder pool (which also resumes an abandoned one)."""
-    store = IndexStore(config.run_dir / "index", keep=config.index.keep_versions)
-    current = store.current()
-    if current is not None and current.checkpoint == step:
-        return current
-    init_ray(config.cluster, config.refresh.encoder_cpus)
-    run_refresh(refresh_plan(config), step)
-    version = store.current()
-    assert version is not None and version.checkpoint == step
-    return version
 
 
 def finetune_blink(config: Config, progress: bool = True) -> FinetuneReport:
@@ -277,41 +229,34 @@ def finetune_blink(config: Config, progress: bool = True) -> FinetuneReport:
     check_blink_inputs(config)
     inputs = config.blink
     run_dir = config.run_dir.resolve()
-    data_root = Path(config.data.root)
-    data_summary = convert_inputs(data_root, inputs)
-    catalogue = EntityCatalogue.open(data_root)
-    export_dir = run_dir / INITIAL_EXPORT
-    model = initial_model(config, export_dir)
-    config = with_model_path(config, export_dir)
-    version_zero = prepare_version_zero(config, model, export_dir)
-    k = max(config.eval.ks)
-    before = (
-        link_files(model, version_zero, catalogue, data_root, list(map(Path, inputs.aida)), k, None)
-        if version_zero is not None
-        else None
+    data_summary = convert_inputs(Path(config.data.root), inputs)
+    config = with_model_path(config, initial_export(config, run_dir / INITIAL_EXPORT))
+    # One Ray instance for the whole recipe, sized for training (which reuses it).
+    training, refresh = config.training, config.refresh
+    init_ray(
+        config.cluster,
+        training.num_workers * training.cpus_per_worker
+        + refresh.num_encoders * refresh.encoder_cpus,
     )
+    plan = refresh_plan(config)
+    initial = IndexedModel.from_export(run_dir / INITIAL_EXPORT)
+    encodings = None if inputs.encodings is None else Path(inputs.encodings)
+    prepare_version_zero(plan, initial, config.data.train_split, encodings, progress)
+    aida, k = list(map(Path, inputs.aida)), max(config.eval.ks)
+    before = link_files(plan, initial, aida, k, None, progress)
 
     summary = run_training(config, progress=progress)
     newest = newest_checkpoint(run_dir)
     if newest is None:
         raise RuntimeError(f"{run_dir}: training published no checkpoint")
     step, checkpoint = newest
-    final_export = checkpoint / EXPORT_DIR
-    final_model = load_biencoder(final_export)
-    after = link_files(
-        final_model,
-        final_index(config, step),
-        catalogue,
-        data_root,
-        list(map(Path, inputs.aida)),
-        k,
-        run_dir / "predictions",
-    )
-    for result, initial in zip(after, before or [], strict=False):
-        result.before = initial.after
+    final = IndexedModel.from_checkpoint(checkpoint, step)
+    after = link_files(plan, final, aida, k, run_dir / "predictions", progress)
+    for result, initial_result in zip(after, before, strict=True):
+        result.before = initial_result.after
     hf_export = run_dir / HF_EXPORT
-    shutil.copytree(final_export, hf_export, dirs_exist_ok=True)
-    export_blink_biencoder(final_model, run_dir / BLINK_EXPORT)
+    shutil.copytree(checkpoint / EXPORT_DIR, hf_export, dirs_exist_ok=True)
+    export_blink_biencoder(load_biencoder(checkpoint / EXPORT_DIR), run_dir / BLINK_EXPORT)
     report = FinetuneReport(
         run_dir=run_dir,
         data=data_summary,

@@ -1,0 +1,190 @@
+"""Index shards held where the compute is: in the encoder actors (DESIGN.md §5).
+
+Mining and evaluation never load an index version into the process that orchestrates them. The
+version's shards are spread over the encoder actors (`cluster.encoder_pool`), which on a GPU
+cluster hold the GPUs (FAISS fp16 flat shards there, `cluster.sharded_index.resolve_faiss_device`)
+and on a CPU cluster hold CPU shards, memory-mapped. A batch of query vectors goes to every
+holder (as one Ray object, never through the orchestrating process when it comes from an encoder
+actor); each returns the exact top-k entities of its shards and the orchestrator merges the lists
+(`merge_entity_lists`), which is exact because every entity lies in exactly one shard. The
+orchestrator therefore holds k candidates per query, never the catalogue's vectors.
+
+A holder that dies is restarted by Ray and the search retried; every search names the shards it
+expects (:class:`HoldSpec`), so a restarted holder loads them again before answering.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import ray
+from tqdm import tqdm
+
+from cluster.actors import Task, TaskClock
+from cluster.index_store import IndexVersion
+from cluster.sharded_index import (
+    DeviceRequest,
+    ShardedSearcher,
+    merge_entity_lists,
+    resolve_faiss_device,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HoldSpec:
+    """Which shards of which version one holder holds, on which device, searched how."""
+
+    version: IndexVersion
+    shard_numbers: tuple[int, ...]
+    device: DeviceRequest
+    candidate_depth: int
+
+    @property
+    def key(self) -> tuple[str, int, tuple[int, ...], str, int]:
+        return (
+            str(self.version.path),
+            self.version.version,
+            self.shard_numbers,
+            self.device,
+            self.candidate_depth,
+        )
+
+
+@dataclass(frozen=True)
+class HeldShards:
+    """What a holder reports after loading its shards."""
+
+    shard_numbers: tuple[int, ...]
+    num_vectors: int
+    device: str
+    seconds: float
+    pid: int
+
+
+class ShardHolder:
+    """What an actor that holds index shards does (a base of `EntityEncoderActor`)."""
+
+    _held: ShardedSearcher | None = None
+    _held_key: tuple[str, int, tuple[int, ...], str, int] | None = None
+
+    def hold(self, spec: HoldSpec) -> HeldShards:
+        """Load (verify, memory-map, place) the shards of `spec`, replacing any held before."""
+        started = time.perf_counter()
+        device = resolve_faiss_device(spec.device)
+        self._held = spec.version.load(spec.shard_numbers, device, spec.candidate_depth)
+        self._held_key = spec.key
+        logger.info(
+            "holding shards %s of index v%d on %s",
+            list(spec.shard_numbers),
+            spec.version.version,
+            device.describe(),
+        )
+        return HeldShards(
+            spec.shard_numbers,
+            self._held.ntotal,
+            device.describe(),
+            time.perf_counter() - started,
+            os.getpid(),
+        )
+
+    def search(
+        self, spec: HoldSpec, queries: np.ndarray, k: int, allowed: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k entities of `queries` among the held shards (loading them first if this actor
+        was restarted); see `ShardedSearcher.search`."""
+        if self._held_key != spec.key:
+            self.hold(spec)
+        assert self._held is not None
+        return self._held.search(queries, k, allowed)
+
+
+class HeldIndex:
+    """An index version whose shards are held by actors: fans queries out and merges.
+
+    Build it with :meth:`start`; then :meth:`search_stream` turns a stream of query batches
+    (object references or arrays) into merged top-k (entity ids, scores) per batch, in order.
+    """
+
+    def __init__(
+        self,
+        version: IndexVersion,
+        holders: Sequence[tuple[ray.actor.ActorHandle, str, ray.ObjectRef]],
+        clock: TaskClock,
+    ) -> None:
+        self.version = version
+        self.holders = list(holders)
+        self.clock = clock
+
+    @classmethod
+    def start(
+        cls,
+        version: IndexVersion,
+        actors: Sequence[tuple[ray.actor.ActorHandle, str]],
+        device: DeviceRequest,
+        candidate_depth: int,
+        clock: TaskClock,
+        progress: bool = True,
+    ) -> HeldIndex:
+        """Spread `version`'s shards round-robin over `actors` and wait until each has loaded
+        its share (actors left without a shard hold nothing and are not searched)."""
+        num_shards = len(version.manifest.shards)
+        holders, pending = [], {}
+        for number, (actor, name) in enumerate(actors[:num_shards]):
+            spec = HoldSpec(
+                version, tuple(range(number, num_shards, len(actors))), device, candidate_depth
+            )
+            holders.append((actor, name, ray.put(spec)))
+            pending[actor.hold.remote(holders[-1][2])] = Task(
+                f"loading shards {spec.shard_numbers}", name
+            )
+        with tqdm(
+            total=num_shards,
+            desc=f"loading index v{version.version}",
+            unit="shards",
+            disable=not progress,
+        ) as bar:
+            while pending:
+                done = clock.wait_next(pending)
+                pending.pop(done)
+                held: HeldShards = ray.get(done)
+                clock.record(held.seconds)
+                bar.update(len(held.shard_numbers))
+        logger.info("index v%d held by %d actor(s)", version.version, len(holders))
+        return cls(version, holders, clock)
+
+    def search_stream(
+        self,
+        query_batches: Iterable[ray.ObjectRef | np.ndarray],
+        k: int,
+        allowed: np.ndarray | None = None,
+        window: int = 4,
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Merged top-k (entity ids int64 [B, k], scores float32 [B, k]) of each query batch, in
+        order; up to `window` batches in flight. `allowed` restricts every search to those
+        entity ids (a Zeshel world)."""
+        allowed_ref = None if allowed is None else ray.put(np.asarray(allowed, np.int64))
+        in_flight: list[tuple[list[ray.ObjectRef], Task]] = []
+        for number, queries in enumerate(query_batches):
+            reference = queries if isinstance(queries, ray.ObjectRef) else ray.put(queries)
+            parts = [
+                actor.search.remote(spec, reference, k, allowed_ref)
+                for actor, _, spec in self.holders
+            ]
+            names = ", ".join(name for _, name, _ in self.holders)
+            in_flight.append((parts, Task(f"search of query batch {number}", names)))
+            if len(in_flight) >= window:
+                yield self._merged(*in_flight.pop(0), k)
+        for parts, task in in_flight:
+            yield self._merged(parts, task, k)
+
+    def _merged(
+        self, parts: list[ray.ObjectRef], task: Task, k: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        return merge_entity_lists(self.clock.get(parts, task), k)
