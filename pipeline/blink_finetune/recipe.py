@@ -59,7 +59,8 @@ from pipeline.data.blink import convert_blink_entities
 from pipeline.data.kilt import aida_split_name, convert_aida_split, convert_knowledge_source
 from pipeline.preflight import check_blink_inputs
 from pipeline.rerank import retrieve_candidates
-from pipeline.train.trainer import refresh_plan, run_training
+from pipeline.train.refresh_supervisor import refresh_plan
+from pipeline.train.trainer import run_training
 
 DATASET_FORMAT = "blink-finetune"
 INITIAL_EXPORT = Path("initial") / "export"

@@ -36,6 +36,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "pipeline.cli.refresh",
         "re-encode the catalogue into a new index version and mine negatives",
     ),
+    "status": (
+        "pipeline.cli.status",
+        "a run's checkpoints, live versions, lag, refreshes, lock and disk on one screen",
+    ),
     "eval": ("pipeline.cli.eval", "recall@k and accuracy against the whole catalogue"),
     "bias": ("pipeline.cli.bias", "gradient-bias diagnostics of NCE negatives (paper §6.4)"),
     "demo": ("pipeline.cli.demo", "the main job end to end on real WordNet data"),

@@ -22,14 +22,14 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from cluster.checkpoints import newest_checkpoint
-from cluster.refresh import RefreshPlan
 from cluster.resources import TRAINER_RESOURCE, custom_resource_request
 from cluster.session import init_ray
 from pipeline.config import Config, dump_config
 from pipeline.preflight import check_training_inputs
 from pipeline.train.events import read_events
 from pipeline.train.progress import follow_progress
-from pipeline.train.refresh_supervisor import start_refresh, stop_refresh
+from pipeline.train.refresh_health import raise_if_stopped
+from pipeline.train.refresh_supervisor import refresh_plan, start_refresh, stop_refresh
 from pipeline.train.worker import train_loop_per_worker
 
 
@@ -70,16 +70,6 @@ def _with_run_dir(config: Config, run_dir: Path) -> dict[str, Any]:
     return tree
 
 
-def refresh_plan(config: Config) -> RefreshPlan:
-    """What this run's refreshes do: its directories, the ``refresh`` and ``index`` sections."""
-    return RefreshPlan(
-        run_dir=config.run_dir.resolve(),
-        data_dir=Path(config.data.root).resolve(),
-        refresh=config.refresh,
-        index=config.index,
-    )
-
-
 def run_training(config: Config, progress: bool = True) -> TrainingSummary:
     """Train ``config`` to ``training.steps`` (resuming from a checkpoint in ``run.dir``)."""
     training = config.training
@@ -117,7 +107,7 @@ def run_training(config: Config, progress: bool = True) -> TrainingSummary:
     follower = threading.Thread(
         target=follow_progress, args=(run_dir, training.steps, done), daemon=True
     )
-    started = time.perf_counter()
+    started, since = time.perf_counter(), time.time()
     if progress:
         follower.start()
     try:
@@ -129,6 +119,7 @@ def run_training(config: Config, progress: bool = True) -> TrainingSummary:
         status: dict[str, Any] = {}
         if coordinator is not None:
             status = stop_refresh(coordinator, watch)
+    raise_if_stopped(run_dir, since)
     seconds = time.perf_counter() - started
     summary = summarise_run(run_dir, seconds)
     summary.refreshes = int(status.get("refreshes", 0))

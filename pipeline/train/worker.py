@@ -31,13 +31,11 @@ from cluster.checkpoints import (
     DEEPSPEED_TAG,
     EXPORT_DIR,
     checkpoint_dir,
-    complete_checkpoints,
     mark_complete,
     newest_checkpoint,
     prune_checkpoints,
     verify_checkpoint,
 )
-from cluster.index_store import IndexStore
 from cluster.tables import EntityCatalogue, Mention, MentionSplit, mention_split_path
 from encoders.biencoder import BiEncoder, export_biencoder
 from mining.false_negatives import FalseNegativeFilter
@@ -49,6 +47,7 @@ from pipeline.train.deepspeed_config import build_deepspeed_config
 from pipeline.train.events import EventLog
 from pipeline.train.model import build_model
 from pipeline.train.negatives import RefreshedNegatives
+from pipeline.train.refresh_health import RefreshHealth
 
 POINTER_FILE = "hnce_checkpoint.json"
 
@@ -199,20 +198,6 @@ def _resume_step(run_dir: Path) -> tuple[int, Path] | None:
     return newest_checkpoint(run_dir)
 
 
-def _in_use(config: Config, refreshed: RefreshedNegatives) -> set[int]:
-    """Checkpoint steps pruning must spare: the one the current negatives came from and, while
-    the refresh runs, every one newer than the live index (the coordinator may be encoding it)."""
-    protect = set()
-    if refreshed.current is not None:
-        protect.add(refreshed.current.checkpoint_step)
-    if config.refresh.enabled and config.negatives.source == "index":
-        store = IndexStore(config.run_dir / "index")
-        version = store.current_version()
-        indexed = -1 if version is None else int(store.read_manifest(version)["checkpoint"])
-        protect.update(step for step, _ in complete_checkpoints(config.run_dir) if step > indexed)
-    return protect
-
-
 def _publish(
     engine: deepspeed.DeepSpeedEngine,
     config: Config,
@@ -241,7 +226,7 @@ def _publish(
             directory,
             {"step": step, "seed": config.run.seed, "negatives_version": refreshed.version},
         )
-        prune_checkpoints(run_dir, config.training.keep_checkpoints, _in_use(config, refreshed))
+        prune_checkpoints(run_dir, config.training.keep_checkpoints)
         assert log is not None
         log.write("checkpoint", step=step, path=str(directory))
     with tempfile.TemporaryDirectory(prefix="hnce-pointer-") as pointer_dir:
@@ -293,6 +278,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     drawer = NegativeDrawer(config, catalogue, mentions)
     loss_fn = build_loss(config.loss.name, **config.loss.options)
     refreshed = RefreshedNegatives(run_dir / "negatives", config.data.train_split)
+    health = RefreshHealth(run_dir, config.refresh.max_consecutive_failures, rank)
     engine.train()
     last_loss = float("nan")
     for step in range(start_step, training.steps):
@@ -305,6 +291,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
                 checkpoint_step=refreshed.current.checkpoint_step,
                 lag=refreshed.lag(step),
             )
+        if check and health.should_stop(step, log, device):
+            return
         started = time.perf_counter()
         losses = []
         for micro in range(training.gradient_accumulation):
