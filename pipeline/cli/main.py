@@ -74,7 +74,7 @@ def configure_logging(debug: bool) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    for noisy in ("urllib3", "filelock", "matplotlib", "PIL"):
+    for noisy in ("urllib3", "filelock", "matplotlib", "PIL", "faiss.loader"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

@@ -8,6 +8,7 @@ printed above the bar the moment it is recorded, and the bar shows the last refr
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from pathlib import Path
@@ -32,10 +33,12 @@ def follow_progress(run_dir: Path, steps: int, done: threading.Event) -> None:
             if events:
                 last = events[-1]
                 bar.n = min(int(last["step"]), steps)
-                bar.set_postfix(
-                    loss=f"{last['loss']:.3f}",
-                    negatives=f"v{last['negatives_version']}",
-                    refresh=refresh,
+                bar.set_postfix(  # a dict: ``refresh`` is also a keyword of set_postfix
+                    {
+                        "loss": f"{last['loss']:.3f}",
+                        "negatives": f"v{last['negatives_version']}",
+                        "refresh": refresh,
+                    }
                 )
             done.wait(1.0)
         if read_events(run_dir, "end"):
@@ -48,7 +51,8 @@ def _refresh_news(record: RefreshRecord, bar: tqdm) -> str:
     if record.outcome == "failed":
         bar.write(
             f"refresh of step-{record.checkpoint} failed ({record.consecutive_failures} in a "
-            f"row): {record.message}"
+            f"row): {record.message}",
+            file=sys.stderr,  # where the bar is
         )
         return f"failed x{record.consecutive_failures}"
     if record.outcome == "published":
