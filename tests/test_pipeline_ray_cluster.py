@@ -8,6 +8,7 @@ import contextlib
 import ctypes
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -19,17 +20,25 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from conftest import write_letter_bert
 
 from cluster import resources
+from cluster.checkpoints import checkpoint_dir, newest_checkpoint
+from cluster.index_store import IndexStore
+from cluster.negatives_store import NegativesStore
+from cluster.refresh_log import read_records
 from cluster.resources import ENCODER_RESOURCE, TRAINER_RESOURCE
+from pipeline.cli.main import main
 from pipeline.data.synthetic import generate_synthetic_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER_VARIABLE = "HNCE_TEST_CLUSTER"
+TRAINED_STEPS = 12
+RAY_ALARMS = re.compile(r"Task \S+ failed|killed by `ray\.kill`|Unhandled error|RayActorError")
 PR_SET_PDEATHSIG = 1
 BUILTIN = {"CPU", "GPU", "memory", "object_store_memory"}
 REQUIRED = (
@@ -302,26 +311,45 @@ def cluster() -> Iterator[LocalRayCluster]:
     assert not _marked_processes(local.marker), "Ray processes outlived the teardown"
 
 
-@pytest.fixture(scope="module")
-def cluster_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("cluster-run")
-    generate_synthetic_dataset(
-        root / "data", num_worlds=2, entities_per_world=30, mentions_per_entity=2
-    )
-    return {"data": root / "data", "model": write_letter_bert(root / "model"), "run": root / "run"}
-
-
-def _hnce(run: dict[str, Path], command: str, *extra: str) -> list[str]:
+def _hnce(inputs: dict[str, Path], run_dir: Path, command: str, *extra: str) -> list[str]:
     """An ``hnce`` entrypoint on the test recipe, joining the cluster it runs in."""
     return [
         "hnce",
         command,
         *("--config", str(ROOT / "configs" / "synthetic-test.yaml")),
-        *("--set", "cluster.address=auto", "--set", f"run.dir={run['run']}"),
-        *("--set", f"data.root={run['data']}", "--set", f"model.path={run['model']}"),
-        *("--set", "index.faiss_device=cpu"),
+        *("--set", "cluster.address=auto", "--set", f"run.dir={run_dir}"),
+        *("--set", f"data.root={inputs['data']}", "--set", f"model.path={inputs['model']}"),
+        *("--set", "index.faiss_device=cpu", "--set", "refresh.shard_size=16"),
         *extra,
     ]
+
+
+@pytest.fixture(scope="module")
+def jobs(cluster: LocalRayCluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """What an operator does, as Ray jobs: a refresh before there is a checkpoint, a training
+    run with its refresh coordinator, then a serving run refreshed from the trained checkpoint.
+    Each entry: (``ray job submit`` exit code, ``ray job status``, ``ray job logs``)."""
+    root = tmp_path_factory.mktemp("cluster-run")
+    generate_synthetic_dataset(
+        root / "data", num_worlds=2, entities_per_world=30, mentions_per_entity=2
+    )
+    inputs = {"data": root / "data", "model": write_letter_bert(root / "model")}
+    run_dir, serving = root / "run", root / "serving"
+    done: dict[str, Any] = {"run": run_dir, "serving": serving}
+    done["early"] = cluster.run_job("refresh-early", *_hnce(inputs, run_dir, "refresh"))
+    train = _hnce(
+        inputs,
+        run_dir,
+        "train",
+        "--no-progress",
+        *("--set", f"training.steps={TRAINED_STEPS}", "--set", "training.checkpoint_every=4"),
+        *("--set", "refresh.poll_seconds=0.5"),
+    )
+    done["train"] = cluster.run_job("train", *train)
+    step, directory = newest_checkpoint(run_dir)
+    shutil.copytree(directory, checkpoint_dir(serving, step))
+    done["refresh"] = cluster.run_job("refresh", *_hnce(inputs, serving, "refresh"))
+    return done
 
 
 def _refresh_line(logs: str) -> dict:
@@ -329,34 +357,66 @@ def _refresh_line(logs: str) -> dict:
 
 
 @pytest.mark.slow
-def test_jobs_on_a_multi_node_cluster_land_where_their_resources_are(
-    cluster: LocalRayCluster, cluster_run: dict[str, Path]
-) -> None:
-    # A refresh before any checkpoint: its exit code 3 and its JSON line come back through Ray.
-    submitted, status, logs = cluster.run_job("refresh-early", *_hnce(cluster_run, "refresh"))
+def test_exit_codes_and_output_come_back_through_ray_jobs(jobs: dict[str, Any]) -> None:
+    submitted, status, logs = jobs["early"]  # no checkpoint yet: exit code 3
     assert submitted == 1 and "failed" in status and "exit code 3" in status, status
     assert _refresh_line(logs)["outcome"] == "no-checkpoint"
-
-    train = _hnce(
-        cluster_run,
-        "train",
-        "--no-progress",
-        *("--set", "training.steps=6", "--set", "training.checkpoint_every=3"),
-        *("--set", "refresh.enabled=false", "--set", "negatives.source=none"),
-        *("--set", "negatives.sampler=random"),
-    )
-    submitted, status, logs = cluster.run_job("train", *train)
+    submitted, status, logs = jobs["train"]
     assert submitted == 0 and "succeeded" in status, status + logs[-3000:]
-    assert "trained 6 steps" in logs
-
-    submitted, status, logs = cluster.run_job("refresh", *_hnce(cluster_run, "refresh"))
+    assert f"trained {TRAINED_STEPS} steps" in logs
+    submitted, status, logs = jobs["refresh"]
     assert submitted == 0 and "succeeded" in status, status + logs[-3000:]
     published = _refresh_line(logs)
-    assert (published["outcome"], published["checkpoint"]) == ("published", 6)
+    assert (published["outcome"], published["checkpoint"]) == ("published", TRAINED_STEPS)
 
+
+@pytest.mark.slow
+def test_encoders_and_trainer_workers_land_where_their_resources_are(
+    cluster: LocalRayCluster, jobs: dict[str, Any]
+) -> None:
     resources = {node["node_id"]: node["resources_total"] for node in cluster.listing("nodes")}
     actors = cluster.listing("actors")
     encoders = [a for a in actors if a["class_name"] == "EntityEncoderActor"]
     workers = [a for a in actors if a["class_name"] == "RayTrainWorker"]
     assert encoders and all(ENCODER_RESOURCE in resources[a["node_id"]] for a in encoders)
     assert len(workers) == 2 and all(TRAINER_RESOURCE in resources[a["node_id"]] for a in workers)
+
+
+@pytest.mark.slow
+def test_a_normal_training_job_ends_without_ray_alarms(jobs: dict[str, Any]) -> None:
+    """The job's logs are the driver's stdout and stderr, where Ray prints task failures."""
+    _, _, logs = jobs["train"]
+    assert not RAY_ALARMS.search(logs), logs[-3000:]
+
+
+@pytest.mark.slow
+def test_hnce_status_reports_the_trained_run(
+    jobs: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = jobs["run"]
+    assert main(["status", str(run_dir), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    records = read_records(run_dir)[0]
+    assert status["training"]["state"] == "ended"
+    assert status["training"]["step"] == status["newest_checkpoint"]["step"] == TRAINED_STEPS
+    assert status["checkpoints"][-3:] == [4, 8, 12] and len(status["checkpoints"]) <= 4
+    live_index = IndexStore(run_dir / "index").current_version()
+    assert (status["index"] or {}).get("version") == live_index
+    negatives = NegativesStore(run_dir / "negatives").latest()
+    if negatives is not None:  # a refresh of the coordinator was published before the end
+        assert status["negatives"]["checkpoint"] == negatives.checkpoint_step
+        assert status["index"]["checkpoint"] == negatives.checkpoint_step
+        assert status["lag_steps"] == TRAINED_STEPS - negatives.checkpoint_step
+    assert status["refreshes"] == {
+        "published": sum(r.outcome == "published" for r in records),
+        "failed": 0,
+        "failures_in_a_row": 0,
+    }
+    assert status["lock_holder"] is None
+    disk = status["disk_bytes"]
+    assert disk["checkpoints"] > 0
+    assert disk["total"] == sum(size for name, size in disk.items() if name != "total")
+    assert main(["status", str(jobs["serving"])]) == 0
+    screen = capsys.readouterr().out
+    assert f"v1 from step-{TRAINED_STEPS}" in screen and "lock          free" in screen
+    assert f"published, step-{TRAINED_STEPS} → index v1, negatives v1" in screen

@@ -1,17 +1,25 @@
-"""The trainer's side of refresh failures without Ray: the workers' health check, the driver's
-stop, and the progress line (fast; the end-to-end run is in test_pipeline_operations.py)."""
+"""The trainer's side of refresh failures: the workers' health check, the driver's stop and the
+progress line without Ray (fast), and a training run whose every refresh fails (local Ray, tiny
+BERT; slow)."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import ray
 import torch
+from conftest import write_letter_bert
 
 from cluster.refresh_job import RefreshesFailing
-from cluster.refresh_log import RefreshRecord, append_record
+from cluster.refresh_log import RefreshRecord, append_record, read_records
+from cluster.session import init_ray
+from pipeline.config import load_config
+from pipeline.data.synthetic import generate_synthetic_dataset
 from pipeline.train.events import EventLog, read_events
 from pipeline.train.progress import follow_progress
 from pipeline.train.refresh_health import (
@@ -20,8 +28,10 @@ from pipeline.train.refresh_health import (
     RefreshHealth,
     raise_if_stopped,
 )
+from pipeline.train.trainer import run_training
 
 CPU = torch.device("cpu")
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def _failure(checkpoint: int, in_a_row: int, finished: float) -> RefreshRecord:
@@ -79,3 +89,57 @@ def test_a_failed_refresh_shows_on_the_progress_line_when_it_is_recorded(
         follower.join()
     assert "refresh of step-4 failed (1 in a row): OSError: disk full at step-4" in seen
     assert "refresh=failed x1" in seen
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    init_ray(load_config(CONFIGS / "synthetic-test.yaml").cluster, cpus_needed=3)
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_training_stops_with_the_cause_when_every_refresh_fails(
+    tmp_path: Path, local_ray: None
+) -> None:
+    """Every refresh fails mining a corrupt split: training stops after two, not at the end."""
+    data = tmp_path / "data"
+    generate_synthetic_dataset(data, num_worlds=2, entities_per_world=30, mentions_per_entity=2)
+    (data / "mentions" / "broken.parquet").write_bytes(b"not a parquet file")
+    steps = 1000
+    config = load_config(
+        CONFIGS / "synthetic-test.yaml",
+        [
+            f"run.dir={tmp_path / 'run'}",
+            f"data.root={data}",
+            f"model.path={write_letter_bert(tmp_path / 'model')}",
+            "training.num_workers=1",
+            "training.batch_size=8",
+            "refresh.poll_seconds=0.2",
+            "refresh.shard_size=8",
+            "index.faiss_device=cpu",
+            f"training.steps={steps}",
+            "training.checkpoint_every=4",
+            "training.negatives_check_every=1",
+            "refresh.splits=[train, broken]",
+            "refresh.max_consecutive_failures=2",
+        ],
+    )
+    with pytest.raises(RefreshesFailing) as raised:
+        run_training(config, progress=False)
+    run_dir = config.run_dir
+    stop = read_events(run_dir, STOP_EVENT)
+    assert len(stop) == 1 and stop[0]["step"] < steps
+    assert re.search(
+        rf"training stopped at step {stop[0]['step']}: 2 refreshes in a row failed .*the last, "
+        r"of step-\d+: ArrowInvalid",
+        str(raised.value),
+    ), raised.value
+    failed = read_events(run_dir, FAILED_EVENT)
+    assert [event["consecutive"] for event in failed][:2] == [1, 2]  # logged as they happened
+    assert failed[0]["step"] <= stop[0]["step"] and "ArrowInvalid" in failed[0]["error"]
+    assert not read_events(run_dir, "end")  # the stop is final: no restart trained to the end
+    assert max(event["step"] for event in read_events(run_dir, "step")) <= stop[0]["step"]
+    records = read_records(run_dir)[0]
+    assert len(records) >= 2 and {r.outcome for r in records} == {"failed"}
