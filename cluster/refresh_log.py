@@ -94,9 +94,14 @@ def read_records(run_dir: Path, offset: int = 0) -> tuple[list[RefreshRecord], i
         return [], offset
     complete = data[: data.rfind(b"\n") + 1]
     records = []
-    for line in complete.decode("utf-8").splitlines():
-        if line.strip():
+    for number, line in enumerate(complete.decode("utf-8").splitlines()):
+        if not line.strip():
+            continue
+        try:
             fields = json.loads(line)
             del fields["event"]
             records.append(RefreshRecord(**fields))
+        except (json.JSONDecodeError, KeyError, TypeError) as error:
+            lineno = path.read_bytes()[:offset].count(b"\n") + number + 1
+            raise ValueError(f"{path}:{lineno}: not a refresh record ({error})") from None
     return records, offset + len(complete)

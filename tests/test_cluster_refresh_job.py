@@ -29,7 +29,7 @@ from cluster.refresh_job import (
     refresh_every,
     refresh_once,
 )
-from cluster.refresh_log import RefreshRecord
+from cluster.refresh_log import LOG_FILE, RefreshRecord, append_record, read_records
 from encoders.errors import InputError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,6 +81,19 @@ def test_lock_of_a_killed_holder_is_free_and_its_record_ignored(tmp_path: Path) 
     assert read_holder(tmp_path) is None  # ... but its holder is provably gone
     with RunLock(tmp_path, "next"):  # and the kernel released the lock file
         pass
+
+
+def test_refresh_log_reads_whole_lines_and_names_a_bad_one(tmp_path: Path) -> None:
+    append_record(tmp_path, RefreshRecord("published", JOB_ROLE, 1.0, 2.0, 5, 1, 1))
+    with (tmp_path / LOG_FILE).open("a") as handle:
+        handle.write('{"event": "refresh", "outcome": "fail')  # still being written
+    records, offset = read_records(tmp_path)
+    assert [(r.outcome, r.checkpoint, r.finished) for r in records] == [("published", 5, 3.0)]
+    assert read_records(tmp_path, offset) == ([], offset)
+    with (tmp_path / LOG_FILE).open("a") as handle:
+        handle.write('ed"\n')  # finished, but not a record
+    with pytest.raises(ValueError, match=rf"{LOG_FILE}:2: not a refresh record"):
+        read_records(tmp_path, offset)
 
 
 def _publish_fake_versions(run_dir: Path, checkpoint: int) -> None:
