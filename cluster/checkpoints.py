@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster.files import atomic_write_json, sha256_file
+from cluster.lock import encoding_checkpoint
 from encoders.errors import InputError
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -60,17 +61,20 @@ def is_complete(directory: Path) -> bool:
     return (directory / COMPLETE).is_file() and (directory / EXPORT_DIR).is_dir()
 
 
-def complete_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    """(step, directory) of every complete checkpoint, oldest first."""
+def _step_directories(run_dir: Path) -> list[tuple[int, Path]]:
+    """(step, directory) of every ``step-<S>/`` directory, complete or not, oldest first."""
     root = checkpoints_root(run_dir)
     if not root.is_dir():
         return []
-    found = []
-    for child in root.iterdir():
-        match = _STEP_DIR.match(child.name)
-        if match and is_complete(child):
-            found.append((int(match.group(1)), child))
-    return sorted(found)
+    found = ((_STEP_DIR.match(child.name), child) for child in root.iterdir())
+    return sorted(
+        (int(match.group(1)), child) for match, child in found if match and child.is_dir()
+    )
+
+
+def complete_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    """(step, directory) of every complete checkpoint, oldest first."""
+    return [(step, child) for step, child in _step_directories(run_dir) if is_complete(child)]
 
 
 def newest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
@@ -151,17 +155,32 @@ def resolve_checkpoint(run_dir: Path, spec: str) -> tuple[int | None, Path]:
     return step, directory / EXPORT_DIR
 
 
-def prune_checkpoints(run_dir: Path, keep: int, protect: set[int] | None = None) -> list[int]:
-    """Delete all but the newest ``keep`` complete checkpoints, never those in ``protect``
-    (e.g. the step the current negatives were mined from, which a refresh may still read)."""
-    protect = protect or set()
+def prune_checkpoints(run_dir: Path, keep: int) -> list[int]:
+    """Keep the newest ``keep`` complete checkpoints and the one a refresh is encoding; delete
+    the others, and unfinished ones older than the newest complete (left by a crash).
+
+    The checkpoint being encoded is the one the holder of the run's refresh lock records
+    (:func:`cluster.lock.encoding_checkpoint`); a refresh that lags behind therefore pins one
+    checkpoint at most, and its next attempt jumps to the newest. Disk stays bounded at
+    ``keep + 1`` checkpoints. Returns the steps deleted, oldest first.
+    """
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
     complete = complete_checkpoints(run_dir)
-    removed = []
-    for step, directory in complete[:-keep] if keep > 0 else complete:
-        if step in protect:
-            continue
+    if not complete:
+        return []
+    encoding = encoding_checkpoint(run_dir)
+    newest = complete[-1][0]
+    spared = {step for step, _ in complete[-keep:]} | {encoding}
+    doomed = [(step, directory) for step, directory in complete if step not in spared]
+    doomed += [
+        (step, directory)
+        for step, directory in _step_directories(run_dir)
+        if step < newest and not is_complete(directory)
+    ]
+    doomed.sort()
+    for _, directory in doomed:
         # Drop the marker first, so a concurrent reader never sees a complete, half-deleted one.
         (directory / COMPLETE).unlink(missing_ok=True)
-        shutil.rmtree(directory, ignore_errors=True)
-        removed.append(step)
-    return removed
+        shutil.rmtree(directory)
+    return [step for step, _ in doomed]

@@ -1,9 +1,18 @@
 """The refresh coordinator: a Ray actor that refreshes a run as its checkpoints appear (DESIGN.md §5).
 
-The trainer starts one per run (``pipeline.train.trainer``); it watches ``<run>/checkpoints`` and
-runs :func:`cluster.refresh.run_refresh` for the newest complete checkpoint whenever the live
-index or negatives version is older, skipping stale ones. Its encoder actors take their own CPUs
-or GPUs; the coordinator itself takes no CPU slot.
+The trainer starts one per run (``pipeline.train.refresh_supervisor``); its loop asks every
+``refresh.poll_seconds`` whether the newest complete checkpoint is live, and if not refreshes it
+through :func:`cluster.refresh_job.attempt_refresh`, under the same run lock as ``hnce
+refresh`` (a lagging refresh therefore always jumps to the newest checkpoint, skipping stale
+ones). A refresh held off by another holder of the lock waits for the next poll; a failed one is
+logged at once and recorded in the run's refresh log, where the trainer sees it
+(``pipeline.train.refresh_health``). Its encoder actors take their own CPUs or GPUs; the
+coordinator itself takes no CPU slot.
+
+Stopping is two-step, so that a normal end prints no Ray task failure: :meth:`stop` ends the
+loop after the refresh in progress, :meth:`abandon` also stops that refresh at its next shard
+boundary (resumable); the caller waits for :meth:`watch` to return and only then lets the idle
+actor go.
 
 Example (inside a Ray job)::
 
@@ -18,10 +27,13 @@ import threading
 
 import ray
 
-from cluster.checkpoints import complete_checkpoints
-from cluster.refresh import RefreshPlan, RefreshSummary, run_refresh
+from cluster.refresh import RefreshPlan
+from cluster.refresh_job import attempt_refresh
+from cluster.refresh_log import RefreshRecord
 
 logger = logging.getLogger(__name__)
+
+COORDINATOR_ROLE = "training coordinator"
 
 
 @ray.remote(max_restarts=3, max_task_retries=3, num_cpus=0, max_concurrency=4)
@@ -29,53 +41,74 @@ class RefreshCoordinator:
     """Ray actor that refreshes whenever a newer complete checkpoint appears.
 
     Restarted by Ray if it dies; a restarted refresh resumes from the recorded shards. Runs its
-    loop in a thread so `stop`, `status` and `refresh` calls are served meanwhile.
+    loop in a thread so `stop`, `abandon` and `status` calls are served meanwhile.
     """
 
     def __init__(self, plan: RefreshPlan) -> None:
         self.plan = plan
         self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self.summaries: list[RefreshSummary] = []
+        self._abandon = threading.Event()
+        self.last: RefreshRecord | None = None
+        self.published = 0
+        self.failed = 0
+        self.failures_in_a_row = 0
         self.last_error: str | None = None
-
-    def refresh(self, step: int | None = None) -> RefreshSummary:
-        """One refresh now (newest checkpoint unless `step` is given)."""
-        with self._lock:
-            summary = run_refresh(self.plan, step)
-            self.summaries.append(summary)
-            return summary
+        self.locked_by: str | None = None
 
     def watch(self) -> int:
-        """Refresh each time a newer checkpoint is complete, until `stop`; returns refreshes done."""
-        done = 0
+        """Refresh each time a newer checkpoint is complete, until `stop`; returns refreshes
+        published."""
         while not self._stop.is_set():
-            checkpoints = complete_checkpoints(self.plan.run_dir)
-            current = self.plan.index_store.current_version()
-            newest = checkpoints[-1][0] if checkpoints else None
-            published = (
-                self.plan.index_store.read_manifest(current)["checkpoint"]
-                if current is not None
-                else None
+            record = attempt_refresh(
+                self.plan,
+                COORDINATOR_ROLE,
+                stopping=self._abandon.is_set,
+                failures=self.failures_in_a_row,
             )
-            negatives = self.plan.negatives_store.current_version()
-            if newest is not None and (newest != published or negatives != current):
-                try:
-                    self.refresh(newest)
-                    done += 1
-                except Exception as error:  # reported through status(); the loop keeps watching
-                    logger.exception("refresh of step-%s failed", newest)
-                    self.last_error = f"step-{newest}: {error!r}"
+            self._note(record)
             self._stop.wait(self.plan.refresh.poll_seconds)
-        return done
+        return self.published
+
+    def _note(self, record: RefreshRecord) -> None:
+        """Keep the counters and log what is worth an operator's attention."""
+        if record.outcome == "locked":
+            if record.message != self.locked_by:
+                logger.info("refresh waits: %s", record.message)
+            self.locked_by = record.message
+            return
+        self.locked_by = None
+        if record.outcome in ("published", "failed", "abandoned"):
+            self.last = record
+            self.failures_in_a_row = record.consecutive_failures
+        if record.outcome == "published":
+            self.published += 1
+        elif record.outcome == "failed":
+            self.failed += 1
+            self.last_error = f"step-{record.checkpoint}: {record.message}"
+            logger.error(
+                "refresh of step-%s failed (%d in a row): %s",
+                record.checkpoint,
+                record.consecutive_failures,
+                record.message,
+            )
 
     def stop(self) -> None:
+        """End the loop once the refresh in progress (if any) is done."""
         self._stop.set()
 
+    def abandon(self) -> None:
+        """Also stop the refresh in progress at its next shard boundary (it stays resumable)."""
+        self._stop.set()
+        self._abandon.set()
+
     def status(self) -> dict[str, object]:
-        """Last summary line and error (for the trainer's logs)."""
+        """Refreshes published and failed, the last error and refresh that ran, and who holds
+        the lock if this one waits."""
         return {
-            "refreshes": len(self.summaries),
-            "last": self.summaries[-1].line() if self.summaries else None,
+            "refreshes": self.published,
+            "failed": self.failed,
             "error": self.last_error,
+            "failures_in_a_row": self.failures_in_a_row,
+            "last": None if self.last is None else self.last.to_json(),
+            "locked_by": self.locked_by,
         }

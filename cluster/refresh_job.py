@@ -1,131 +1,278 @@
-"""Scheduled refresh jobs: `hnce refresh` once (cron, `ray job submit`) or `--every 6h` (DESIGN.md §5).
+"""A refresh under the run's lock, once (cron, ``ray job submit``) or on a schedule (DESIGN.md §5).
 
-A job takes an exclusive `fcntl` lock on `<run>/refresh.lock` before touching the stores, so two
-refreshes of one run never overlap: the second exits at once with `EXIT_LOCKED` and a message
-naming the holder. The lock is released by the kernel if the holder dies, so a crash never leaves
-a stale lock behind.
+:func:`attempt_refresh` is the one way a refresh runs, for the stand-alone ``hnce refresh`` and
+for the coordinator inside training alike: it looks, without the lock and without Ray, whether
+the live index and negatives already come from the checkpoint (then it starts nothing), takes
+the run's cluster-wide :class:`cluster.lock.RunLock`, looks again under it, runs
+:func:`cluster.refresh.run_refresh`, and returns a :class:`cluster.refresh_log.RefreshRecord`
+(appended to the run's refresh log when it ran).
+
+:func:`refresh_every` keeps a fixed cadence: slot k starts at ``first + k * interval``; a refresh
+that overruns its slots skips them (``missed_slots``) instead of pushing every later start.
+SIGTERM (:class:`StopRequest`; ``ray job stop`` and Kubernetes send it) ends the job cleanly
+between refreshes (exit 0); during a refresh, the refresh is abandoned at its next shard
+boundary: finished shards stay recorded, nothing half-written is published, and the next
+refresh resumes it (exit 143). A refresh already mining its negatives finishes first.
+
+Exit codes of ``hnce refresh``: 0 published or up to date (or stopped between refreshes), 2 bad
+input (also ``refresh.max_consecutive_failures`` failures in a row of ``--every``), 3 no complete
+checkpoint, 75 another refresh holds the lock (EX_TEMPFAIL), 143 abandoned on SIGTERM.
 """
 
 from __future__ import annotations
 
-import fcntl
 import logging
-import os
+import math
 import re
-import socket
+import signal
+import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
-from types import TracebackType
+from dataclasses import dataclass
+from types import FrameType
 
-from cluster.refresh import NoCheckpointError, RefreshPlan, RefreshSummary, run_refresh
+from cluster.checkpoints import checkpoints_root, complete_checkpoints
+from cluster.encoder_pool import EncoderPool, ShardEncoded
+from cluster.lock import RunLock, RunLocked
+from cluster.refresh import NoCheckpointError, RefreshPlan, run_refresh
+from cluster.refresh_log import RefreshRecord, append_record
+from encoders.errors import InputError
 
 logger = logging.getLogger(__name__)
 
-LOCK_FILE = "refresh.lock"
+JOB_ROLE = "hnce refresh"
 EXIT_OK = 0
 EXIT_NO_CHECKPOINT = 3
 EXIT_LOCKED = 75  # EX_TEMPFAIL: another refresh holds the lock; try again later
-
+EXIT_ABANDONED = 128 + signal.SIGTERM
+_EXIT_CODES = {
+    "published": EXIT_OK,
+    "up-to-date": EXIT_OK,
+    "no-checkpoint": EXIT_NO_CHECKPOINT,
+    "locked": EXIT_LOCKED,
+    "abandoned": EXIT_ABANDONED,
+}
 _INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_SECONDS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
-class RefreshLocked(RuntimeError):
-    """Another refresh of the same run holds the lock."""
+class RefreshAbandoned(RuntimeError):
+    """A refresh stopped at a shard boundary on request; its finished shards stay recorded."""
+
+
+class RefreshesFailing(InputError):
+    """``refresh.max_consecutive_failures`` refreshes of a run failed in a row.
+
+    Raised where repeating cannot help (a scheduled job, a training run); the message names the
+    last failing checkpoint and its cause, which the operator fixes before running again.
+    """
+
+    @classmethod
+    def after(cls, record: RefreshRecord, where: str) -> RefreshesFailing:
+        return cls(
+            f"{where}: {record.consecutive_failures} refreshes in a row failed "
+            f"(refresh.max_consecutive_failures); the last, of step-{record.checkpoint}: "
+            f"{record.message}"
+        )
 
 
 def parse_interval(text: str) -> float:
     """Seconds in an interval like `6h`, `30m`, `90s`, `1d` or `45` (seconds)."""
     match = _INTERVAL.match(text)
     if not match or float(match.group(1)) <= 0:
-        raise ValueError(f"bad interval {text!r}: expected a positive number with s, m, h or d")
+        raise InputError(f"bad interval {text!r}: expected a positive number with s, m, h or d")
     return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
 
 
-class RefreshLock:
-    """Exclusive, non-blocking `fcntl.flock` on `<run>/refresh.lock` (a context manager)."""
+def refresh_target(plan: RefreshPlan, step: int | None = None) -> tuple[int, bool]:
+    """The checkpoint a refresh would publish (``step``, else the newest complete one) and
+    whether that is still to do (False when the live index and negatives come from it).
 
-    def __init__(self, run_dir: Path) -> None:
-        self.path = Path(run_dir) / LOCK_FILE
-        self._descriptor: int | None = None
+    Reads manifests only (no Ray, no model). Raises NoCheckpointError before the first checkpoint.
+    """
+    checkpoints = complete_checkpoints(plan.run_dir)
+    if not checkpoints:
+        raise NoCheckpointError(f"{checkpoints_root(plan.run_dir)}: no complete checkpoint")
+    target = checkpoints[-1][0] if step is None else step
+    index_store = plan.index_store
+    live = index_store.current_version()
+    if live is None or index_store.read_manifest(live)["checkpoint"] != target:
+        return target, True
+    return target, plan.negatives_store.current_version() != live
 
-    def __enter__(self) -> RefreshLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(descriptor, 256, 0).decode("utf-8", "replace").strip()
-            os.close(descriptor)
-            raise RefreshLocked(
-                f"another refresh of {self.path.parent} is running ({holder or 'holder unknown'}); "
-                f"lock {self.path}"
-            ) from None
-        os.ftruncate(descriptor, 0)
-        holder = f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%F %T')}"
-        os.pwrite(descriptor, holder.encode(), 0)
-        self._descriptor = descriptor
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        if self._descriptor is not None:
-            os.ftruncate(self._descriptor, 0)
-            fcntl.flock(self._descriptor, fcntl.LOCK_UN)
-            os.close(self._descriptor)
-            self._descriptor = None
+def attempt_refresh(
+    plan: RefreshPlan,
+    role: str,
+    step: int | None = None,
+    connect: Callable[[], None] | None = None,
+    stopping: Callable[[], bool] = lambda: False,
+    failures: int = 0,
+) -> RefreshRecord:
+    """One refresh of ``step`` (default: the newest checkpoint) under the run's lock.
+
+    ``connect`` (starting or joining Ray) runs only once there is something to do and the lock
+    file is held. ``stopping`` is asked after every indexed shard; when true, the refresh is
+    abandoned there. ``failures``: the caller's failures in a row before this attempt. A failed
+    refresh is returned as a record carrying the exception; nothing is raised for it.
+    """
+    record = RefreshRecord("up-to-date", role, time.time(), consecutive_failures=failures)
+    try:
+        if _worth_locking(plan, step, record):
+            with RunLock(plan.run_dir, role, connect) as lock:
+                _run_locked(plan, step, record, lock, stopping)
+    except RunLocked as error:
+        record.outcome, record.message = "locked", str(error)
+    except NoCheckpointError as error:
+        record.outcome, record.message = "no-checkpoint", str(error)
+    if record.outcome == "up-to-date" and not record.message:
+        record.message = f"step-{record.checkpoint} is already live; nothing to do"
+    return record
+
+
+def _worth_locking(plan: RefreshPlan, step: int | None, record: RefreshRecord) -> bool:
+    """Whether a refresh may have work: its checkpoint is not live yet, or the check itself
+    failed (it is made again under the lock, where a failure is recorded in the run's log)."""
+    try:
+        record.checkpoint, due = refresh_target(plan, step)
+    except NoCheckpointError:
+        raise
+    except Exception:
+        return True
+    return due
+
+
+def _run_locked(
+    plan: RefreshPlan,
+    step: int | None,
+    record: RefreshRecord,
+    lock: RunLock,
+    stopping: Callable[[], bool],
+) -> None:
+    """Under the lock: choose the checkpoint again, refresh it, fill in and log the record.
+
+    The record's interval (``started``, ``seconds``) lies within the lock's tenure.
+    """
+    record.started = time.time()
+
+    def abandon_if_stopping(encoded: ShardEncoded, pool: EncoderPool) -> None:
+        if stopping():
+            raise RefreshAbandoned(f"stopped after shard {encoded.shard_no}")
+
+    try:
+        record.checkpoint, due = refresh_target(plan, step)
+        if not due:
+            return
+        lock.encoding(record.checkpoint)
+        summary = run_refresh(plan, record.checkpoint, on_shard=abandon_if_stopping)
+    except RefreshAbandoned as error:
+        record.outcome = "abandoned"
+        record.message = (
+            f"refresh of step-{record.checkpoint} {error}; its finished shards are recorded "
+            f"and the next refresh resumes them"
+        )
+    except NoCheckpointError:
+        raise  # pruned since it was chosen: reported as no-checkpoint by the caller
+    except Exception as error:
+        record.outcome, record.error = "failed", error
+        record.consecutive_failures += 1
+        record.message = f"{type(error).__name__}: {error}"
+        logger.error("refresh of step-%s failed: %s", record.checkpoint, record.message)
+    else:
+        record.outcome = "up-to-date" if summary.up_to_date else "published"
+        record.index_version = summary.index_version
+        record.negatives_version = summary.negatives_version
+        record.consecutive_failures, record.message = 0, summary.line()
+    record.seconds = time.time() - record.started
+    append_record(plan.run_dir, record)
+
+
+class StopRequest:
+    """SIGTERM sets :attr:`event`: a scheduled job then stops between refreshes, and a refresh
+    in progress is abandoned at its next shard boundary.
+
+    ``ray.init`` installs its own SIGTERM handler in a driver, so :meth:`install` again after
+    connecting to Ray. Signal handlers can only be installed from the main thread.
+    """
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        logger.info("SIGTERM: stopping (a refresh in progress stops at its next shard)")
+        self.event.set()
 
 
 def refresh_once(
     plan: RefreshPlan,
     step: int | None = None,
-    report: Callable[[str], None] = print,
     connect: Callable[[], None] | None = None,
+    stop: threading.Event | None = None,
+    report: Callable[[str], None] = print,
 ) -> int:
-    """One locked refresh; returns an exit code and reports one summary or error line.
+    """One refresh; reports its record as one JSON line and returns the exit code.
 
-    `connect` (e.g. starting or joining Ray) runs once the lock is held, so a refresh that finds
-    the lock taken exits without starting anything. Other errors propagate.
+    A failed refresh raises its error after reporting (one line for bad input, else a traceback).
     """
-    try:
-        with RefreshLock(plan.run_dir):
-            if connect is not None:
-                connect()
-            summary: RefreshSummary = run_refresh(plan, step)
-    except RefreshLocked as error:
-        report(f"hnce refresh: {error}")
-        return EXIT_LOCKED
-    except NoCheckpointError as error:
-        report(f"hnce refresh: {error}")
-        return EXIT_NO_CHECKPOINT
-    report(summary.line())
-    return EXIT_OK
+    stop = stop or threading.Event()
+    record = attempt_refresh(plan, JOB_ROLE, step, connect, stop.is_set)
+    report(record.json_line())
+    if record.error is not None:
+        raise record.error
+    return _EXIT_CODES[record.outcome]
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """Slot k starts at ``first + k * interval`` (seconds since the epoch)."""
+
+    first: float
+    interval: float
+
+    def start(self, slot: int) -> float:
+        return self.first + slot * self.interval
+
+    def following(self, slot: int, now: float) -> int:
+        """The first slot after ``slot`` that has not started by ``now``."""
+        return max(slot + 1, math.ceil((now - self.first) / self.interval))
 
 
 def refresh_every(
     plan: RefreshPlan,
     interval_seconds: float,
-    max_runs: int | None = None,
-    report: Callable[[str], None] = print,
     connect: Callable[[], None] | None = None,
+    stop: threading.Event | None = None,
+    report: Callable[[str], None] = print,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], bool] | None = None,
 ) -> int:
-    """Refresh every `interval_seconds` (measured start to start) until interrupted.
+    """Refresh at a fixed cadence until ``stop`` is set (SIGTERM); returns the exit code.
 
-    A run that finds the lock held or no checkpoint is reported and the schedule goes on; a
-    failing refresh raises and ends the job (so the scheduler sees it).
+    Each run reports one JSON line (a locked or up-to-date run is a line too, and the schedule
+    goes on). ``refresh.max_consecutive_failures`` failures in a row raise
+    :class:`RefreshesFailing`. ``sleep(seconds)`` waits and returns True when stopped
+    (default: ``stop.wait``); tests pass a fake clock and sleep.
     """
-    runs = 0
-    while max_runs is None or runs < max_runs:
-        started = time.monotonic()
-        code = refresh_once(plan, report=report, connect=connect)
-        runs += 1
-        logger.info("scheduled refresh %d finished with exit code %d", runs, code)
-        if max_runs is not None and runs >= max_runs:
-            break
-        time.sleep(max(0.0, interval_seconds - (time.monotonic() - started)))
+    stop = stop or threading.Event()
+    sleep = sleep or stop.wait
+    cadence = Cadence(clock(), interval_seconds)
+    slot = missed = failures = 0
+    while not sleep(max(0.0, cadence.start(slot) - clock())):
+        record = attempt_refresh(plan, JOB_ROLE, None, connect, stop.is_set, failures)
+        record.scheduled, record.missed_slots = cadence.start(slot), missed
+        report(record.json_line())
+        if record.outcome == "abandoned":
+            return EXIT_ABANDONED
+        if record.outcome in ("published", "up-to-date", "failed"):
+            failures = record.consecutive_failures
+        if failures >= plan.refresh.max_consecutive_failures:
+            raise RefreshesFailing.after(record, f"hnce refresh --every of {plan.run_dir}")
+        following = cadence.following(slot, clock())
+        slot, missed = following, following - slot - 1
+    report(
+        RefreshRecord("stopped", JOB_ROLE, clock(), message="SIGTERM between refreshes").json_line()
+    )
     return EXIT_OK

@@ -47,8 +47,9 @@ from encoders.reranker import JointReranker, load_reranker
 from pipeline.config import Config
 from pipeline.preflight import check_rerank_inputs
 from pipeline.train.batch import MentionTokens
+from pipeline.train.refresh_supervisor import refresh_plan
 from pipeline.train.task import TrainingTask, rerank_run_dir
-from pipeline.train.trainer import TrainingSummary, refresh_plan, run_task
+from pipeline.train.trainer import TrainingSummary, run_task
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
-from transformers import BertConfig, BertTokenizerFast
+import torch
+from transformers import BertConfig, BertModel, BertTokenizerFast
 
 # BERT's special tokens plus BLINK's mention / title markers (DESIGN.md §6).
 SPECIAL_TOKENS = (
@@ -62,6 +63,18 @@ def tiny_bert_config(vocab_size: int) -> BertConfig:
         num_attention_heads=2,
         intermediate_size=64,
     )
+
+
+def write_letter_bert(directory: Path) -> Path:
+    """A tiny random BERT whose WordPiece vocabulary is the letters (every lower-case word
+    tokenizes), saved in ``directory`` like a Hugging Face model: a ``model.path`` for training."""
+    letters = [chr(code) for code in range(ord("a"), ord("z") + 1)]
+    tokenizer = write_wordpiece_tokenizer(
+        directory, [".", ",", *letters, *[f"##{c}" for c in letters]]
+    )
+    torch.manual_seed(0)
+    BertModel(tiny_bert_config(len(tokenizer))).save_pretrained(directory)
+    return directory
 
 
 @pytest.fixture(scope="session")

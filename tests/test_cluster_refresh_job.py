@@ -1,23 +1,36 @@
-"""The refresh lock, intervals and CLI exit codes (no Ray: the locked-out run exits first)."""
+"""The run lock, the refresh job's exit codes, its fixed cadence and SIGTERM (no Ray here: the
+lock file is the layer a process without Ray holds, and nothing below starts an encoder)."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from cluster.refresh import RefreshPlan
+from cluster.checkpoints import EXPORT_DIR, checkpoint_dir, mark_complete
+from cluster.files import atomic_write_json, atomic_write_text
+from cluster.lock import HOLDER_FILE, RunLock, RunLocked, read_holder
+from cluster.refresh import RefreshPlan, RefreshSettings
 from cluster.refresh_job import (
     EXIT_LOCKED,
     EXIT_NO_CHECKPOINT,
-    RefreshLock,
-    RefreshLocked,
+    EXIT_OK,
+    JOB_ROLE,
+    RefreshesFailing,
+    StopRequest,
     parse_interval,
+    refresh_every,
     refresh_once,
 )
+from cluster.refresh_log import LOG_FILE, RefreshRecord, append_record, read_records
+from encoders.errors import InputError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,54 +41,228 @@ def test_parse_interval() -> None:
     assert parse_interval("45") == 45
     assert parse_interval("1d") == 86400
     for bad in ("", "-1h", "6 hours", "0s"):
-        with pytest.raises(ValueError, match="bad interval"):
+        with pytest.raises(InputError, match="bad interval"):
             parse_interval(bad)
 
 
 def test_second_lock_on_one_run_fails_and_names_the_holder(tmp_path: Path) -> None:
-    with (
-        RefreshLock(tmp_path),
-        pytest.raises(RefreshLocked, match=f"pid {os.getpid()}"),
-        RefreshLock(tmp_path),
-    ):
-        pass
-    with RefreshLock(tmp_path):  # released: taken again
+    with RunLock(tmp_path, "first holder") as lock:
+        lock.encoding(40)
+        with pytest.raises(RunLocked, match=rf"first holder \(pid {os.getpid()} .*step-40"):
+            RunLock(tmp_path, "second").__enter__()
+        assert read_holder(tmp_path).checkpoint == 40
+    assert read_holder(tmp_path) is None and not (tmp_path / HOLDER_FILE).exists()
+    with RunLock(tmp_path, "again"):  # released: taken again
+        assert read_holder(tmp_path).role == "again"
+
+
+def test_lock_of_a_killed_holder_is_free_and_its_record_ignored(tmp_path: Path) -> None:
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from cluster.lock import RunLock\n"
+            "with RunLock(sys.argv[1], 'doomed'):\n"
+            "    print('held', flush=True); time.sleep(600)",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunLocked, match=f"doomed \\(pid {holder.pid}"):
+            RunLock(tmp_path, "waiting").__enter__()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert (tmp_path / HOLDER_FILE).exists()  # a SIGKILL leaves the record behind ...
+    assert read_holder(tmp_path) is None  # ... but its holder is provably gone
+    with RunLock(tmp_path, "next"):  # and the kernel released the lock file
         pass
 
 
-def test_refresh_once_exit_codes(tmp_path: Path) -> None:
-    config = RefreshPlan(tmp_path / "run", tmp_path / "data")
+def test_refresh_log_reads_whole_lines_and_names_a_bad_one(tmp_path: Path) -> None:
+    append_record(tmp_path, RefreshRecord("published", JOB_ROLE, 1.0, 2.0, 5, 1, 1))
+    with (tmp_path / LOG_FILE).open("a") as handle:
+        handle.write('{"event": "refresh", "outcome": "fail')  # still being written
+    records, offset = read_records(tmp_path)
+    assert [(r.outcome, r.checkpoint, r.finished) for r in records] == [("published", 5, 3.0)]
+    assert read_records(tmp_path, offset) == ([], offset)
+    with (tmp_path / LOG_FILE).open("a") as handle:
+        handle.write('ed"\n')  # finished, but not a record
+    with pytest.raises(ValueError, match=rf"{LOG_FILE}:2: not a refresh record"):
+        read_records(tmp_path, offset)
+
+
+def _publish_fake_versions(run_dir: Path, checkpoint: int) -> None:
+    """Live index and negatives versions that say they came from ``checkpoint``."""
+    atomic_write_json(run_dir / "index" / "v1" / "manifest.json", {"checkpoint": checkpoint})
+    atomic_write_text(run_dir / "index" / "CURRENT", "v1\n")
+    (run_dir / "negatives" / "v1").mkdir(parents=True)
+    atomic_write_text(run_dir / "negatives" / "CURRENT", "v1\n")
+
+
+def _checkpoint(run_dir: Path, step: int) -> None:
+    directory = checkpoint_dir(run_dir, step)
+    (directory / EXPORT_DIR).mkdir(parents=True)
+    mark_complete(directory, {"step": step})
+
+
+def _no_ray() -> None:
+    raise AssertionError("connected to Ray for a refresh that had nothing to do")
+
+
+def test_refresh_once_exit_codes_and_json_lines(tmp_path: Path) -> None:
+    plan = RefreshPlan(tmp_path / "run", tmp_path / "data")
     lines: list[str] = []
-    assert refresh_once(config, report=lines.append) == EXIT_NO_CHECKPOINT
-    assert "no complete checkpoint" in lines[-1]
-    with RefreshLock(config.run_dir):
-        assert refresh_once(config, report=lines.append) == EXIT_LOCKED
-    assert "another refresh" in lines[-1]
+    assert refresh_once(plan, connect=_no_ray, report=lines.append) == EXIT_NO_CHECKPOINT
+    assert json.loads(lines[-1])["outcome"] == "no-checkpoint"
+    _checkpoint(plan.run_dir, 5)
+    with RunLock(plan.run_dir, "a test"):
+        assert refresh_once(plan, connect=_no_ray, report=lines.append) == EXIT_LOCKED
+    locked = json.loads(lines[-1])
+    assert locked["outcome"] == "locked" and f"a test (pid {os.getpid()}" in locked["message"]
+    _publish_fake_versions(plan.run_dir, 5)
+    # Already indexed: exit 0 without taking the lock, starting Ray or an encoder pool.
+    assert refresh_once(plan, connect=_no_ray, report=lines.append) == EXIT_OK
+    up_to_date = json.loads(lines[-1])
+    assert (up_to_date["outcome"], up_to_date["checkpoint"]) == ("up-to-date", 5)
+    _checkpoint(plan.run_dir, 6)  # a newer checkpoint is pending again
+    with RunLock(plan.run_dir, "a test"):
+        assert refresh_once(plan, connect=_no_ray, report=lines.append) == EXIT_LOCKED
+
+
+class FakeClock:
+    """Time that passes only when the scheduler sleeps or a fake refresh runs."""
+
+    def __init__(self, runs_before_stop: int) -> None:
+        self.now = 1_000_000.0
+        self.runs_before_stop = runs_before_stop
+        self.starts: list[float] = []
+
+    def sleep(self, seconds: float) -> bool:
+        assert seconds >= 0
+        self.now += seconds
+        return len(self.starts) >= self.runs_before_stop
+
+
+def test_every_keeps_a_fixed_cadence_and_skips_missed_slots(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = FakeClock(runs_before_stop=5)
+    durations = iter([3.0, 25.0, 4.0, 9.5, 1.0])
+
+    def fake_attempt(plan, role, step, connect, stopping, failures) -> RefreshRecord:
+        clock.starts.append(clock.now)
+        started = clock.now
+        clock.now += next(durations)
+        return RefreshRecord("published", role, started, clock.now - started)
+
+    monkeypatch.setattr("cluster.refresh_job.attempt_refresh", fake_attempt)
+    lines: list[str] = []
+    code = refresh_every(
+        RefreshPlan(tmp_path, tmp_path),
+        10.0,
+        report=lines.append,
+        clock=lambda: clock.now,
+        sleep=clock.sleep,
+    )
+    assert code == EXIT_OK
+    first = 1_000_000.0
+    # Slot k starts at first + 10k; the 25 s run overran slots 2 and 3, which are skipped.
+    assert [start - first for start in clock.starts] == [0.0, 10.0, 40.0, 50.0, 60.0]
+    records = [json.loads(line) for line in lines]
+    assert [r["missed_slots"] for r in records[:-1]] == [0, 0, 2, 0, 0]
+    assert [r["scheduled"] - first for r in records[:-1]] == [0.0, 10.0, 40.0, 50.0, 60.0]
+    assert records[-1]["outcome"] == "stopped"
+
+
+def test_every_stops_after_max_consecutive_failures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = FakeClock(runs_before_stop=100)
+
+    def failing(plan, role, step, connect, stopping, failures) -> RefreshRecord:
+        clock.starts.append(clock.now)
+        return RefreshRecord(
+            "failed", role, clock.now, 1.0, 7, consecutive_failures=failures + 1, message="boom"
+        )
+
+    monkeypatch.setattr("cluster.refresh_job.attempt_refresh", failing)
+    plan = RefreshPlan(tmp_path, tmp_path, RefreshSettings(max_consecutive_failures=3))
+    with pytest.raises(RefreshesFailing, match=r"3 refreshes in a row failed.*step-7: boom"):
+        refresh_every(
+            plan, 60.0, report=lambda line: None, clock=lambda: clock.now, sleep=clock.sleep
+        )
+    assert len(clock.starts) == 3
+
+
+@pytest.mark.timeout(60)  # a SIGTERM that is not heard would wait out the hour
+def test_sigterm_between_refreshes_stops_the_schedule_cleanly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs: list[float] = []
+
+    def fake_attempt(plan, role, step, connect, stopping, failures) -> RefreshRecord:
+        runs.append(time.time())
+        return RefreshRecord("up-to-date", role, time.time())
+
+    monkeypatch.setattr("cluster.refresh_job.attempt_refresh", fake_attempt)
+    previous = signal.getsignal(signal.SIGTERM)
+    stop = StopRequest()
+    stop.install()
+    try:
+        timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+        timer.start()
+        lines: list[str] = []
+        started = time.monotonic()
+        code = refresh_every(
+            RefreshPlan(tmp_path, tmp_path), 3600.0, stop=stop.event, report=lines.append
+        )
+        timer.join()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert code == EXIT_OK and len(runs) == 1
+    assert time.monotonic() - started < 30  # woke from the hour-long wait
+    assert [json.loads(line)["outcome"] for line in lines] == ["up-to-date", "stopped"]
 
 
 @pytest.mark.slow  # the CLI imports torch, transformers and Ray (~8 s)
-def test_cli_exits_with_clear_message_while_another_refresh_holds_the_lock(tmp_path: Path) -> None:
-    data = tmp_path / "data"
+def test_cli_every_exits_zero_on_sigterm_between_refreshes(tmp_path: Path) -> None:
+    run_dir, data = tmp_path / "run", tmp_path / "data"
     (data / "entities").mkdir(parents=True)
     (data / "mentions").mkdir()
     (data / "mentions" / "train.parquet").touch()
-    with RefreshLock(tmp_path):
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pipeline.cli.main",
-                "refresh",
-                "--set",
-                f"run.dir={tmp_path}",
-                "--set",
-                f"data.root={data}",
-            ],
-            cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-    assert result.returncode == EXIT_LOCKED, result.stderr
-    assert "another refresh of" in result.stdout and "is running" in result.stdout
+    _checkpoint(run_dir, 5)
+    _publish_fake_versions(run_dir, 5)
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli.main",
+            "refresh",
+            "--every",
+            "1h",
+            "--set",
+            f"run.dir={run_dir}",
+            "--set",
+            f"data.root={data}",
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        first = json.loads(job.stdout.readline())
+        assert first["outcome"] == "up-to-date" and first["role"] == JOB_ROLE
+        job.send_signal(signal.SIGTERM)
+        rest, errors = job.communicate(timeout=60)
+    finally:
+        job.kill()
+    assert job.returncode == EXIT_OK, errors
+    assert json.loads(rest.splitlines()[-1])["outcome"] == "stopped"
+    assert "Traceback" not in errors

@@ -58,7 +58,7 @@ def test_data_order_is_a_pure_function_of_step_and_rank() -> None:
         MentionOrder(num_mentions=5, batch_size=4, world_size=2, seed=0)
 
 
-def test_only_complete_checkpoints_count_and_pruning_spares_protected(tmp_path: Path) -> None:
+def test_only_complete_checkpoints_count_and_pruning_keeps_the_newest(tmp_path: Path) -> None:
     for step in (10, 20, 30, 40):
         directory = checkpoint_dir(tmp_path, step)
         (directory / EXPORT_DIR).mkdir(parents=True)
@@ -66,11 +66,11 @@ def test_only_complete_checkpoints_count_and_pruning_spares_protected(tmp_path: 
             mark_complete(directory, {"step": step})
     assert [s for s, _ in complete_checkpoints(tmp_path)] == [10, 20, 30]
     assert newest_checkpoint(tmp_path)[0] == 30
-    removed = prune_checkpoints(tmp_path, keep=1, protect={10})
-    assert removed == [20]
-    assert (checkpoint_dir(tmp_path, 10) / COMPLETE).is_file()
+    removed = prune_checkpoints(tmp_path, keep=1)
+    assert removed == [10, 20]
+    assert (checkpoint_dir(tmp_path, 30) / COMPLETE).is_file()
     assert not checkpoint_dir(tmp_path, 20).exists()
-    assert checkpoint_dir(tmp_path, 40).is_dir()  # incomplete ones are not touched
+    assert checkpoint_dir(tmp_path, 40).is_dir()  # newer and incomplete: still being written
 
 
 def _checkpoint(run_dir: Path, step: int) -> Path:

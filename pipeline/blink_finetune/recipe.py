@@ -57,7 +57,8 @@ from pipeline.data.bad_rows import BadRowKind
 from pipeline.data.conversion import DatasetOutput
 from pipeline.data.kilt import aida_split_name, convert_kilt
 from pipeline.preflight import check_blink_inputs
-from pipeline.train.trainer import refresh_plan, run_training
+from pipeline.train.refresh_supervisor import refresh_plan
+from pipeline.train.trainer import run_training
 
 DATASET_FORMAT = "blink-finetune"
 INITIAL_EXPORT = Path("initial") / "export"

@@ -36,6 +36,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "pipeline.cli.refresh",
         "re-encode the catalogue into a new index version and mine negatives",
     ),
+    "status": (
+        "pipeline.cli.status",
+        "a run's checkpoints, live versions, lag, refreshes, lock and disk on one screen",
+    ),
     "eval": ("pipeline.cli.eval", "recall@k and accuracy against the whole catalogue"),
     "bias": ("pipeline.cli.bias", "gradient-bias diagnostics of NCE negatives (paper §6.4)"),
     "demo": ("pipeline.cli.demo", "the main job end to end on real WordNet data"),
@@ -71,7 +75,7 @@ def configure_logging(debug: bool) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    for noisy in ("urllib3", "filelock", "matplotlib", "PIL"):
+    for noisy in ("urllib3", "filelock", "matplotlib", "PIL", "faiss.loader"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

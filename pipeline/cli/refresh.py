@@ -2,9 +2,10 @@
 
 Reads the same recipe as ``hnce train`` (``--config runs/<run>/config.yaml`` is the resolved one
 training writes): ``run.dir``, ``data.root`` and the ``refresh`` and ``index`` sections. One
-shot (cron, ``ray job submit``) or ``--every 6h``. Exit codes: 0 done (or already up to date),
-2 a bad recipe or input, 3 no complete checkpoint, 75 another refresh of the run holds the lock.
-The logic lives in ``cluster.refresh`` and ``cluster.refresh_job``.
+shot (cron, ``ray job submit``) or ``--every 6h`` on a fixed cadence; each run prints one JSON
+line. Exit codes: 0 done (or already up to date, or stopped by SIGTERM between refreshes),
+2 a bad recipe or input, 3 no complete checkpoint, 75 another refresh of the run holds the lock,
+143 abandoned on SIGTERM (resumable). The logic lives in ``cluster.refresh_job``.
 """
 
 from __future__ import annotations
@@ -16,24 +17,28 @@ from pipeline.cli._common import add_config_arguments, load_recipe
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
-    parser.add_argument("--step", type=int, help="checkpoint step (default: newest complete)")
-    parser.add_argument("--every", help="repeat at this interval, e.g. 6h, 30m (default: once)")
+    when = parser.add_mutually_exclusive_group()
+    when.add_argument("--step", type=int, help="checkpoint step (default: newest complete)")
+    when.add_argument("--every", help="repeat at this fixed cadence, e.g. 6h, 30m (default: once)")
 
 
 def run(args: argparse.Namespace) -> int:
     config = load_recipe(args)
-    from cluster.refresh_job import parse_interval, refresh_every, refresh_once
+    from cluster.refresh_job import StopRequest, parse_interval, refresh_every, refresh_once
     from cluster.session import init_ray
     from pipeline.preflight import check_refresh_inputs
-    from pipeline.train.trainer import refresh_plan
+    from pipeline.train.refresh_supervisor import refresh_plan
 
     check_refresh_inputs(config)
     plan = refresh_plan(config)
     interval = parse_interval(args.every) if args.every is not None else None
+    stop = StopRequest()
+    stop.install()
 
     def connect() -> None:
         init_ray(config.cluster, config.refresh.encoder_cpus)
+        stop.install()  # ray.init replaced the SIGTERM handler
 
     if interval is None:
-        return refresh_once(plan, args.step, connect=connect)
-    return refresh_every(plan, interval, connect=connect)
+        return refresh_once(plan, args.step, connect=connect, stop=stop.event)
+    return refresh_every(plan, interval, connect=connect, stop=stop.event)

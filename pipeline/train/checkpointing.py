@@ -41,19 +41,14 @@ from cluster.checkpoints import (
     EXPORT_DIR,
     CheckpointIntegrityError,
     checkpoint_dir,
-    complete_checkpoints,
     mark_complete,
     newest_checkpoint,
     prune_checkpoints,
     verify_checkpoint,
 )
-from cluster.index_store import IndexStore
-from pipeline.config import Config
 from pipeline.train.distributed import Collectives
 from pipeline.train.events import EventLog
 from pipeline.train.model import export_trainable
-from pipeline.train.negatives import CandidateSource
-from pipeline.train.task import TrainingTask
 
 POINTER_FILE = "hnce_checkpoint.json"
 
@@ -135,20 +130,6 @@ def load_training_state(engine: deepspeed.DeepSpeedEngine, run_dir: Path, step: 
     return path
 
 
-def checkpoints_in_use(config: Config, task: TrainingTask, source: CandidateSource) -> set[int]:
-    """Checkpoint steps pruning must spare: the one the current negatives came from and, while
-    the refresh runs, every one newer than the live index (the coordinator may be encoding it)."""
-    protect = set()
-    if source.current is not None and task.kind == "retriever":
-        protect.add(source.current.checkpoint_step)
-    if task.refreshes(config):
-        store = IndexStore(config.run_dir / "index")
-        version = store.current_version()
-        indexed = -1 if version is None else int(store.read_manifest(version)["checkpoint"])
-        protect.update(step for step, _ in complete_checkpoints(task.run_dir) if step > indexed)
-    return protect
-
-
 def publish_checkpoint(
     engine: deepspeed.DeepSpeedEngine,
     model: nn.Module,
@@ -156,12 +137,12 @@ def publish_checkpoint(
     state: dict[str, Any],
     collectives: Collectives,
     keep: int,
-    protect: set[int],
     log: EventLog | None,
 ) -> None:
     """Write ``step-<S>/`` (S = ``state["step"]``) under ``run_dir``: DeepSpeed state (all
     ranks), the export (rank 0; ZeRO-3 parameters gathered first), ``COMPLETE`` with ``state``
-    last, prune to ``keep`` sparing ``protect`` (rank 0, which holds ``log``)."""
+    last, prune to ``keep`` (:func:`cluster.checkpoints.prune_checkpoints`; rank 0, which holds
+    ``log``)."""
     step = int(state["step"])
     directory = checkpoint_dir(run_dir, step)
     engine.save_checkpoint(str(directory / DEEPSPEED_DIR), tag=DEEPSPEED_TAG)
@@ -171,5 +152,5 @@ def publish_checkpoint(
     collectives.barrier()
     if log is not None:
         mark_complete(directory, state)
-        prune_checkpoints(run_dir, keep, protect)
+        prune_checkpoints(run_dir, keep)
         log.write("checkpoint", step=step, path=str(directory))

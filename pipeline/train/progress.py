@@ -1,33 +1,60 @@
-"""The driver's progress line for a training run, fed by the run's event log.
+"""The driver's progress line for a training run, fed by the run's event and refresh logs.
 
 The Ray Train workers run in other processes (other machines on a cluster), so the driver follows
-``<run>/train_log.jsonl`` (``pipeline.train.events``) instead of holding the training loop.
+``<run>/train_log.jsonl`` (``pipeline.train.events``) instead of holding the training loop, and
+``<run>/refresh_log.jsonl`` (``cluster.refresh_log``) for the refreshes: a failed refresh is
+printed above the bar the moment it is recorded, and the bar shows the last refresh's outcome.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
+import time
 from pathlib import Path
 
 from tqdm import tqdm
 
+from cluster.refresh_log import RefreshRecord, read_records
 from pipeline.train.events import read_events
 
 
 def follow_progress(run_dir: Path, steps: int, done: threading.Event) -> None:
-    """A progress bar fed by the run's event log (the workers run in other processes)."""
+    """A progress bar fed by the run's logs (the workers run in other processes)."""
+    since, offset = time.time(), 0
+    refresh = "none yet"
     with tqdm(total=steps, desc="training", unit="step") as bar:
         while not done.is_set():
+            records, offset = read_records(run_dir, offset)
+            for record in records:
+                if record.finished >= since:
+                    refresh = _refresh_news(record, bar)
             events = read_events(run_dir, "step")
-            if events and int(events[-1]["step"]) != bar.n:
+            if events:
                 last = events[-1]
                 bar.n = min(int(last["step"]), steps)
-                bar.set_postfix(
-                    loss=f"{last['loss']:.3f}", negatives=f"v{last['negatives_version']}"
+                bar.set_postfix(  # a dict: ``refresh`` is also a keyword of set_postfix
+                    {
+                        "loss": f"{last['loss']:.3f}",
+                        "negatives": f"v{last['negatives_version']}",
+                        "refresh": refresh,
+                    }
                 )
-                bar.refresh()
             done.wait(1.0)
-        events = read_events(run_dir, "end")
-        if events:
+        if read_events(run_dir, "end"):
             bar.n = steps
             bar.refresh()
+
+
+def _refresh_news(record: RefreshRecord, bar: tqdm) -> str:
+    """The bar's refresh field for ``record``; a failure is also printed above the bar."""
+    if record.outcome == "failed":
+        bar.write(
+            f"refresh of step-{record.checkpoint} failed ({record.consecutive_failures} in a "
+            f"row): {record.message}",
+            file=sys.stderr,  # where the bar is
+        )
+        return f"failed x{record.consecutive_failures}"
+    if record.outcome == "published":
+        return f"v{record.index_version} from step-{record.checkpoint}"
+    return record.outcome

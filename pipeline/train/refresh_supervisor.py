@@ -1,11 +1,19 @@
 """The training run's side of the asynchronous refresh: start the coordinator, stop it at the end.
 
+:func:`refresh_plan` is what a run's refreshes do, for the coordinator and for ``hnce refresh``
+alike (this module imports neither DeepSpeed nor Ray Train, so ``hnce refresh`` stays light).
+
 ``pipeline.train.trainer.run_training`` starts one :class:`cluster.coordinator.RefreshCoordinator`
-per run beside the Ray Train workers and stops it when training ends (DESIGN.md §5).
+per run beside the Ray Train workers and stops it when training ends (DESIGN.md §5). Every wait
+on the coordinator has a timeout, and a normal end prints no Ray task failure: the loop is asked
+to stop, its task is awaited and read, and only the idle actor is then released.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -13,6 +21,21 @@ import ray
 from cluster.coordinator import RefreshCoordinator
 from cluster.refresh import RefreshPlan
 from cluster.session import WORKER_ENV
+from pipeline.config import Config
+
+logger = logging.getLogger(__name__)
+
+CALL_SECONDS = 60.0  # a control call (stop, abandon, status) is served by an idle thread at once
+
+
+def refresh_plan(config: Config) -> RefreshPlan:
+    """What this run's refreshes do: its directories, the ``refresh`` and ``index`` sections."""
+    return RefreshPlan(
+        run_dir=config.run_dir.resolve(),
+        data_dir=Path(config.data.root).resolve(),
+        refresh=config.refresh,
+        index=config.index,
+    )
 
 
 def start_refresh(plan: RefreshPlan) -> tuple[Any, Any]:
@@ -28,11 +51,27 @@ def start_refresh(plan: RefreshPlan) -> tuple[Any, Any]:
     return coordinator, coordinator.watch.remote()
 
 
-def stop_refresh(coordinator: Any, watch: Any, grace_seconds: float = 5.0) -> dict[str, Any]:
-    """Stop the watch loop; a refresh still encoding after ``grace_seconds`` is abandoned (its
-    finished shards stay recorded, so a later ``hnce refresh`` resumes it). Returns its status."""
-    ray.get(coordinator.stop.remote())
-    status = ray.get(coordinator.status.remote())
-    ray.wait([watch], timeout=grace_seconds)
+def stop_refresh(coordinator: Any, watch: Any, grace_seconds: float = 10.0) -> dict[str, Any]:
+    """Stop the watch loop and release the coordinator; returns its last status.
+
+    A refresh still running after ``grace_seconds`` is abandoned at its next shard boundary (its
+    finished shards stay recorded, so a later ``hnce refresh`` resumes it); one that does not
+    reach a boundary within another ``grace_seconds`` (it is mining) is killed, which leaves
+    nothing half-published either.
+    """
+    ray.get(coordinator.stop.remote(), timeout=CALL_SECONDS)
+    ready, _ = ray.wait([watch], timeout=grace_seconds)
+    if not ready:
+        logger.info("a refresh is still running; abandoning it at its next shard (resumable)")
+        ray.get(coordinator.abandon.remote(), timeout=CALL_SECONDS)
+        ready, _ = ray.wait([watch], timeout=grace_seconds)
+    status: dict[str, Any] = ray.get(coordinator.status.remote(), timeout=CALL_SECONDS)
+    if ready:
+        ray.get(watch, timeout=CALL_SECONDS)
+        ray.kill(coordinator)  # idle: it ends without a task to fail
+        return status
+    logger.warning("the refresh did not stop in time; killing the coordinator (resumable)")
     ray.kill(coordinator)
+    with contextlib.suppress(ray.exceptions.RayActorError):
+        ray.get(watch, timeout=CALL_SECONDS)  # read, so Ray does not report it again at exit
     return status

@@ -27,14 +27,14 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from cluster.checkpoints import newest_checkpoint
-from cluster.refresh import RefreshPlan
 from cluster.resources import TRAINER_RESOURCE, custom_resource_request
 from cluster.session import init_ray
 from pipeline.config import Config, dump_config
 from pipeline.preflight import check_training_inputs
 from pipeline.train.events import read_events
 from pipeline.train.progress import follow_progress
-from pipeline.train.refresh_supervisor import start_refresh, stop_refresh
+from pipeline.train.refresh_health import raise_if_stopped
+from pipeline.train.refresh_supervisor import refresh_plan, start_refresh, stop_refresh
 from pipeline.train.task import TrainingTask
 from pipeline.train.worker import train_loop_per_worker
 
@@ -79,16 +79,6 @@ def _worker_config(config: Config, task: TrainingTask) -> dict[str, Any]:
     tree["run"]["dir"] = str(config.run_dir.resolve())
     tree["data"]["root"] = str(Path(config.data.root).resolve())
     return {"config": tree, "task": task.to_dict()}
-
-
-def refresh_plan(config: Config) -> RefreshPlan:
-    """What this run's refreshes do: its directories, the ``refresh`` and ``index`` sections."""
-    return RefreshPlan(
-        run_dir=config.run_dir.resolve(),
-        data_dir=Path(config.data.root).resolve(),
-        refresh=config.refresh,
-        index=config.index,
-    )
 
 
 def run_training(config: Config, progress: bool = True) -> TrainingSummary:
@@ -140,7 +130,7 @@ def run_task(config: Config, task: TrainingTask, progress: bool = True) -> Train
     follower = threading.Thread(
         target=follow_progress, args=(task.run_dir, settings.steps, done), daemon=True
     )
-    started = time.perf_counter()
+    started, since = time.perf_counter(), time.time()
     if progress:
         follower.start()
     try:
@@ -152,6 +142,7 @@ def run_task(config: Config, task: TrainingTask, progress: bool = True) -> Train
         status: dict[str, Any] = {}
         if coordinator is not None:
             status = stop_refresh(coordinator, watch)
+    raise_if_stopped(task.run_dir, since)
     summary = summarise_run(task.run_dir, time.perf_counter() - started)
     summary.refreshes = int(status.get("refreshes", 0))
     summary.refresh_error = status.get("error")

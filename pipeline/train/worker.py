@@ -35,7 +35,6 @@ from pipeline.config import Config, TrainingSettings, config_from_dict
 from pipeline.train.batch import ContrastiveBatch, MentionTokens, assemble_batch
 from pipeline.train.checkpointing import (
     agreed_resume_step,
-    checkpoints_in_use,
     load_training_state,
     publish_checkpoint,
     report_checkpoint,
@@ -53,6 +52,7 @@ from pipeline.train.negatives import (
     NegativeDrawer,
     RefreshedNegatives,
 )
+from pipeline.train.refresh_health import RefreshHealth
 from pipeline.train.step import ContrastiveScoring, train_micro_batch
 from pipeline.train.task import TrainingTask
 
@@ -167,6 +167,11 @@ class WorkerRun:
         self.device = engine.device
         self.loss = build_loss(config.loss.name, **config.loss.options)
         self.log = EventLog(task.run_dir) if self.rank == 0 else None
+        self.health = (
+            RefreshHealth(task.run_dir, config.refresh.max_consecutive_failures, self.rank)
+            if task.refreshes(config)
+            else None
+        )
         self.start_step = 0
 
     @classmethod
@@ -238,7 +243,8 @@ class WorkerRun:
         self.engine.train()
         loss = float("nan")
         for step in range(self.start_step, self.settings.steps):
-            self.poll_negatives(step)
+            if self.poll_negatives(step):
+                return
             started = time.perf_counter()
             mention_ids: list[str] = []
             losses = []
@@ -259,11 +265,13 @@ class WorkerRun:
                 negatives_version=self.data.source.version,
             )
 
-    def poll_negatives(self, step: int) -> None:
+    def poll_negatives(self, step: int) -> bool:
         """Every ``negatives_check_every`` steps (and at the first), switch to the newest
-        negatives version without waiting; a collective, so every rank switches together."""
+        negatives version without waiting and read the refresh log; collectives, so every rank
+        switches together. True when the refreshes failed too often and every rank stops here
+        (:class:`pipeline.train.refresh_health.RefreshHealth`)."""
         if step % self.settings.negatives_check_every != 0 and step != self.start_step:
-            return
+            return False
         source = self.data.source
         if source.poll() and self.log is not None and source.current is not None:
             self.log.write(
@@ -273,6 +281,7 @@ class WorkerRun:
                 checkpoint_step=source.current.checkpoint_step,
                 lag=source.lag(step),
             )
+        return self.health is not None and self.health.should_stop(step, self.log, self.device)
 
     def micro_batch(self, micro_step: int) -> ContrastiveBatch:
         """This rank's mentions at ``micro_step`` with their negatives, seeded by the micro-step
@@ -312,9 +321,6 @@ class WorkerRun:
             "negatives_version": self.data.source.version,
             "loss": loss,
         }
-        protect = (
-            checkpoints_in_use(self.config, self.task, self.data.source) if self.log else set()
-        )
         publish_checkpoint(
             self.engine,
             self.model,
@@ -322,7 +328,6 @@ class WorkerRun:
             state,
             self.collectives,
             self.settings.keep_checkpoints,
-            protect,
             self.log,
         )
         self.report(step, loss, self.rank)

@@ -1,0 +1,228 @@
+"""One lock per run, held across the cluster: every refresh of a run takes it (DESIGN.md §5).
+
+The refresh coordinator inside ``hnce train`` and the stand-alone ``hnce refresh`` job take the
+same :class:`RunLock`, so two refreshes of one run never overlap (``IndexStore.begin`` removes
+unfinished builds of other checkpoints: only the holder may build). It has two layers, and a
+holder holds both:
+
+- **the lock file** ``<run>/refresh.lock``, through ``filelock``: a kernel ``flock``, released
+  when the holder's process dies (``filelock`` falls back to its own marker file on a filesystem
+  without ``flock``). It excludes refreshes on one machine even when they run in separate Ray
+  instances, and it is taken first, before Ray starts, so a refused ``hnce refresh`` starts
+  nothing;
+- **a named Ray actor** ``run-lock-<digest of the run directory>`` in the namespace ``hnce``:
+  the cluster's control store (GCS) registers a name for one creator at a time, and the actor is
+  owned by its creator (a driver, or the coordinator actor), so Ray removes it, and frees the
+  name, when the holder dies. It excludes refreshes on different nodes of one Ray cluster
+  whatever the shared filesystem does with ``flock`` (NFS, EFS, FUSE mounts). The run directory
+  must have the same path on every node (it does: the recipe names it once).
+
+Who holds the lock is recorded in ``<run>/refresh.lock.json`` (:class:`LockHolder`: role, pid,
+host, since, and the checkpoint being encoded). A refused contender names the holder, ``hnce
+status`` shows it, and checkpoint retention spares the checkpoint it is encoding
+(:func:`encoding_checkpoint`).
+
+Example::
+
+    with RunLock(run_dir, "hnce refresh", connect=start_ray) as lock:   # RunLocked if held
+        lock.encoding(step)
+        run_refresh(plan, step)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import ray
+from filelock import FileLock, Timeout
+
+from cluster.files import atomic_write_json
+
+logger = logging.getLogger(__name__)
+
+LOCK_FILE = "refresh.lock"
+HOLDER_FILE = "refresh.lock.json"
+NAMESPACE = "hnce"
+_HOLDER_QUERY_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    """Who holds a run's lock, and what it is doing."""
+
+    role: str
+    pid: int
+    host: str
+    since: float
+    checkpoint: int | None = None
+
+    @classmethod
+    def this_process(cls, role: str) -> LockHolder:
+        return cls(role=role, pid=os.getpid(), host=socket.gethostname(), since=time.time())
+
+    def describe(self) -> str:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.since))
+        doing = f", encoding step-{self.checkpoint}" if self.checkpoint is not None else ""
+        return f"{self.role} (pid {self.pid} on {self.host} since {since}{doing})"
+
+    def is_stale(self) -> bool:
+        """True when the holder provably died: it ran on this host and its pid is gone."""
+        if self.host != socket.gethostname():
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+
+class RunLocked(RuntimeError):
+    """Another refresh of the same run holds the lock."""
+
+    def __init__(self, run_dir: Path, holder: LockHolder | None) -> None:
+        self.holder = holder
+        named = holder.describe() if holder is not None else "holder unknown"
+        super().__init__(
+            f"another refresh of {run_dir} is running: {named}; lock {Path(run_dir) / LOCK_FILE}"
+        )
+
+
+def read_holder(run_dir: Path) -> LockHolder | None:
+    """The recorded holder of ``run_dir``'s lock; None when free or when the holder provably
+    died without releasing it (a killed process leaves its record behind)."""
+    path = Path(run_dir) / HOLDER_FILE
+    try:
+        holder = LockHolder(**json.loads(path.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        return None
+    return None if holder.is_stale() else holder
+
+
+def encoding_checkpoint(run_dir: Path) -> int | None:
+    """The checkpoint step a refresh holding ``run_dir``'s lock is encoding, if any."""
+    holder = read_holder(run_dir)
+    return None if holder is None else holder.checkpoint
+
+
+def cluster_lock_name(run_dir: Path) -> str:
+    """The Ray actor name that stands for ``run_dir``'s lock in the namespace ``hnce``."""
+    digest = hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:24]
+    return f"run-lock-{digest}"
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class ClusterLockToken:
+    """Exists while its owner holds the run's lock; its name is the lock (see module docs)."""
+
+    def __init__(self, holder: dict[str, Any]) -> None:
+        self._holder = holder
+
+    def holder(self) -> dict[str, Any]:
+        return self._holder
+
+    def update(self, holder: dict[str, Any]) -> None:
+        self._holder = holder
+
+
+class RunLock:
+    """The run's lock (a context manager); raises :class:`RunLocked` naming the holder.
+
+    Args:
+        run_dir: the run directory.
+        role: who takes it, shown to whoever is refused (``hnce refresh``, ``training
+            coordinator``).
+        connect: called once the lock file is held (e.g. starting or joining Ray), so a
+            refused refresh starts nothing.
+
+    The cluster layer is taken whenever this process is connected to Ray; every refresh is
+    (its encoders are Ray actors). A process without Ray holds the lock file only.
+    """
+
+    def __init__(self, run_dir: Path, role: str, connect: Callable[[], None] | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.holder = LockHolder.this_process(role)
+        self._connect = connect
+        self._file = FileLock(self.run_dir / LOCK_FILE, thread_local=False, blocking=False)
+        self._token: Any = None
+        self._recorded = False
+
+    def __enter__(self) -> RunLock:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._file.acquire()
+        except Timeout:
+            raise RunLocked(self.run_dir, read_holder(self.run_dir)) from None
+        try:
+            if self._connect is not None:
+                self._connect()
+            if ray.is_initialized():
+                self._token = self._take_cluster_lock()
+            self._record()
+        except BaseException:
+            self._release()
+            raise
+        return self
+
+    def encoding(self, step: int) -> None:
+        """Record that the holder now encodes checkpoint ``step`` (retention spares it)."""
+        self.holder = replace(self.holder, checkpoint=step)
+        self._record()
+        if self._token is not None:
+            self._token.update.remote(asdict(self.holder))  # what a refused contender sees
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._release()
+
+    def _take_cluster_lock(self) -> Any:
+        name = cluster_lock_name(self.run_dir)
+        try:
+            return ClusterLockToken.options(name=name, namespace=NAMESPACE).remote(
+                asdict(self.holder)
+            )
+        except ValueError:  # the name is taken: another process of the cluster holds the lock
+            raise RunLocked(self.run_dir, _cluster_holder(name)) from None
+
+    def _record(self) -> None:
+        atomic_write_json(self.run_dir / HOLDER_FILE, asdict(self.holder))
+        self._recorded = True
+
+    def _release(self) -> None:
+        """Drop the record, then the cluster layer, then the file (the reverse of taking them).
+
+        A contender refused by the cluster layer leaves the record alone: it is the holder's.
+        """
+        if self._recorded:
+            (self.run_dir / HOLDER_FILE).unlink(missing_ok=True)
+            self._recorded = False
+        if self._token is not None:
+            ray.kill(self._token, no_restart=True)
+            self._token = None
+        if self._file.is_locked:
+            self._file.release()
+
+
+def _cluster_holder(name: str) -> LockHolder | None:
+    """The holder recorded by the cluster's lock actor; None if it vanished meanwhile."""
+    try:
+        token = ray.get_actor(name, namespace=NAMESPACE)
+        return LockHolder(**ray.get(token.holder.remote(), timeout=_HOLDER_QUERY_SECONDS))
+    except (ValueError, ray.exceptions.RayError) as error:
+        logger.info("the holder of %s could not be asked (%s)", name, error)
+        return None

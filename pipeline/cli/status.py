@@ -1,0 +1,22 @@
+"""``hnce status RUN_DIR``: a run's training, checkpoints, live versions, lag, refreshes, lock
+holder and disk use on one screen; ``--json`` for monitoring. The logic lives in
+``pipeline.status``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run directory (run.dir)")
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of the screen")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.status import run_status
+
+    status = run_status(args.run_dir)
+    print(json.dumps(status.to_json(), indent=2) if args.json else status.render())
+    return 0

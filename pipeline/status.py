@@ -1,0 +1,246 @@
+"""``hnce status RUN_DIR``: the state of a run on one screen, for an operator (DESIGN.md §5).
+
+Read from the run directory alone (no Ray, no recipe, nothing written), so it works from any
+machine that mounts the run's storage, while training or a refresh runs:
+
+- training: the last step logged and whether the run ended, stopped or is going on;
+- checkpoints kept and the newest, with when it was written;
+- the live index and negatives versions and the checkpoints they came from;
+- the lag: steps from the negatives' checkpoint to the newest one, and minutes the newest has
+  waited for its refresh;
+- the last refresh that ran (outcome, checkpoint, duration, who ran it), refreshes published
+  and failed, failures in a row;
+- who holds the run's refresh lock, and what it is encoding;
+- disk use of each store under the run (checkpoints, index, negatives, tokens, Ray Train's
+  state) and of the rest.
+
+:func:`run_status` gathers a :class:`RunStatus`; :meth:`RunStatus.render` is the screen and
+:meth:`RunStatus.to_json` the same for monitoring (``hnce status --json``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cluster.checkpoints import CHECKPOINTS_DIR, COMPLETE, complete_checkpoints
+from cluster.index_store import IndexStore
+from cluster.lock import read_holder
+from cluster.negatives_store import NegativesVersion
+from cluster.refresh_log import RefreshRecord, read_records
+from cluster.versioned_dir import read_current, version_dir_name
+from encoders.errors import InputError
+from pipeline.train.events import read_events
+from pipeline.train.refresh_health import STOP_EVENT
+
+INDEX_DIR = "index"
+NEGATIVES_DIR = "negatives"
+STORES = (CHECKPOINTS_DIR, INDEX_DIR, NEGATIVES_DIR, "tokens", "ray")
+_MIB = 1024 * 1024
+
+
+@dataclass
+class RunStatus:
+    """What ``hnce status`` reports; fields are None where the run has none yet."""
+
+    run_dir: str
+    checked_at: float
+    training: dict[str, Any] | None
+    checkpoints: list[int]
+    newest_checkpoint: dict[str, Any] | None
+    index: dict[str, Any] | None
+    negatives: dict[str, Any] | None
+    lag_steps: int | None
+    lag_minutes: float | None
+    last_refresh: dict[str, Any] | None
+    refreshes: dict[str, int]
+    lock_holder: dict[str, Any] | None
+    disk_bytes: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def render(self) -> str:
+        """The operator's screen: one line per concern."""
+        rows = [
+            ("run", self.run_dir),
+            ("training", _training_line(self.training)),
+            ("checkpoints", _checkpoints_line(self.checkpoints, self.newest_checkpoint)),
+            ("index", _version_line(self.index)),
+            ("negatives", _version_line(self.negatives)),
+            ("lag", _lag_line(self.lag_steps, self.lag_minutes)),
+            ("last refresh", _refresh_line(self.last_refresh)),
+            (
+                "refreshes",
+                f"{self.refreshes['published']} published, {self.refreshes['failed']} failed "
+                f"({self.refreshes['failures_in_a_row']} in a row)",
+            ),
+            ("lock", "free" if self.lock_holder is None else f"held by {self.lock_holder['by']}"),
+            ("disk", _disk_line(self.disk_bytes)),
+        ]
+        return "\n".join(f"{name:<13} {value}" for name, value in rows)
+
+
+def run_status(run_dir: Path) -> RunStatus:
+    """Gather the status of the run in ``run_dir`` (InputError when it is not a run)."""
+    run_dir = Path(run_dir)
+    if not any((run_dir / name).exists() for name in (CHECKPOINTS_DIR, INDEX_DIR, "config.yaml")):
+        raise InputError(
+            f"{run_dir}: not a run directory (no {CHECKPOINTS_DIR}/, {INDEX_DIR}/ or config.yaml)"
+        )
+    now = time.time()
+    checkpoints = complete_checkpoints(run_dir)
+    newest = None
+    if checkpoints:
+        step, directory = checkpoints[-1]
+        newest = {"step": step, "written_at": (directory / COMPLETE).stat().st_mtime}
+    negatives = _live_negatives(run_dir / NEGATIVES_DIR)
+    index = _live_index(run_dir / INDEX_DIR)
+    live = negatives or index
+    lag_steps = lag_minutes = None
+    if newest is not None and live is not None:
+        lag_steps = newest["step"] - live["checkpoint"]
+        lag_minutes = (now - newest["written_at"]) / 60 if lag_steps > 0 else 0.0
+    records, _ = read_records(run_dir)
+    holder = read_holder(run_dir)
+    return RunStatus(
+        run_dir=str(run_dir),
+        checked_at=now,
+        training=_training(run_dir),
+        checkpoints=[step for step, _ in checkpoints],
+        newest_checkpoint=newest,
+        index=index,
+        negatives=negatives,
+        lag_steps=lag_steps,
+        lag_minutes=lag_minutes,
+        last_refresh=records[-1].to_json() if records else None,
+        refreshes=_refresh_counts(records),
+        lock_holder=None if holder is None else {**asdict(holder), "by": holder.describe()},
+        disk_bytes=_disk_use(run_dir),
+    )
+
+
+def _live_index(root: Path) -> dict[str, Any] | None:
+    store = IndexStore(root)
+    version = store.current_version()
+    if version is None:
+        return None
+    manifest = store.read_manifest(version)
+    return {
+        "version": version,
+        "checkpoint": int(manifest["checkpoint"]),
+        "created_at": manifest["created_at"],
+    }
+
+
+def _live_negatives(root: Path) -> dict[str, Any] | None:
+    version = read_current(root)
+    if version is None:
+        return None
+    splits = sorted((root / version_dir_name(version)).glob("*.parquet"))
+    mined = NegativesVersion(splits[0])
+    return {
+        "version": version,
+        "checkpoint": mined.checkpoint_step,
+        "splits": [path.stem for path in splits],
+    }
+
+
+def _training(run_dir: Path) -> dict[str, Any] | None:
+    """The last step logged and whether the run ended, stopped, or is going on."""
+    events = read_events(run_dir)
+    steps = [event for event in events if event["event"] == "step"]
+    lifecycle = [e for e in events if e["event"] in ("start", "resume", "end", STOP_EVENT)]
+    if not lifecycle:
+        return None
+    last = lifecycle[-1]
+    state = {"end": "ended", STOP_EVENT: "stopped"}.get(last["event"], "running or interrupted")
+    return {
+        "state": state,
+        "step": int(steps[-1]["step"]) if steps else int(last["step"]),
+        "last_event_at": events[-1]["time"],
+        "cause": last.get("cause"),
+    }
+
+
+def _refresh_counts(records: list[RefreshRecord]) -> dict[str, int]:
+    return {
+        "published": sum(record.outcome == "published" for record in records),
+        "failed": sum(record.outcome == "failed" for record in records),
+        "failures_in_a_row": records[-1].consecutive_failures if records else 0,
+    }
+
+
+def _disk_use(run_dir: Path) -> dict[str, int]:
+    """Bytes allocated per store under the run, the rest as ``other``, and ``total``."""
+    use = {name: _allocated(run_dir / name) for name in STORES if (run_dir / name).exists()}
+    total = _allocated(run_dir)
+    return {**use, "other": total - sum(use.values()), "total": total}
+
+
+def _allocated(path: Path) -> int:
+    """Bytes allocated on disk to the files under ``path`` (like ``du``)."""
+    total = 0
+    for directory, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(directory, name)).st_blocks * 512
+            except FileNotFoundError:  # removed by retention while we walked
+                continue
+    return total
+
+
+def _clock(seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds))
+
+
+def _training_line(training: dict[str, Any] | None) -> str:
+    if training is None:
+        return "no training logged"
+    line = f"step {training['step']}, {training['state']} (last event {_clock(training['last_event_at'])})"
+    return line + (f": {training['cause']}" if training["cause"] else "")
+
+
+def _checkpoints_line(steps: list[int], newest: dict[str, Any] | None) -> str:
+    if newest is None:
+        return "none complete"
+    kept = ", ".join(f"step-{step}" for step in steps)
+    return f"{len(steps)} kept ({kept}); newest step-{newest['step']} written {_clock(newest['written_at'])}"
+
+
+def _version_line(live: dict[str, Any] | None) -> str:
+    if live is None:
+        return "none published"
+    line = f"v{live['version']} from step-{live['checkpoint']}"
+    if "created_at" in live:
+        line += f", created {live['created_at']}"
+    if "splits" in live:
+        line += f", splits {', '.join(live['splits'])}"
+    return line
+
+
+def _lag_line(steps: int | None, minutes: float | None) -> str:
+    if steps is None or minutes is None:
+        return "unknown (no checkpoint or no refresh yet)"
+    if steps <= 0:
+        return "0 steps: the newest checkpoint is live"
+    return f"{steps} steps; the newest checkpoint has waited {minutes:.1f} min for its refresh"
+
+
+def _refresh_line(record: dict[str, Any] | None) -> str:
+    if record is None:
+        return "none recorded"
+    line = f"{record['outcome']}, step-{record['checkpoint']}"
+    if record["outcome"] == "published":
+        line += f" → index v{record['index_version']}, negatives v{record['negatives_version']}"
+    elif record["outcome"] != "up-to-date":
+        line += f": {record['message']}"
+    return f"{line}, {record['seconds']:.1f} s, by {record['role']} at {_clock(record['started'])}"
+
+
+def _disk_line(disk: dict[str, int]) -> str:
+    parts = [f"{name} {size / _MIB:.1f} MiB" for name, size in disk.items() if name != "total"]
+    return f"{', '.join(parts)}; total {disk['total'] / _MIB:.1f} MiB"

@@ -1,0 +1,83 @@
+"""The trainer's watch over the run's refreshes: failures are loud, and too many stop training.
+
+The refresh coordinator records every refresh it runs in ``<run>/refresh_log.jsonl``
+(:mod:`cluster.refresh_log`). Whenever the workers look for a newer negatives version, rank 0
+also reads the refreshes recorded since it last looked (:class:`RefreshHealth`):
+
+- each failure is written at once to the trainer's event log as a ``refresh_failed`` event
+  (step, checkpoint, failures in a row, error);
+- when one reaches ``refresh.max_consecutive_failures`` failures in a row, rank 0 writes a
+  ``refresh_stop`` event naming the failing checkpoint and cause, and every rank leaves the
+  training loop at that same step (the decision is broadcast).
+
+The workers return normally, so Ray Train does not restart them into the same failures: the stop
+is final. The driver then raises :class:`cluster.refresh_job.RefreshesFailing` with the cause
+(:func:`raise_if_stopped`). Only refreshes that finished after the worker started count, so a
+resumed run is not stopped by the failures of an earlier one.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from cluster.refresh_job import RefreshesFailing
+from cluster.refresh_log import read_records
+from pipeline.train.events import EventLog, read_events
+
+STOP_EVENT = "refresh_stop"
+FAILED_EVENT = "refresh_failed"
+
+
+class RefreshHealth:
+    """Follows the run's refresh log from one worker; see the module docs."""
+
+    def __init__(self, run_dir: Path, max_consecutive_failures: int, rank: int) -> None:
+        self.run_dir = Path(run_dir)
+        self.max_consecutive_failures = max_consecutive_failures
+        self.rank = rank
+        self.since = time.time()
+        self._offset = 0
+
+    def should_stop(self, step: int, log: EventLog | None, device: torch.device) -> bool:
+        """Log new refresh failures; True on every rank when training must stop at ``step``.
+
+        Collective over the process group when one is initialised (all ranks must call it).
+        """
+        cause = self._read(step, log) if self.rank == 0 else None
+        stop = torch.tensor([0 if cause is None else 1], dtype=torch.long, device=device)
+        if dist.is_available() and dist.is_initialized():
+            dist.broadcast(stop, src=0)
+        if log is not None and cause is not None:
+            log.write(STOP_EVENT, step=step, cause=cause)
+        return bool(stop.item())
+
+    def _read(self, step: int, log: EventLog | None) -> str | None:
+        """Rank 0: log the failures recorded since the last call; the stop cause, if any."""
+        records, self._offset = read_records(self.run_dir, self._offset)
+        cause = None
+        for record in records:
+            if record.outcome != "failed" or record.finished < self.since:
+                continue
+            if log is not None:
+                log.write(
+                    FAILED_EVENT,
+                    step=step,
+                    checkpoint=record.checkpoint,
+                    consecutive=record.consecutive_failures,
+                    error=record.message,
+                )
+            if record.consecutive_failures >= self.max_consecutive_failures:
+                cause = str(RefreshesFailing.after(record, f"training stopped at step {step}"))
+        return cause
+
+
+def raise_if_stopped(run_dir: Path, since: float) -> None:
+    """Raise :class:`RefreshesFailing` when the workers stopped training for failing refreshes
+    (a ``refresh_stop`` event at or after ``since``, the driver's start)."""
+    stops = [event for event in read_events(run_dir, STOP_EVENT) if event["time"] >= since]
+    if stops:
+        raise RefreshesFailing(stops[-1]["cause"])

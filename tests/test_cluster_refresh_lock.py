@@ -1,0 +1,244 @@
+"""The run lock across the CLI refresh and a training run's coordinator, the coordinator's loop,
+abandoning and resuming, and a checkpoint deleted under a refresh (local Ray, tiny BERT; slow).
+
+Contention is made certain, not left to timing: once one side holds the lock (its record names
+it), its process is frozen with SIGSTOP and the record read again, so the other side provably
+starts while the lock is held; then it is resumed with SIGCONT.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import ray
+from test_cluster_refresh import _checkpoint, _dataset, _tiny_export
+
+from cluster.checkpoints import checkpoint_dir
+from cluster.coordinator import COORDINATOR_ROLE
+from cluster.index_store import IndexStore
+from cluster.lock import LockHolder, read_holder
+from cluster.negatives_store import NegativesStore
+from cluster.refresh import RefreshPlan, RefreshSettings, run_refresh
+from cluster.refresh_job import EXIT_LOCKED, EXIT_OK, JOB_ROLE, attempt_refresh
+from cluster.refresh_log import read_records
+from cluster.sharded_index import IndexSpec
+from pipeline.train.refresh_supervisor import start_refresh, stop_refresh
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def ray_address() -> Iterator[str]:
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("lock")
+    return {"data": _dataset(root / "data"), "dual": _tiny_export(root / "dual", "dual")}
+
+
+@pytest.fixture(scope="module")
+def clean_checksums(
+    assets: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, ray_address: str
+) -> list[str]:
+    """Shard checksums of an undisturbed refresh of the same checkpoint."""
+    run_dir = tmp_path_factory.mktemp("clean") / "run"
+    _checkpoint(run_dir, 1, assets["dual"])
+    run_refresh(_plan(run_dir, assets["data"]))
+    return IndexStore(run_dir / "index", device="cpu").current().shard_checksums
+
+
+def _plan(run_dir: Path, data: Path, **overrides: object) -> RefreshPlan:
+    settings = {
+        "shard_size": 8,
+        "batch_size": 4,
+        "top_n": 10,
+        "num_encoders": 1,
+        "poll_seconds": 0.2,
+    }
+    settings.update(overrides)
+    return RefreshPlan(run_dir, data, RefreshSettings(**settings), IndexSpec(faiss_device="cpu"))
+
+
+def _wait_for(condition: Callable[[], bool], seconds: float = 120.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+@contextmanager
+def frozen_holder(run_dir: Path, role: str) -> Iterator[LockHolder]:
+    """Wait until ``role`` holds the run's lock and encodes a checkpoint, freeze its process while
+    it still does, and yield the holder; the process is resumed on exit."""
+
+    def same(a: LockHolder | None, b: LockHolder) -> bool:
+        return a is not None and (a.pid, a.since) == (b.pid, b.since)
+
+    deadline = time.monotonic() + 120
+    while True:
+        holder = read_holder(run_dir)
+        if holder is not None and holder.role == role and holder.checkpoint is not None:
+            os.kill(holder.pid, signal.SIGSTOP)
+            if same(read_holder(run_dir), holder):  # the record goes before the lock does
+                break
+            os.kill(holder.pid, signal.SIGCONT)  # released meanwhile: wait for the next hold
+        assert time.monotonic() < deadline, f"{role} never held the lock"
+        time.sleep(0.02)
+    try:
+        yield holder
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)
+
+
+class PublishedReader(threading.Thread):
+    """Opens the live index and negatives versions in a loop, as the trainer and a server would:
+    every open must verify, and the negatives must come from a published index version."""
+
+    def __init__(self, run_dir: Path) -> None:
+        super().__init__(daemon=True)
+        self.run_dir = run_dir
+        self.done = threading.Event()
+        self.reads = 0
+        self.errors: list[BaseException] = []
+
+    def run(self) -> None:
+        index_store = IndexStore(self.run_dir / "index", device="cpu")
+        negatives_store = NegativesStore(self.run_dir / "negatives")
+        while not self.done.is_set():
+            try:
+                index = index_store.current()
+                negatives = negatives_store.latest()
+                if negatives is not None:
+                    manifest = index_store.read_manifest(negatives.version)
+                    assert manifest["checkpoint"] == negatives.checkpoint_step
+                self.reads += index is not None
+            except BaseException as error:  # kept for the assertion in the test
+                self.errors.append(error)
+            self.done.wait(0.02)
+
+
+def _cli_refresh(run_dir: Path, data: Path, address: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "pipeline.cli.main",
+        "refresh",
+        *("--set", f"run.dir={run_dir}", "--set", f"data.root={data}"),
+        *("--set", f"cluster.address={address}", "--set", "index.faiss_device=cpu"),
+        *("--set", "refresh.shard_size=8", "--set", "refresh.batch_size=4"),
+        *("--set", "refresh.top_n=10", "--set", "refresh.num_encoders=1"),
+    ]
+
+
+def test_cli_refresh_and_training_coordinator_never_overlap(
+    ray_address: str, assets: dict[str, Path], tmp_path: Path
+) -> None:
+    run_dir, data = tmp_path / "run", assets["data"]
+    _checkpoint(run_dir, 1, assets["dual"])
+    reader = PublishedReader(run_dir)
+    reader.start()
+    environment = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = _cli_refresh(run_dir, data, ray_address)
+    cli = subprocess.Popen(command, cwd=REPO, env=environment, stdout=subprocess.PIPE, text=True)
+    # 1. The CLI holds the lock while the training run's coordinator starts: it must wait.
+    with frozen_holder(run_dir, JOB_ROLE) as holder:
+        assert holder.pid == cli.pid
+        coordinator, watch = start_refresh(_plan(run_dir, data))
+        _wait_for(lambda: f"pid {cli.pid}" in (_status(coordinator)["locked_by"] or ""))
+    output, _ = cli.communicate(timeout=240)
+    assert cli.returncode == EXIT_OK
+    assert json.loads(output.splitlines()[-1])["outcome"] == "published"
+    # 2. The coordinator holds the lock (refreshing a new checkpoint) while a CLI starts.
+    _checkpoint(run_dir, 2, assets["dual"])
+    with frozen_holder(run_dir, COORDINATOR_ROLE) as holder:
+        refused = subprocess.run(
+            command, cwd=REPO, env=environment, capture_output=True, text=True, timeout=120
+        )
+    assert refused.returncode == EXIT_LOCKED, refused.stderr
+    message = json.loads(refused.stdout.splitlines()[-1])["message"]
+    assert f"{COORDINATOR_ROLE} (pid {holder.pid}" in message and "step-2" in message
+    _wait_for(lambda: NegativesStore(run_dir / "negatives").current_version() == 2)
+    status = stop_refresh(coordinator, watch)
+    reader.done.set()
+    reader.join()
+
+    assert status["refreshes"] == 1 and status["error"] is None
+    ran = [record for record in read_records(run_dir)[0] if record.outcome == "published"]
+    assert [(r.role, r.checkpoint) for r in ran] == [(JOB_ROLE, 1), (COORDINATOR_ROLE, 2)]
+    for earlier, later in itertools.pairwise(ran):
+        assert later.started >= earlier.finished  # one refresh at a time
+    assert reader.errors == [] and reader.reads > 0
+    assert read_holder(run_dir) is None
+
+
+def _status(coordinator: object) -> dict:
+    return ray.get(coordinator.status.remote(), timeout=60)
+
+
+def test_coordinator_follows_new_checkpoints_and_records_them(
+    ray_address: str, assets: dict[str, Path], tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    _checkpoint(run_dir, 1, assets["dual"])
+    coordinator, watch = start_refresh(_plan(run_dir, assets["data"], shard_size=100))
+    negatives = NegativesStore(run_dir / "negatives")
+    _wait_for(lambda: negatives.current_version() == 1)
+    _checkpoint(run_dir, 2, assets["dual"])
+    _wait_for(lambda: negatives.current_version() == 2)
+    status = stop_refresh(coordinator, watch)
+    assert status["refreshes"] == 2 and status["error"] is None
+    records = read_records(run_dir)[0]
+    assert [(r.outcome, r.checkpoint, r.index_version) for r in records] == [
+        ("published", 1, 1),
+        ("published", 2, 2),
+    ]
+    assert negatives.latest().checkpoint_step == 2
+
+
+def test_abandoned_refresh_publishes_nothing_and_the_next_resumes_it(
+    ray_address: str, assets: dict[str, Path], tmp_path: Path, clean_checksums: list[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    _checkpoint(run_dir, 1, assets["dual"])
+    plan = _plan(run_dir, assets["data"])
+    abandoned = attempt_refresh(plan, JOB_ROLE, stopping=lambda: True)
+    assert abandoned.outcome == "abandoned" and "stopped after shard" in abandoned.message
+    assert IndexStore(run_dir / "index").current_version() is None
+    assert NegativesStore(run_dir / "negatives").current_version() is None
+    resumed = attempt_refresh(plan, JOB_ROLE)
+    assert resumed.outcome == "published" and "1 resumed" in resumed.message
+    assert IndexStore(run_dir / "index", device="cpu").current().shard_checksums == clean_checksums
+
+
+def test_checkpoint_deleted_under_a_refresh_finishes_from_what_it_loaded(
+    ray_address: str, assets: dict[str, Path], tmp_path: Path, clean_checksums: list[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    _checkpoint(run_dir, 1, assets["dual"])
+
+    def delete_the_checkpoint(encoded: object, pool: object) -> None:
+        shutil.rmtree(checkpoint_dir(run_dir, 1), ignore_errors=True)
+
+    summary = run_refresh(_plan(run_dir, assets["data"]), 1, on_shard=delete_the_checkpoint)
+    assert not checkpoint_dir(run_dir, 1).exists()
+    assert (summary.checkpoint, summary.index_version) == (1, 1)
+    assert IndexStore(run_dir / "index", device="cpu").current().shard_checksums == clean_checksums
+    assert NegativesStore(run_dir / "negatives").latest().checkpoint_step == 1

@@ -1,0 +1,145 @@
+"""The trainer's side of refresh failures: the workers' health check, the driver's stop and the
+progress line without Ray (fast), and a training run whose every refresh fails (local Ray, tiny
+BERT; slow)."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+from conftest import write_letter_bert
+
+from cluster.refresh_job import RefreshesFailing
+from cluster.refresh_log import RefreshRecord, append_record, read_records
+from cluster.session import init_ray
+from pipeline.config import load_config
+from pipeline.data.synthetic import generate_synthetic_dataset
+from pipeline.train.events import EventLog, read_events
+from pipeline.train.progress import follow_progress
+from pipeline.train.refresh_health import (
+    FAILED_EVENT,
+    STOP_EVENT,
+    RefreshHealth,
+    raise_if_stopped,
+)
+from pipeline.train.trainer import run_training
+
+CPU = torch.device("cpu")
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def _failure(checkpoint: int, in_a_row: int, finished: float) -> RefreshRecord:
+    return RefreshRecord(
+        "failed",
+        "training coordinator",
+        finished - 2.0,
+        2.0,
+        checkpoint,
+        consecutive_failures=in_a_row,
+        message=f"OSError: disk full at step-{checkpoint}",
+    )
+
+
+def test_failures_are_logged_at_once_and_the_limit_stops_training(tmp_path: Path) -> None:
+    started = time.time()
+    append_record(tmp_path, _failure(4, 5, started - 60))  # an earlier run's: ignored
+    health = RefreshHealth(tmp_path, max_consecutive_failures=3, rank=0)
+    log = EventLog(tmp_path)
+    assert not health.should_stop(10, log, CPU)
+    append_record(tmp_path, _failure(12, 1, time.time()))
+    append_record(tmp_path, _failure(16, 2, time.time()))
+    assert not health.should_stop(17, log, CPU)
+    assert [(e["step"], e["checkpoint"], e["consecutive"]) for e in read_events(tmp_path)] == [
+        (17, 12, 1),
+        (17, 16, 2),
+    ]
+    append_record(tmp_path, _failure(20, 3, time.time()))
+    assert health.should_stop(21, log, CPU)
+    stop = read_events(tmp_path, STOP_EVENT)
+    assert len(stop) == 1 and stop[0]["step"] == 21
+    assert len(read_events(tmp_path, FAILED_EVENT)) == 3
+    with pytest.raises(RefreshesFailing, match=r"step 21: 3 refreshes .* of step-20: OSError"):
+        raise_if_stopped(tmp_path, since=started)
+    raise_if_stopped(tmp_path, since=time.time() + 1)  # a later driver: not its stop
+
+
+def test_a_failed_refresh_shows_on_the_progress_line_when_it_is_recorded(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    done = threading.Event()
+    follower = threading.Thread(target=follow_progress, args=(tmp_path, 10, done))
+    follower.start()
+    try:
+        EventLog(tmp_path).write("step", step=3, loss=1.5, negatives_version=-1)
+        time.sleep(0.2)
+        append_record(tmp_path, _failure(4, 1, time.time()))
+        deadline = time.monotonic() + 10
+        seen = ""
+        while "refresh=failed x1" not in seen and time.monotonic() < deadline:
+            time.sleep(0.2)
+            seen += capfd.readouterr().err
+    finally:
+        done.set()
+        follower.join()
+    assert "refresh of step-4 failed (1 in a row): OSError: disk full at step-4" in seen
+    assert "refresh=failed x1" in seen
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    init_ray(load_config(CONFIGS / "synthetic-test.yaml").cluster, cpus_needed=3)
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_training_stops_with_the_cause_when_every_refresh_fails(
+    tmp_path: Path, local_ray: None
+) -> None:
+    """Every refresh fails mining a corrupt split: training stops after two, not at the end."""
+    data = tmp_path / "data"
+    generate_synthetic_dataset(data, num_worlds=2, entities_per_world=30, mentions_per_entity=2)
+    (data / "mentions" / "broken.parquet").write_bytes(b"not a parquet file")
+    steps = 1000
+    config = load_config(
+        CONFIGS / "synthetic-test.yaml",
+        [
+            f"run.dir={tmp_path / 'run'}",
+            f"data.root={data}",
+            f"model.path={write_letter_bert(tmp_path / 'model')}",
+            "training.num_workers=1",
+            "training.batch_size=8",
+            "refresh.poll_seconds=0.2",
+            "refresh.shard_size=8",
+            "index.faiss_device=cpu",
+            f"training.steps={steps}",
+            "training.checkpoint_every=4",
+            "training.negatives_check_every=1",
+            "refresh.splits=[train, broken]",
+            "refresh.max_consecutive_failures=2",
+        ],
+    )
+    with pytest.raises(RefreshesFailing) as raised:
+        run_training(config, progress=False)
+    run_dir = config.run_dir
+    stop = read_events(run_dir, STOP_EVENT)
+    assert len(stop) == 1 and stop[0]["step"] < steps
+    assert re.search(
+        rf"training stopped at step {stop[0]['step']}: 2 refreshes in a row failed .*the last, "
+        r"of step-\d+: ArrowInvalid",
+        str(raised.value),
+    ), raised.value
+    failed = read_events(run_dir, FAILED_EVENT)
+    assert [event["consecutive"] for event in failed][:2] == [1, 2]  # logged as they happened
+    assert failed[0]["step"] <= stop[0]["step"] and "ArrowInvalid" in failed[0]["error"]
+    assert not read_events(run_dir, "end")  # the stop is final: no restart trained to the end
+    assert max(event["step"] for event in read_events(run_dir, "step")) <= stop[0]["step"]
+    records = read_records(run_dir)[0]
+    assert len(records) >= 2 and {r.outcome for r in records} == {"failed"}
