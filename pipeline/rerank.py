@@ -38,7 +38,7 @@ from cluster.negatives_store import MinedSplit, NegativesStore, NegativesVersion
 from cluster.refresh import RefreshPlan
 from cluster.retrieval import retrieve
 from cluster.session import init_ray
-from cluster.tables import Mention, MentionSplit, mention_split_path
+from cluster.tables import EntityCatalogue, Mention, MentionSplit, mention_split_path
 from cluster.tokens import TokenStore
 from cluster.versioned_dir import next_version
 from encoders.blink import export_blink_crossencoder
@@ -350,6 +350,7 @@ def training_candidates_file(
         {split: found.mined()},
         checkpoint_step=retriever.checkpoint or 0,
         top_n=found.cands.shape[1],
+        num_entities=len(EntityCatalogue.open(Path(config.data.root))),
     )
     return directory / f"{split}.parquet"
 

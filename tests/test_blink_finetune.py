@@ -10,7 +10,6 @@ what it knows, and fine-tuning on the train split (every city, other contexts) m
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +23,7 @@ from cluster.index_store import IndexStore
 from cluster.negatives_store import NegativesStore
 from cluster.refresh import RefreshPlan, RefreshSettings
 from cluster.sharded_index import IndexSpec
-from cluster.tables import MISSING_GOLD, EntityCatalogue, Mention, MentionWriter
+from cluster.tables import MISSING_GOLD, Entity, EntityCatalogue, Mention, write_dataset
 from encoders.biencoder import build_biencoder, export_biencoder, load_biencoder, minilm_path
 from encoders.blink import export_blink_biencoder, import_blink_biencoder
 from encoders.errors import InputError
@@ -317,10 +316,22 @@ def ray_cluster():
 def _version_zero_plan(inputs: dict[str, Path], root: Path) -> RefreshPlan:
     """The BLINK catalogue with train mentions of each city, and a refresh plan over them."""
     data = root / "data"
-    shutil.copytree(inputs["catalogue"], data)
-    with MentionWriter(data, "train") as writer:
-        for i, (city, _) in enumerate(CITIES):
-            writer.write(Mention(f"m{i}", "we met in", city, ".", i, "", (i,)))
+    catalogue = EntityCatalogue.open(inputs["catalogue"])
+    entities = [
+        Entity(i, key, title, text)
+        for i, (key, title, text) in enumerate(
+            zip(
+                catalogue.keys().to_pylist(),
+                catalogue.titles().to_pylist(),
+                catalogue.texts().to_pylist(),
+                strict=True,
+            )
+        )
+    ]
+    train = [
+        Mention(f"m{i}", "we met in", city, ".", i, "", (i,)) for i, (city, _) in enumerate(CITIES)
+    ]
+    write_dataset(data, entities, {"train": train})
     refresh = RefreshSettings(shard_size=3, top_n=5, num_encoders=2)
     return RefreshPlan(root / "run", data, refresh, IndexSpec(faiss_device="cpu"))
 

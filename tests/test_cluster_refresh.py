@@ -73,15 +73,16 @@ def _dataset(root: Path, num_entities: int = NUM_ENTITIES, mentions: int = 30) -
     def domain(entity_id: int) -> str:
         return ("even", "odd")[entity_id % 2]
 
-    entities = [
-        Entity(i, f"k{i}", word(), " ".join(word() for _ in range(rng.randint(1, 12))), domain(i))
-        for i in range(num_entities)
-    ]
-    golds = [rng.randrange(num_entities) for _ in range(mentions)]
-    train = [
-        Mention(f"m{n}", word(), word(), word(), g, domain(g), golds=(g,))
-        for n, g in enumerate(golds)
-    ]
+    entities = []
+    for entity_id in range(num_entities):
+        text = " ".join(word() for _ in range(rng.randint(1, 12)))
+        entities.append(Entity(entity_id, f"k{entity_id}", word(), text, domain(entity_id)))
+    train = []
+    for number in range(mentions):
+        gold = rng.randrange(num_entities)
+        train.append(
+            Mention(f"m{number}", word(), word(), word(), gold, domain(gold), golds=(gold,))
+        )
     write_dataset(root, entities, {"train": train})
     return root
 
@@ -300,7 +301,7 @@ def test_coordinator_never_holds_the_catalogues_vectors(ray_instance, assets, mo
     monkeypatch.setattr(sha256_file, "__defaults__", (1 << 14,))
     peaks = []
     for number, size in enumerate((100, 100, 2000)):
-        data = _dataset(assets["root"] / f"data-{size}", num_entities=size)
+        data = _dataset(assets["root"] / f"data-{number}", num_entities=size)
         run_dir = assets["root"] / f"memory-{number}"
         _checkpoint(run_dir, 1, assets["dual"])
         ensure_token_store(data, IndexedModel.from_export(assets["dual"]), progress=False)

@@ -28,7 +28,7 @@ from cluster.checkpoints import (
     mark_complete,
 )
 from cluster.negatives_store import MinedSplit, NegativesStore
-from cluster.tables import MentionSplit, mention_split_path
+from cluster.tables import EntityCatalogue, MentionSplit, mention_split_path
 from encoders.biencoder import load_biencoder
 from mining.losses import NCELoss
 from mining.samplers import SampledNegatives
@@ -93,7 +93,8 @@ def reranker_task(config: Config) -> TrainingTask:
     scores = -np.arange(8, dtype=np.float32)[None].repeat(len(mentions), 0)
     mined = MinedSplit([m.mention_id for m in mentions], cands, scores, np.zeros(len(mentions)))
     store = NegativesStore(config.run_dir / "retriever-negatives")
-    version = store.publish(1, {"train": mined}, checkpoint_step=0, top_n=8)
+    num_entities = len(EntityCatalogue.open(Path(config.data.root)))
+    version = store.publish(1, {"train": mined}, 0, top_n=8, num_entities=num_entities)
     return TrainingTask.reranker(config, version / "train.parquet")
 
 
