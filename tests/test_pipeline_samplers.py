@@ -277,14 +277,11 @@ def test_sampler_recipes_refused_with_the_key(
     assert f"'{key}" in str(error.value)
 
 
-def test_index_samplers_run_on_bm25_version_zero_without_a_refresh(
+def test_index_samplers_need_a_refresh_or_bm25_version_zero(
     small_dataset: Path, syllable_bert: Path
 ) -> None:
-    config = config_for(
-        small_dataset,
-        syllable_bert,
-        "negatives.sampler=adversarial",
-        "negatives.initial=lexical",
-        "refresh.enabled=false",
-    )
+    overrides = ("negatives.sampler=adversarial", "refresh.enabled=false")
+    with pytest.raises(ConfigError, match="'negatives.sampler'"):
+        config_for(small_dataset, syllable_bert, *overrides)
+    config = config_for(small_dataset, syllable_bert, *overrides, "negatives.initial=lexical")
     assert config.negatives.initial == "lexical"
