@@ -126,9 +126,13 @@ class BiEncoder(nn.Module):
         candidate_batch: Mapping[str, Tensor],
         pairs: Tensor | None = None,
         chunk_size: int = 0,
+        extra_entity_vectors: Tensor | None = None,
     ) -> Tensor:
         """Scores s(x, y) (eq. 9) [B, C] of every mention against every candidate: the training
         step's scoring call, shared with the joint reranker.
+
+        ``extra_entity_vectors`` [Q, b, d] (already reduced, e.g. a momentum queue's keys) are
+        scored after the candidates, as columns C..C+Q-1, with no gradient through them.
 
         ``pairs`` [B, C] names the entries the loss reads; a bi-encoder computes all B x C of
         them for the price of B + C tower passes, so it is ignored here. ``chunk_size`` > 0
@@ -144,6 +148,10 @@ class BiEncoder(nn.Module):
             [candidate_batch["input_ids"], candidate_batch["attention_mask"]],
             chunk_size,
         )
+        if extra_entity_vectors is not None:
+            extra = extra_entity_vectors.detach().to(entity_vectors.dtype)
+            entity_vectors = torch.cat([entity_vectors, extra])
+            entity_kept = torch.cat([entity_kept, entity_kept.new_ones(extra.shape[:2])])
         return self.scorer.score_reduced(mention_vectors, mention_kept, entity_vectors, entity_kept)
 
     def _reduced_entities(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:

@@ -63,9 +63,10 @@ from mining.losses import build_loss
 
 # Samplers that draw from the candidates of a refreshed index version (DESIGN.md §4).
 SAMPLERS_FROM_INDEX = frozenset({"hard", "greedy", "mixed", "ance", "ohem", "adversarial"})
-# Samplers the trainer builds (pipeline.train.negatives); lexical, momentum-queue and adversarial
-# exist in mining/ but the trainer does not draw them yet, so asking for them fails here.
-TRAINER_SAMPLERS = frozenset({"random", "hard", "greedy", "mixed", "in-batch", "ance", "ohem"})
+# Samplers that give the loss extra columns beside the sampled ones (one vector per entity).
+SAMPLERS_WITH_QUEUE = frozenset({"momentum-queue"})
+# Samplers that score candidates with the model being trained, outside DeepSpeed's forward.
+SAMPLERS_SCORING_ONLINE = frozenset({"ohem", "adversarial", "momentum-queue"})
 SamplerName = Literal[
     "random",
     "hard",
@@ -159,7 +160,9 @@ class AdversarialOptions:
 
 @settings
 class MomentumQueueOptions:
-    """MoCo (papers/002): a queue of ``size`` entity vectors from a momentum copy of the tower."""
+    """MoCo (papers/002): a FIFO queue of ``size`` entity vectors, encoded by a copy of the
+    entity tower that follows it by θ_k ← m·θ_k + (1 − m)·θ_q with m = ``momentum``; the queue
+    holds size × d × 4 bytes per worker. The K sampled negatives of each mention are random."""
 
     size: PositiveInt = 4096
     momentum: Fraction = 0.999
@@ -167,17 +170,21 @@ class MomentumQueueOptions:
 
 @settings
 class OhemOptions:
-    """Online hard-example mining: rescore ``pool_size`` index candidates with the current model."""
+    """Online hard-example mining: rescore each mention's top ``pool_size`` index candidates
+    with the current model and keep the K it scores highest."""
 
     pool_size: PositiveInt = 32
 
 
 @settings
 class LexicalOptions:
-    """BM25 over entity titles and texts (``bm25s``)."""
+    """BM25 over entity titles and texts (``bm25s``), built once per dataset and (k1, b); the
+    mention string is the query and ``top_n`` entities are searched per mention before the
+    positives and entities outside the training domains are dropped."""
 
     k1: PositiveReal = 1.5
     b: Fraction = 0.75
+    top_n: PositiveInt = 64
 
 
 @settings
@@ -186,7 +193,8 @@ class NegativesSettings:
 
     ``source: index`` mines candidates from the newest refreshed index version (the asynchronous
     refresh of §5); ``source: none`` uses only samplers that need no candidates. Before the first
-    refresh the trainer draws random negatives. ``share``: score each mention against its own
+    refresh the trainer draws random negatives, or with ``initial: lexical`` it starts from BM25
+    candidates published as negatives version 0 (DPR's BM25 negatives). ``share``: score each mention against its own
     candidates (none), every candidate of the micro-batch (batch), or of every worker (global).
     Each sampler reads its own options group.
     """
@@ -195,6 +203,7 @@ class NegativesSettings:
     num_negatives: PositiveInt = 8
     source: Literal["index", "none"] = "index"
     share: Literal["none", "batch", "global"] = "none"
+    initial: Literal["random", "lexical"] = "random"
     filter_false_negatives: Flag = True
     hard: HardOptions = field(default_factory=HardOptions)
     mixed: MixedOptions = field(default_factory=MixedOptions)
@@ -489,22 +498,21 @@ def validate(config: Config) -> Config:
             f"entity, DESIGN.md §3), but 'negatives.source' is 'index'; use dual, multi or som, "
             f"or set negatives.source=none with a random sampler",
         )
-    if negatives.sampler not in TRAINER_SAMPLERS:
-        known = ", ".join(sorted(TRAINER_SAMPLERS))
-        raise config.error(
-            "negatives.sampler", f"the trainer cannot draw {negatives.sampler!r} (known: {known})"
-        )
     if negatives.sampler in SAMPLERS_FROM_INDEX and negatives.source != "index":
         raise config.error(
             "negatives.sampler",
             f"{negatives.sampler!r} mines from an index but 'negatives.source' is "
             f"{negatives.source!r}",
         )
-    if negatives.sampler in SAMPLERS_FROM_INDEX and not refresh.enabled:
+    if negatives.sampler in SAMPLERS_FROM_INDEX and not (
+        refresh.enabled or negatives.initial == "lexical"
+    ):
         raise config.error(
             "negatives.sampler",
-            f"{negatives.sampler!r} needs refreshed negatives but 'refresh.enabled' is false",
+            f"{negatives.sampler!r} needs refreshed negatives but 'refresh.enabled' is false "
+            f"(and 'negatives.initial' is not lexical)",
         )
+    _validate_samplers(config)
     if refresh.top_n < negatives.num_negatives:
         raise config.error(
             "refresh.top_n",
@@ -525,6 +533,40 @@ def validate(config: Config) -> Config:
             "training.precision", "is bf16, which needs GPUs ('cluster.use_gpu: true')"
         )
     return config
+
+
+def _validate_samplers(config: Config) -> None:
+    """What the lexical, momentum-queue and online samplers ask of the rest of the recipe."""
+    negatives = config.negatives
+    if negatives.sampler == "lexical" and negatives.source != "none":
+        raise config.error(
+            "negatives.sampler",
+            f"is lexical, which needs no index, but 'negatives.source' is {negatives.source!r}: "
+            f"set it to none, or start an index run from BM25 with 'negatives.initial: lexical'",
+        )
+    if negatives.initial == "lexical" and negatives.source != "index":
+        raise config.error(
+            "negatives.initial", "is lexical (negatives version 0) but 'negatives.source' is none"
+        )
+    if negatives.lexical.top_n < negatives.num_negatives:
+        raise config.error(
+            "negatives.lexical.top_n",
+            f"({negatives.lexical.top_n}) must be at least 'negatives.num_negatives' "
+            f"({negatives.num_negatives})",
+        )
+    scorer = config.model.scorer
+    if negatives.sampler in SAMPLERS_WITH_QUEUE and scorer.name != "dual":
+        raise config.error(
+            "model.scorer.name",
+            f"is {scorer.name!r}; the {negatives.sampler!r} queue holds one vector per entity, "
+            f"which only the dual scorer reads",
+        )
+    if negatives.sampler in SAMPLERS_SCORING_ONLINE and config.training.zero_stage == 3:
+        raise config.error(
+            "training.zero_stage",
+            f"is 3, whose partitioned weights cannot score outside the engine's forward, which "
+            f"{negatives.sampler!r} does; use 0, 1 or 2",
+        )
 
 
 def config_from_dict(tree: Mapping[str, Any], origins: Mapping[str, str] | None = None) -> Config:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import bm25s
 import numpy as np
@@ -46,6 +47,20 @@ class LexicalSampler:
         self.retriever = bm25s.BM25(k1=k1, b=b)
         tokens = bm25s.tokenize(list(entity_texts), stopwords=stopwords, show_progress=False)
         self.retriever.index(tokens, show_progress=False)
+
+    def save(self, directory: Path) -> None:
+        """Write the BM25 index (``bm25s``' own files) into ``directory``."""
+        self.retriever.save(str(directory), show_progress=False)
+
+    @classmethod
+    def load(cls, directory: Path, stopwords: str | None = "en") -> LexicalSampler:
+        """The sampler of an index :meth:`save` wrote (tokenize queries with the same
+        ``stopwords`` it was built with)."""
+        sampler = cls.__new__(cls)
+        sampler.retriever = bm25s.BM25.load(str(directory))
+        sampler.num_entities = int(sampler.retriever.scores["num_docs"])
+        sampler.stopwords = stopwords
+        return sampler
 
     def search(self, mention_texts: Sequence[str], k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(entity ids [B, k'], BM25 scores [B, k']) with k' = min(k, M); id -1 where score 0."""

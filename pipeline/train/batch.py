@@ -79,6 +79,9 @@ class ContrastiveBatch:
     gold: Tensor  # int64 [B], column of each mention's gold
     valid: Tensor  # bool [B, C], negatives of each mention
     log_q: Tensor | None = None  # float [B, C], 0 where not valid
+    # Extra negative columns scored after the C candidates (negatives.sampler: momentum-queue):
+    queue_vectors: Tensor | None = None  # float [Q, 1, d], no gradient
+    queue_valid: Tensor | None = None  # bool [B, Q], the queued entities that are negatives
 
     @property
     def scored_pairs(self) -> Tensor:

@@ -9,7 +9,11 @@
 - :class:`FixedNegatives`: one version for the whole run (the reranker's retriever candidates,
   paper §6.3 "Training a reranker").
 - :class:`NegativeDrawer`: K negatives per mention from the configured sampler (``mining``) over
-  those candidates; a mention's known positives are never its negatives.
+  those candidates; a mention's known positives are never its negatives. ``lexical`` draws the
+  top BM25 entities (``cluster.lexical``) instead of index candidates; ``ohem`` and
+  ``adversarial`` also read the current model's scores (:mod:`pipeline.train.ohem`,
+  :mod:`pipeline.train.adversarial`); ``momentum-queue`` draws random negatives here and adds
+  its queue in the worker (:mod:`pipeline.train.momentum_queue`).
 """
 
 from __future__ import annotations
@@ -22,13 +26,24 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from cluster.lexical import ensure_bm25
 from cluster.negatives_store import NegativesStore, NegativesVersion
 from cluster.tables import EntityCatalogue, Mention
 from cluster.versioned_dir import version_dir_name
 from mining.false_negatives import FalseNegativeFilter
-from mining.samplers import NegativeSampler, SampledNegatives, SamplingRequest, build_sampler
+from mining.samplers import (
+    GreedySampler,
+    LexicalSampler,
+    NegativeSampler,
+    SampledNegatives,
+    SamplingRequest,
+    build_sampler,
+)
 from pipeline.config import Config, NegativesSettings
+from pipeline.train.adversarial import AdversarialTraining
 from pipeline.train.distributed import Collectives
+from pipeline.train.model_scores import EntityScores
+from pipeline.train.ohem import LocalScores, OnlineHardExamples
 
 
 class CandidateSource(Protocol):
@@ -42,6 +57,12 @@ class CandidateSource(Protocol):
     def lag(self, step: int) -> int | None: ...
 
     def poll(self) -> bool: ...
+
+
+class ModelScoredSampler(Protocol):
+    """A sampler that also reads the current model's scores of the entities it considers."""
+
+    def sample_scored(self, request: SamplingRequest, scores: LocalScores) -> SampledNegatives: ...
 
 
 class RefreshedNegatives:
@@ -118,9 +139,24 @@ def sampler_options(negatives: NegativesSettings) -> dict[str, Any]:
         }
     if negatives.sampler == "hard":
         return {"temperature": negatives.hard.temperature}
-    if negatives.sampler == "ohem":
-        return {"pool_size": negatives.ohem.pool_size}
     return {}
+
+
+def trainer_sampler(
+    negatives: NegativesSettings, num_entities: int
+) -> NegativeSampler | ModelScoredSampler:
+    """What the trainer draws ``negatives.sampler`` with, over ``num_entities`` entities: the
+    lexical sampler is greedy over BM25 candidates, momentum-queue random (its queue is added
+    in the worker), ohem and adversarial read the current model's scores."""
+    if negatives.sampler == "lexical":
+        return GreedySampler()
+    if negatives.sampler == "momentum-queue":
+        return build_sampler("random")
+    if negatives.sampler == "ohem":
+        return OnlineHardExamples(negatives.ohem.pool_size)
+    if negatives.sampler == "adversarial":
+        return AdversarialTraining(num_entities, negatives.adversarial)
+    return build_sampler(negatives.sampler, **sampler_options(negatives))
 
 
 class NegativeDrawer:
@@ -136,15 +172,19 @@ class NegativeDrawer:
 
     def __init__(
         self,
-        sampler: NegativeSampler,
+        sampler: NegativeSampler | ModelScoredSampler,
         num_negatives: int,
         entity_ids: np.ndarray,
         num_catalogue: int,
         mentions: Sequence[Mention],
         filter_false_negatives: bool,
         draws_candidates: bool,
+        lexical: LexicalSampler | None = None,
+        lexical_top_n: int = 0,
     ) -> None:
         self.sampler = sampler
+        self.lexical = lexical
+        self.lexical_top_n = lexical_top_n
         self.random = build_sampler("random")
         self.num_negatives = num_negatives
         self.entity_ids = torch.from_numpy(np.asarray(entity_ids, dtype=np.int64))
@@ -162,14 +202,21 @@ class NegativeDrawer:
         """``hnce train``: the configured sampler over the refreshed index candidates, within
         the training mentions' domains."""
         negatives = config.negatives
+        entity_ids = training_entities(catalogue, mentions)
+        lexical = None
+        if negatives.sampler == "lexical":
+            options = negatives.lexical
+            lexical = ensure_bm25(Path(config.data.root), options.k1, options.b)
         return cls(
-            build_sampler(negatives.sampler, **sampler_options(negatives)),
+            trainer_sampler(negatives, len(entity_ids)),
             negatives.num_negatives,
-            training_entities(catalogue, mentions),
+            entity_ids,
             len(catalogue),
             mentions,
             negatives.filter_false_negatives,
             draws_candidates=negatives.source == "index",
+            lexical=lexical,
+            lexical_top_n=negatives.lexical.top_n,
         )
 
     @classmethod
@@ -188,6 +235,12 @@ class NegativeDrawer:
             draws_candidates=True,
         )
 
+    def _local_scores(self, scores: EntityScores | None) -> LocalScores:
+        """``scores`` over sampler-space ids (mapped to catalogue ids)."""
+        if scores is None:
+            raise ValueError(f"{type(self.sampler).__name__} needs the current model's scores")
+        return lambda ids: scores(self.entity_ids[ids])
+
     def _local(self, ids: Tensor) -> Tensor:
         return torch.where(ids >= 0, self.to_local[ids.clamp(min=0)], -1)
 
@@ -195,11 +248,21 @@ class NegativeDrawer:
         """Catalogue ids that are never negatives of ``mention``: its gold (and its aliases)."""
         return self.filter.positives(mention.mention_id) | {mention.gold}
 
+    @property
+    def scores_online(self) -> bool:
+        """Whether :meth:`draw` needs the current model's scores (``scores``)."""
+        return hasattr(self.sampler, "sample_scored")
+
     def draw(
-        self, mentions: Sequence[Mention], source: CandidateSource, generator: torch.Generator
+        self,
+        mentions: Sequence[Mention],
+        source: CandidateSource,
+        generator: torch.Generator,
+        scores: EntityScores | None = None,
     ) -> SampledNegatives:
         """K negatives per mention: catalogue ids [B, K] (-1 where ``valid`` is False),
-        ``valid`` [B, K] and the sampler's ``log_q`` [B, K] (or None)."""
+        ``valid`` [B, K] and the sampler's ``log_q`` [B, K] (or None). ``scores``: the current
+        model's scores of these mentions, for the samplers that read them."""
         gold = self._local(torch.tensor([m.gold for m in mentions], dtype=torch.long))
         positives = [
             set(self._local(torch.tensor(sorted(self.known_positives(m)))).tolist()) - {-1}
@@ -212,17 +275,24 @@ class NegativeDrawer:
         elif self.draws_candidates:
             global_ids, candidate_scores = source.current.lookup([m.mention_id for m in mentions])
             candidate_ids = self._local(global_ids)  # -1 outside the space: never drawn
-        sampled = sampler.sample(
-            SamplingRequest(
-                gold=gold,
-                positives=positives,
-                num_entities=len(self.entity_ids),
-                num_negatives=self.num_negatives,
-                candidate_ids=candidate_ids,
-                candidate_scores=candidate_scores,
-                generator=generator,
-            )
+        elif self.lexical is not None:
+            queries = [m.mention for m in mentions]
+            global_ids, candidate_scores = self.lexical.search(queries, self.lexical_top_n)
+            candidate_scores = candidate_scores.masked_fill(global_ids < 0, float("-inf"))
+            candidate_ids = self._local(global_ids)
+        request = SamplingRequest(
+            gold=gold,
+            positives=positives,
+            num_entities=len(self.entity_ids),
+            num_negatives=self.num_negatives,
+            candidate_ids=candidate_ids,
+            candidate_scores=candidate_scores,
+            generator=generator,
         )
+        if isinstance(sampler, NegativeSampler):
+            sampled = sampler.sample(request)
+        else:
+            sampled = sampler.sample_scored(request, self._local_scores(scores))
         ids = self.entity_ids[sampled.ids.clamp(min=0, max=len(self.entity_ids) - 1)]
         return SampledNegatives(
             ids=ids.masked_fill(~sampled.valid, -1),

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 import deepspeed
+import torch
 from torch import Tensor, nn
 
 from pipeline.train.batch import ContrastiveBatch
@@ -43,16 +44,31 @@ class ContrastiveScoring(nn.Module):
         self.chunk_size = chunk_size
 
     def forward(
-        self, mentions: Mapping[str, Tensor], candidates: Mapping[str, Tensor], pairs: Tensor
+        self,
+        mentions: Mapping[str, Tensor],
+        candidates: Mapping[str, Tensor],
+        pairs: Tensor,
+        queue_vectors: Tensor | None = None,
     ) -> Tensor:
-        return self.model.score_matrix(mentions, candidates, pairs, self.chunk_size)
+        if queue_vectors is None:
+            return self.model.score_matrix(mentions, candidates, pairs, self.chunk_size)
+        return self.model.score_matrix(mentions, candidates, pairs, self.chunk_size, queue_vectors)
 
 
 def contrastive_loss(scores: Tensor, batch: ContrastiveBatch, loss: nn.Module) -> Tensor:
-    """``loss`` (a :mod:`mining.losses` module) of scores [B, C]: each mention's gold column is
-    its positive, its ``valid`` columns its negatives (with ``log_q`` where the sampler gives it)."""
+    """``loss`` (a :mod:`mining.losses` module) of scores [B, C] (or [B, C + Q] with a queue):
+    each mention's gold column is its positive, its ``valid`` columns its negatives (with
+    ``log_q`` where the sampler gives it), then its ``queue_valid`` columns (log q = 0)."""
     positive = scores.gather(1, batch.gold[:, None]).squeeze(1)
-    return loss(positive, scores, batch.valid, batch.log_q)
+    valid, log_q = batch.valid, batch.log_q
+    if batch.queue_valid is not None:
+        valid = torch.cat([valid, batch.queue_valid], dim=1)
+        log_q = (
+            None
+            if log_q is None
+            else torch.cat([log_q, log_q.new_zeros(batch.queue_valid.shape)], 1)
+        )
+    return loss(positive, scores, valid, log_q)
 
 
 def train_micro_batch(
@@ -60,7 +76,8 @@ def train_micro_batch(
 ) -> float:
     """Forward, loss, backward and DeepSpeed's step (which applies the optimizer only at a
     gradient-accumulation boundary) for one micro-batch already on the engine's device."""
-    scores = engine(batch.mentions, batch.candidates, batch.scored_pairs).float()
+    scores = engine(batch.mentions, batch.candidates, batch.scored_pairs, batch.queue_vectors)
+    scores = scores.float()
     value = contrastive_loss(scores, batch, loss)
     engine.backward(value)
     engine.step()

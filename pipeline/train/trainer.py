@@ -27,6 +27,8 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from cluster.checkpoints import newest_checkpoint
+from cluster.lexical import publish_lexical_negatives
+from cluster.negatives_store import NegativesStore
 from cluster.resources import TRAINER_RESOURCE, custom_resource_request
 from cluster.session import init_ray
 from pipeline.config import Config, dump_config
@@ -83,8 +85,19 @@ def _worker_config(config: Config, task: TrainingTask) -> dict[str, Any]:
 
 def run_training(config: Config, progress: bool = True) -> TrainingSummary:
     """``hnce train``: train the retriever to ``training.steps`` (resuming from a checkpoint in
-    ``run.dir``), with the asynchronous refresh when the recipe asks for it."""
+    ``run.dir``), with the asynchronous refresh when the recipe asks for it, and BM25 negatives
+    as version 0 with ``negatives.initial: lexical``."""
     check_training_inputs(config)
+    if config.negatives.initial == "lexical":
+        lexical = config.negatives.lexical
+        publish_lexical_negatives(
+            NegativesStore(config.run_dir / "negatives", keep=config.index.keep_versions),
+            Path(config.data.root),
+            config.data.train_split,
+            config.refresh.top_n,
+            lexical.k1,
+            lexical.b,
+        )
     return run_task(config, TrainingTask.retriever(config), progress)
 
 

@@ -46,6 +46,8 @@ from pipeline.train.deepspeed_config import build_deepspeed_config
 from pipeline.train.distributed import Collectives, worker_device
 from pipeline.train.events import EventLog
 from pipeline.train.model import build_trainable
+from pipeline.train.model_scores import CurrentModelScores
+from pipeline.train.momentum_queue import MomentumEntityQueue
 from pipeline.train.negatives import (
     CandidateSource,
     FixedNegatives,
@@ -85,6 +87,8 @@ class TrainingData:
     order: MentionOrder
     drawer: NegativeDrawer
     source: CandidateSource
+    scores: CurrentModelScores | None = None  # for the samplers that read the current model
+    queue: MomentumEntityQueue | None = None  # negatives.sampler: momentum-queue
 
 
 def load_training_data(
@@ -93,10 +97,12 @@ def load_training_data(
     model: BiEncoder | JointReranker,
     collectives: Collectives,
     world_size: int,
+    device: torch.device,
 ) -> tuple[TrainingData, int]:
     """Mentions (tokenized once), the catalogue's token store (built by whichever rank gets its
-    lock first), the data order, the negative drawer and its candidate source; and how many
-    mentions were left out (no gold in the catalogue)."""
+    lock first), the data order, the negative drawer and its candidate source (with the current
+    model's scores or the momentum queue when the sampler needs them, on ``device``); and how
+    many mentions were left out (no gold in the catalogue)."""
     data_root = Path(config.data.root)
     catalogue = EntityCatalogue.open(data_root)
     mentions, skipped = trainable_mentions(config, task)
@@ -121,6 +127,9 @@ def load_training_data(
         drawer=drawer,
         source=source,
     )
+    if drawer.scores_online:
+        assert isinstance(model, BiEncoder)
+        data.scores = CurrentModelScores(model, data.tokens, store, device)
     return data, skipped
 
 
@@ -205,9 +214,12 @@ class WorkerRun:
         torch.manual_seed(config.run.seed)  # weights a checkpoint does not give (codes, heads)
         model = build_trainable(config, task.kind)
         engine = start_engine(model, settings, device)
-        data, skipped = load_training_data(config, task, model, collectives, world_size)
+        data, skipped = load_training_data(
+            config, task, model, collectives, world_size, engine.device
+        )
         run = cls(config, task, collectives, model, engine, data, report)
         run.resume(reported_step, world_size, skipped)
+        run.start_momentum_queue()
         return run
 
     def resume(self, reported_step: int | None, world_size: int, skipped: int) -> None:
@@ -238,6 +250,26 @@ class WorkerRun:
             self.engine.bfloat16_enabled(),
         )
 
+    def start_momentum_queue(self) -> None:
+        """With ``negatives.sampler: momentum-queue``: the momentum tower, copied from the
+        (resumed) model, and an empty queue, whose memory is logged."""
+        if self.task.kind != "retriever" or self.config.negatives.sampler != "momentum-queue":
+            return
+        assert isinstance(self.model, BiEncoder)
+        options = self.config.negatives.momentum_queue
+        queue = MomentumEntityQueue(
+            self.model, options.size, options.momentum, len(self.data.store)
+        )
+        self.data.queue = queue
+        logger.info(
+            "rank %d: momentum queue of %d entity vectors: %.1f MiB",
+            self.rank,
+            options.size,
+            queue.memory_bytes / 2**20,
+        )
+        if self.log is not None:
+            self.log.write("momentum_queue", size=options.size, bytes=queue.memory_bytes)
+
     def train(self) -> None:
         """Steps from the resume point to ``steps``: poll, micro-batches, log, checkpoint."""
         self.engine.train()
@@ -251,7 +283,12 @@ class WorkerRun:
             for micro in range(self.settings.gradient_accumulation):
                 batch = self.micro_batch(step * self.settings.gradient_accumulation + micro)
                 mention_ids += batch.mention_ids
-                losses.append(train_micro_batch(self.engine, batch.to(self.device), self.loss))
+                batch = batch.to(self.device)
+                losses.append(train_micro_batch(self.engine, batch, self.loss))
+                if self.data.queue is not None:
+                    self.data.queue.enqueue(batch)
+            if self.data.queue is not None:
+                self.data.queue.follow()
             loss = sum(losses) / len(losses)
             done = step + 1
             self.log_step(done, loss, time.perf_counter() - started, mention_ids)
@@ -290,10 +327,15 @@ class WorkerRun:
         torch.manual_seed(seed)
         rows = self.data.order.batch(micro_step, self.rank)
         mentions = [self.data.mentions[i] for i in rows]
-        negatives = self.data.drawer.draw(
-            mentions, self.data.source, torch.Generator().manual_seed(seed)
+        data = self.data
+        scores = data.scores.for_rows(rows) if data.scores is not None else None
+        negatives = data.drawer.draw(
+            mentions, data.source, torch.Generator().manual_seed(seed), scores
         )
-        return assemble_batch(mentions, rows, self.data.tokens, negatives, self.data.store)
+        batch = assemble_batch(mentions, rows, data.tokens, negatives, data.store)
+        if data.queue is not None:
+            batch = data.queue.attach(batch, [data.drawer.known_positives(m) for m in mentions])
+        return batch
 
     def log_step(self, done: int, loss: float, seconds: float, mention_ids: list[str]) -> None:
         """A ``step`` event every ``log_every`` steps (rank 0), with the mentions it trained on."""

@@ -1,0 +1,56 @@
+"""The current model's scores of chosen (mention, entity) pairs, for the samplers that rank by
+the model being trained instead of the index's stale scores (OHEM, the ACE discriminator).
+
+Scores are s(x, y) of eq. 9 from the model's own ``score_matrix``, computed without gradient and
+in eval mode (no dropout) on the worker's device, from the run's token stores: each distinct
+entity of the request is encoded once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from cluster.tokens import TokenStore
+from encoders.biencoder import BiEncoder
+from pipeline.train.batch import MentionTokens
+
+EntityScores = Callable[[Tensor], Tensor]
+"""Catalogue ids [B, P] (≥ 0) of B mentions -> the current model's scores [B, P]."""
+
+
+class CurrentModelScores:
+    """Scores of the model being trained (the engine's module, ZeRO stage < 3)."""
+
+    def __init__(
+        self, model: BiEncoder, mentions: MentionTokens, store: TokenStore, device: torch.device
+    ) -> None:
+        self.model = model
+        self.mentions = mentions
+        self.store = store
+        self.device = device
+
+    def for_rows(self, rows: np.ndarray) -> EntityScores:
+        """The scoring function of the mentions at ``rows`` of the run's mention tokens."""
+
+        def score(entity_ids: Tensor) -> Tensor:
+            return self.score(rows, entity_ids)
+
+        return score
+
+    @torch.no_grad()
+    def score(self, rows: np.ndarray, entity_ids: Tensor) -> Tensor:
+        """s(x_b, y_bp) float32 [B, P] for the mentions at ``rows`` and catalogue ids [B, P]."""
+        unique, columns = torch.unique(entity_ids.long().cpu(), return_inverse=True)
+        mentions = {k: v.to(self.device) for k, v in self.mentions.batch(rows).items()}
+        entities = {k: v.to(self.device) for k, v in self.store.batch(unique.numpy()).items()}
+        training = self.model.training
+        self.model.eval()
+        try:
+            scores = self.model.score_matrix(mentions, entities).float().cpu()
+        finally:
+            self.model.train(training)
+        return scores.gather(1, columns)

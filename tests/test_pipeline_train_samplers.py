@@ -1,0 +1,98 @@
+"""Every sampler of the negative family trains end to end from a recipe: DeepSpeed under Ray Train,
+one worker, a few steps of the tiny syllable BERT on the small synthetic dataset (one Ray instance
+for the module). OHEM and ACE start from BM25 negatives version 0 (``negatives.initial:
+lexical``), so they rank real candidates from the first step without waiting for a refresh."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import ray
+from training_helpers import CONFIGS, synthetic_config
+
+from cluster.checkpoints import newest_checkpoint
+from cluster.negatives_store import NegativesStore
+from cluster.session import init_ray
+from pipeline.config import load_config
+from pipeline.train.events import read_events
+from pipeline.train.trainer import run_training
+
+pytestmark = pytest.mark.slow
+STEPS = 6
+SHORT_RUN = (
+    f"training.steps={STEPS}",
+    f"training.checkpoint_every={STEPS}",
+    "training.num_workers=1",
+    "training.batch_size=8",
+    "training.warmup_steps=1",
+    "negatives.num_negatives=4",
+    "refresh.enabled=false",
+)
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    init_ray(load_config(CONFIGS / "synthetic-test.yaml").cluster, cpus_needed=2)
+    yield
+    ray.shutdown()
+
+
+def train(run_dir: Path, dataset: Path, model_dir: Path, *overrides: str) -> None:
+    config = synthetic_config(run_dir, dataset, model_dir, *SHORT_RUN, *overrides)
+    summary = run_training(config, progress=False)
+    assert summary.steps == STEPS
+    assert [e["step"] for e in read_events(run_dir, "step")] == list(range(1, STEPS + 1))
+    newest = newest_checkpoint(run_dir)
+    assert newest is not None and newest[0] == STEPS
+
+
+@pytest.mark.parametrize("sampler", ["ohem", "adversarial"])
+def test_online_samplers_train_on_bm25_version_zero(
+    tmp_path: Path, small_dataset: Path, syllable_bert: Path, local_ray: None, sampler: str
+) -> None:
+    run_dir = tmp_path / "run"
+    train(
+        run_dir,
+        small_dataset,
+        syllable_bert,
+        f"negatives.sampler={sampler}",
+        "negatives.initial=lexical",
+        "negatives.ohem.pool_size=8",
+    )
+    switches = read_events(run_dir, "negatives")
+    assert [(s["step"], s["version"], s["checkpoint_step"]) for s in switches] == [(0, 0, 0)]
+    assert all(e["negatives_version"] == 0 for e in read_events(run_dir, "step"))
+    assert NegativesStore(run_dir / "negatives").current_version() == 0
+
+
+def test_lexical_trains_without_an_index(
+    tmp_path: Path, small_dataset: Path, syllable_bert: Path, local_ray: None
+) -> None:
+    run_dir = tmp_path / "run"
+    train(
+        run_dir,
+        small_dataset,
+        syllable_bert,
+        "negatives.sampler=lexical",
+        "negatives.source=none",
+    )
+    assert not (run_dir / "negatives").exists() and not (run_dir / "index").exists()
+
+
+def test_momentum_queue_trains_and_states_its_memory(
+    tmp_path: Path, small_dataset: Path, syllable_bert: Path, local_ray: None
+) -> None:
+    run_dir = tmp_path / "run"
+    train(
+        run_dir,
+        small_dataset,
+        syllable_bert,
+        "negatives.sampler=momentum-queue",
+        "negatives.source=none",
+        "negatives.momentum_queue.size=32",
+        "negatives.momentum_queue.momentum=0.9",
+    )
+    (queue,) = read_events(run_dir, "momentum_queue")
+    assert queue["size"] == 32 and queue["bytes"] == 32 * 32 * 4  # the tiny BERT's d = 32
