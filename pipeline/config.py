@@ -505,6 +505,15 @@ def validate(config: Config) -> Config:
             "negatives.sampler",
             f"{negatives.sampler!r} needs refreshed negatives but 'refresh.enabled' is false",
         )
+    if (refresh.mode != "async" or refresh.version_zero) and (
+        negatives.source != "index" or not refresh.enabled
+    ):
+        what = f"mode {refresh.mode!r}" if refresh.mode != "async" else "version_zero"
+        raise config.error(
+            "refresh.mode" if refresh.mode != "async" else "refresh.version_zero",
+            f"({what}) mines negatives from an index: it needs 'negatives.source: index' and "
+            "'refresh.enabled: true'",
+        )
     if refresh.top_n < negatives.num_negatives:
         raise config.error(
             "refresh.top_n",

@@ -29,7 +29,7 @@ from encoders.biencoder import build_biencoder, export_biencoder, load_biencoder
 from encoders.blink import export_blink_biencoder, import_blink_biencoder
 from encoders.errors import InputError
 from encoders.scorers import ScorerConfig
-from pipeline.blink_finetune.index_v0 import check_encodings, prepare_version_zero
+from pipeline.train.version_zero import check_encodings, prepare_version_zero
 from pipeline.blink_finetune.kilt_output import (
     linking_accuracy,
     read_kilt_inputs,

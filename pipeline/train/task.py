@@ -62,7 +62,20 @@ class TrainingTask:
         return config.rerank.max_train_mentions
 
     def refreshes(self, config: Config) -> bool:
-        """Whether the asynchronous refresh runs beside the training (retriever on an index)."""
+        """Whether a refresh coordinator runs beside the training (a retriever on an index,
+        ``refresh.mode`` async or sync)."""
+        return self._on_index(config) and config.refresh.mode != "once"
+
+    def mines_version_zero(self, config: Config) -> bool:
+        """Whether negatives version 0 is mined with the starting model before the first step."""
+        refresh = config.refresh
+        return self._on_index(config) and (refresh.mode != "async" or refresh.version_zero)
+
+    def waits_for_refreshes(self, config: Config) -> bool:
+        """Whether the workers wait for each refresh (``refresh.mode: sync``)."""
+        return self._on_index(config) and config.refresh.mode == "sync"
+
+    def _on_index(self, config: Config) -> bool:
         return (
             self.kind == "retriever"
             and config.refresh.enabled

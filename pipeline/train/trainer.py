@@ -27,15 +27,18 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from cluster.checkpoints import newest_checkpoint
+from cluster.index_build import IndexedModel
 from cluster.resources import TRAINER_RESOURCE, custom_resource_request
 from cluster.session import init_ray
 from pipeline.config import Config, dump_config
+from pipeline.evaluate import untrained_export
 from pipeline.preflight import check_training_inputs
 from pipeline.train.events import read_events
 from pipeline.train.progress import follow_progress
 from pipeline.train.refresh_health import raise_if_stopped
 from pipeline.train.refresh_supervisor import refresh_plan, start_refresh, stop_refresh
 from pipeline.train.task import TrainingTask
+from pipeline.train.version_zero import prepare_version_zero
 from pipeline.train.worker import train_loop_per_worker
 
 
@@ -118,10 +121,16 @@ def run_task(config: Config, task: TrainingTask, progress: bool = True) -> Train
     task.run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(config, task.run_dir / "config.yaml")
     with_refresh = task.refreshes(config)
+    encoders = with_refresh or task.mines_version_zero(config)
     cpus_needed = settings.num_workers * settings.cpus_per_worker + (
-        config.refresh.num_encoders * config.refresh.encoder_cpus if with_refresh else 0
+        config.refresh.num_encoders * config.refresh.encoder_cpus if encoders else 0
     )
     init_ray(config.cluster, cpus_needed)
+    if task.mines_version_zero(config):
+        starting_model = IndexedModel.from_export(untrained_export(config))
+        prepare_version_zero(
+            refresh_plan(config), starting_model, config.data.train_split, progress=progress
+        )
     trainer = _trainer(config, task)
     coordinator = watch = None
     if with_refresh:

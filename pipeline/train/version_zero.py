@@ -1,6 +1,8 @@
-"""Index and negatives version 0 of a BLINK fine-tuning run: the starting model's view.
+"""Index and negatives version 0 of a run: the starting model's view.
 
-Version 0 is built like every index (`cluster.index_build`), into the run's own store
+``hnce train`` builds it with ``refresh.mode`` ``sync`` or ``once`` or ``refresh.version_zero``
+(from the recipe's untrained model), ``finetune-blink`` always (from the imported BLINK
+checkpoint). Version 0 is built like every index (`cluster.index_build`), into the run's own store
 `<run>/index/v0` (checkpoint step 0), by the encoder actors. With BLINK's precomputed entity
 encodings (``all_entities_large.t7``, a [5903527, 1024] float32 tensor, 24 GB) it needs no
 encoding at all: each actor memory-maps the file (``torch.load(mmap=True, weights_only=True)``)
