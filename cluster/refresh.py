@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 
@@ -59,7 +60,13 @@ class RefreshSettings:
     """The ``refresh`` section of a recipe: re-encode the catalogue, index it, mine negatives.
 
     Attributes:
-        enabled: ``hnce train`` runs a refresh coordinator beside the trainer.
+        enabled: ``hnce train`` refreshes the negatives it trains on (``mode`` says how).
+        mode: ``async`` (default): a coordinator refreshes beside the trainer, which never
+            waits (ANCE's asynchronous refresh, DESIGN.md §5). ``sync``: every ``sync_every``
+            steps the trainer publishes a checkpoint and waits until the negatives mined with it
+            are live (the paper's own code, EntQA). Negatives mined once and never refreshed
+            are ``negatives.initial`` with ``enabled: false``.
+        sync_every: steps between the synchronous refreshes of ``mode: sync``.
         num_encoders: encoder actors (0: one per ``hnce_encoder`` slot the cluster advertises,
             else one per GPU, else 1).
         encoder_cpus: torch threads (and CPUs requested) per CPU encoder actor.
@@ -77,6 +84,8 @@ class RefreshSettings:
     """
 
     enabled: Flag = True
+    mode: Literal["async", "sync"] = "async"
+    sync_every: PositiveInt = 100
     num_encoders: NonNegativeInt = 0
     encoder_cpus: PositiveInt = 1
     batch_size: PositiveInt = 128

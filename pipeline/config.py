@@ -193,8 +193,10 @@ class NegativesSettings:
 
     ``source: index`` mines candidates from the newest refreshed index version (the asynchronous
     refresh of §5); ``source: none`` uses only samplers that need no candidates. Before the first
-    refresh the trainer draws random negatives, or with ``initial: lexical`` it starts from BM25
-    candidates published as negatives version 0 (DPR's BM25 negatives). ``share``: score each mention against its own
+    refresh the trainer draws from negatives version 0 as ``initial`` says: ``random`` (no
+    version 0), ``lexical`` (BM25 candidates, DPR's BM25 negatives) or ``model`` (mined with the
+    starting model through the encoder actors). With ``refresh.enabled: false`` version 0 is
+    all the run trains on: negatives mined once (sentence-transformers' ``mine_hard_negatives``). ``share``: score each mention against its own
     candidates (none), every candidate of the micro-batch (batch), or of every worker (global).
     Each sampler reads its own options group.
     """
@@ -203,7 +205,7 @@ class NegativesSettings:
     num_negatives: PositiveInt = 8
     source: Literal["index", "none"] = "index"
     share: Literal["none", "batch", "global"] = "none"
-    initial: Literal["random", "lexical"] = "random"
+    initial: Literal["random", "lexical", "model"] = "random"
     filter_false_negatives: Flag = True
     hard: HardOptions = field(default_factory=HardOptions)
     mixed: MixedOptions = field(default_factory=MixedOptions)
@@ -505,14 +507,20 @@ def validate(config: Config) -> Config:
             f"{negatives.source!r}",
         )
     if negatives.sampler in SAMPLERS_FROM_INDEX and not (
-        refresh.enabled or negatives.initial == "lexical"
+        refresh.enabled or negatives.initial != "random"
     ):
         raise config.error(
             "negatives.sampler",
-            f"{negatives.sampler!r} needs refreshed negatives but 'refresh.enabled' is false "
-            f"(and 'negatives.initial' is not lexical)",
+            f"{negatives.sampler!r} needs mined negatives but 'refresh.enabled' is false and "
+            f"'negatives.initial' is random",
         )
     _validate_samplers(config)
+    if refresh.mode == "sync" and (negatives.source != "index" or not refresh.enabled):
+        raise config.error(
+            "refresh.mode",
+            "is sync, which waits for refreshed negatives: it needs 'negatives.source: index' "
+            "and 'refresh.enabled: true'",
+        )
     if refresh.top_n < negatives.num_negatives:
         raise config.error(
             "refresh.top_n",
@@ -544,9 +552,10 @@ def _validate_samplers(config: Config) -> None:
             f"is lexical, which needs no index, but 'negatives.source' is {negatives.source!r}: "
             f"set it to none, or start an index run from BM25 with 'negatives.initial: lexical'",
         )
-    if negatives.initial == "lexical" and negatives.source != "index":
+    if negatives.initial != "random" and negatives.source != "index":
         raise config.error(
-            "negatives.initial", "is lexical (negatives version 0) but 'negatives.source' is none"
+            "negatives.initial",
+            f"is {negatives.initial} (negatives version 0) but 'negatives.source' is none",
         )
     if negatives.lexical.top_n < negatives.num_negatives:
         raise config.error(

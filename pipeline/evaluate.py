@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from cluster.checkpoints import resolve_checkpoint
 from cluster.files import publish_directory
@@ -36,7 +37,7 @@ from encoders.biencoder import export_biencoder
 from pipeline.config import Config
 from pipeline.preflight import check_eval_inputs
 from pipeline.train.model import build_model
-from pipeline.train.trainer import refresh_plan
+from pipeline.train.refresh_supervisor import refresh_plan
 
 logger = logging.getLogger(__name__)
 
@@ -138,8 +139,12 @@ def write_reports(reports: Sequence[RecallReport], path: Path) -> None:
 def untrained_export(config: Config) -> Path:
     """``model.path`` with the recipe's scorer, exported once under
     ``<run>/eval-index/models/<fingerprint>/`` so the encoder actors can load it and an index
-    built for it is found again (the fingerprint is of the exported files)."""
-    model = build_model(config)
+    built for it is found again (the fingerprint is of the exported files). Weights the
+    model directory does not give (e.g. poly codes) are drawn from ``run.seed``, as the training
+    workers draw them, so this is the model a run starts from."""
+    with torch.random.fork_rng():
+        torch.manual_seed(config.run.seed)
+        model = build_model(config)
     root = config.run_dir / EVAL_INDEX_DIR / "models"
     root.mkdir(parents=True, exist_ok=True)
     building = Path(tempfile.mkdtemp(prefix=".building-", dir=root))

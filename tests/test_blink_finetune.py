@@ -28,7 +28,6 @@ from encoders.biencoder import build_biencoder, export_biencoder, load_biencoder
 from encoders.blink import export_blink_biencoder, import_blink_biencoder
 from encoders.errors import InputError
 from encoders.scorers import ScorerConfig
-from pipeline.blink_finetune.index_v0 import check_encodings, prepare_version_zero
 from pipeline.blink_finetune.kilt_output import (
     linking_accuracy,
     read_kilt_inputs,
@@ -37,6 +36,7 @@ from pipeline.blink_finetune.kilt_output import (
 from pipeline.cli.main import main
 from pipeline.data.bad_rows import BadRowError
 from pipeline.data.kilt import convert_kilt
+from pipeline.train.version_zero import check_encodings, prepare_version_zero
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 CITIES = [

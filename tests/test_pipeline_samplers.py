@@ -281,7 +281,7 @@ def test_index_samplers_need_a_refresh_or_bm25_version_zero(
     small_dataset: Path, syllable_bert: Path
 ) -> None:
     overrides = ("negatives.sampler=adversarial", "refresh.enabled=false")
-    with pytest.raises(ConfigError, match="'negatives.sampler'"):
+    with pytest.raises(ConfigError, match=r"'negatives\.sampler'"):
         config_for(small_dataset, syllable_bert, *overrides)
     config = config_for(small_dataset, syllable_bert, *overrides, "negatives.initial=lexical")
     assert config.negatives.initial == "lexical"

@@ -195,3 +195,58 @@ def test_killed_worker_resumes_and_repeats_the_uninterrupted_run(
         same = uninterrupted[event["step"]]
         assert event["mentions"] == same["mentions"], event["step"]
         assert event["loss"] == same["loss"], event["step"]
+
+
+def test_sync_refreshes_hold_training_until_their_negatives_are_live(
+    tmp_path: Path, dataset: Path, tiny_model_dir: Path, local_ray: None
+) -> None:
+    """``refresh.mode: sync`` with ``negatives.initial: model``: negatives version 0 comes from
+    the starting model before step 0, and at every ``sync_every`` steps training waits for the negatives of that very checkpoint
+    (lag 0), as the paper's own code does."""
+    run_dir = tmp_path / "run"
+    config = synthetic_config(
+        run_dir,
+        dataset,
+        tiny_model_dir,
+        "training.steps=24",
+        "training.checkpoint_every=100",
+        "negatives.initial=model",
+        "refresh.mode=sync",
+        "refresh.sync_every=8",
+        "refresh.poll_seconds=0.2",
+    )
+    run_training(config, progress=False)
+    switches = read_events(run_dir, "negatives")
+    assert [(s["step"], s["checkpoint_step"], s["lag"]) for s in switches] == [
+        (0, 0, 0),
+        (8, 8, 0),
+        (16, 16, 0),
+    ]
+    waits = read_events(run_dir, "refresh_wait")
+    assert [w["step"] for w in waits] == [8, 16]
+    steps = read_events(run_dir, "step")
+    assert all(e["negatives_version"] == (e["step"] - 1) // 8 for e in steps), steps
+
+
+def test_negatives_mined_once_are_never_refreshed(
+    tmp_path: Path, dataset: Path, tiny_model_dir: Path, local_ray: None
+) -> None:
+    """``negatives.initial: model`` without refreshes: one negatives version, mined with the
+    starting model (the untrained model's export) before the first step, used to the end."""
+    run_dir = tmp_path / "run"
+    config = synthetic_config(
+        run_dir,
+        dataset,
+        tiny_model_dir,
+        "training.steps=20",
+        "training.checkpoint_every=5",
+        "negatives.initial=model",
+        "refresh.enabled=false",
+    )
+    summary = run_training(config, progress=False)
+    assert summary.refreshes == 0
+    assert [
+        (s["step"], s["version"], s["checkpoint_step"]) for s in read_events(run_dir, "negatives")
+    ] == [(0, 0, 0)]
+    assert IndexStore(run_dir / "index").versions() == [0]
+    assert all(e["negatives_version"] == 0 for e in read_events(run_dir, "step"))

@@ -8,7 +8,7 @@
    errors. Unlabelled files (``test_without_answers``) only get predictions.
 2. Import the BLINK checkpoint (``encoders.blink``) with the configured scorer (dual, or multi-m
    over the same towers) and export it as the run's starting model.
-3. Index version 0 by the encoder actors (``index_v0``): BLINK's precomputed encodings
+3. Index version 0 by the encoder actors (``pipeline.train.version_zero``): BLINK's precomputed encodings
    (``.t7``, memory-mapped) when given, else encoded from the checkpoint; train negatives
    version 0 mined from it, so mixed-50 training has hard negatives from step 0.
 4. Train through ``pipeline.train`` (DeepSpeed workers under Ray Train, asynchronous refresh)
@@ -44,7 +44,6 @@ from cluster.tables import (
 )
 from encoders.biencoder import SCORER_FILE, export_biencoder, load_biencoder
 from encoders.blink import export_blink_biencoder, import_blink_biencoder
-from pipeline.blink_finetune.index_v0 import prepare_version_zero
 from pipeline.blink_finetune.kilt_output import (
     LinkingAccuracy,
     as_mentions,
@@ -59,6 +58,7 @@ from pipeline.data.kilt import aida_split_name, convert_kilt
 from pipeline.preflight import check_blink_inputs
 from pipeline.train.refresh_supervisor import refresh_plan
 from pipeline.train.trainer import run_training
+from pipeline.train.version_zero import prepare_version_zero
 
 DATASET_FORMAT = "blink-finetune"
 INITIAL_EXPORT = Path("initial") / "export"

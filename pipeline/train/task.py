@@ -62,12 +62,19 @@ class TrainingTask:
         return config.rerank.max_train_mentions
 
     def refreshes(self, config: Config) -> bool:
-        """Whether the asynchronous refresh runs beside the training (retriever on an index)."""
-        return (
-            self.kind == "retriever"
-            and config.refresh.enabled
-            and config.negatives.source == "index"
-        )
+        """Whether a refresh coordinator runs beside the training (a retriever on an index)."""
+        return self._on_index(config) and config.refresh.enabled
+
+    def waits_for_refreshes(self, config: Config) -> bool:
+        """Whether the workers wait for each refresh (``refresh.mode: sync``)."""
+        return self.refreshes(config) and config.refresh.mode == "sync"
+
+    def initial_negatives(self, config: Config) -> str:
+        """Where negatives version 0 comes from (``negatives.initial``; random: none)."""
+        return config.negatives.initial if self._on_index(config) else "random"
+
+    def _on_index(self, config: Config) -> bool:
+        return self.kind == "retriever" and config.negatives.source == "index"
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -27,8 +27,6 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from cluster.checkpoints import newest_checkpoint
-from cluster.lexical import publish_lexical_negatives
-from cluster.negatives_store import NegativesStore
 from cluster.resources import TRAINER_RESOURCE, custom_resource_request
 from cluster.session import init_ray
 from pipeline.config import Config, dump_config
@@ -38,6 +36,7 @@ from pipeline.train.progress import follow_progress
 from pipeline.train.refresh_health import raise_if_stopped
 from pipeline.train.refresh_supervisor import refresh_plan, start_refresh, stop_refresh
 from pipeline.train.task import TrainingTask
+from pipeline.train.version_zero import prepare_initial_negatives
 from pipeline.train.worker import train_loop_per_worker
 
 
@@ -85,19 +84,9 @@ def _worker_config(config: Config, task: TrainingTask) -> dict[str, Any]:
 
 def run_training(config: Config, progress: bool = True) -> TrainingSummary:
     """``hnce train``: train the retriever to ``training.steps`` (resuming from a checkpoint in
-    ``run.dir``), with the asynchronous refresh when the recipe asks for it, and BM25 negatives
-    as version 0 with ``negatives.initial: lexical``."""
+    ``run.dir``), on negatives version 0 as ``negatives.initial`` says and the refresh when the
+    recipe asks for it."""
     check_training_inputs(config)
-    if config.negatives.initial == "lexical":
-        lexical = config.negatives.lexical
-        publish_lexical_negatives(
-            NegativesStore(config.run_dir / "negatives", keep=config.index.keep_versions),
-            Path(config.data.root),
-            config.data.train_split,
-            config.refresh.top_n,
-            lexical.k1,
-            lexical.b,
-        )
     return run_task(config, TrainingTask.retriever(config), progress)
 
 
@@ -131,10 +120,13 @@ def run_task(config: Config, task: TrainingTask, progress: bool = True) -> Train
     task.run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(config, task.run_dir / "config.yaml")
     with_refresh = task.refreshes(config)
+    initial = task.initial_negatives(config)
+    encoders = with_refresh or initial == "model"
     cpus_needed = settings.num_workers * settings.cpus_per_worker + (
-        config.refresh.num_encoders * config.refresh.encoder_cpus if with_refresh else 0
+        config.refresh.num_encoders * config.refresh.encoder_cpus if encoders else 0
     )
     init_ray(config.cluster, cpus_needed)
+    prepare_initial_negatives(config, initial, progress)
     trainer = _trainer(config, task)
     coordinator = watch = None
     if with_refresh:

@@ -181,6 +181,7 @@ class WorkerRun:
             if task.refreshes(config)
             else None
         )
+        self.waits_for_refreshes = task.waits_for_refreshes(config)
         self.start_step = 0
 
     @classmethod
@@ -292,7 +293,7 @@ class WorkerRun:
             loss = sum(losses) / len(losses)
             done = step + 1
             self.log_step(done, loss, time.perf_counter() - started, mention_ids)
-            if done % self.settings.checkpoint_every == 0 or done == self.settings.steps:
+            if self.publishes_at(done):
                 self.publish(done, loss)
         if self.log is not None:
             self.log.write(
@@ -304,11 +305,21 @@ class WorkerRun:
 
     def poll_negatives(self, step: int) -> bool:
         """Every ``negatives_check_every`` steps (and at the first), switch to the newest
-        negatives version without waiting and read the refresh log; collectives, so every rank
-        switches together. True when the refreshes failed too often and every rank stops here
+        negatives version without waiting and read the refresh log; with ``refresh.mode: sync``
+        wait at every ``sync_every`` steps for the negatives of that step's checkpoint. All
+        collectives, so every rank switches and waits together. True when the refreshes failed
+        too often and every rank stops here
         (:class:`pipeline.train.refresh_health.RefreshHealth`)."""
-        if step % self.settings.negatives_check_every != 0 and step != self.start_step:
+        sync = self.waits_for_refreshes and step > 0 and step % self.config.refresh.sync_every == 0
+        if not sync and step % self.settings.negatives_check_every != 0 and step != self.start_step:
             return False
+        self.switch_negatives(step)
+        if sync:
+            return self.wait_for_refresh(step)
+        return self.health is not None and self.health.should_stop(step, self.log, self.device)
+
+    def switch_negatives(self, step: int) -> None:
+        """Switch to the newest published negatives version, logging a switch."""
         source = self.data.source
         if source.poll() and self.log is not None and source.current is not None:
             self.log.write(
@@ -318,7 +329,21 @@ class WorkerRun:
                 checkpoint_step=source.current.checkpoint_step,
                 lag=source.lag(step),
             )
-        return self.health is not None and self.health.should_stop(step, self.log, self.device)
+
+    def wait_for_refresh(self, step: int) -> bool:
+        """``refresh.mode: sync``: hold training at ``step`` until the negatives mined with the
+        checkpoint of ``step`` are live (a ``refresh_wait`` event says how long it took); True
+        when the refreshes failed too often meanwhile."""
+        started = time.perf_counter()
+        source = self.data.source
+        while source.current is None or source.current.checkpoint_step < step:
+            if self.health is not None and self.health.should_stop(step, self.log, self.device):
+                return True
+            time.sleep(self.config.refresh.poll_seconds)
+            self.switch_negatives(step)
+        if self.log is not None:
+            self.log.write("refresh_wait", step=step, seconds=time.perf_counter() - started)
+        return False
 
     def micro_batch(self, micro_step: int) -> ContrastiveBatch:
         """This rank's mentions at ``micro_step`` with their negatives, seeded by the micro-step
@@ -336,6 +361,13 @@ class WorkerRun:
         if data.queue is not None:
             batch = data.queue.attach(batch, [data.drawer.known_positives(m) for m in mentions])
         return batch
+
+    def publishes_at(self, step: int) -> bool:
+        """A checkpoint every ``checkpoint_every`` steps, at the end and, with
+        ``refresh.mode: sync``, at every step the next refresh waits for."""
+        every = self.settings.checkpoint_every
+        synced = self.waits_for_refreshes and step % self.config.refresh.sync_every == 0
+        return step % every == 0 or step == self.settings.steps or synced
 
     def log_step(self, done: int, loss: float, seconds: float, mention_ids: list[str]) -> None:
         """A ``step`` event every ``log_every`` steps (rank 0), with the mentions it trained on."""

@@ -1,6 +1,9 @@
-"""Index and negatives version 0 of a BLINK fine-tuning run: the starting model's view.
+"""Negatives version 0 of a run: what it trains on before the first refresh.
 
-Version 0 is built like every index (`cluster.index_build`), into the run's own store
+``hnce train`` publishes it as ``negatives.initial`` says (:func:`prepare_initial_negatives`):
+BM25's candidates (``lexical``, ``cluster.lexical``) or the starting model's (``model``: the
+recipe's untrained model), ``finetune-blink`` always from the imported BLINK checkpoint. The
+starting model's index version 0 is built like every index (`cluster.index_build`), into the run's own store
 `<run>/index/v0` (checkpoint step 0), by the encoder actors. With BLINK's precomputed entity
 encodings (``all_entities_large.t7``, a [5903527, 1024] float32 tensor, 24 GB) it needs no
 encoding at all: each actor memory-maps the file (``torch.load(mmap=True, weights_only=True)``)
@@ -22,11 +25,15 @@ from pathlib import Path
 from cluster.encoder_pool import EncoderPool, read_encodings
 from cluster.index_build import IndexedModel, build_parameters, index_entities, start_pool
 from cluster.index_store import IndexBuilder, IndexVersion
+from cluster.lexical import publish_lexical_negatives
 from cluster.miner import mine_split
 from cluster.refresh import RefreshPlan
 from cluster.tables import EntityCatalogue, MentionSplit, catalogue_fingerprint, mention_split_path
 from cluster.tokens import TokenStore
 from encoders.errors import InputError
+from pipeline.config import Config
+from pipeline.evaluate import untrained_export
+from pipeline.train.refresh_supervisor import refresh_plan
 
 INITIAL_VERSION = 0
 INITIAL_STEP = 0
@@ -115,3 +122,23 @@ def _build_version_zero(
     return index_entities(
         pool, builder, plan.index, shard_size, encodings, progress=progress
     ).version
+
+
+def prepare_initial_negatives(config: Config, initial: str, progress: bool = True) -> None:
+    """Negatives version 0 of a retriever run from ``initial`` (``negatives.initial``, as the
+    task resolves it): nothing for random, BM25's top-N for lexical, the starting model's top-N
+    (index version 0 built by the encoder actors) for model. A run that has it keeps it."""
+    plan = refresh_plan(config)
+    if initial == "lexical":
+        lexical = config.negatives.lexical
+        publish_lexical_negatives(
+            plan.negatives_store,
+            plan.data_dir,
+            config.data.train_split,
+            config.refresh.top_n,
+            lexical.k1,
+            lexical.b,
+        )
+    elif initial == "model":
+        starting_model = IndexedModel.from_export(untrained_export(config))
+        prepare_version_zero(plan, starting_model, config.data.train_split, progress=progress)
