@@ -6,7 +6,7 @@ mentions' reduced vectors (poly-16: 16 code vectors each) scored against every s
 top-k kept. Reported: mention-entity pairs per second, and from it the hours one holder needs to
 mine ``--mentions`` training mentions over catalogues of several sizes (holders divide it).
 
-    .venv/bin/python benchmarks/exact_mining.py [--entities 50000] [--dim 384]
+    .venv/bin/python benchmarks/exact_mining.py [--entities 20000] [--dim 384]
 
 writes ``benchmarks/results/exact_mining.md``.
 """
@@ -52,7 +52,7 @@ def pairs_per_second(spec: str, entities: int, dim: int, mentions: int, k: int) 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--entities", type=int, default=50_000)
+    parser.add_argument("--entities", type=int, default=20_000)
     parser.add_argument("--dim", type=int, default=384, help="384: all-MiniLM-L6-v2")
     parser.add_argument("--batch", type=int, default=256, help="mentions per search")
     parser.add_argument("--mentions", type=int, default=10_000, help="training mentions mined")
