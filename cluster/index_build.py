@@ -4,7 +4,9 @@ shards indexed by the encoder actors, a verified version published into a store.
 Every index in hnce is built here, whatever asks for it: the refresh (`cluster.refresh`, into
 the run's `index/` store), evaluation and prediction (`cluster.retrieval`, into the run's
 `eval-index/` store when no published version holds the model), and index version 0 of a BLINK
-fine-tuning run (from BLINK's precomputed encodings or from the imported model). The shards are
+fine-tuning run (from BLINK's precomputed encodings or from the imported model); and for every
+scorer: vectors of an inner-product index for dual, multi-m and som, each entity's reduced
+vectors for the scorers mined exactly (poly-m, genpoly-m, general; `cluster.exact_search`). The shards are
 contiguous entity ranges of ``refresh.shard_size``; each is encoded from the catalogue's token
 store (or read from precomputed vectors) and written by an encoder actor
 (`EntityEncoderActor.index_shard`), recorded in the build's `progress.json` so an interrupted
@@ -103,12 +105,6 @@ class IndexedModel:
             description = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise InputError(f"{path}: missing; not a bi-encoder export directory") from None
-        scorer = description["scorer"]
-        if not ScorerConfig.from_dict(scorer).indexable:
-            raise InputError(
-                f"{path}: scorer {scorer['name']!r} cannot be indexed (its query depends on the "
-                f"entity); an index needs dual, multi or som"
-            )
         return cls(export_dir, checkpoint, fingerprint, description)
 
     @property
@@ -166,7 +162,16 @@ def build_parameters(
     shard_size: int,
     encodings: Path | None = None,
 ) -> BuildParameters:
-    """What a version of `model` over the catalogue (fingerprint `catalogue`) is built from."""
+    """What a version of `model` over the catalogue (fingerprint `catalogue`) is built from.
+
+    A scorer mined exactly stores its reduced entity vectors, which only a flat index keeps
+    exactly (`cluster.exact_search`)."""
+    scorer = ScorerConfig.from_dict(model.description["scorer"])
+    if scorer.mining == "exact" and spec.kind != "flat":
+        raise InputError(
+            f"{model.export_dir / SCORER_FILE}: scorer {scorer.name!r} is mined exactly, which "
+            f"needs index.kind flat (got {spec.kind!r})"
+        )
     return BuildParameters(
         checkpoint=model.checkpoint,
         checkpoint_path=str(model.export_dir),

@@ -46,9 +46,11 @@ from typing import Annotated, Any, Literal
 
 import faiss
 import numpy as np
+import torch
 from pydantic import ConfigDict, Field, TypeAdapter
 from pydantic.dataclasses import dataclass
 
+from cluster.exact_search import ExactSearcher
 from cluster.files import AtomicPath, atomic_write_text, sha256_file
 from cluster.sharded_index import (
     FaissDevice,
@@ -75,6 +77,7 @@ from cluster.versioned_dir import (
     verify_sha256,
     version_dir_name,
 )
+from encoders.scorers import Scorer, ScorerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -350,6 +353,12 @@ class IndexVersion:
     def shard_checksums(self) -> list[str]:
         return [shard.sha256 for shard in self.manifest.shards]
 
+    @property
+    def mining(self) -> str:
+        """``index`` (searched by FAISS, :meth:`load`) or ``exact`` (the shards store reduced
+        vectors scored by the model's scorer, :meth:`load_exact`): asked of the scorer."""
+        return ScorerConfig.from_dict(self.manifest.scorer).mining
+
     def load(
         self,
         shard_numbers: Sequence[int] | None = None,
@@ -359,10 +368,34 @@ class IndexVersion:
     ) -> ShardedSearcher:
         """A searcher over shards `shard_numbers` (default: all), each verified (`load_shard`)
         and placed on `device` (default: `resolve_faiss_device("auto")`)."""
+        if self.mining == "exact":
+            raise StoreError(
+                f"{self.path / MANIFEST_FILE}: scorer {self.manifest.scorer['name']!r} is mined "
+                f"exactly; its shards are searched with the model's scorer (load_exact)"
+            )
         numbers = range(len(self.manifest.shards)) if shard_numbers is None else shard_numbers
         device = device or resolve_faiss_device("auto")
         shards = [self.load_shard(number, device, verify) for number in numbers]
         return ShardedSearcher(shards, self.vectors_per_entity, candidate_depth)
+
+    def load_exact(
+        self,
+        shard_numbers: Sequence[int],
+        scorer: Scorer,
+        device: torch.device,
+        verify: bool = True,
+    ) -> ExactSearcher:
+        """An exact searcher over shards `shard_numbers`, each verified (`load_shard`) and kept
+        on the CPU, scored by `scorer` (the version's own model's) on `device`."""
+        manifest_path = self.path / MANIFEST_FILE
+        if scorer.config.to_dict() != self.manifest.scorer:
+            raise StoreError(
+                f"{manifest_path}: encoded with scorer {self.manifest.scorer}, not "
+                f"{scorer.config.to_dict()}"
+            )
+        cpu = FaissDevice("cpu")
+        shards = [self.load_shard(number, cpu, verify) for number in shard_numbers]
+        return ExactSearcher(shards, scorer, device)
 
     def load_shard(self, number: int, device: FaissDevice, verify: bool = True) -> IndexShard:
         """Shard `number`: files checked against their SHA-256 (streamed), ids against the

@@ -3,7 +3,9 @@
 Mining and evaluation never load an index version into the process that orchestrates them. The
 version's shards are spread over the encoder actors (`cluster.encoder_pool`), which on a GPU
 cluster hold the GPUs (FAISS fp16 flat shards there, `cluster.sharded_index.resolve_faiss_device`)
-and on a CPU cluster hold CPU shards, memory-mapped. A batch of query vectors goes to every
+and on a CPU cluster hold CPU shards, memory-mapped. A version of a scorer mined exactly (poly-m,
+genpoly-m, general) is held on the CPU and scored by the holder's own model on its device
+(`cluster.exact_search`). A batch of query vectors goes to every
 holder (as one Ray object, never through the orchestrating process when it comes from an encoder
 actor); each returns the exact top-k entities of its shards and the orchestrator merges the lists
 (`merge_entity_lists`), which is exact because every entity lies in exactly one shard. The
@@ -26,6 +28,7 @@ import ray
 from tqdm import tqdm
 
 from cluster.actors import Task, TaskClock
+from cluster.exact_search import ExactSearcher
 from cluster.index_store import IndexVersion
 from cluster.sharded_index import (
     DeviceRequest,
@@ -33,6 +36,7 @@ from cluster.sharded_index import (
     merge_entity_lists,
     resolve_faiss_device,
 )
+from encoders.biencoder import BiEncoder
 
 logger = logging.getLogger(__name__)
 
@@ -69,27 +73,35 @@ class HeldShards:
 
 
 class ShardHolder:
-    """What an actor that holds index shards does (a base of `EntityEncoderActor`)."""
+    """What an actor that holds index shards does (a base of `EntityEncoderActor`, whose
+    `model` scores the shards of a version mined exactly, `cluster.exact_search`)."""
 
-    _held: ShardedSearcher | None = None
+    model: BiEncoder
+    _held: ShardedSearcher | ExactSearcher | None = None
     _held_key: tuple[str, int, tuple[int, ...], str, int] | None = None
 
     def hold(self, spec: HoldSpec) -> HeldShards:
         """Load (verify, memory-map, place) the shards of `spec`, replacing any held before."""
         started = time.perf_counter()
-        device = resolve_faiss_device(spec.device)
-        self._held = spec.version.load(spec.shard_numbers, device, spec.candidate_depth)
+        if spec.version.mining == "exact":
+            device = next(self.model.parameters()).device
+            self._held = spec.version.load_exact(spec.shard_numbers, self.model.scorer, device)
+            where = f"{device} (exact {self.model.scorer.name} scoring)"
+        else:
+            faiss_device = resolve_faiss_device(spec.device)
+            self._held = spec.version.load(spec.shard_numbers, faiss_device, spec.candidate_depth)
+            where = faiss_device.describe()
         self._held_key = spec.key
         logger.info(
             "holding shards %s of index v%d on %s",
             list(spec.shard_numbers),
             spec.version.version,
-            device.describe(),
+            where,
         )
         return HeldShards(
             spec.shard_numbers,
             self._held.ntotal,
-            device.describe(),
+            where,
             time.perf_counter() - started,
             os.getpid(),
         )

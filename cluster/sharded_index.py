@@ -22,7 +22,9 @@ Score functions (DESIGN.md §3, eq. 9 of papers/000 restated there), per shard:
   a single index over the whole catalogue would propose from it, so the result is exact whenever
   `candidate_depth` covers what one index would need; meant for small catalogues.
 
-Because every entity lives in one shard, merging per-shard top-k lists by score is exact.
+Because every entity lives in one shard, merging per-shard top-k lists by score is exact. Scorers
+whose query depends on the entity (poly-m, genpoly-m, general) are not searched here: their flat
+shards store reduced entity vectors scored by the scorer itself (`cluster.exact_search`).
 
 The device is chosen in one place, `resolve_faiss_device`: FAISS GPU shards (fp16 flat) when faiss
 has GPU support and the process sees a GPU (sharded over several with faiss's own multi-GPU

@@ -24,8 +24,8 @@ blink      ``finetune-blink`` inputs                       here
 
 Every error is a :class:`ConfigError` naming the dotted key and, for keys from a file, the file
 and line: unknown keys, wrong types, values out of range, duplicate keys (both lines), and the
-cross-field rules of :func:`validate` (e.g. a scorer that cannot be indexed asked to mine negatives
-from an index: asked of the scorer, ``ScorerConfig.indexable``).
+cross-field rules of :func:`validate` (e.g. a scorer mined exactly, ``ScorerConfig.mining``, with
+an approximate ``index.kind``).
 
 Example::
 
@@ -493,12 +493,12 @@ def _errors(error: ValidationError, origins: Mapping[str, str]) -> ConfigError:
 def validate(config: Config) -> Config:
     """Cross-field rules a field's type cannot express; raise ``ConfigError`` naming the keys."""
     negatives, refresh = config.negatives, config.refresh
-    if negatives.source == "index" and not config.model.scorer.indexable:
+    if config.model.scorer.mining == "exact" and config.index.kind != "flat":
         raise config.error(
-            "model.scorer.name",
-            f"is {config.model.scorer.name!r}, which cannot be indexed (its query depends on the "
-            f"entity, DESIGN.md §3), but 'negatives.source' is 'index'; use dual, multi or som, "
-            f"or set negatives.source=none with a random sampler",
+            "index.kind",
+            f"is {config.index.kind!r}, but scorer {config.model.scorer.name!r} is mined and "
+            f"evaluated exactly (its query depends on the entity, DESIGN.md §3): its shards "
+            f"store reduced entity vectors, which only a flat index keeps exactly; set index.kind: flat",
         )
     if negatives.sampler in SAMPLERS_FROM_INDEX and negatives.source != "index":
         raise config.error(

@@ -267,10 +267,8 @@ def index_lines(
 ) -> list[MemoryLine]:
     """A shard holder's and the whole index's vectors for the retriever's scorer."""
     scorer = config.model.scorer
-    per_entity = scorer.m if scorer.name == "multi" else 1
-    bound = ""
-    if scorer.name == "som":
-        per_entity, bound = config.model.entity_length, " (som: at most one per token)"
+    per_entity = entity_vectors_kept(scorer, config.model.entity_length)
+    bound = " (som: at most one per token)" if scorer.name == "som" else ""
     element, kind = (2, "fp16") if on_gpu else (4, "fp32")
     dimension = towers[-1].hidden
     per_vector = dimension * per_entity * element

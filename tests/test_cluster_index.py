@@ -19,7 +19,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
+from cluster.exact_search import ExactSearcher
 from cluster.files import sha256_file
 from cluster.index_store import BuildParameters, IndexStore
 from cluster.negatives_store import MinedSplit, NegativesStore, NegativesVersion
@@ -33,6 +35,7 @@ from cluster.sharded_index import (
 )
 from cluster.versioned_dir import ChecksumError, StoreError, confined_path
 from encoders.errors import InputError
+from encoders.scorers import build_scorer
 
 
 def _vectors(rows: int, dim: int = 16, seed: int = 0) -> np.ndarray:
@@ -104,6 +107,36 @@ def test_sum_of_max_rerank_equals_brute_force_at_full_depth() -> None:
         brute = np.array([(live @ vectors[ids == e].T).max(1).sum() for e in range(40)])
         np.testing.assert_array_equal(got_ids[row], np.argsort(-brute)[:5])
         np.testing.assert_allclose(got_scores[row], np.sort(brute)[::-1][:5], rtol=1e-5)
+
+
+@pytest.mark.parametrize("spec", ["poly-4", "genpoly-4-3"])
+def test_exact_search_in_chunks_equals_scoring_every_entity(spec: str) -> None:
+    """Exact scorers: shards of stored reduced vectors, scored 3 entities at a time and merged,
+    give the scorer's own top-k over every (allowed) entity."""
+    torch.manual_seed(0)
+    scorer = build_scorer(spec, 16)
+    entity_hidden, entity_mask = torch.randn(40, 6, 16), torch.ones(40, 6, dtype=torch.long)
+    entity_mask[::7, 2:] = 0  # short entities keep fewer genpoly vectors
+    mention_hidden, mention_mask = torch.randn(5, 4, 16), torch.ones(5, 4, dtype=torch.long)
+    with torch.no_grad():
+        vectors, owners = scorer.entity_index_vectors(entity_hidden, entity_mask)
+        queries = scorer.mention_query_vectors(mention_hidden, mention_mask).numpy()
+        expected = scorer.score(mention_hidden, mention_mask, entity_hidden, entity_mask).numpy()
+    bounds = [int(np.searchsorted(owners.numpy(), e)) for e in (13, 29)]
+    shards = [
+        IndexShard.on_device(shard.index, shard.ids, resolve_faiss_device("cpu"))
+        for shard in _shards(vectors.numpy(), owners.numpy(), bounds)
+    ]
+    searcher = ExactSearcher(shards, scorer, torch.device("cpu"), entities_per_chunk=3)
+    ids, scores = searcher.search(queries, 7)
+    np.testing.assert_array_equal(ids, np.argsort(-expected, axis=1)[:, :7])
+    np.testing.assert_allclose(scores, -np.sort(-expected, axis=1)[:, :7], rtol=1e-5)
+    allowed = np.arange(0, 40, 5)
+    ids, _ = searcher.search(queries, 10, allowed)
+    masked = np.full_like(expected, -np.inf)
+    masked[:, allowed] = expected[:, allowed]
+    np.testing.assert_array_equal(ids[:, :8], np.argsort(-masked, axis=1)[:, :8])
+    assert (ids[:, 8:] == -1).all()
 
 
 def test_shards_sharing_an_entity_are_refused() -> None:

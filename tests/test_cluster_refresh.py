@@ -102,6 +102,8 @@ def assets(tmp_path_factory):
         "dual": _tiny_export(root / "dual", "dual"),
         "multi": _tiny_export(root / "multi", "multi-3"),
         "som": _tiny_export(root / "som", "som"),
+        "poly-16": _tiny_export(root / "poly-16", "poly-16"),
+        "genpoly-4-2": _tiny_export(root / "genpoly-4-2", "genpoly-4-2"),
         "root": root,
     }
 
@@ -251,6 +253,35 @@ def test_sum_of_max_refresh_mines_the_scorers_top_n(ray_instance, assets) -> Non
     version = IndexStore(run_dir / "index").current()
     assert version.vectors_per_entity is None and version.num_vectors > NUM_ENTITIES
     _assert_negatives_are_exact(run_dir, assets["som"], assets["data"])
+
+
+@pytest.mark.parametrize("scorer", ["poly-16", "genpoly-4-2"])
+def test_exact_refresh_and_evaluation_of_entity_dependent_scorers(
+    ray_instance, assets, scorer: str
+) -> None:
+    """Poly and genpoly through two shard holders: the shards store each entity's reduced
+    vectors, every held entity is scored exactly (in chunks) and the merged top-N equals scoring
+    every entity with the model; evaluation searches the same version, per domain too."""
+    run_dir = assets["root"] / scorer
+    _checkpoint(run_dir, 1, assets[scorer])
+    plan = _config(run_dir, assets["data"], shard_size=16, num_encoders=2)
+    summary = run_refresh(plan)
+    version = IndexStore(run_dir / "index").current()
+    assert summary.num_holders == 2 and version.mining == "exact"
+    assert version.num_vectors == NUM_ENTITIES * (1 if scorer == "poly-16" else 2)
+    _assert_negatives_are_exact(run_dir, assets[scorer], assets["data"])
+    mentions = _train_mentions(assets["data"])
+    model = IndexedModel.from_checkpoint(run_dir / "checkpoints" / "step-1", 1)
+    retrieved = retrieve(plan, model, mentions, 5, per_domain=True)
+    assert not retrieved.built and retrieved.index_version.path == version.path
+    exact = _exact_scores(assets[scorer], assets["data"], mentions)
+    odd = np.array([m.domain == "odd" for m in mentions])
+    exact[:, 1::2][~odd] = -np.inf  # an even mention never sees odd entities
+    exact[:, 0::2][odd] = -np.inf
+    np.testing.assert_array_equal(retrieved.cands, np.argsort(-exact, axis=1)[:, :5])
+    np.testing.assert_allclose(
+        retrieved.scores, -np.sort(-exact, axis=1)[:, :5], rtol=1e-4, atol=1e-4
+    )
 
 
 def test_more_encoders_than_the_cluster_can_place_fail_in_seconds(ray_instance, assets) -> None:

@@ -12,6 +12,7 @@ from encoders.scorers import (
     Scorer,
     ScorerConfig,
     build_scorer,
+    exact_index_scores,
     index_scores,
 )
 
@@ -200,12 +201,34 @@ def test_index_search_ranks_entities_as_the_pairwise_scorer(spec: str) -> None:
         assert torch.equal(owners[best_vector], pairwise.argmax(1))
 
 
-@pytest.mark.parametrize("spec", ["poly-2", "genpoly-2"])
-def test_poly_scorers_are_not_indexable(spec: str) -> None:
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "poly-2",
+        "genpoly-2-3",
+        ScorerConfig("general", 2, 3, "mention", "leftmost", "all", "soft"),
+        ScorerConfig("general", 2, 3, "entity", "leftmost", "codes", "hard"),
+        ScorerConfig("general", 3, 2, "mention", "leftmost", "leftmost", "hard"),
+    ],
+)
+def test_exact_scoring_of_stored_entity_vectors_equals_the_pairwise_scorer(spec) -> None:
+    """Scorers mined exactly: the stored reduced vectors, grouped back per entity and scored
+    against the mention's zero-padded reduced vectors, give ``score`` (padding on both sides)."""
+    generator = torch.Generator().manual_seed(4)
+    mention_hidden = torch.randn(6, 5, D, generator=generator)
+    mention_mask = _masks([5, 4, 3, 1, 5, 2], 5)
+    entity_hidden = torch.randn(30, 7, D, generator=generator)
+    entity_mask = _masks(torch.randint(1, 8, (30,), generator=generator).tolist(), 7)
     scorer = build_scorer(spec, D)
-    assert not scorer.indexable
-    with pytest.raises(TypeError, match="not indexable"):
-        scorer.entity_index_vectors(torch.randn(1, 2, D), torch.ones(1, 2))
+    assert not scorer.indexable and scorer.config.mining == "exact"
+    pairwise = scorer.score(mention_hidden, mention_mask, entity_hidden, entity_mask)
+    vectors, owners = scorer.entity_index_vectors(entity_hidden, entity_mask)
+    if scorer.vectors_per_entity is not None:
+        assert vectors.shape[0] == 30 * scorer.vectors_per_entity
+    queries = scorer.mention_query_vectors(mention_hidden, mention_mask)
+    entities, scores = exact_index_scores(scorer, queries, vectors, owners)
+    assert torch.equal(entities, torch.arange(30))
+    torch.testing.assert_close(scores, pairwise, rtol=1e-5, atol=1e-5)
 
 
 def test_scorer_specs_parse_and_reject_bad_values() -> None:

@@ -142,15 +142,14 @@ def test_bad_override_names_key_and_the_override(override: str, key: str) -> Non
 
 
 @pytest.mark.parametrize("scorer", ["poly", "genpoly", "general"])
-def test_indexability_is_asked_of_the_scorer(scorer: str) -> None:
-    """``general`` used to pass the config's own list and then fail every refresh."""
+def test_scorers_mined_exactly_accept_the_index_source_with_flat_shards(scorer: str) -> None:
+    """The mining mode is asked of the scorer; only an approximate index kind is refused."""
+    config = load_config(None, [f"model.scorer.name={scorer}", "negatives.source=index"])
+    assert not config.model.scorer.indexable and config.model.scorer.mining == "exact"
+    assert load_config(None, ["model.scorer.name=dual"]).model.scorer.mining == "index"
     with pytest.raises(ConfigError) as error:
-        load_config(None, [f"model.scorer.name={scorer}", "negatives.source=index"])
-    assert "model.scorer.name" in str(error.value) and "negatives.source" in str(error.value)
-    config = load_config(
-        None, [f"model.scorer.name={scorer}", "negatives.source=none", "negatives.sampler=random"]
-    )
-    assert not config.model.scorer.indexable
+        load_config(None, [f"model.scorer.name={scorer}", "index.kind=ivfpq"])
+    assert "'index.kind'" in str(error.value) and "flat" in str(error.value)
 
 
 def test_every_scorer_option_can_be_written_in_a_recipe(tmp_path: Path) -> None:

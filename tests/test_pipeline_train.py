@@ -14,18 +14,22 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import ray
+import torch
 from training_helpers import CONFIGS, synthetic_config, write_syllable_bert
 
 from cluster.checkpoints import EXPORT_DIR, checkpoint_dir, newest_checkpoint
 from cluster.index_store import IndexStore
 from cluster.session import init_ray
+from cluster.tables import EntityCatalogue, MentionSplit, mention_split_path
+from encoders.biencoder import load_biencoder
 from pipeline.config import Config, config_from_dict, load_config
 from pipeline.data.synthetic import generate_synthetic_dataset
 from pipeline.data.wordnet import convert_wordnet
 from pipeline.demo import write_demo_subset
-from pipeline.evaluate import evaluate_checkpoint, evaluate_export
+from pipeline.evaluate import evaluate_checkpoint, evaluate_export, hits_at
 from pipeline.train.events import read_events
 from pipeline.train.trainer import run_training
 
@@ -112,6 +116,60 @@ def test_training_switches_to_refreshed_negatives_without_waiting(
     newest = newest_checkpoint(run_dir)
     assert newest is not None and newest[0] == STEPS
     assert (newest[1] / EXPORT_DIR / "scorer.json").is_file()
+
+
+def brute_force_recall(config: Config, export_dir: Path) -> dict[int, float]:
+    """Recall@``eval.ks`` on the eval split by scoring every mention against every entity of
+    its domain with the exported model itself (no index)."""
+    root = Path(config.data.root)
+    mentions = MentionSplit.open(mention_split_path(root, config.data.eval_split)).read_all()
+    catalogue = EntityCatalogue.open(root)
+    model = load_biencoder(export_dir).eval()
+    with torch.inference_mode():
+        scores = model(
+            model.tokenize_mentions(
+                [m.context_left for m in mentions],
+                [m.mention for m in mentions],
+                [m.context_right for m in mentions],
+            ),
+            model.tokenize_entities(catalogue.titles().to_pylist(), catalogue.texts().to_pylist()),
+        ).numpy()
+    domains = np.asarray(catalogue.domain_of().to_pylist())
+    scores[domains[None, :] != np.asarray([m.domain for m in mentions])[:, None]] = -np.inf
+    ranked = np.argsort(-scores, axis=1, kind="stable")[:, : max(config.eval.ks)]
+    hits = hits_at(ranked, [m.golds or (m.gold,) for m in mentions], config.eval.ks)
+    return {k: float(hits[:, j].mean()) for j, k in enumerate(config.eval.ks)}
+
+
+def test_poly_trains_on_exactly_mined_hard_negatives_and_evaluates_exactly(
+    tmp_path: Path, dataset: Path, tiny_model_dir: Path, local_ray: None
+) -> None:
+    """poly-16 with hard negatives from the index: the asynchronous refresh stores each entity's
+    reduced vector, mines by exact scoring in the shard holders, and the trainer switches to its
+    negatives; ``hnce eval`` of the checkpoint equals brute-force recall over every entity."""
+    run_dir = tmp_path / "poly"
+    config = synthetic_config(
+        run_dir,
+        dataset,
+        tiny_model_dir,
+        "model.scorer={name: poly, m: 16}",
+        "negatives.sampler=hard",
+        "negatives.source=index",
+        f"training.steps={STEPS}",
+        "training.checkpoint_every=40",
+        "training.negatives_check_every=2",
+    )
+    run_training(config, progress=False)
+    switches = read_events(run_dir, "negatives")
+    assert switches, "the trainer never switched to refreshed negatives"
+    assert IndexStore(run_dir / "index").current().mining == "exact"
+    later = [e for e in read_events(run_dir, "step") if e["step"] > switches[0]["step"]]
+    assert later and all(e["negatives_version"] >= switches[0]["version"] for e in later)
+
+    report = evaluate_checkpoint(config, "newest", progress=False)
+    newest = newest_checkpoint(run_dir)
+    assert newest is not None and newest[0] == STEPS
+    assert report.recall == brute_force_recall(config, newest[1] / EXPORT_DIR)
 
 
 def test_recall_on_held_out_lemmas_rises_over_the_untrained_model(
