@@ -30,13 +30,13 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from report import update_benchmarks_md  # noqa: E402
-from wordnet_runs import checkpoint_export, prepare_dataset, recipe  # noqa: E402
+import matplotlib.pyplot as plt
+from report import update_benchmarks_md
+from wordnet_runs import checkpoint_export, prepare_dataset, recipe
 
-from pipeline.evaluate import evaluate_export  # noqa: E402
-from pipeline.train.events import read_events  # noqa: E402
-from pipeline.train.trainer import run_training  # noqa: E402
+from pipeline.evaluate import evaluate_export
+from pipeline.train.events import read_events
+from pipeline.train.trainer import run_training
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
