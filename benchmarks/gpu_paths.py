@@ -1,0 +1,116 @@
+"""The GPU figures of issue 13, measured where a CUDA device is present, listed as remaining where not.
+
+(a) BERT-base entity encoding at 128 tokens in bf16 (``encoders.precision.autocast``, SDPA
+    attention), entities/s against the FLOP bound: 2 × 110M parameters × 128 tokens ≈ 28 GFLOP of
+    matmuls per entity (the issue's ≈22 counts the encoder layers only) at the device's bf16 peak
+    (``--peak-tflops``, 989 for an H100 SXM dense);
+(d) exact top-k mining as the GPU shard holders would do it: a 5,903,530 × 768 fp16 entity matrix
+    (``--entities``), query batches of 1,024, top-64, queries/s.
+
+The DeepSpeed step through Ray Train with NCCL (b) and a refresh of ≥ 1M entities with GPU
+encoding (c) run the product's own commands on a GPU node (``hnce train`` / ``hnce refresh`` with
+``cluster.use_gpu: true``); they need Ray and DeepSpeed installed there and are listed here.
+Without a CUDA device the script writes the section saying so, with every check that remains.
+
+    python benchmarks/gpu_paths.py
+
+writes ``benchmarks/results/gpu_paths.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+from pathlib import Path
+
+import torch
+from report import update_benchmarks_md
+from transformers import BertConfig, BertModel
+
+from encoders.precision import autocast
+
+RESULTS = Path(__file__).resolve().parent / "results"
+REMAINING = [
+    "(a) BERT-base entity encoding at 128 tokens, bf16, entities/s against the FLOP bound "
+    "(target ≥ 60% of the bf16 peak): `python benchmarks/gpu_paths.py` on the GPU node",
+    "(b) one DeepSpeed step through Ray Train with NCCL: `hnce train --config "
+    "configs/synthetic-test.yaml --set cluster.use_gpu=true --set training.num_workers=1 "
+    "--set training.steps=2`",
+    "(c) a refresh of ≥ 1M entities with GPU encoding: `hnce data synthetic-kilt` at 1M pages, "
+    "then `hnce refresh` with `cluster.use_gpu: true` (FAISS GPU needs the `gpu` extra)",
+    "(d) exact GPU top-k mining of a 5.9M × 768 fp16 matrix: `python benchmarks/gpu_paths.py`",
+]
+
+
+def encoding_rate(device: torch.device, batch: int, seconds: float) -> float:
+    """Entities/s of a BERT-base tower (random weights) at 128 tokens under the product's autocast."""
+    model = BertModel(BertConfig(attn_implementation="sdpa")).to(device).eval()
+    ids = torch.randint(1000, 30000, (batch, 128), device=device)
+    mask = torch.ones_like(ids)
+    done, started = 0, None
+    with torch.inference_mode(), autocast(device):
+        while started is None or time.perf_counter() - started < seconds:
+            model(input_ids=ids, attention_mask=mask)
+            torch.cuda.synchronize(device)
+            if started is None:
+                started = time.perf_counter()  # the first batch warms up
+                continue
+            done += batch
+    return done / (time.perf_counter() - started)
+
+
+def mining_rate(device: torch.device, entities: int, queries: int, k: int) -> float:
+    """Queries/s of exact inner-product top-k over an fp16 entity matrix on the device."""
+    matrix = torch.randn(entities, 768, device=device, dtype=torch.float16)
+    batch = torch.randn(queries, 768, device=device, dtype=torch.float16)
+    torch.topk(batch @ matrix[:100_000].T, k, dim=1)
+    torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    for start in range(0, entities, 1_000_000):
+        torch.topk(batch @ matrix[start : start + 1_000_000].T, k, dim=1)
+    torch.cuda.synchronize(device)
+    return queries / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--peak-tflops", type=float, default=989.0)
+    parser.add_argument("--entities", type=int, default=5_903_530)
+    parser.add_argument("--out", type=Path, default=RESULTS / "gpu_paths.md")
+    args = parser.parse_args()
+    lines = ["# GPU paths (issue 13): encoding, NCCL step, GPU refresh, exact GPU mining", ""]
+    if not torch.cuda.is_available():
+        lines += [
+            f"No CUDA device on the machine this ran on ({platform.node()}, torch "
+            f"{torch.__version__}): no GPU was lent to this work, so none of the GPU figures "
+            "has been measured yet. The CPU suite checks the GPU code paths' device rules "
+            "(`pytest -k device`). Checks that remain, each to run on a GPU node:",
+            "",
+            *(f"- {check}" for check in REMAINING),
+        ]
+    else:
+        device = torch.device("cuda", 0)
+        name = torch.cuda.get_device_name(device)
+        rate = encoding_rate(device, 256, 20.0)
+        flops = 2 * 110e6 * 128
+        share = rate * flops / (args.peak_tflops * 1e12)
+        mined = mining_rate(device, args.entities, 1024, 64)
+        lines += [
+            f"{name}, torch {torch.__version__}, CUDA {torch.version.cuda}.",
+            "",
+            "| check | figure |",
+            "|---|---|",
+            f"| (a) BERT-base entities/s, 128 tokens, bf16 | {rate:,.0f} ({share:.0%} of the "
+            f"{args.peak_tflops:.0f} TFLOP/s bound at {flops / 1e9:.0f} GFLOP/entity) |",
+            f"| (d) exact top-64 over {args.entities:,} × 768 fp16, queries/s | {mined:,.0f} |",
+            "",
+            "Remaining on a GPU node: " + "; ".join(REMAINING[1:3]) + ".",
+        ]
+    args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    update_benchmarks_md()
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
