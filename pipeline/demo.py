@@ -47,7 +47,8 @@ class DemoResult:
 def run_demo(config: Config, announce: Callable[[str], None] = lambda _: None) -> DemoResult:
     """The whole demo under ``run.dir``; configs for the two trainings derive from ``config``.
 
-    ``announce`` receives the table so far after each evaluation (the CLI prints it).
+    ``announce`` receives the table so far after each evaluation (the CLI prints it). One
+    function over ~60 lines on purpose: it is the demo's script, its stages in order, each timed.
     """
     work_dir = config.run_dir
     seconds: dict[str, float] = {}

@@ -48,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_converters(formats: Any) -> None:
-    """One subcommand per input format, each with the options of a published dataset."""
+    """One subcommand per input format, each with the options of a published dataset (a flat
+    list of argparse declarations, kept together so every format reads alike)."""
     zeshel = formats.add_parser(
         "zeshel", help="Zeshel documents/ and mentions/ (one domain per world)"
     )
