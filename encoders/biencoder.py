@@ -131,20 +131,34 @@ class BiEncoder(nn.Module):
         step's scoring call, shared with the joint reranker.
 
         ``pairs`` [B, C] names the entries the loss reads; a bi-encoder computes all B x C of
-        them for the price of B + C tower passes, so it is ignored here. ``chunk_size`` > 0
-        encodes the candidates that many at a time with their activations recomputed in the
-        backward pass (:func:`encoders.towers.checkpointed_chunks`): activation memory is
-        bounded by one chunk whatever the number of candidates.
+        them for the price of B + C tower passes, so it is ignored here. It is
+        :meth:`mention_side`, :meth:`candidate_side`, then the scorer's ``score_reduced``; a
+        caller that gathers candidates from elsewhere (other workers) calls the three itself.
         """
-        mention_vectors, mention_kept = self.scorer.reduce_mentions(
+        mention_vectors, mention_kept = self.mention_side(mention_batch)
+        entity_vectors, entity_kept = self.candidate_side(candidate_batch, chunk_size)
+        return self.scorer.score_reduced(mention_vectors, mention_kept, entity_vectors, entity_kept)
+
+    def mention_side(self, mention_batch: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """Mention tower then the scorer's mention-side reduction: vectors [B, a, d], mask [B, a]."""
+        return self.scorer.reduce_mentions(
             *self.encode_mentions(mention_batch["input_ids"], mention_batch["attention_mask"])
         )
+
+    def candidate_side(
+        self, candidate_batch: Mapping[str, Tensor], chunk_size: int = 0
+    ) -> tuple[Tensor, Tensor]:
+        """Entity tower then the scorer's entity-side reduction, once per candidate: vectors
+        [C, b, d], mask [C, b]. ``chunk_size`` > 0 encodes the candidates that many at a time
+        with their activations recomputed in the backward pass
+        (:func:`encoders.towers.checkpointed_chunks`): activation memory is bounded by one chunk
+        whatever the number of candidates."""
         entity_vectors, entity_kept = checkpointed_chunks(
             self._reduced_entities,
             [candidate_batch["input_ids"], candidate_batch["attention_mask"]],
             chunk_size,
         )
-        return self.scorer.score_reduced(mention_vectors, mention_kept, entity_vectors, entity_kept)
+        return entity_vectors, entity_kept
 
     def _reduced_entities(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
         """Entity tower then the scorer's entity-side reduction: what a candidate chunk keeps."""

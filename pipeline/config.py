@@ -187,7 +187,9 @@ class NegativesSettings:
     ``source: index`` mines candidates from the newest refreshed index version (the asynchronous
     refresh of §5); ``source: none`` uses only samplers that need no candidates. Before the first
     refresh the trainer draws random negatives. ``share``: score each mention against its own
-    candidates (none), every candidate of the micro-batch (batch), or of every worker (global).
+    candidates (none), every candidate of the micro-batch but its known positives (batch), or
+    of every worker's micro-batch (global: indexable scorers only; the retriever only, the
+    reranker always scores its own candidates).
     Each sampler reads its own options group.
     """
 
@@ -488,6 +490,14 @@ def validate(config: Config) -> Config:
             f"is {config.model.scorer.name!r}, which cannot be indexed (its query depends on the "
             f"entity, DESIGN.md §3), but 'negatives.source' is 'index'; use dual, multi or som, "
             f"or set negatives.source=none with a random sampler",
+        )
+    if negatives.share == "global" and not config.model.scorer.indexable:
+        raise config.error(
+            "negatives.share",
+            f"is 'global', which gathers the entity side of the score across workers, but "
+            f"'model.scorer.name' is {config.model.scorer.name!r}, whose score is not split into "
+            f"a mention side and an entity side (not indexable, DESIGN.md §3); use share 'batch' "
+            f"or 'none', or a dual, multi or som scorer",
         )
     if negatives.sampler not in TRAINER_SAMPLERS:
         known = ", ".join(sorted(TRAINER_SAMPLERS))

@@ -52,10 +52,13 @@ def split_mentions(small_dataset: Path, split: str = "train") -> list[Mention]:
 def publish_candidates(root: Path, mentions: list[Mention], cands: np.ndarray) -> Path:
     """A negatives version whose scores rank the candidates in the order given."""
     scores = -np.arange(cands.shape[1], dtype=np.float32)[None].repeat(len(mentions), 0)
+    scores[cands < 0] = -np.inf  # padding, as a mined split stores it
     mined = MinedSplit(
         [m.mention_id for m in mentions], cands, scores, np.full(len(mentions), -1, np.int32)
     )
-    return NegativesStore(root).publish(1, {"train": mined}, checkpoint_step=0, top_n=3)
+    return NegativesStore(root).publish(
+        1, {"train": mined}, checkpoint_step=0, top_n=3, num_entities=int(cands.max()) + 1
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -332,6 +335,7 @@ def test_device_collectives_follow_the_backend_rule(
         {"train": MinedSplit(["a"], np.array([[2]]), np.zeros((1, 1), np.float32), np.array([-1]))},
         checkpoint_step=0,
         top_n=1,
+        num_entities=3,
     )
     with backend_rule(monkeypatch, backend) as calls:
         collectives = Collectives(device)

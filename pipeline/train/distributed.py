@@ -15,6 +15,7 @@ import logging
 import ray.train.torch
 import torch
 import torch.distributed as dist
+from torch import Tensor
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +36,8 @@ def worker_device(use_gpu: bool) -> torch.device:
 
 
 class Collectives:
-    """Broadcasts and barriers of one worker over the default process group (no-ops without one).
+    """Broadcasts, gathers and barriers of one worker over the default process group (no-ops
+    without one).
 
     Tensors are created on :attr:`device`: the worker's CUDA device under NCCL, the CPU under
     gloo. Every rank must make the same calls in the same order.
@@ -56,6 +58,36 @@ class Collectives:
         if self.active:
             dist.broadcast(tensor, src=source)
         return int(tensor.item())
+
+    def all_gather_rows(self, tensor: Tensor) -> tuple[Tensor, int]:
+        """Every rank's ``tensor`` concatenated by row in rank order, on ``tensor``'s device, and
+        the row where this rank's begin (the cross-batch negatives of ``negatives.share: global``).
+
+        Ranks may hold different numbers of rows and different sizes in the other dimensions
+        (som keeps one vector per token): every part is zero-padded to the largest (False for a
+        mask). This rank's rows are ``tensor`` itself, so gradients flow to them; the other
+        ranks' rows are constants (RocketQA's trick: gather, then put the local tensor back).
+        """
+        if not self.active:
+            return tensor, 0
+        shape = torch.tensor(tensor.shape, dtype=torch.long, device=self.device)
+        shapes = [torch.zeros_like(shape) for _ in range(dist.get_world_size())]
+        dist.all_gather(shapes, shape)
+        sizes = torch.stack(shapes).cpu()
+        largest = sizes.amax(dim=0).tolist()
+        local = tensor.new_zeros([tensor.shape[0], *largest[1:]])
+        local[tuple(slice(0, size) for size in tensor.shape)] = tensor
+        wire = torch.uint8 if tensor.dtype == torch.bool else tensor.dtype  # gloo has no bool
+        sent = torch.zeros(largest, dtype=wire, device=self.device)
+        sent[: tensor.shape[0]] = local.detach().to(wire)
+        received = [torch.empty_like(sent) for _ in shapes]
+        dist.all_gather(received, sent)
+        parts = [
+            part[: int(rows)].to(tensor.device, tensor.dtype)
+            for part, rows in zip(received, sizes[:, 0], strict=True)
+        ]
+        parts[self.rank] = local
+        return torch.cat(parts), int(sizes[: self.rank, 0].sum())
 
     def barrier(self) -> None:
         """Wait for every rank (NCCL: on this worker's device, so no device is guessed)."""

@@ -125,10 +125,14 @@ def load_training_data(
 
 
 def start_engine(
-    model: nn.Module, settings: TrainingSettings, device: torch.device
+    model: nn.Module,
+    settings: TrainingSettings,
+    device: torch.device,
+    gather: Collectives | None = None,
 ) -> deepspeed.DeepSpeedEngine:
-    """``deepspeed.initialize`` of the step's module on the worker's device, loading weights-only."""
-    module = ContrastiveScoring(model, settings.candidate_chunk_size)
+    """``deepspeed.initialize`` of the step's module on the worker's device, loading weights-only;
+    ``gather``: the worker's collectives when candidates are shared across workers."""
+    module = ContrastiveScoring(model, settings.candidate_chunk_size, gather)
     engine, _, _, _ = deepspeed.initialize(
         model=module,
         model_parameters=[p for p in module.parameters() if p.requires_grad],
@@ -204,7 +208,8 @@ class WorkerRun:
         (pids / f"rank-{collectives.rank}.pid").write_text(str(os.getpid()))
         torch.manual_seed(config.run.seed)  # weights a checkpoint does not give (codes, heads)
         model = build_trainable(config, task.kind)
-        engine = start_engine(model, settings, device)
+        gather = collectives if task.share(config) == "global" else None
+        engine = start_engine(model, settings, device, gather)
         data, skipped = load_training_data(config, task, model, collectives, world_size)
         run = cls(config, task, collectives, model, engine, data, report)
         run.resume(reported_step, world_size, skipped)
@@ -293,7 +298,11 @@ class WorkerRun:
         negatives = self.data.drawer.draw(
             mentions, self.data.source, torch.Generator().manual_seed(seed)
         )
-        return assemble_batch(mentions, rows, self.data.tokens, negatives, self.data.store)
+        positives = [self.data.drawer.known_positives(m) for m in mentions]
+        share = self.task.share(self.config)
+        return assemble_batch(
+            mentions, rows, self.data.tokens, negatives, self.data.store, positives, share
+        )
 
     def log_step(self, done: int, loss: float, seconds: float, mention_ids: list[str]) -> None:
         """A ``step`` event every ``log_every`` steps (rank 0), with the mentions it trained on."""
