@@ -205,6 +205,7 @@ def _reference(
     return loss.detach(), grads, valid
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scorer", ["dual", "som"])
 def test_global_share_scores_the_other_workers_candidates_with_local_gradients(
     scorer: str, tmp_path: Path

@@ -16,8 +16,20 @@ import ray.train.torch
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.nn import functional
 
 logger = logging.getLogger(__name__)
+
+
+def _zero_padded(tensor: Tensor, shape: list[int]) -> Tensor:
+    """``tensor`` padded with zeros (False) at the end of each dimension to ``shape``; the
+    padding is differentiable, so gradients reach ``tensor``."""
+    widths = [
+        width
+        for dim in reversed(range(tensor.dim()))
+        for width in (0, shape[dim] - tensor.shape[dim])
+    ]
+    return functional.pad(tensor, widths)
 
 
 def worker_device(use_gpu: bool) -> torch.device:
@@ -70,24 +82,25 @@ class Collectives:
         """
         if not self.active:
             return tensor, 0
-        shape = torch.tensor(tensor.shape, dtype=torch.long, device=self.device)
-        shapes = [torch.zeros_like(shape) for _ in range(dist.get_world_size())]
-        dist.all_gather(shapes, shape)
-        sizes = torch.stack(shapes).cpu()
-        largest = sizes.amax(dim=0).tolist()
-        local = tensor.new_zeros([tensor.shape[0], *largest[1:]])
-        local[tuple(slice(0, size) for size in tensor.shape)] = tensor
+        shapes = [
+            torch.zeros(tensor.dim(), dtype=torch.long, device=self.device)
+            for _ in range(dist.get_world_size())
+        ]
+        dist.all_gather(shapes, torch.tensor(tensor.shape, dtype=torch.long, device=self.device))
+        sizes = [[int(value.item()) for value in size.unbind()] for size in shapes]
+        largest = [max(dimension) for dimension in zip(*sizes, strict=True)]
+        rows = [size[0] for size in sizes]
+        local = _zero_padded(tensor, [tensor.shape[0], *largest[1:]])
         wire = torch.uint8 if tensor.dtype == torch.bool else tensor.dtype  # gloo has no bool
-        sent = torch.zeros(largest, dtype=wire, device=self.device)
-        sent[: tensor.shape[0]] = local.detach().to(wire)
-        received = [torch.empty_like(sent) for _ in shapes]
+        sent = _zero_padded(local.detach().to(wire), largest).to(self.device)
+        received = [torch.empty(largest, dtype=wire, device=self.device) for _ in shapes]
         dist.all_gather(received, sent)
         parts = [
-            part[: int(rows)].to(tensor.device, tensor.dtype)
-            for part, rows in zip(received, sizes[:, 0], strict=True)
+            part.narrow(0, 0, count).to(tensor.device, tensor.dtype)
+            for part, count in zip(received, rows, strict=True)
         ]
         parts[self.rank] = local
-        return torch.cat(parts), int(sizes[: self.rank, 0].sum())
+        return torch.cat(parts), sum(rows[: self.rank])
 
     def barrier(self) -> None:
         """Wait for every rank (NCCL: on this worker's device, so no device is guessed)."""
