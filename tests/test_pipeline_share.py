@@ -1,26 +1,32 @@
 """Shared negatives (``negatives.share``): in-batch masks that never make a known positive a
-negative, the loss over the enlarged candidate set (eq. 5/11), and cross-worker negatives
-(``global``) in a real two-process gloo group, compared with a single-process computation."""
+negative, the loss over the enlarged candidate set (eq. 5/11), cross-worker negatives
+(``global``) in a real two-process gloo group compared with a single-process computation, and
+(slow) every share mode trained by DeepSpeed under Ray Train with two workers."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+import ray
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from training_helpers import synthetic_config, write_syllable_bert
+from training_helpers import CONFIGS, synthetic_config, write_syllable_bert
 
+from cluster.session import init_ray
 from cluster.tables import Mention
 from encoders.biencoder import BiEncoder, build_biencoder
 from mining.losses import NCELoss, build_loss
 from mining.samplers import SampledNegatives
-from pipeline.config import ConfigError
+from pipeline.config import ConfigError, load_config
 from pipeline.train.batch import ContrastiveBatch, ShareMode, assemble_batch
 from pipeline.train.distributed import Collectives
+from pipeline.train.events import read_events
 from pipeline.train.step import ContrastiveScoring, contrastive_loss
+from pipeline.train.trainer import run_training
 
 
 class NoTokens:
@@ -231,3 +237,44 @@ def test_global_share_scores_the_other_workers_candidates_with_local_gradients(
     _, through_other, _ = _reference(model_dir, scorer, detach_other=False)
     name = "entity_tower.embeddings.word_embeddings.weight"
     assert not torch.allclose(through_other[name], rank0["grads"][name])
+
+
+# --------------------------------------------------------------------------------------------
+# End to end: DeepSpeed under Ray Train, two workers
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    init_ray(load_config(CONFIGS / "synthetic-test.yaml").cluster, cpus_needed=2)
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.slow
+def test_shared_negatives_train_end_to_end_and_widen_the_first_steps_normaliser(
+    tmp_path: Path, small_dataset: Path, syllable_bert: Path, local_ray: None
+) -> None:
+    """``none``, ``batch`` and ``global`` from the recipe, 2 workers, 3 steps each: the first
+    step sees the same scores in all three (same seeds, same candidates encoded), so its loss
+    grows with every negative added to the normaliser."""
+    first_loss = {}
+    for share in ("none", "batch", "global"):
+        config = synthetic_config(
+            tmp_path / share,
+            small_dataset,
+            syllable_bert,
+            f"negatives.share={share}",
+            "negatives.sampler=random",
+            "negatives.source=none",
+            "negatives.num_negatives=2",
+            "refresh.enabled=false",
+            "training.steps=3",
+            "training.batch_size=4",
+            "training.checkpoint_every=3",
+        )
+        summary = run_training(config, progress=False)
+        assert summary.steps == 3
+        steps = read_events(config.run_dir, "step")
+        assert [e["step"] for e in steps] == [1, 2, 3]
+        first_loss[share] = steps[0]["loss"]
+    assert first_loss["none"] < first_loss["batch"] < first_loss["global"], first_loss
