@@ -92,6 +92,7 @@ def measure(shape: dict[str, int], overrides: list[str], workdir: Path) -> dict[
         candidates=tokens(candidates, config.model.entity_length),
         gold=torch.arange(batch) * (1 + negatives),
         valid=valid,
+        positive_ids=(torch.arange(batch) * (1 + negatives))[:, None],
     )
     with single_process_group():
         before = _memory_kib("VmRSS")

@@ -57,6 +57,18 @@ class TowerProjection(nn.Module):
         return torch.cat([first[:, None], tokens[:, 1:]], dim=1)
 
 
+def with_extra_entities(
+    entity_vectors: Tensor, entity_kept: Tensor, extra: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """Reduced candidates [C, b, d] followed by ``extra`` reduced entities [Q, b, d] (e.g. a
+    momentum queue's keys), detached: scored as columns C..C+Q-1 with no gradient through them."""
+    if extra is None:
+        return entity_vectors, entity_kept
+    extra = extra.detach().to(entity_vectors.dtype)
+    vectors = torch.cat([entity_vectors, extra])
+    return vectors, torch.cat([entity_kept, entity_kept.new_ones(extra.shape[:2])])
+
+
 class BiEncoder(nn.Module):
     """Two BERT towers and a scorer (eq. 9). Inputs are BLINK-formatted (``encoders.formatting``).
 
@@ -135,24 +147,37 @@ class BiEncoder(nn.Module):
         scored after the candidates, as columns C..C+Q-1, with no gradient through them.
 
         ``pairs`` [B, C] names the entries the loss reads; a bi-encoder computes all B x C of
-        them for the price of B + C tower passes, so it is ignored here. ``chunk_size`` > 0
-        encodes the candidates that many at a time with their activations recomputed in the
-        backward pass (:func:`encoders.towers.checkpointed_chunks`): activation memory is
-        bounded by one chunk whatever the number of candidates.
+        them for the price of B + C tower passes, so it is ignored here. It is
+        :meth:`mention_side`, :meth:`candidate_side`, then the scorer's ``score_reduced``; a
+        caller that gathers candidates from elsewhere (other workers) calls the three itself.
         """
-        mention_vectors, mention_kept = self.scorer.reduce_mentions(
+        mention_vectors, mention_kept = self.mention_side(mention_batch)
+        entity_vectors, entity_kept = self.candidate_side(candidate_batch, chunk_size)
+        entity_vectors, entity_kept = with_extra_entities(
+            entity_vectors, entity_kept, extra_entity_vectors
+        )
+        return self.scorer.score_reduced(mention_vectors, mention_kept, entity_vectors, entity_kept)
+
+    def mention_side(self, mention_batch: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """Mention tower then the scorer's mention-side reduction: vectors [B, a, d], mask [B, a]."""
+        return self.scorer.reduce_mentions(
             *self.encode_mentions(mention_batch["input_ids"], mention_batch["attention_mask"])
         )
+
+    def candidate_side(
+        self, candidate_batch: Mapping[str, Tensor], chunk_size: int = 0
+    ) -> tuple[Tensor, Tensor]:
+        """Entity tower then the scorer's entity-side reduction, once per candidate: vectors
+        [C, b, d], mask [C, b]. ``chunk_size`` > 0 encodes the candidates that many at a time
+        with their activations recomputed in the backward pass
+        (:func:`encoders.towers.checkpointed_chunks`): activation memory is bounded by one chunk
+        whatever the number of candidates."""
         entity_vectors, entity_kept = checkpointed_chunks(
             self._reduced_entities,
             [candidate_batch["input_ids"], candidate_batch["attention_mask"]],
             chunk_size,
         )
-        if extra_entity_vectors is not None:
-            extra = extra_entity_vectors.detach().to(entity_vectors.dtype)
-            entity_vectors = torch.cat([entity_vectors, extra])
-            entity_kept = torch.cat([entity_kept, entity_kept.new_ones(extra.shape[:2])])
-        return self.scorer.score_reduced(mention_vectors, mention_kept, entity_vectors, entity_kept)
+        return entity_vectors, entity_kept
 
     def _reduced_entities(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
         """Entity tower then the scorer's entity-side reduction: what a candidate chunk keeps."""

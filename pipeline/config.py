@@ -196,8 +196,10 @@ class NegativesSettings:
     refresh the trainer draws from negatives version 0 as ``initial`` says: ``random`` (no
     version 0), ``lexical`` (BM25 candidates, DPR's BM25 negatives) or ``model`` (mined with the
     starting model through the encoder actors). With ``refresh.enabled: false`` version 0 is
-    all the run trains on: negatives mined once (sentence-transformers' ``mine_hard_negatives``). ``share``: score each mention against its own
-    candidates (none), every candidate of the micro-batch (batch), or of every worker (global).
+    all the run trains on: negatives mined once (sentence-transformers' ``mine_hard_negatives``).
+    ``share``: score each mention against its own candidates (none), every candidate of the
+    micro-batch but its known positives (batch), or of every worker's micro-batch (global:
+    indexable scorers only; the retriever only, the reranker always scores its own candidates).
     Each sampler reads its own options group.
     """
 
@@ -499,6 +501,14 @@ def validate(config: Config) -> Config:
             f"is {config.index.kind!r}, but scorer {config.model.scorer.name!r} is mined and "
             f"evaluated exactly (its query depends on the entity, DESIGN.md §3): its shards "
             f"store reduced entity vectors, which only a flat index keeps exactly; set index.kind: flat",
+        )
+    if negatives.share == "global" and not config.model.scorer.indexable:
+        raise config.error(
+            "negatives.share",
+            f"is 'global', which gathers the entity side of the score across workers, but "
+            f"'model.scorer.name' is {config.model.scorer.name!r}, whose score is not split into "
+            f"a mention side and an entity side (not indexable, DESIGN.md §3); use share 'batch' "
+            f"or 'none', or a dual, multi or som scorer",
         )
     if negatives.sampler in SAMPLERS_FROM_INDEX and negatives.source != "index":
         raise config.error(

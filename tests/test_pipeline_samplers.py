@@ -180,6 +180,7 @@ def test_queue_columns_enter_the_loss_as_negatives_exactly() -> None:
         candidates={},
         gold=torch.tensor([0, 1]),
         valid=valid,
+        positive_ids=torch.tensor([[0], [1]]),
     )
     without = contrastive_loss(scores[:, :3], batch, loss)
     empty = contrastive_loss(

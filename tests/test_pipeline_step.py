@@ -52,12 +52,13 @@ def split_mentions(small_dataset: Path, split: str = "train") -> list[Mention]:
 def publish_candidates(root: Path, mentions: list[Mention], cands: np.ndarray) -> Path:
     """A negatives version whose scores rank the candidates in the order given."""
     scores = -np.arange(cands.shape[1], dtype=np.float32)[None].repeat(len(mentions), 0)
-    scores[cands < 0] = -np.inf  # padding: fewer candidates than top-N
+    scores[cands < 0] = -np.inf  # padding, as a mined split stores it
     mined = MinedSplit(
         [m.mention_id for m in mentions], cands, scores, np.full(len(mentions), -1, np.int32)
     )
-    num_entities = int(cands.max()) + 1
-    return NegativesStore(root).publish(1, {"train": mined}, 0, top_n=3, num_entities=num_entities)
+    return NegativesStore(root).publish(
+        1, {"train": mined}, checkpoint_step=0, top_n=3, num_entities=int(cands.max()) + 1
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -300,12 +301,20 @@ def backend_rule(monkeypatch: pytest.MonkeyPatch, backend: str) -> Iterator[list
     rule, then run on gloo; under ``nccl`` CUDA tensors are simulated (:class:`FakeCuda`)."""
     required = "cuda" if backend == "nccl" else "cpu"
     calls: list[str] = []
-    real_broadcast, real_barrier = dist.broadcast, dist.barrier
+    real_broadcast, real_barrier, real_all_gather = dist.broadcast, dist.barrier, dist.all_gather
 
     def broadcast(tensor: torch.Tensor, src: int = 0, **options: object) -> object:
         assert tensor.device.type == required, f"broadcast of a {tensor.device} tensor on {backend}"
         calls.append("broadcast")
         return real_broadcast(getattr(tensor, "elem", tensor), src, **options)
+
+    def all_gather(outputs: list[torch.Tensor], tensor: torch.Tensor, **options: object) -> object:
+        devices = {t.device.type for t in [*outputs, tensor]}
+        assert devices == {required}, f"all_gather of {devices} tensors on {backend}"
+        calls.append("all_gather")
+        return real_all_gather(
+            [getattr(t, "elem", t) for t in outputs], getattr(tensor, "elem", tensor), **options
+        )
 
     def barrier(device_ids: list[int] | None = None, **options: object) -> object:
         assert (device_ids is not None) == (backend == "nccl"), f"barrier {device_ids} on {backend}"
@@ -315,6 +324,7 @@ def backend_rule(monkeypatch: pytest.MonkeyPatch, backend: str) -> Iterator[list
     with single_process_group():
         monkeypatch.setattr(dist, "broadcast", broadcast)
         monkeypatch.setattr(dist, "barrier", barrier)
+        monkeypatch.setattr(dist, "all_gather", all_gather)
         monkeypatch.setattr(dist, "get_backend", lambda group=None: backend)
         mode = FakeCudaDevice() if backend == "nccl" else contextlib.nullcontext()
         with mode:
@@ -325,8 +335,9 @@ def backend_rule(monkeypatch: pytest.MonkeyPatch, backend: str) -> Iterator[list
 def test_device_collectives_follow_the_backend_rule(
     backend: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """The worker's real collective helpers (negatives poll, resume agreement, barrier) hand
-    every collective a tensor on the backend's device: a CPU tensor broadcast over NCCL fails."""
+    """The worker's real collective helpers (negatives poll, resume agreement, candidate gather of
+    ``negatives.share: global``, barrier) hand every collective a tensor on the backend's
+    device: a CPU tensor broadcast over NCCL fails."""
     device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
     mentions = [Mention("a", "", "m", "", 1)]
     NegativesStore(tmp_path / "negatives").publish(
@@ -342,8 +353,12 @@ def test_device_collectives_follow_the_backend_rule(
         negatives = RefreshedNegatives(tmp_path / "negatives", "train", collectives)
         assert negatives.poll() and negatives.version == 4 and len(mentions) == 1
         assert agreed_resume_step(tmp_path / "run", collectives, reported=None) is None
+        kept = torch.tensor([[True, False]], device=device)
+        gathered, offset = collectives.all_gather_rows(kept)
+        assert offset == 0 and torch.equal(gathered, kept)
+        assert gathered.device.type == device.type and gathered.dtype == torch.bool
         collectives.barrier()
-    assert calls == ["broadcast", "broadcast", "barrier"]
+    assert calls == ["broadcast", "broadcast", "all_gather", "all_gather", "barrier"]
 
 
 def test_device_batch_moves_every_tensor_to_the_worker_device() -> None:

@@ -15,8 +15,21 @@ import logging
 import ray.train.torch
 import torch
 import torch.distributed as dist
+from torch import Tensor
+from torch.nn import functional
 
 logger = logging.getLogger(__name__)
+
+
+def _zero_padded(tensor: Tensor, shape: list[int]) -> Tensor:
+    """``tensor`` padded with zeros (False) at the end of each dimension to ``shape``; the
+    padding is differentiable, so gradients reach ``tensor``."""
+    widths = [
+        width
+        for dim in reversed(range(tensor.dim()))
+        for width in (0, shape[dim] - tensor.shape[dim])
+    ]
+    return functional.pad(tensor, widths)
 
 
 def worker_device(use_gpu: bool) -> torch.device:
@@ -35,7 +48,8 @@ def worker_device(use_gpu: bool) -> torch.device:
 
 
 class Collectives:
-    """Broadcasts and barriers of one worker over the default process group (no-ops without one).
+    """Broadcasts, gathers and barriers of one worker over the default process group (no-ops
+    without one).
 
     Tensors are created on :attr:`device`: the worker's CUDA device under NCCL, the CPU under
     gloo. Every rank must make the same calls in the same order.
@@ -56,6 +70,37 @@ class Collectives:
         if self.active:
             dist.broadcast(tensor, src=source)
         return int(tensor.item())
+
+    def all_gather_rows(self, tensor: Tensor) -> tuple[Tensor, int]:
+        """Every rank's ``tensor`` concatenated by row in rank order, on ``tensor``'s device, and
+        the row where this rank's begin (the cross-batch negatives of ``negatives.share: global``).
+
+        Ranks may hold different numbers of rows and different sizes in the other dimensions
+        (som keeps one vector per token): every part is zero-padded to the largest (False for a
+        mask). This rank's rows are ``tensor`` itself, so gradients flow to them; the other
+        ranks' rows are constants (RocketQA's trick: gather, then put the local tensor back).
+        """
+        if not self.active:
+            return tensor, 0
+        shapes = [
+            torch.zeros(tensor.dim(), dtype=torch.long, device=self.device)
+            for _ in range(dist.get_world_size())
+        ]
+        dist.all_gather(shapes, torch.tensor(tensor.shape, dtype=torch.long, device=self.device))
+        sizes = [[int(value.item()) for value in size.unbind()] for size in shapes]
+        largest = [max(dimension) for dimension in zip(*sizes, strict=True)]
+        rows = [size[0] for size in sizes]
+        local = _zero_padded(tensor, [tensor.shape[0], *largest[1:]])
+        wire = torch.uint8 if tensor.dtype == torch.bool else tensor.dtype  # gloo has no bool
+        sent = _zero_padded(local.detach().to(wire), largest).to(self.device)
+        received = [torch.empty(largest, dtype=wire, device=self.device) for _ in shapes]
+        dist.all_gather(received, sent)
+        parts = [
+            part.narrow(0, 0, count).to(tensor.device, tensor.dtype)
+            for part, count in zip(received, rows, strict=True)
+        ]
+        parts[self.rank] = local
+        return torch.cat(parts), sum(rows[: self.rank])
 
     def barrier(self) -> None:
         """Wait for every rank (NCCL: on this worker's device, so no device is guessed)."""

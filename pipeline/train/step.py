@@ -8,6 +8,12 @@ mention's gold and its valid candidates; with the default ``nce`` it is exactly 
 hard-negative NCE (eq. 5/11):
 
     J = −log exp s(x,y) / (exp s(x,y) + Σ_{k valid} exp s(x,y_k)).
+
+Which candidates are valid is ``negatives.share`` (:mod:`pipeline.train.batch`). Under
+``global`` the bi-encoder's candidate side (the scorer's entity-side reduction) and the entity
+ids are gathered from every worker between encoding and scoring (RocketQA's cross-batch
+negatives): a mention is scored against every worker's candidates, gradients flow only to this
+worker's (the others' are constants), and DeepSpeed averages the workers' gradients as usual.
 """
 
 from __future__ import annotations
@@ -19,7 +25,9 @@ import deepspeed
 import torch
 from torch import Tensor, nn
 
+from encoders.biencoder import with_extra_entities
 from pipeline.train.batch import ContrastiveBatch
+from pipeline.train.distributed import Collectives
 
 
 class ScoringModel(Protocol):
@@ -34,14 +42,32 @@ class ScoringModel(Protocol):
     ) -> Tensor: ...
 
 
+class GatheringModel(ScoringModel, Protocol):
+    """A model whose candidate side can be gathered between encoding and scoring (a bi-encoder
+    with an indexable scorer: the entity-side vectors do not depend on the mention)."""
+
+    scorer: nn.Module
+
+    def mention_side(self, mention_batch: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]: ...
+
+    def candidate_side(
+        self, candidate_batch: Mapping[str, Tensor], chunk_size: int = 0
+    ) -> tuple[Tensor, Tensor]: ...
+
+
 class ContrastiveScoring(nn.Module):
     """The module DeepSpeed wraps: ``forward`` is the model's ``score_matrix`` with the run's
-    ``training.candidate_chunk_size``."""
+    ``training.candidate_chunk_size``; with ``gather`` (``negatives.share: global``) the
+    candidate side is gathered from every worker first, and the scores' columns are every
+    worker's candidates in rank order."""
 
-    def __init__(self, model: nn.Module, chunk_size: int = 0) -> None:
+    def __init__(
+        self, model: nn.Module, chunk_size: int = 0, gather: Collectives | None = None
+    ) -> None:
         super().__init__()
         self.model = model
         self.chunk_size = chunk_size
+        self.gather = gather
 
     def forward(
         self,
@@ -50,9 +76,21 @@ class ContrastiveScoring(nn.Module):
         pairs: Tensor,
         queue_vectors: Tensor | None = None,
     ) -> Tensor:
-        if queue_vectors is None:
-            return self.model.score_matrix(mentions, candidates, pairs, self.chunk_size)
-        return self.model.score_matrix(mentions, candidates, pairs, self.chunk_size, queue_vectors)
+        if self.gather is None:
+            return self.model.score_matrix(
+                mentions, candidates, pairs, self.chunk_size, queue_vectors
+            )
+        model: GatheringModel = self.model
+        mention_vectors, mention_kept = model.mention_side(mentions)
+        entity_vectors, entity_kept = model.candidate_side(candidates, self.chunk_size)
+        entity_vectors, _ = self.gather.all_gather_rows(entity_vectors)
+        entity_kept, _ = self.gather.all_gather_rows(entity_kept)
+        entity_vectors, entity_kept = with_extra_entities(
+            entity_vectors, entity_kept, queue_vectors
+        )
+        return model.scorer.score_reduced(
+            mention_vectors, mention_kept, entity_vectors, entity_kept
+        )
 
 
 def contrastive_loss(scores: Tensor, batch: ContrastiveBatch, loss: nn.Module) -> Tensor:
@@ -75,9 +113,13 @@ def train_micro_batch(
     engine: deepspeed.DeepSpeedEngine, batch: ContrastiveBatch, loss: nn.Module
 ) -> float:
     """Forward, loss, backward and DeepSpeed's step (which applies the optimizer only at a
-    gradient-accumulation boundary) for one micro-batch already on the engine's device."""
+    gradient-accumulation boundary) for one micro-batch already on the engine's device; when
+    the engine's :class:`ContrastiveScoring` gathers (``share: global``), the loss is over every
+    worker's candidate columns (then the queue's, with a momentum queue)."""
     scores = engine(batch.mentions, batch.candidates, batch.scored_pairs, batch.queue_vectors)
     scores = scores.float()
+    if engine.module.gather is not None:
+        batch = batch.across_workers(*engine.module.gather.all_gather_rows(batch.entity_ids))
     value = contrastive_loss(scores, batch, loss)
     engine.backward(value)
     engine.step()

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pipeline.config import Config, TrainingSettings
+from pipeline.train.batch import ShareMode
 
 TaskKind = Literal["retriever", "reranker"]
 RERANK_DIR = "rerank"
@@ -60,6 +61,11 @@ class TrainingTask:
         if self.kind == "retriever":
             return config.data.max_train_mentions
         return config.rerank.max_train_mentions
+
+    def share(self, config: Config) -> ShareMode:
+        """``negatives.share`` for the retriever; the reranker, a cross-encoder paying one pass
+        per (mention, entity) pair, scores each mention against its own candidates."""
+        return config.negatives.share if self.kind == "retriever" else "none"
 
     def refreshes(self, config: Config) -> bool:
         """Whether a refresh coordinator runs beside the training (a retriever on an index)."""

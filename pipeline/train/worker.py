@@ -134,10 +134,14 @@ def load_training_data(
 
 
 def start_engine(
-    model: nn.Module, settings: TrainingSettings, device: torch.device
+    model: nn.Module,
+    settings: TrainingSettings,
+    device: torch.device,
+    gather: Collectives | None = None,
 ) -> deepspeed.DeepSpeedEngine:
-    """``deepspeed.initialize`` of the step's module on the worker's device, loading weights-only."""
-    module = ContrastiveScoring(model, settings.candidate_chunk_size)
+    """``deepspeed.initialize`` of the step's module on the worker's device, loading weights-only;
+    ``gather``: the worker's collectives when candidates are shared across workers."""
+    module = ContrastiveScoring(model, settings.candidate_chunk_size, gather)
     engine, _, _, _ = deepspeed.initialize(
         model=module,
         model_parameters=[p for p in module.parameters() if p.requires_grad],
@@ -214,7 +218,8 @@ class WorkerRun:
         (pids / f"rank-{collectives.rank}.pid").write_text(str(os.getpid()))
         torch.manual_seed(config.run.seed)  # weights a checkpoint does not give (codes, heads)
         model = build_trainable(config, task.kind)
-        engine = start_engine(model, settings, device)
+        gather = collectives if task.share(config) == "global" else None
+        engine = start_engine(model, settings, device, gather)
         data, skipped = load_training_data(
             config, task, model, collectives, world_size, engine.device
         )
@@ -357,9 +362,11 @@ class WorkerRun:
         negatives = data.drawer.draw(
             mentions, data.source, torch.Generator().manual_seed(seed), scores
         )
-        batch = assemble_batch(mentions, rows, data.tokens, negatives, data.store)
+        positives = [data.drawer.known_positives(m) for m in mentions]
+        share = self.task.share(self.config)
+        batch = assemble_batch(mentions, rows, data.tokens, negatives, data.store, positives, share)
         if data.queue is not None:
-            batch = data.queue.attach(batch, [data.drawer.known_positives(m) for m in mentions])
+            batch = data.queue.attach(batch, positives)
         return batch
 
     def publishes_at(self, step: int) -> bool:
