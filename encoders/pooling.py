@@ -13,7 +13,10 @@ states y_2..y_m, som's first query/key is the mean instead of [CLS], and poly-m'
 the mean and the token states.
 
 ``auto`` takes what a model directory declares: a sentence-transformers directory names its
-Pooling module in ``modules.json`` and that module's mode in ``<module>/config.json``; a directory
+Pooling module in ``modules.json`` and that module's mode in ``<module>/config.json``
+(``pooling_mode_mean_tokens: true`` up to sentence-transformers 5, ``pooling_mode: mean`` from 6,
+whose module types also moved, e.g. ``sentence_transformers.models.Pooling`` to
+``sentence_transformers.sentence_transformer.modules.pooling.Pooling``); a directory
 without ``modules.json`` (a plain Hugging Face or BLINK model) pools [CLS]. A Normalize module is
 read but not applied: hnce scores unnormalised inner products (eq. 9) and normalising x_1 alone
 would put it on another scale than the token vectors that multi-m, som and poly-m compare it with.
@@ -38,14 +41,13 @@ from encoders.errors import InputError
 Pooling = Literal["cls", "mean"]
 POOLINGS: tuple[Pooling, ...] = ("cls", "mean")
 MODULES_FILE = "modules.json"
-POOLING_MODULE = "sentence_transformers.models.Pooling"
-# Modules that leave the pooled vector as the Transformer and Pooling modules made it (Normalize
-# only rescales it; see the module docstring for why it is not applied).
-_PASSIVE_MODULES = frozenset(
-    {"sentence_transformers.models.Transformer", "sentence_transformers.models.Normalize"}
-)
-# sentence-transformers' Pooling config keys for the modes hnce implements.
-_MODES: dict[str, Pooling] = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean"}
+POOLING_MODULE = "Pooling"
+# Module classes that leave the pooled vector as the Transformer and Pooling modules made it
+# (Normalize only rescales it; see the module docstring for why it is not applied).
+_PASSIVE_MODULES = frozenset({"Transformer", "Normalize"})
+# sentence-transformers' Pooling modes that hnce implements: flags (up to v5), names (v6).
+_FLAGS: dict[str, Pooling] = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean"}
+_NAMES: dict[str, Pooling] = {"cls": "cls", "mean": "mean"}
 
 
 def _read_json(path: Path) -> object:
@@ -53,6 +55,30 @@ def _read_json(path: Path) -> object:
         return json.loads(path.read_text())
     except json.JSONDecodeError as error:
         raise InputError(f"{path}:{error.lineno}: not valid JSON: {error.msg}") from error
+
+
+def _module_class(module: dict) -> str:
+    """The class name of a ``modules.json`` entry's ``type``; '' when not sentence-transformers'."""
+    kind = str(module.get("type"))
+    return kind.rsplit(".", 1)[-1] if kind.startswith("sentence_transformers.") else ""
+
+
+def _declared_mode(config_path: Path, pooling_config: dict) -> Pooling:
+    """The one mode a Pooling config turns on (v6 ``pooling_mode`` name or v5 flags)."""
+    if isinstance(pooling_config.get("pooling_mode"), str):
+        name = pooling_config["pooling_mode"]
+        if name not in _NAMES:
+            raise InputError(
+                f"{config_path}: pooling_mode {name!r}; hnce implements {sorted(_NAMES)}"
+            )
+        return _NAMES[name]
+    chosen = sorted(k for k, v in pooling_config.items() if k.startswith("pooling_mode") and v)
+    if len(chosen) != 1 or chosen[0] not in _FLAGS:
+        raise InputError(
+            f"{config_path}: pooling modes {chosen} are on; hnce implements exactly one of "
+            f"{sorted(_FLAGS)}"
+        )
+    return _FLAGS[chosen[0]]
 
 
 def declared_pooling(model_dir: Path) -> Pooling:
@@ -66,31 +92,28 @@ def declared_pooling(model_dir: Path) -> Pooling:
     modules = _read_json(modules_path)
     if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
         raise InputError(f"{modules_path}: expected a list of modules (objects with a 'type')")
-    types = [str(module.get("type")) for module in modules]
-    changing = [t for t in types if t != POOLING_MODULE and t not in _PASSIVE_MODULES]
+    changing = [
+        str(m.get("type"))
+        for m in modules
+        if _module_class(m) != POOLING_MODULE and _module_class(m) not in _PASSIVE_MODULES
+    ]
     if changing:
         raise InputError(
             f"{modules_path}: modules {changing} change the pooled vector and hnce cannot apply "
             f"them; set model.pooling to cls or mean explicitly to use the transformer alone"
         )
-    pooling_modules = [m for m in modules if m.get("type") == POOLING_MODULE]
+    pooling_modules = [m for m in modules if _module_class(m) == POOLING_MODULE]
     if len(pooling_modules) != 1:
         raise InputError(
-            f"{modules_path}: declares {len(pooling_modules)} {POOLING_MODULE} modules, expected 1"
+            f"{modules_path}: declares {len(pooling_modules)} Pooling modules, expected 1"
         )
     config_path = Path(model_dir) / str(pooling_modules[0].get("path", "")) / "config.json"
     if not config_path.is_file():
         raise InputError(f"{config_path}: missing; {modules_path} names it as the Pooling module")
     pooling_config = _read_json(config_path)
     if not isinstance(pooling_config, dict):
-        raise InputError(f"{config_path}: expected an object of pooling_mode_* flags")
-    chosen = sorted(k for k, v in pooling_config.items() if k.startswith("pooling_mode") and v)
-    if len(chosen) != 1 or chosen[0] not in _MODES:
-        raise InputError(
-            f"{config_path}: pooling modes {chosen} are on; hnce implements exactly one of "
-            f"{sorted(_MODES)}"
-        )
-    return _MODES[chosen[0]]
+        raise InputError(f"{config_path}: expected an object with the pooling mode")
+    return _declared_mode(config_path, pooling_config)
 
 
 def resolve_pooling(requested: str, model_dir: Path | None) -> Pooling:

@@ -47,6 +47,15 @@ def declare(directory: Path, modes: dict[str, bool], modules: list[dict] | None 
 
 
 MEAN = {"pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True}
+# sentence-transformers 6 writes other module types and a named mode.
+V6_MODULES = [
+    {"path": "", "type": "sentence_transformers.base.modules.transformer.Transformer"},
+    {
+        "path": "1_Pooling",
+        "type": "sentence_transformers.sentence_transformer.modules.pooling.Pooling",
+    },
+    {"path": "2_Normalize", "type": "sentence_transformers.base.modules.normalize.Normalize"},
+]
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +110,8 @@ def test_auto_reads_the_declared_pooling(tmp_path: Path) -> None:
     assert resolve_pooling("auto", tmp_path) == "cls"  # no modules.json: BLINK's [CLS]
     cls_dir = declare(tmp_path, {"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False})
     assert declared_pooling(cls_dir) == "cls"
+    assert declared_pooling(declare(tmp_path, {"pooling_mode": "mean"}, V6_MODULES)) == "mean"
+    assert declared_pooling(declare(tmp_path, {"pooling_mode": "cls"}, V6_MODULES)) == "cls"
 
 
 def test_minilm_builds_mean_pooled(tmp_path: Path) -> None:
@@ -115,6 +126,7 @@ def test_minilm_builds_mean_pooled(tmp_path: Path) -> None:
         ({**MEAN, "pooling_mode_cls_token": True}, None, "1_Pooling/config.json"),
         ({"pooling_mode_weird": True}, None, "1_Pooling/config.json"),
         ({}, None, "1_Pooling/config.json"),
+        ({"pooling_mode": "max"}, V6_MODULES, "1_Pooling/config.json"),
         (
             MEAN,
             [*MEAN_MODULES, {"path": "2_Dense", "type": "sentence_transformers.models.Dense"}],
