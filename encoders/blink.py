@@ -6,7 +6,8 @@ BLINK's bi-encoder state_dict holds ``context_encoder.bert_model.*`` (mention to
 ``encoder.bert_model.*`` and ``encoder.additional_linear.*`` (the scoring head). BERT parameter
 names under ``bert_model.`` are the Hugging Face ``BertModel`` names. Checkpoints from outside are
 read with ``torch.load(..., weights_only=True)``; any key mismatch is an error that lists the
-missing and unexpected keys.
+missing and unexpected keys. BLINK pools [CLS] (its ``BertEncoder``): an imported model says
+``cls`` and only a ``cls`` model exports to BLINK's layout.
 """
 
 from __future__ import annotations
@@ -170,7 +171,8 @@ def import_blink_biencoder(
     """A BiEncoder holding a BLINK bi-encoder (e.g. ``biencoder_wiki_large.bin`` on bert-large-uncased).
 
     ``base_model`` gives the BERT config and vocabulary (a local directory, or a ``BertConfig`` with
-    ``tokenizer``); its weights are not read. ``additional_linear`` is detected from the checkpoint.
+    ``tokenizer``); its weights and declared pooling are not read: BLINK pools [CLS].
+    ``additional_linear`` is detected from the checkpoint.
     """
     source = (
         str(checkpoint) if isinstance(checkpoint, Path | str) else "BLINK bi-encoder state_dict"
@@ -189,13 +191,21 @@ def import_blink_biencoder(
         mention_length=mention_length,
         entity_length=entity_length,
         projection_size=None if linear is None else int(linear.shape[0]),
+        pooling="cls",
     )
     load_blink_biencoder_state_dict(model, state, source)
     return model.eval()
 
 
 def export_blink_biencoder(model: BiEncoder, path: Path) -> None:
-    """Save ``model`` as a BLINK bi-encoder state_dict file (loadable by BLINK's ``load_model``)."""
+    """Save ``model`` as a BLINK bi-encoder state_dict file (loadable by BLINK's ``load_model``).
+
+    BLINK pools [CLS], so a mean-pooled model is refused: BLINK would score it differently."""
+    if model.pooling != "cls":
+        raise ValueError(
+            f"{path}: BLINK pools [CLS]; this model pools {model.pooling}, so BLINK would "
+            f"not score it as hnce trained it"
+        )
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(blink_biencoder_state_dict(model), path)

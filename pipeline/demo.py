@@ -44,22 +44,16 @@ class DemoResult:
     seconds: dict[str, float]
 
 
-def run_demo(config: Config, announce: Callable[[str], None] = lambda _: None) -> DemoResult:
-    """The whole demo under ``run.dir``; configs for the two trainings derive from ``config``.
-
-    ``announce`` receives the table so far after each evaluation (the CLI prints it). One
-    function over ~60 lines on purpose: it is the demo's script, its stages in order, each timed.
-    """
-    work_dir = config.run_dir
-    seconds: dict[str, float] = {}
-    started = time.perf_counter()
-    wordnet = work_dir / "wordnet"
+def demo_dataset(config: Config) -> tuple[Config, dict[str, int]]:
+    """Steps 1-2 under ``run.dir``: WordNet converted once, the demo subset cut; the config
+    with ``data.root`` set to the subset, and the subset's counts."""
+    wordnet = config.run_dir / "wordnet"
     if not (wordnet / MANIFEST_FILE).is_file():  # the manifest is written last: a conversion
         # without one crashed part way and is done again
         convert_wordnet(
             DatasetOutput(wordnet, overwrite=True), Path(config.demo.wordnet_dir), config.run.seed
         )
-    data_root = work_dir / "wordnet-demo"
+    data_root = config.run_dir / "wordnet-demo"
     counts = write_demo_subset(
         wordnet,
         data_root,
@@ -69,9 +63,20 @@ def run_demo(config: Config, announce: Callable[[str], None] = lambda _: None) -
         config.data.eval_split,
         config.run.seed,
     )
+    return replace(config, data=replace(config.data, root=str(data_root))), counts
+
+
+def run_demo(config: Config, announce: Callable[[str], None] = lambda _: None) -> DemoResult:
+    """The whole demo under ``run.dir``; configs for the two trainings derive from ``config``.
+
+    ``announce`` receives the table so far after each evaluation (the CLI prints it).
+    """
+    work_dir = config.run_dir
+    seconds: dict[str, float] = {}
+    started = time.perf_counter()
+    base, counts = demo_dataset(config)
     seconds["data"] = time.perf_counter() - started
 
-    base = replace(config, data=replace(config.data, root=str(data_root)))
     reports: list[RecallReport] = []
     mark = time.perf_counter()
     untrained = IndexedModel.from_export(untrained_export(base))

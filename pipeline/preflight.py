@@ -12,7 +12,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from cluster.tables import ENTITIES_DIR, mention_split_path
-from encoders.biencoder import minilm_path
+from encoders.biencoder import SCORER_FILE, minilm_path
+from encoders.pooling import declared_pooling
 from pipeline.config import Config
 from pipeline.data.kilt import aida_split_name
 
@@ -50,7 +51,9 @@ def check_dataset(config: Config, splits: Iterable[str]) -> None:
 def check_training_inputs(config: Config) -> None:
     """``hnce train``: the dataset with its train split, and the starting model."""
     check_dataset(config, [config.data.train_split])
-    model_directory(config, "model.path", config.model.path)
+    path = model_directory(config, "model.path", config.model.path)
+    if config.model.pooling == "auto" and not (path / SCORER_FILE).is_file():
+        declared_pooling(path)  # a bad modules.json fails here, naming its file
 
 
 def check_refresh_inputs(config: Config) -> None:

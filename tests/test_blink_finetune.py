@@ -91,7 +91,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     checkpoint, its base model directory and a .t7 of its own entity encodings."""
     root = tmp_path_factory.mktemp("blink-inputs")
     base = minilm_path()
-    model = build_biencoder(base, "dual", mention_length=24, entity_length=24)
+    model = build_biencoder(base, "dual", mention_length=24, entity_length=24, pooling="cls")
     export_blink_biencoder(model, root / "biencoder_minilm.bin")
     entities = [
         {

@@ -25,17 +25,27 @@ from pipeline.train.task import TaskKind
 
 
 def build_model(config: Config) -> BiEncoder:
-    """A fresh bi-encoder for the config (both towers from ``model.path``), or, when
-    ``model.path`` is a bi-encoder export directory (``scorer.json``: e.g. BLINK imported by
-    ``hnce finetune-blink``), that model with its own towers, scorer and lengths."""
+    """A fresh bi-encoder for the config (both towers from ``model.path``, pooled as
+    ``model.pooling`` says: auto reads the directory's declaration), or, when ``model.path`` is a
+    bi-encoder export directory (``scorer.json``: e.g. BLINK imported by ``hnce finetune-blink``),
+    that model with its own towers, scorer, lengths and pooling."""
     path = model_directory(config, "model.path", config.model.path)
+    pooling = config.model.pooling
     if (path / SCORER_FILE).is_file():
-        return load_biencoder(path)
+        model = load_biencoder(path)
+        if pooling not in ("auto", model.pooling):
+            raise config.error(
+                "model.pooling",
+                f"is {pooling!r} but {path / SCORER_FILE} pools {model.pooling!r}; set it to "
+                f"auto (or {model.pooling!r}) to continue that model",
+            )
+        return model
     return build_biencoder(
         path,
         config.model.scorer,
         mention_length=config.model.mention_length,
         entity_length=config.model.entity_length,
+        pooling=pooling,
     )
 
 

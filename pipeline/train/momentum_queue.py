@@ -67,7 +67,7 @@ class MomentumEntityQueue:
     def enqueue(self, batch: ContrastiveBatch) -> None:
         """Encode ``batch``'s candidates with the momentum tower and push them into the queue."""
         tower, *projection = self.tower
-        hidden, mask = BiEncoder._encode(
+        hidden, mask = self.model.encode_with(
             tower,
             projection[0] if projection else None,
             batch.candidates["input_ids"],

@@ -1,0 +1,503 @@
+"""Against the peer: sentence-transformers (``mine_hard_negatives`` once + MultipleNegativesRankingLoss)
+vs ``hnce train`` (mixed-50 on the asynchronous refresh), same data, model, budget and cores.
+
+Both start from the packaged all-MiniLM-L6-v2 (local path, nothing downloaded) on the demo's
+WordNet subset (``pipeline.demo.demo_dataset``: configs/demo.yaml's lemma-disjoint train /
+held-out split and catalogue). hnce trains as the demo recipe does (60 steps × 8 mentions, K = 8,
+1 trainer core + 1 refresh core). The peer trains on the very mentions hnce trained on (read from
+hnce's step events), 60 steps × 8, each with 8 negatives mined once by ``mine_hard_negatives``
+over the same catalogue, on 2 torch threads. Both see the same token sequences: the peer's texts
+are hnce's BLINK-formatted token ids decoded, with the markers registered in its tokenizer.
+
+Evaluation is one code path for every model (:func:`exact_recall`): hnce's ``BiEncoder`` embeds
+the held-out mentions and the whole catalogue, scores are exact, recall from
+``pipeline.evaluate``. The peer's saved model loads as a ``BiEncoder`` with its declared (mean)
+pooling and its vectors are L2-normalised, as its Normalize module and cosine loss use them. The
+hnce final checkpoint is also evaluated through the product's path (``evaluate_export``: encoder
+actors + FAISS) as a check that the exact path measures the same thing. Finally one hnce
+training step is profiled (torch.profiler, in-process, 1 thread as in the run).
+
+    .venv/bin/pip install -c constraints.txt -e '.[bench]'
+    .venv/bin/python benchmarks/peer_sentence_transformers.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import ray
+import torch
+import torch.distributed as dist
+from report import update_benchmarks_md
+
+from cluster.checkpoints import EXPORT_DIR
+from cluster.tables import EntityCatalogue, Mention, MentionSplit, mention_split_path
+from encoders.biencoder import BiEncoder, build_biencoder, load_biencoder, minilm_path
+from encoders.formatting import register_markers
+from pipeline.config import Config, load_config
+from pipeline.demo import demo_dataset
+from pipeline.evaluate import evaluate_export, hits_at, summarise
+from pipeline.train.events import read_events
+from pipeline.train.task import TrainingTask
+from pipeline.train.trainer import run_training
+from pipeline.train.worker import WorkerRun
+
+ROOT = Path(__file__).resolve().parents[1]
+KS = (1, 8, 64)
+ENCODE_BATCH = 256
+
+
+@dataclass
+class Curve:
+    """Recall of one method at a few points of its training: (wall seconds, step, R@k)."""
+
+    name: str
+    points: list[tuple[float, int, dict[int, float]]] = field(default_factory=list)
+
+    @property
+    def final(self) -> dict[int, float]:
+        return self.points[-1][2]
+
+    def seconds_to_reach(self, recall_at_1: float) -> float | None:
+        """Wall seconds at the first measured point whose R@1 reaches ``recall_at_1``."""
+        return next((s for s, _, r in self.points if r[1] >= recall_at_1), None)
+
+
+@dataclass
+class HeldOut:
+    """The held-out mentions and the catalogue every model is evaluated on."""
+
+    mentions: list[Mention]
+    titles: list[str | None]
+    texts: list[str]
+
+
+def exact_recall(model: BiEncoder, held_out: HeldOut, normalise: bool) -> dict[int, float]:
+    """R@k of ``model`` over the whole catalogue, scored exactly (dual: one vector a side)."""
+    return recall_of(*embed(model, held_out), held_out, normalise)
+
+
+def embed(model: BiEncoder, held_out: HeldOut) -> tuple[torch.Tensor, torch.Tensor]:
+    """Query vectors [M, d] of the held-out mentions and index vectors [E, d] of the catalogue."""
+    model.eval()
+    with torch.inference_mode():
+        entities = []
+        for start in range(0, len(held_out.texts), ENCODE_BATCH):
+            tokens = model.tokenize_entities(
+                held_out.titles[start : start + ENCODE_BATCH],
+                held_out.texts[start : start + ENCODE_BATCH],
+            )
+            entities.append(model.entity_index_vectors(**tokens)[0])
+        mentions = held_out.mentions
+        tokens = model.tokenize_mentions(
+            [m.context_left for m in mentions],
+            [m.mention for m in mentions],
+            [m.context_right for m in mentions],
+        )
+        queries = model.mention_query_vectors(**tokens)[:, 0].float()
+    return queries, torch.cat(entities)
+
+
+def recall_of(
+    queries: torch.Tensor, catalogue: torch.Tensor, held_out: HeldOut, normalise: bool
+) -> dict[int, float]:
+    """R@k of exact inner-product (or, ``normalise``d, cosine) search of every mention."""
+    mentions = held_out.mentions
+    with torch.inference_mode():
+        if normalise:
+            queries = torch.nn.functional.normalize(queries, dim=-1)
+            catalogue = torch.nn.functional.normalize(catalogue, dim=-1)
+        candidates = (queries @ catalogue.T).topk(max(KS), dim=1).indices.numpy()
+    golds = [m.golds for m in mentions]
+    hits = hits_at(candidates, golds, KS)
+    report = summarise("", hits, [m.domain for m in mentions], KS, len(held_out.texts))
+    return {k: report.recall[k] for k in KS}
+
+
+def train_hnce(
+    config: Config, checkpoints: Sequence[int]
+) -> tuple[Curve, list[str], list[str], float]:
+    """``hnce train`` as the demo's mixed-50 run: the curve over its checkpoints (wall seconds
+    from the call to each checkpoint's publication), their exports, the mention ids it trained
+    on in order, its seconds."""
+    started = time.time()
+    run_training(config, progress=False)
+    seconds = time.time() - started
+    published = {e["step"]: e["time"] - started for e in read_events(config.run_dir, "checkpoint")}
+    trained = [m for e in read_events(config.run_dir, "step") for m in e["mentions"]]
+    model_dirs = {s: config.run_dir / "checkpoints" / f"step-{s}" / EXPORT_DIR for s in checkpoints}
+    curve = Curve("hnce (mixed-50, async refresh)")
+    curve.points = [(published[s], s, {}) for s in checkpoints]
+    return curve, [str(d) for d in model_dirs.values()], trained, seconds
+
+
+def peer_texts(model: BiEncoder, mentions: Sequence[Mention], catalogue: HeldOut) -> tuple:
+    """The strings the peer trains on: hnce's formatted token ids decoded (markers kept)."""
+
+    def decode(ids: torch.Tensor) -> list[str]:
+        return [
+            model.tokenizer.decode(row[1:], skip_special_tokens=False)
+            .replace("[SEP]", "")
+            .replace("[PAD]", "")
+            .strip()
+            for row in ids.tolist()
+        ]
+
+    anchors = decode(
+        model.tokenize_mentions(
+            [m.context_left for m in mentions],
+            [m.mention for m in mentions],
+            [m.context_right for m in mentions],
+        )["input_ids"]
+    )
+    corpus = decode(model.tokenize_entities(catalogue.titles, catalogue.texts)["input_ids"])
+    return anchors, corpus
+
+
+def train_peer(
+    anchors: list[str],
+    positives: list[str],
+    corpus: list[str],
+    config: Config,
+    output: Path,
+    checkpoints: Sequence[int],
+) -> tuple[Curve, dict[str, float]]:
+    """mine_hard_negatives once, then MultipleNegativesRankingLoss for the same steps and batch;
+    the model saved at each checkpoint step with its wall seconds since the start."""
+    from datasets import Dataset
+    from sentence_transformers import (
+        SentenceTransformer,
+        SentenceTransformerTrainer,
+        SentenceTransformerTrainingArguments,
+    )
+    from sentence_transformers.losses import MultipleNegativesRankingLoss
+    from sentence_transformers.training_args import BatchSamplers
+    from sentence_transformers.util import mine_hard_negatives
+    from transformers import TrainerCallback
+
+    training = config.training
+    started = time.perf_counter()
+    peer = SentenceTransformer(str(minilm_path()), device="cpu")
+    peer.max_seq_length = config.model.mention_length
+    register_markers(peer.tokenizer)
+    pairs = Dataset.from_dict({"anchor": anchors, "positive": positives})
+    mined = mine_hard_negatives(
+        pairs,
+        peer,
+        corpus=corpus,
+        num_negatives=config.negatives.num_negatives,
+        sampling_strategy="top",
+        output_format="n-tuple",
+        batch_size=128,
+        verbose=False,
+    )
+    mined_at = time.perf_counter() - started
+    curve = Curve("sentence-transformers (mined once, MNRL)")
+
+    class SaveAt(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step in checkpoints:
+                seconds = time.perf_counter() - started
+                peer.save(str(output / f"step-{state.global_step}"))
+                curve.points.append((seconds, state.global_step, {}))
+
+    arguments = SentenceTransformerTrainingArguments(
+        output_dir=str(output / "trainer"),
+        max_steps=training.steps,
+        per_device_train_batch_size=training.batch_size,
+        learning_rate=training.learning_rate,
+        warmup_steps=training.warmup_steps,
+        lr_scheduler_type="linear",
+        max_grad_norm=training.max_grad_norm,
+        batch_sampler=BatchSamplers.NO_DUPLICATES,
+        save_strategy="no",
+        logging_steps=10,
+        report_to="none",
+        use_cpu=True,
+        seed=config.run.seed,
+        dataloader_num_workers=0,
+    )
+    trainer = SentenceTransformerTrainer(
+        model=peer,
+        args=arguments,
+        train_dataset=mined,
+        loss=MultipleNegativesRankingLoss(peer),
+        callbacks=[SaveAt()],
+    )
+    trainer.train()
+    return curve, {"mine_hard_negatives": mined_at, "total": time.perf_counter() - started}
+
+
+def profile_hnce_step(config: Config, steps: int = 3) -> tuple[str, dict[str, float]]:
+    """torch.profiler over ``steps`` training steps of the hnce worker loop, in this process
+    (a gloo group of one; 1 thread as the run's worker), after 2 warm-up steps; returns the
+    op table and the mean seconds of batch assembly vs forward + backward + optimizer step."""
+    from pipeline.train.step import train_micro_batch
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    os.environ.update(
+        {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
+        | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+    )
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        run = WorkerRun.build(
+            config, TrainingTask.retriever(config), torch.device("cpu"), 1, lambda *_: None
+        )
+        run.engine.train()
+        timings: dict[str, list[float]] = {"batch assembly": [], "train_micro_batch": []}
+
+        def step(index: int) -> None:
+            mark = time.perf_counter()
+            with torch.profiler.record_function("batch assembly"):
+                batch = run.micro_batch(index).to(run.device)
+            timings["batch assembly"].append(time.perf_counter() - mark)
+            mark = time.perf_counter()
+            with torch.profiler.record_function("train_micro_batch"):
+                train_micro_batch(run.engine, batch, run.loss)
+            timings["train_micro_batch"].append(time.perf_counter() - mark)
+
+        for index in range(2):
+            step(index)
+        for values in timings.values():
+            values.clear()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+            for index in range(2, 2 + steps):
+                step(index)
+        table = profile.key_averages().table(sort_by="cpu_time_total", row_limit=18)
+        return table, {name: float(np.mean(values)) for name, values in timings.items()}
+    finally:
+        dist.destroy_process_group()
+
+
+def evaluate_curve(
+    curve: Curve, model_dirs: Sequence[str], load: Callable[[str], BiEncoder], held_out: HeldOut
+) -> None:
+    """Fill ``curve``'s recall at each of its points from the saved models."""
+    normalise = curve.name.startswith("sentence")
+    for index, directory in enumerate(model_dirs):
+        seconds, step, _ = curve.points[index]
+        curve.points[index] = (seconds, step, exact_recall(load(directory), held_out, normalise))
+
+
+def recall_cells(recall: dict[int, float]) -> str:
+    return " | ".join(f"{recall[k]:.3f}" for k in KS)
+
+
+def reach(curve: Curve, other: Curve) -> str:
+    target = other.final[1]
+    seconds = curve.seconds_to_reach(target)
+    if seconds is None:
+        return f"not reached (final R@1 {curve.final[1]:.3f} < {target:.3f})"
+    return f"{seconds:.0f} s (R@1 ≥ {target:.3f})"
+
+
+def findings(hnce: Curve, peer: Curve, seconds: dict[str, float]) -> list[str]:
+    """Plain statements of who wins what, from the measured figures."""
+    lines = []
+    for k in KS:
+        ours, theirs = hnce.final[k], peer.final[k]
+        winner = "hnce" if ours > theirs else "sentence-transformers" if theirs > ours else "tie"
+        lines.append(f"- R@{k}: hnce {ours:.3f} vs peer {theirs:.3f}: **{winner}**.")
+    faster = "hnce" if seconds["hnce"] < seconds["peer"] else "sentence-transformers"
+    lines.append(
+        f"- Wall-clock to the end of training: hnce {seconds['hnce']:.0f} s vs peer "
+        f"{seconds['peer']:.0f} s (of which mining {seconds['peer mining']:.0f} s): **{faster}**."
+    )
+    return lines
+
+
+def write_results(
+    out: Path,
+    counts: dict[str, int],
+    untrained: dict[str, dict[int, float]],
+    curves: tuple[Curve, Curve],
+    seconds: dict[str, float],
+    product: dict[int, float] | None,
+    profile: tuple[str, dict[str, float]],
+) -> None:
+    hnce, peer = curves
+    table, phases = profile
+    header = "| method | R@1 | R@8 | R@64 | wall s | time to reach the other's final R@1 |"
+    lines = [
+        "# Against the peer: sentence-transformers vs `hnce train` (WordNet demo subset)",
+        "",
+        f"Measured in one run of `benchmarks/peer_sentence_transformers.py` "
+        f"({seconds['total'] / 60:.1f} min; {platform.machine()}, {os.cpu_count()} cores shared "
+        f"with other jobs). Data: the demo's subset (configs/demo.yaml): "
+        f"{counts['eval_mentions']} held-out mentions whose lemmas training never saw, "
+        f"{counts['entities']} synsets; both start from all-MiniLM-L6-v2 (mean pooling, as it "
+        f"declares) and train 60 steps × 8 mentions, 8 negatives each, lr 5e-5, 6 warm-up steps. "
+        f"hnce: mixed-50 on the asynchronous refresh, 1 trainer core + 1 refresh core, "
+        f"`negatives.share: none` (shared negatives are not on this branch). Peer: "
+        f"`mine_hard_negatives` (top 8 by cosine over the catalogue) once, then "
+        f"MultipleNegativesRankingLoss (in-batch + mined negatives, cosine × 20, no-duplicates "
+        f"batches) on the same 480 mentions, 2 torch threads. Evaluation: one exact path for "
+        f"every model (hnce's towers embed, exact scores over the whole catalogue; the peer's "
+        f"vectors L2-normalised as its Normalize module and cosine loss use them).",
+        "",
+        header,
+        "|---|---:|---:|---:|---:|---|",
+        f"| {hnce.name} | {recall_cells(hnce.final)} | {seconds['hnce']:.0f} | {reach(hnce, peer)} |",
+        f"| {peer.name} | {recall_cells(peer.final)} | {seconds['peer']:.0f} | {reach(peer, hnce)} |",
+        f"| untrained MiniLM, mean pooling, dot product (hnce's scoring) | "
+        f"{recall_cells(untrained['dot'])} | | |",
+        f"| untrained MiniLM, mean pooling, cosine (the peer's scoring) | "
+        f"{recall_cells(untrained['cosine'])} | | |",
+        "",
+        "Recall during training (wall seconds from each method's start: hnce from the "
+        "`run_training` call, Ray and DeepSpeed start-up included; the peer from loading the "
+        "model, mining included):",
+        "",
+        "| method | step | seconds | R@1 | R@8 | R@64 |",
+        "|---|---:|---:|---:|---:|---:|",
+        *(
+            f"| {curve.name} | {step} | {secs:.0f} | {recall_cells(recall)} |"
+            for curve in curves
+            for secs, step, recall in curve.points
+        ),
+        "",
+        *(
+            [
+                f"Check of the evaluation path: hnce's final export through the product's "
+                f"`evaluate_export` (encoder actors + FAISS flat index): {recall_cells(product)} "
+                f"(R@1 / R@8 / R@64), against {recall_cells(hnce.final)} by the exact path.",
+                "",
+            ]
+            if product is not None
+            else []
+        ),
+        "Findings:",
+        "",
+        *findings(hnce, peer, seconds),
+        "",
+        f"Profile of one hnce training step (torch.profiler, in-process worker loop, 1 thread as "
+        f"in the run; random negatives before any refresh, same batch shape): batch assembly "
+        f"(Parquet look-ups of the candidates, tokenization, negatives drawn) "
+        f"{phases['batch assembly']:.2f} s, forward + backward + optimizer step "
+        f"{phases['train_micro_batch']:.2f} s per step. Top operators by total CPU time:",
+        "",
+        "```",
+        table.strip(),
+        "```",
+    ]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    update_benchmarks_md()
+    print("\n".join(lines))
+
+
+def held_out_set(config: Config) -> HeldOut:
+    root = Path(config.data.root)
+    catalogue = EntityCatalogue.open(root)
+    mentions = MentionSplit.open(mention_split_path(root, config.data.eval_split)).read_all()
+    return HeldOut(mentions, catalogue.titles().to_pylist(), catalogue.texts().to_pylist())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoints", default="30,60")
+    parser.add_argument(
+        "--check-product",
+        action="store_true",
+        help="also evaluate hnce's final export through evaluate_export (actors + FAISS)",
+    )
+    parser.add_argument("--work", type=Path, default=None, help="default: a temporary directory")
+    parser.add_argument("--set", action="append", default=[], help="recipe overrides (smoke runs)")
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "benchmarks/results/peer_sentence_transformers.md"
+    )
+    args = parser.parse_args()
+    checkpoints = [int(step) for step in args.checkpoints.split(",")]
+    torch.set_num_threads(2)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="hnce-peer-") as scratch:
+        work = args.work or Path(scratch)
+        recipe = [
+            f"run.dir={work}",
+            f"training.steps={checkpoints[-1]}",
+            f"training.checkpoint_every={checkpoints[0]}",
+            f"training.keep_checkpoints={len(checkpoints) + 1}",
+            "training.log_every=1",
+            *args.set,
+        ]
+        config, counts = demo_dataset(load_config(ROOT / "configs/demo.yaml", recipe))
+        held_out = held_out_set(config)
+        length = config.model.mention_length, config.model.entity_length
+        untrained = build_biencoder(
+            minilm_path(), "dual", mention_length=length[0], entity_length=length[1]
+        )
+        vectors = embed(untrained, held_out)
+        untrained_recall = {
+            "dot": recall_of(*vectors, held_out, False),
+            "cosine": recall_of(*vectors, held_out, True),
+        }
+        print("untrained", untrained_recall, flush=True)
+        hnce_config = load_config(
+            ROOT / "configs/demo.yaml",
+            [*recipe, f"run.dir={work / 'hnce'}", f"data.root={config.data.root}"],
+        )
+        hnce, hnce_dirs, trained, hnce_seconds = train_hnce(hnce_config, checkpoints)
+        product = None
+        if args.check_product:
+            product = evaluate_export(hnce_config, Path(hnce_dirs[-1]), progress=False).recall
+        ray.shutdown()
+        evaluate_curve(hnce, hnce_dirs, load_biencoder, held_out)
+        print("hnce", hnce_seconds, hnce.points, flush=True)
+
+        by_id = {
+            m.mention_id: m
+            for m in MentionSplit.open(
+                mention_split_path(Path(config.data.root), config.data.train_split)
+            ).read_all()
+        }
+        mentions = [by_id[mention_id] for mention_id in trained]
+        anchors, corpus = peer_texts(untrained, mentions, held_out)
+        positives = [corpus[m.gold] for m in mentions]
+        peer, peer_seconds = train_peer(
+            anchors, positives, corpus, config, work / "peer", checkpoints
+        )
+        evaluate_curve(
+            peer,
+            [str(work / "peer" / f"step-{s}") for s in checkpoints],
+            lambda d: build_biencoder(
+                Path(d), "dual", mention_length=length[0], entity_length=length[1]
+            ),
+            held_out,
+        )
+        print("peer", peer_seconds, peer.points, flush=True)
+        profile_config = load_config(
+            ROOT / "configs/demo.yaml",
+            [*recipe, f"run.dir={work / 'profile'}", f"data.root={config.data.root}"],
+        )
+        profile = profile_hnce_step(profile_config)
+    seconds = {
+        "hnce": hnce_seconds,
+        "peer": peer_seconds["total"],
+        "peer mining": peer_seconds["mine_hard_negatives"],
+        "total": time.perf_counter() - started,
+    }
+    raw = {
+        "untrained": untrained_recall,
+        "curves": {c.name: c.points for c in (hnce, peer)},
+        "seconds": seconds,
+        "product_path": product,
+    }
+    args.out.with_suffix(".json").write_text(json.dumps(raw, indent=2) + "\n")
+    write_results(args.out, counts, untrained_recall, (hnce, peer), seconds, product, profile)
+
+
+if __name__ == "__main__":
+    main()
