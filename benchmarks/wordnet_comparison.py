@@ -117,7 +117,7 @@ def main() -> None:
     results: dict[tuple[str, str], list[RunResult]] = {}
     refused: dict[tuple[str, str], str] = {}
     table = [cell for cell in cells() if args.only is None or f"{cell[0]}/{cell[1]}" in args.only]
-    runs = [(cell, seed) for cell in table for seed in range(args.seeds)]
+    runs = [(cell, seed) for seed in range(args.seeds) for cell in table]  # seed-major
     for (scorer, negatives, overrides), seed in tqdm(runs, desc="runs", unit="run"):
         name = f"{scorer}-{negatives}".replace(" ", "-")
         run_dir = args.work_dir / "runs" / f"{name}-s{seed}"
@@ -144,7 +144,8 @@ def write_report(
         f"Held-out mentions whose lemmas never occur in training ({args.test_mentions}), linked "
         f"against a catalogue of {args.entities} synsets (every gold, the other senses of the "
         f"golds' lemmas, random synsets); {args.train_mentions} train mentions. Every run is "
-        f"`hnce train` (DeepSpeed under Ray Train, 1 worker; hard and mixed from the asynchronous "
+        f"`hnce train` (DeepSpeed under Ray Train, 1 worker; hard, mixed and the index samplers "
+        f"from the asynchronous refresh, poly-16 mined exactly) "
         f"refresh) on configs/demo.yaml with the packaged all-MiniLM-L6-v2 (its declared pooling), "
         f"{args.steps} steps × 8 mentions × 4 negatives, 24 tokens; every evaluation `hnce eval` "
         f"through the cluster. Mean ± standard deviation over seeds 0..{args.seeds - 1}; "
