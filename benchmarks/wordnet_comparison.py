@@ -146,7 +146,7 @@ def write_report(
         f"golds' lemmas, random synsets); {args.train_mentions} train mentions. Every run is "
         f"`hnce train` (DeepSpeed under Ray Train, 1 worker; hard, mixed and the index samplers "
         f"from the asynchronous refresh, poly-16 mined exactly) "
-        f"refresh) on configs/demo.yaml with the packaged all-MiniLM-L6-v2 (its declared pooling), "
+        f"on configs/demo.yaml with the packaged all-MiniLM-L6-v2 (its declared pooling), "
         f"{args.steps} steps × 8 mentions × 4 negatives, 24 tokens; every evaluation `hnce eval` "
         f"through the cluster. Mean ± standard deviation over seeds 0..{args.seeds - 1}; "
         f"**bold**: differs from the same scorer's random cell by Welch's t > 2. "
