@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from cluster.tables import ENTITIES_DIR, mention_split_path
+from cluster.tables import ENTITIES_DIR, DatasetError, DatasetManifest, mention_split_path
 from encoders.biencoder import SCORER_FILE, minilm_path
 from encoders.pooling import declared_pooling
 from pipeline.config import Config
@@ -36,8 +36,13 @@ def model_directory(config: Config, key: str, value: str) -> Path:
 
 
 def check_dataset(config: Config, splits: Iterable[str]) -> None:
-    """``data.root`` holds a catalogue and every split in ``splits``."""
+    """``data.root`` holds a published dataset (its manifest's cheap checks: a conversion that
+    crashed part way has none) with a catalogue and every split in ``splits``."""
     root = Path(config.data.root)
+    try:
+        DatasetManifest.open(root)
+    except DatasetError as error:
+        raise config.error("data.root", f"is {str(root)!r}: {error}") from None
     if not (root / ENTITIES_DIR).is_dir():
         raise config.error(
             "data.root", f"is {str(root)!r}, which holds no dataset ({ENTITIES_DIR}/ missing)"

@@ -4,6 +4,7 @@ The DeepSpeed configuration is tested through ``deepspeed.initialize`` (test_pip
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -21,8 +22,10 @@ from cluster.checkpoints import (
     resolve_checkpoint,
     verify_checkpoint,
 )
-from pipeline.config import load_config
+from cluster.tables import MANIFEST_FILE
+from pipeline.config import ConfigError, load_config
 from pipeline.evaluate import format_table, hits_at, summarise
+from pipeline.preflight import check_dataset
 from pipeline.train.data_order import MentionOrder
 
 
@@ -133,3 +136,17 @@ def test_a_partial_rerank_training_section_keeps_the_rerankers_defaults() -> Non
     assert (partial.steps, partial.num_workers, partial.batch_size) == (30, 1, 2)
     assert load_config(None, ["rerank.training.num_workers=3"]).rerank.training.num_workers == 3
     assert load_config(None).training.num_workers == 2  # the retriever's are untouched
+
+
+def test_a_dataset_without_its_manifest_is_refused_before_any_work(
+    small_dataset: Path, tmp_path: Path
+) -> None:
+    """A conversion that crashed part way leaves tables but no manifest (written last): every
+    command's preflight refuses it, naming ``data.root`` and the missing manifest."""
+    recipe = Path(__file__).resolve().parents[1] / "configs" / "synthetic-test.yaml"
+    crashed = tmp_path / "crashed"
+    shutil.copytree(small_dataset, crashed)
+    (crashed / MANIFEST_FILE).unlink()
+    check_dataset(load_config(recipe, [f"data.root={small_dataset}"]), ["train"])
+    with pytest.raises(ConfigError, match=rf"'data.root'.*no {MANIFEST_FILE}"):
+        check_dataset(load_config(recipe, [f"data.root={crashed}"]), ["train"])
