@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -116,12 +116,17 @@ def gradient_bias(
             logits, labels, sampler, num_negatives, draws, generator
         )
         difference = torch.autograd.grad(
-            (logits * (nce_grad - ce_grad)).sum(), params, retain_graph=True
+            (logits * (nce_grad - ce_grad)).sum(), params, retain_graph=True, allow_unused=True
         )
-        bias[name] = math.sqrt(sum(float(d.pow(2).sum()) for d in difference))
-    ce_param_grad = torch.autograd.grad((logits * ce_grad).sum(), params)
-    ce_norm = math.sqrt(sum(float(g.pow(2).sum()) for g in ce_param_grad))
+        bias[name] = _norm(difference)
+    ce_norm = _norm(torch.autograd.grad((logits * ce_grad).sum(), params, allow_unused=True))
     return BiasEstimate(ce_loss, nce_loss, bias, ce_norm)
+
+
+def _norm(gradients: Sequence[Tensor | None]) -> float:
+    """Euclidean norm over every parameter's gradient; a parameter the logits do not use (e.g.
+    BERT's pooler under mean pooling) contributes 0."""
+    return math.sqrt(sum(float(g.pow(2).sum()) for g in gradients if g is not None))
 
 
 @dataclass
