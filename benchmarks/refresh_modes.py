@@ -72,8 +72,9 @@ def curve(name: str, overrides: list[str], args: argparse.Namespace, data: Path)
     for event in read_events(run_dir, "checkpoint"):
         step = int(event["step"])
         report = evaluate_export(config, checkpoint_export(run_dir, step), name, progress=False)
-        points.append({"step": step, "seconds": event["time"] - began, **report.recall})
-        print(f"{name} step {step}: R@1 {report.recall[1]:.3f} at {points[-1]['seconds']:.0f} s")
+        recall = {str(k): value for k, value in report.recall.items()}  # as JSON keeps them
+        points.append({"step": step, "seconds": event["time"] - began, **recall})
+        print(f"{name} step {step}: R@1 {recall['1']:.3f} at {points[-1]['seconds']:.0f} s")
     waits = sum(e["seconds"] for e in read_events(run_dir, "refresh_wait"))
     result = {
         "name": name,
