@@ -4,6 +4,7 @@ vectors, export/reload, the packaged MiniLM."""
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from encoders.biencoder import (
     load_biencoder,
     minilm_path,
 )
+from encoders.errors import InputError
 from encoders.scorers import index_scores
 
 
@@ -194,3 +196,19 @@ def test_packaged_minilm_loads_as_both_towers() -> None:
         same_text = model.encode_entities(**mentions)[0]
     torch.testing.assert_close(mention_hidden, same_text)  # both towers start from the same weights
     assert mention_hidden.shape == (1, len(ids), 384)
+
+
+@pytest.mark.parametrize("missing", ["no-such-dir", "bert-base-uncased"])
+def test_a_model_path_that_is_not_a_local_directory_never_reaches_the_hub(
+    missing: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A missing directory, or a Hub repository name, fails at once saying what to pass; no
+    network call is attempted (every socket connection fails the test)."""
+
+    def no_network(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a model load tried the network")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError, match=rf"{missing}: not a local model directory"):
+        build_biencoder(missing, "dual")
