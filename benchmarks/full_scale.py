@@ -558,6 +558,8 @@ def main() -> int:
     parser.add_argument("--steps", default="auto", help="training steps, or 'auto' (docstring)")
     parser.add_argument("--output", type=Path, default=None, help="results markdown")
     args = parser.parse_args()
+    # On a loaded 2-core machine the raylet can take longer than Ray's 60 s to register.
+    os.environ.setdefault("RAY_raylet_start_wait_time_s", "600")
     run = Run(
         args.workdir.resolve(),
         args.entities,
@@ -580,7 +582,10 @@ def main() -> int:
             if name == "tokens":
                 write_model(run)
                 write_recipe(run, 300)
+            load_before = os.getloadavg()[1]
             stage = stage_function(run, log)
+            # the machine is shared: its 5-minute load average says how contended a stage was
+            stage.notes["load average (5 min) before/after"] = [load_before, os.getloadavg()[1]]
             stage.done = True
             run.stages[name] = stage
             run.save()

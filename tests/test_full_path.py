@@ -22,6 +22,7 @@ the size, and `benchmarks/full_scale.py` runs the same path at 200,000 and 5,903
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -116,10 +117,22 @@ def command(*arguments: str) -> None:
         ray.shutdown()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def patient_ray_start() -> Iterator[None]:
+    """Ray's node start-up wait raised from 60 s: on a loaded 2-core machine the raylet can take
+    longer to register."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_raylet_start_wait_time_s", "600")
+        yield
+
+
 @pytest.fixture(scope="module")
 def full_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The path run once; the tests below check what it left."""
-    root = tmp_path_factory.mktemp("full-path")
+    return run_full_path(tmp_path_factory.mktemp("full-path"))
+
+
+def run_full_path(root: Path) -> Path:
     raw = root / "raw"
     counts = [f"--{split}={count}" for split, count in MENTIONS.items()]
     command("data", "synthetic-kilt", "--out", str(raw), "--pages", str(ENTITIES), *counts)
