@@ -203,8 +203,12 @@ def recipe_tree(run: Run, steps: int) -> dict[str, Any]:
             "num_encoders": 1,
             "encoder_cpus": 1,
             "batch_size": 256,
-            "shard_size": 100_000,
+            "shard_size": 25_000,
             "top_n": 100,
+            # a shard of 25,000 entities at 128 tokens takes minutes on an idle core, and many
+            # times that on a shared one: the default 15 minutes before an actor counts as hung
+            # is too short for the first shard here
+            "wait_floor_seconds": 7200.0,
         },
         "index": {"kind": "flat", "keep_versions": 2},
         "cluster": {"address": "local"},
