@@ -578,14 +578,13 @@ def main() -> int:
     output = args.output or RESULTS.with_name(
         RESULTS.name if args.entities == KILT_PAGES else f"full_scale_{args.entities}.md"
     )
+    write_model(run)
+    write_recipe(run, run.stages["train"].notes["steps"] if "train" in run.stages else 300)
     with tqdm(STAGES, desc="full scale", unit="stage") as bar:
         for name, stage_function in bar:
             bar.set_postfix_str(name)
             if is_done(run, name):
                 continue
-            if name == "tokens":
-                write_model(run)
-                write_recipe(run, 300)
             load_before = os.getloadavg()[1]
             stage = stage_function(run, log)
             # the machine is shared: its 5-minute load average says how contended a stage was
