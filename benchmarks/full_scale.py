@@ -510,13 +510,12 @@ def report(run: Run) -> str:
         (v for s in stages for r, v in s.peak_gib.items() if r != "all processes"), default=0
     )
     together = max((s.peak_gib.get("all processes", 0.0) for s in stages), default=0.0)
+    missing = [name for name, _ in STAGES if name not in run.stages]
     status = (
         "complete"
         if complete
-        else (
-            f"**PARTIAL: stages {', '.join(s.name for s in stages)} of "
-            f"{', '.join(name for name, _ in STAGES)}; the rest have not run yet**"
-        )
+        else f"**PARTIAL: {len(stages)} of {len(STAGES)} stages measured; not run yet: "
+        f"{', '.join(missing)}**"
     )
     lines = [
         f"# The whole path at {run.entities:,} entities on one machine",
@@ -561,6 +560,9 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--steps", default="auto", help="training steps, or 'auto' (docstring)")
     parser.add_argument("--output", type=Path, default=None, help="results markdown")
+    parser.add_argument(
+        "--report", action="store_true", help="only rewrite the results from the state file"
+    )
     args = parser.parse_args()
     # On a loaded 2-core machine the raylet can take longer than Ray's 60 s to register.
     os.environ.setdefault("RAY_raylet_start_wait_time_s", "600")
@@ -578,6 +580,11 @@ def main() -> int:
     output = args.output or RESULTS.with_name(
         RESULTS.name if args.entities == KILT_PAGES else f"full_scale_{args.entities}.md"
     )
+    if args.report:
+        output.write_text(report(run))
+        update_benchmarks_md()
+        print(report(run))
+        return 0
     write_model(run)
     write_recipe(run, run.stages["train"].notes["steps"] if "train" in run.stages else 300)
     with tqdm(STAGES, desc="full scale", unit="stage") as bar:
