@@ -17,7 +17,7 @@ machine's load average was 11-20 (three other sessions), of which most is fixed 
 Ray instance per command, DeepSpeed) and the rest five passes over the catalogue (tokens, v0,
 the refreshes, the re-encoding). At 200,000 entities the token store alone took 17 minutes under
 similar load (`benchmarks/results/full_scale_200000.md`), far over CI time, so 12,000 is the
-largest size that stays within a few minutes on a loaded 2-core machine (expect ~90 s on an idle
+largest size that stays within a few minutes on a loaded 2-core machine (not measured on an idle
 one); the invariants do not depend on the size, and `benchmarks/full_scale.py` runs the same path
 at 200,000 and 5,903,530.
 """
