@@ -2,7 +2,8 @@
 
 A stage of hnce runs in several processes: the driver (``hnce ...`` and its children), Ray
 Train's trainer workers, the refresh coordinator, encoder actors and shard holders, and Ray's own
-system processes (GCS, raylet, dashboard). :class:`PeakMemory` samples them with psutil in a
+system processes (GCS, raylet, dashboard). :class:`PeakMemory` samples them (the benchmark's
+own process tree only: other runs on a shared machine are not counted) with psutil in a
 background thread and keeps, per role, the largest resident set any one process of that role
 reached and the largest total of all processes at one instant. Roles come from the process
 title Ray gives its workers (``ray::EntityEncoderActor.encode_shard``, ``ray::RayTrainWorker``...).
@@ -72,15 +73,19 @@ class PeakMemory:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
-    def _driver_pids(self) -> set[int]:
+    def _run_processes(self) -> list[psutil.Process]:
+        """This process and its descendants: a locally started Ray instance (GCS, raylet and
+        its workers) descends from the driver that started it, and the machine's other runs,
+        which may be Ray runs too, do not."""
         me = psutil.Process(os.getpid())
-        return {me.pid, *(child.pid for child in me.children(recursive=True))}
+        return [me, *me.children(recursive=True)]
 
     def sample(self) -> None:
         """One sample of every process of the run."""
-        drivers = self._driver_pids()
+        processes = self._run_processes()
+        drivers = {process.pid for process in processes}
         total = 0
-        for process in psutil.process_iter():
+        for process in processes:
             role = role_of(process, drivers)
             if role is None:
                 continue

@@ -26,6 +26,7 @@ SECTION_ORDER = (
     "cluster_scale_1024",
     "pipeline_demo",
     "pipeline_refresh_overlap",
+    "full_scale",
     "wordnet_comparison",
     "peer_sentence_transformers",
 )

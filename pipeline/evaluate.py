@@ -34,12 +34,15 @@ from cluster.retrieval import EVAL_INDEX_DIR, retrieve
 from cluster.session import init_ray
 from cluster.tables import MentionSplit, mention_split_path
 from encoders.biencoder import export_biencoder
+from pipeline.blink_finetune.kilt_output import SplitResult, link_files
 from pipeline.config import Config
 from pipeline.preflight import check_eval_inputs
 from pipeline.train.model import build_model
 from pipeline.train.refresh_supervisor import refresh_plan
 
 logger = logging.getLogger(__name__)
+
+PREDICTIONS_DIR = "predictions"
 
 
 @dataclass
@@ -205,13 +208,32 @@ def evaluate_export(
     return evaluate_model(config, model, name or str(export_dir), progress)
 
 
-def evaluate_checkpoint(config: Config, checkpoint: str, progress: bool = True) -> RecallReport:
-    """Recall of a run's checkpoint (``newest``, a ``step-<S>/`` or ``export/`` directory, or
-    ``untrained``: ``model.path`` itself with the recipe's scorer) on ``data.eval_split``."""
-    check_eval_inputs(config)
+def resolve_model(config: Config, checkpoint: str) -> tuple[IndexedModel, str]:
+    """(model, name) of a run's checkpoint: ``newest``, a ``step-<S>/`` or ``export/``
+    directory, or ``untrained`` (``model.path`` itself with the recipe's scorer)."""
     if checkpoint == "untrained":
         model = IndexedModel.from_export(untrained_export(config))
-        return evaluate_model(config, model, f"untrained {config.model.path}", progress)
+        return model, f"untrained {config.model.path}"
     step, export = resolve_checkpoint(config.run_dir, checkpoint)
-    model = IndexedModel.from_checkpoint(export.parent, step)
-    return evaluate_model(config, model, str(export.parent), progress)
+    return IndexedModel.from_checkpoint(export.parent, step), str(export.parent)
+
+
+def evaluate_checkpoint(config: Config, checkpoint: str, progress: bool = True) -> RecallReport:
+    """Recall of a run's checkpoint (:func:`resolve_model`) on ``data.eval_split``."""
+    check_eval_inputs(config)
+    model, name = resolve_model(config, checkpoint)
+    return evaluate_model(config, model, name, progress)
+
+
+def predict_checkpoint(
+    config: Config, checkpoint: str, aida: Sequence[Path], progress: bool = True
+) -> list[SplitResult]:
+    """KILT predictions of a run's checkpoint (:func:`resolve_model`) for every input line of the
+    ``aida`` files, into ``<run>/predictions/<file name>``, through the cluster like
+    :func:`evaluate_model` (accuracy for the files with a labelled split of ``data.root``)."""
+    check_eval_inputs(config)
+    model, _ = resolve_model(config, checkpoint)
+    init_ray(config.cluster, config.refresh.num_encoders * config.refresh.encoder_cpus)
+    k = max(config.eval.ks)
+    predictions = config.run_dir / PREDICTIONS_DIR
+    return link_files(refresh_plan(config), model, aida, k, predictions, progress)

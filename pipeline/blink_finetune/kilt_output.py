@@ -17,13 +17,17 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from cluster.files import AtomicPath
-from cluster.tables import EntityCatalogue, Mention
+from cluster.index_build import IndexedModel
+from cluster.refresh import RefreshPlan
+from cluster.retrieval import retrieve
+from cluster.tables import EntityCatalogue, Mention, MentionSplit, mention_split_path
 from pipeline.data.bad_rows import BadRowPolicy, iter_json_lines
-from pipeline.data.kilt import aida_input
+from pipeline.data.kilt import aida_input, aida_split_name
 
 
 @dataclass(frozen=True)
@@ -141,3 +145,63 @@ def linking_accuracy(
         recall_at_k=hits / len(mentions) if mentions else 0.0,
         k=k,
     )
+
+
+@dataclass
+class SplitResult:
+    """Predictions of one input file and, when it is labelled, accuracy before and after."""
+
+    file: str
+    split: str
+    inputs: int
+    predictions: str
+    index: str  # the index version the predictions were searched in
+    before: LinkingAccuracy | None = None
+    after: LinkingAccuracy | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "split": self.split,
+            "inputs": self.inputs,
+            "predictions": self.predictions,
+            "index": self.index,
+            "before": None if self.before is None else self.before.to_json(),
+            "after": None if self.after is None else self.after.to_json(),
+        }
+
+
+def link_files(
+    plan: RefreshPlan,
+    model: IndexedModel,
+    aida: Sequence[Path],
+    k: int,
+    predictions_dir: Path | None,
+    progress: bool = True,
+) -> list[SplitResult]:
+    """Top-``k`` entities of every input of every file under ``model``, in one search through
+    the cluster; predictions (top 1) written to ``predictions_dir/<file name>``; accuracy for the
+    files with a labelled Parquet split."""
+    files = [(Path(path), read_kilt_inputs(Path(path))) for path in aida]
+    mentions = [mention for _, inputs in files for mention in as_mentions(inputs)]
+    retrieved = retrieve(plan, model, mentions, k, progress=progress)
+    catalogue = EntityCatalogue.open(plan.data_dir)
+    results, offset = [], 0
+    for path, inputs in files:
+        found = retrieved.cands[offset : offset + len(inputs)]
+        offset += len(inputs)
+        written = ""
+        if predictions_dir is not None:
+            target = predictions_dir / path.name
+            write_kilt_predictions(target, inputs, found[:, 0], catalogue)
+            written = str(target)
+        split = aida_split_name(path)
+        accuracy = None
+        split_path = mention_split_path(plan.data_dir, split)
+        if split != "train" and split_path.is_file():
+            labelled = MentionSplit.open(split_path).read_all()
+            by_id = {item.id: row for item, row in zip(inputs, found, strict=True)}
+            accuracy = linking_accuracy(split, labelled, by_id)
+        index = str(retrieved.index_version.path)
+        results.append(SplitResult(path.name, split, len(inputs), written, index, after=accuracy))
+    return results

@@ -25,36 +25,24 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cluster.checkpoints import EXPORT_DIR, newest_checkpoint
 from cluster.index_build import IndexedModel
-from cluster.refresh import RefreshPlan
-from cluster.retrieval import retrieve
 from cluster.session import init_ray
 from cluster.tables import (
     MANIFEST_FILE,
-    EntityCatalogue,
-    MentionSplit,
-    mention_split_path,
     read_summary,
 )
 from encoders.biencoder import SCORER_FILE, export_biencoder, load_biencoder
 from encoders.blink import export_blink_biencoder, import_blink_biencoder
-from pipeline.blink_finetune.kilt_output import (
-    LinkingAccuracy,
-    as_mentions,
-    linking_accuracy,
-    read_kilt_inputs,
-    write_kilt_predictions,
-)
+from pipeline.blink_finetune.kilt_output import SplitResult, link_files, read_kilt_inputs
 from pipeline.config import BlinkSettings, Config, config_from_dict
 from pipeline.data.bad_rows import BadRowKind
 from pipeline.data.conversion import DatasetOutput
-from pipeline.data.kilt import aida_split_name, convert_kilt
+from pipeline.data.kilt import convert_kilt
 from pipeline.preflight import check_blink_inputs
 from pipeline.train.refresh_supervisor import refresh_plan
 from pipeline.train.trainer import run_training
@@ -65,30 +53,6 @@ INITIAL_EXPORT = Path("initial") / "export"
 BLINK_EXPORT = Path("export") / "biencoder_blink.bin"
 HF_EXPORT = Path("export") / "hf"
 REPORT_FILE = "finetune_report.json"
-
-
-@dataclass
-class SplitResult:
-    """Predictions of one input file and, when it is labelled, accuracy before and after."""
-
-    file: str
-    split: str
-    inputs: int
-    predictions: str
-    index: str  # the index version the predictions were searched in
-    before: LinkingAccuracy | None = None
-    after: LinkingAccuracy | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "file": self.file,
-            "split": self.split,
-            "inputs": self.inputs,
-            "predictions": self.predictions,
-            "index": self.index,
-            "before": None if self.before is None else self.before.to_json(),
-            "after": None if self.after is None else self.after.to_json(),
-        }
 
 
 @dataclass
@@ -186,42 +150,6 @@ def with_model_path(config: Config, export_dir: Path) -> Config:
     tree = config.to_dict()
     tree["model"]["path"] = str(export_dir.resolve())
     return config_from_dict(tree)
-
-
-def link_files(
-    plan: RefreshPlan,
-    model: IndexedModel,
-    aida: Sequence[Path],
-    k: int,
-    predictions_dir: Path | None,
-    progress: bool = True,
-) -> list[SplitResult]:
-    """Top-``k`` entities of every input of every file under ``model``, in one search through
-    the cluster; predictions (top 1) written to ``predictions_dir/<file name>``; accuracy for the
-    files with a labelled Parquet split."""
-    files = [(Path(path), read_kilt_inputs(Path(path))) for path in aida]
-    mentions = [mention for _, inputs in files for mention in as_mentions(inputs)]
-    retrieved = retrieve(plan, model, mentions, k, progress=progress)
-    catalogue = EntityCatalogue.open(plan.data_dir)
-    results, offset = [], 0
-    for path, inputs in files:
-        found = retrieved.cands[offset : offset + len(inputs)]
-        offset += len(inputs)
-        written = ""
-        if predictions_dir is not None:
-            target = predictions_dir / path.name
-            write_kilt_predictions(target, inputs, found[:, 0], catalogue)
-            written = str(target)
-        split = aida_split_name(path)
-        accuracy = None
-        split_path = mention_split_path(plan.data_dir, split)
-        if split != "train" and split_path.is_file():
-            labelled = MentionSplit.open(split_path).read_all()
-            by_id = {item.id: row for item, row in zip(inputs, found, strict=True)}
-            accuracy = linking_accuracy(split, labelled, by_id)
-        index = str(retrieved.index_version.path)
-        results.append(SplitResult(path.name, split, len(inputs), written, index, after=accuracy))
-    return results
 
 
 def finetune_blink(config: Config, progress: bool = True) -> FinetuneReport:

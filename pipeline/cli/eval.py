@@ -1,4 +1,5 @@
-"""``hnce eval``: recall@{1,8,64,100} and accuracy against the whole catalogue, macro over domains."""
+"""``hnce eval``: recall@{1,8,64,100} and accuracy against the whole catalogue, macro over domains;
+with ``--kilt-predictions``, KILT predictions for every input id of KILT files instead."""
 
 from __future__ import annotations
 
@@ -17,13 +18,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "or a checkpoint's step-<S>/ or export/ directory",
     )
     parser.add_argument("--out", type=Path, default=None, help="JSON report (default: run dir)")
+    parser.add_argument(
+        "--kilt-predictions",
+        nargs="+",
+        type=Path,
+        metavar="AIDA_FILE",
+        help="instead of recall: KILT predictions for every input id of these KILT files "
+        "(<run>/predictions/<file name>)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def run(args: argparse.Namespace) -> int:
     config = load_recipe(args)
-    from pipeline.evaluate import evaluate_checkpoint, format_table, write_reports
+    from pipeline.evaluate import (
+        evaluate_checkpoint,
+        format_table,
+        predict_checkpoint,
+        write_reports,
+    )
 
+    if args.kilt_predictions:
+        files = predict_checkpoint(
+            config, args.checkpoint, args.kilt_predictions, progress=not args.no_progress
+        )
+        for result in files:
+            accuracy = "" if result.after is None else f", accuracy {result.after.accuracy:.4f}"
+            print(f"{result.file}: {result.inputs} predictions{accuracy} -> {result.predictions}")
+        return 0
     report = evaluate_checkpoint(config, args.checkpoint, progress=not args.no_progress)
     out = args.out or config.run_dir / f"eval-{config.data.eval_split}.json"
     write_reports([report], out)

@@ -3,7 +3,8 @@
 Reads the same recipe as ``hnce train`` (``--config runs/<run>/config.yaml`` is the resolved one
 training writes): ``run.dir``, ``data.root`` and the ``refresh`` and ``index`` sections. One
 shot (cron, ``ray job submit``) or ``--every 6h`` on a fixed cadence; each run prints one JSON
-line. Exit codes: 0 done (or already up to date, or stopped by SIGTERM between refreshes),
+line; ``--initial`` builds index and negatives version 0 of the untrained model before
+training. Exit codes: 0 done (or already up to date, or stopped by SIGTERM between refreshes),
 2 a bad recipe or input, 3 no complete checkpoint, 75 another refresh of the run holds the lock,
 143 abandoned on SIGTERM (resumable). The logic lives in ``cluster.refresh_job``.
 """
@@ -11,8 +12,14 @@ line. Exit codes: 0 done (or already up to date, or stopped by SIGTERM between r
 from __future__ import annotations
 
 import argparse
+import json
+from typing import TYPE_CHECKING
 
 from pipeline.cli._common import add_config_arguments, load_recipe
+
+if TYPE_CHECKING:
+    from cluster.refresh import RefreshPlan
+    from pipeline.config import Config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,6 +27,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     when = parser.add_mutually_exclusive_group()
     when.add_argument("--step", type=int, help="checkpoint step (default: newest complete)")
     when.add_argument("--every", help="repeat at this fixed cadence, e.g. 6h, 30m (default: once)")
+    when.add_argument(
+        "--initial",
+        action="store_true",
+        help="before training: index and train negatives version 0 of the untrained model "
+        "(model.path), so the trainer mines hard negatives from its first step",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
 
     check_refresh_inputs(config)
     plan = refresh_plan(config)
+    if args.initial:
+        return _initial_version(config, plan)
     interval = parse_interval(args.every) if args.every is not None else None
     stop = StopRequest()
     stop.install()
@@ -42,3 +57,17 @@ def run(args: argparse.Namespace) -> int:
     if interval is None:
         return refresh_once(plan, args.step, connect=connect, stop=stop.event)
     return refresh_every(plan, interval, connect=connect, stop=stop.event)
+
+
+def _initial_version(config: Config, plan: RefreshPlan) -> int:
+    """Index and negatives version 0 of the untrained model (kept when the run has them)."""
+    from cluster.session import init_ray
+    from pipeline.train.version_zero import prepare_initial_negatives
+
+    had = plan.negatives_store.current_version() is not None
+    init_ray(config.cluster, config.refresh.num_encoders * config.refresh.encoder_cpus)
+    prepare_initial_negatives(config, "model")
+    outcome = "up-to-date" if had else "published"
+    record = {"event": "refresh", "outcome": outcome, "index_version": 0}
+    print(json.dumps({**record, "negatives_version": 0}), flush=True)
+    return 0
