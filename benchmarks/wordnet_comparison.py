@@ -4,8 +4,9 @@ Scorers dual, multi-8, som and poly-16 (DESIGN.md §3), each trained with random
 mixed-50 negatives under the hard-negative NCE loss (eq. 5/11) at an equal budget (same steps,
 mentions per step and negatives per mention), plus the trainer's other samplers for dual; every
 cell with ``--seeds`` seeds (the seed draws the data order, the negatives and the dropout). Each
-run is a real ``hnce train`` (DeepSpeed under Ray Train; hard and mixed negatives from the
-asynchronous refresh of the index) and each evaluation a real ``hnce eval`` through the cluster:
+run is a real ``hnce train`` (DeepSpeed under Ray Train; the samplers that mine start from
+negatives version 0 mined with the starting model, ``negatives.initial: model``, then follow the
+asynchronous refresh of a checkpoint every ``steps / 6`` steps) and each evaluation a real ``hnce eval`` through the cluster:
 recall@1/@8/@64 of held-out mentions whose lemmas never occur in training (the WordNet
 converter's lemma-disjoint split), against the demo-style catalogue (every gold, every other sense
 of the golds' lemmas, random synsets).
@@ -47,19 +48,27 @@ SCORERS = {
 }
 NEGATIVES = {
     "random": ["negatives.sampler=random", "negatives.source=none", "refresh.enabled=false"],
-    "hard": ["negatives.sampler=hard"],
-    "mixed-50": ["negatives.sampler=mixed", "negatives.mixed.hard_fraction=0.5"],
+    "hard": ["negatives.sampler=hard", "negatives.initial=model"],
+    "mixed-50": [
+        "negatives.sampler=mixed",
+        "negatives.mixed.hard_fraction=0.5",
+        "negatives.initial=model",
+    ],
 }
 DUAL_ONLY = {
-    "adversarial": ["negatives.sampler=adversarial"],
     "lexical": ["negatives.sampler=lexical", "negatives.source=none", "refresh.enabled=false"],
     "momentum-queue": [
         "negatives.sampler=momentum-queue",
         "negatives.source=none",
         "refresh.enabled=false",
     ],
-    "ohem": ["negatives.sampler=ohem"],
-    "mixed-50 shared": ["negatives.sampler=mixed", "negatives.share=batch"],
+    "adversarial": ["negatives.sampler=adversarial", "negatives.initial=model"],
+    "ohem": ["negatives.sampler=ohem", "negatives.initial=model"],
+    "mixed-50 shared": [
+        "negatives.sampler=mixed",
+        "negatives.share=batch",
+        "negatives.initial=model",
+    ],
 }
 KS = (1, 8, 64)
 
@@ -107,7 +116,7 @@ def main() -> None:
         "training.batch_size=8",
         "training.learning_rate=1.0e-4",
         "training.warmup_steps=3",
-        f"training.checkpoint_every={args.steps}",
+        f"training.checkpoint_every={max(1, args.steps // 6)}",  # a refresh every 5 steps
         "training.negatives_check_every=2",
         "negatives.num_negatives=4",
         "model.mention_length=24",
@@ -145,7 +154,9 @@ def write_report(
         f"against a catalogue of {args.entities} synsets (every gold, the other senses of the "
         f"golds' lemmas, random synsets); {args.train_mentions} train mentions. Every run is "
         f"`hnce train` (DeepSpeed under Ray Train, 1 worker; hard, mixed and the index samplers "
-        f"from the asynchronous refresh, poly-16 mined exactly) "
+        f"start from negatives version 0 mined with the starting model, then follow the "
+        f"asynchronous refresh of a checkpoint every {max(1, args.steps // 6)} steps; poly-16 is "
+        f"mined exactly) "
         f"on configs/demo.yaml with the packaged all-MiniLM-L6-v2 (its declared pooling), "
         f"{args.steps} steps × 8 mentions × 4 negatives, 24 tokens; every evaluation `hnce eval` "
         f"through the cluster. Mean ± standard deviation over seeds 0..{args.seeds - 1}; "
