@@ -76,6 +76,8 @@ class ContrastiveScoring(nn.Module):
         pairs: Tensor,
         queue_vectors: Tensor | None = None,
     ) -> Tensor:
+        if self.gather is None and queue_vectors is None:  # the reranker takes no queue
+            return self.model.score_matrix(mentions, candidates, pairs, self.chunk_size)
         if self.gather is None:
             return self.model.score_matrix(
                 mentions, candidates, pairs, self.chunk_size, queue_vectors
