@@ -20,10 +20,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from store_helpers import index_parameters, mined_split, publish_index
 
 from cluster.exact_search import ExactSearcher
 from cluster.files import sha256_file
-from cluster.index_store import BuildParameters, IndexStore
+from cluster.index_store import IndexStore
 from cluster.negatives_store import MinedSplit, NegativesStore, NegativesVersion
 from cluster.sharded_index import (
     IndexShard,
@@ -194,35 +195,12 @@ print(anonymous_kib() - before)
     assert grown < vectors.nbytes // 1024 // 4, f"{grown} KiB of private memory for a mapped shard"
 
 
-def _parameters(checkpoint: int = 1, num_entities: int = 60) -> BuildParameters:
-    return BuildParameters(
-        checkpoint=checkpoint,
-        checkpoint_path=f"checkpoints/step-{checkpoint}",
-        model=f"{checkpoint:064x}",
-        catalogue="c" * 64,
-        source="encoded",
-        scorer={"name": "dual"},
-        dim=16,
-        vectors_per_entity=1,
-        num_entities=num_entities,
-        index={**IndexSpec().to_json(), "shard_size": 20},
-    )
-
-
-def _publish(store: IndexStore, checkpoint: int, vectors: np.ndarray, shards: int = 3):
-    builder = store.begin(_parameters(checkpoint, len(vectors)))
-    for number, part in enumerate(np.array_split(np.arange(len(vectors)), shards)):
-        entities = (int(part[0]), int(part[-1]) + 1)
-        builder.add_shard(number, build_shard_index(vectors[part], IndexSpec()), part, entities)
-    return builder.publish(shards)
-
-
 def test_store_publish_search_and_retention(tmp_path: Path) -> None:
     store = IndexStore(tmp_path / "index", keep=2)
     assert store.current() is None
     vectors = _vectors(60)
     for checkpoint in (1, 2, 3):
-        published = _publish(store, checkpoint, vectors)
+        published = publish_index(store, checkpoint, vectors)
     assert published.version == 3 and store.versions() == [2, 3]
     current = store.current()
     assert current.version == 3 and current.checkpoint == 3
@@ -239,7 +217,7 @@ def test_store_publish_search_and_retention(tmp_path: Path) -> None:
 
 def test_corrupted_shard_is_detected_by_checksum(tmp_path: Path) -> None:
     store = IndexStore(tmp_path / "index")
-    _publish(store, 1, _vectors(60))
+    publish_index(store, 1, _vectors(60))
     shard = tmp_path / "index/v1/shard-00001.faiss"
     payload = bytearray(shard.read_bytes())
     payload[-7] ^= 0xFF
@@ -250,7 +228,7 @@ def test_corrupted_shard_is_detected_by_checksum(tmp_path: Path) -> None:
 
 def test_manifest_path_escaping_the_store_is_rejected(tmp_path: Path) -> None:
     store = IndexStore(tmp_path / "index")
-    _publish(store, 1, _vectors(60))
+    publish_index(store, 1, _vectors(60))
     (tmp_path / "secret.faiss").write_bytes(b"x")
     manifest_path = tmp_path / "index/v1/manifest.json"
     for bad in ("../../secret.faiss", str(tmp_path / "secret.faiss"), "../v1/shard-00000.faiss"):
@@ -272,7 +250,7 @@ def _edit_manifest(path: Path, edit) -> None:
 
 def test_manifest_that_drops_a_shard_is_refused(tmp_path: Path) -> None:
     store = IndexStore(tmp_path / "index")
-    _publish(store, 1, _vectors(60))
+    publish_index(store, 1, _vectors(60))
     _edit_manifest(tmp_path / "index/v1/manifest.json", lambda m: m["shards"].pop(1))
     with pytest.raises(StoreError, match=r"manifest\.json: entities 20\.\.39 are in no shard"):
         store.open(1)
@@ -280,7 +258,7 @@ def test_manifest_that_drops_a_shard_is_refused(tmp_path: Path) -> None:
 
 def test_manifest_that_repeats_a_shard_is_refused(tmp_path: Path) -> None:
     store = IndexStore(tmp_path / "index")
-    _publish(store, 1, _vectors(60))
+    publish_index(store, 1, _vectors(60))
     _edit_manifest(
         tmp_path / "index/v1/manifest.json", lambda m: m["shards"].insert(1, m["shards"][0])
     )
@@ -290,7 +268,7 @@ def test_manifest_that_repeats_a_shard_is_refused(tmp_path: Path) -> None:
 
 def test_num_entities_must_match_the_shards(tmp_path: Path) -> None:
     store = IndexStore(tmp_path / "index")
-    _publish(store, 1, _vectors(60))
+    publish_index(store, 1, _vectors(60))
     _edit_manifest(tmp_path / "index/v1/manifest.json", lambda m: m.update(num_entities=70))
     with pytest.raises(StoreError, match=r"cover entities 0\.\.59 but num_entities is 70"):
         store.open(1)
@@ -298,7 +276,7 @@ def test_num_entities_must_match_the_shards(tmp_path: Path) -> None:
 
 def test_shard_count_must_match_its_entity_range(tmp_path: Path) -> None:
     store = IndexStore(tmp_path / "index")
-    _publish(store, 1, _vectors(60))
+    publish_index(store, 1, _vectors(60))
 
     def shrink(manifest: dict) -> None:
         manifest["shards"][2]["entities"] = [40, 59]
@@ -321,7 +299,7 @@ def _replace_ids(directory: Path, shard: int, ids: np.ndarray) -> None:
 
 def test_shard_ids_outside_their_range_are_refused(tmp_path: Path) -> None:
     store = IndexStore(tmp_path / "index")
-    _publish(store, 1, _vectors(60))
+    publish_index(store, 1, _vectors(60))
     ids = np.arange(20, 40)
     ids[-1] = 60  # beyond the catalogue
     _replace_ids(tmp_path / "index/v1", 1, ids)
@@ -331,7 +309,7 @@ def test_shard_ids_outside_their_range_are_refused(tmp_path: Path) -> None:
 
 def test_dual_shard_listing_an_entity_twice_is_refused(tmp_path: Path) -> None:
     store = IndexStore(tmp_path / "index")
-    _publish(store, 1, _vectors(60))
+    publish_index(store, 1, _vectors(60))
     ids = np.arange(20, 40)
     ids[5] = ids[4]  # entity 24 twice, entity 25 never
     _replace_ids(tmp_path / "index/v1", 1, ids)
@@ -341,7 +319,7 @@ def test_dual_shard_listing_an_entity_twice_is_refused(tmp_path: Path) -> None:
 
 def test_manifest_missing_a_key_names_the_file_and_key(tmp_path: Path) -> None:
     store = IndexStore(tmp_path / "index")
-    _publish(store, 1, _vectors(60))
+    publish_index(store, 1, _vectors(60))
     _edit_manifest(tmp_path / "index/v1/manifest.json", lambda m: m.pop("vectors_per_entity"))
     with pytest.raises(
         StoreError, match=r"manifest\.json: not a valid manifest: vectors_per_entity"
@@ -351,8 +329,8 @@ def test_manifest_missing_a_key_names_the_file_and_key(tmp_path: Path) -> None:
 
 def test_manifest_of_another_version_is_refused(tmp_path: Path) -> None:
     store = IndexStore(tmp_path / "index", keep=2)
-    _publish(store, 1, _vectors(60))
-    _publish(store, 2, _vectors(60))
+    publish_index(store, 1, _vectors(60))
+    publish_index(store, 2, _vectors(60))
     _edit_manifest(tmp_path / "index/v2/manifest.json", lambda m: m.update(version=1))
     with pytest.raises(StoreError, match="records version 1 but lies in v2/"):
         store.open(2)
@@ -361,23 +339,23 @@ def test_manifest_of_another_version_is_refused(tmp_path: Path) -> None:
 def test_unfinished_build_is_invisible_and_resumes(tmp_path: Path) -> None:
     store = IndexStore(tmp_path / "index")
     vectors = _vectors(60)
-    builder = store.begin(_parameters(5))
+    builder = store.begin(index_parameters(5))
     builder.add_shard(0, build_shard_index(vectors[:30], IndexSpec()), np.arange(30), (0, 30))
     assert store.current() is None and store.versions() == []
-    resumed = store.begin(_parameters(5))
+    resumed = store.begin(index_parameters(5))
     assert resumed.version == builder.version and list(resumed.finished_shards) == [0]
     with pytest.raises(RuntimeError, match=r"shards \[1\] not finished"):
         resumed.publish(2)
     resumed.add_shard(1, build_shard_index(vectors[30:], IndexSpec()), np.arange(30, 60), (30, 60))
     assert resumed.publish(2).num_entities == 60
-    newer = store.begin(_parameters(6))
+    newer = store.begin(index_parameters(6))
     assert newer.version == 2
 
 
 def test_reader_never_sees_a_half_written_version(tmp_path: Path) -> None:
     store = IndexStore(tmp_path / "index", keep=2)
     vectors = _vectors(60)
-    _publish(store, 0, vectors)
+    publish_index(store, 0, vectors)
     done = threading.Event()
     seen: list[int] = []
     errors: list[BaseException] = []
@@ -401,26 +379,17 @@ def test_reader_never_sees_a_half_written_version(tmp_path: Path) -> None:
     reader_thread = threading.Thread(target=read_in_a_loop)
     reader_thread.start()
     for checkpoint in range(1, 25):
-        _publish(store, checkpoint, vectors, shards=4)
+        publish_index(store, checkpoint, vectors, shards=4)
     done.set()
     reader_thread.join()
     assert not errors, errors
     assert len(set(seen)) > 1 and seen == sorted(seen)
 
 
-def _mined() -> MinedSplit:
-    return MinedSplit(
-        mention_ids=["a", "b", "c"],
-        cands=np.array([[4, 2, 9], [1, -1, -1], [7, 8, 3]]),
-        scores=np.array([[3, 2, 1], [5, -np.inf, -np.inf], [1, 0.5, 0]], dtype=np.float32),
-        gold_ranks=np.array([1, -1, 0]),
-    )
-
-
 def test_negatives_publish_latest_and_lookup(tmp_path: Path) -> None:
     store = NegativesStore(tmp_path / "negatives", keep=2)
     assert store.latest() is None
-    store.publish(1, {"train": _mined()}, checkpoint_step=100, top_n=3, num_entities=10)
+    store.publish(1, {"train": mined_split()}, checkpoint_step=100, top_n=3, num_entities=10)
     latest = store.latest()
     assert (latest.version, latest.checkpoint_step, len(latest)) == (1, 100, 3)
     cands, scores = latest.lookup(["c", "b"])
@@ -429,7 +398,7 @@ def test_negatives_publish_latest_and_lookup(tmp_path: Path) -> None:
     assert latest.recall_at(1) == pytest.approx(1 / 3)
     with pytest.raises(KeyError, match="'zzz'"):
         latest.lookup(["zzz"])
-    store.publish(2, {"train": _mined()}, checkpoint_step=200, top_n=3, num_entities=10)
+    store.publish(2, {"train": mined_split()}, checkpoint_step=200, top_n=3, num_entities=10)
     assert store.latest().checkpoint_step == 200
 
 
@@ -461,14 +430,14 @@ def _rewrite_negatives(directory: Path, edit) -> Path:
 )
 def test_inconsistent_negatives_are_refused(tmp_path: Path, edit, message: str) -> None:
     store = NegativesStore(tmp_path / "negatives")
-    store.publish(1, {"train": _mined()}, checkpoint_step=100, top_n=3, num_entities=10)
+    store.publish(1, {"train": mined_split()}, checkpoint_step=100, top_n=3, num_entities=10)
     path = _rewrite_negatives(tmp_path / "negatives/v1", edit)
     with pytest.raises(StoreError, match=rf"{re.escape(str(path))}: {message}"):
         NegativesVersion(path)
 
 
 def test_inconsistent_negatives_are_never_published(tmp_path: Path) -> None:
-    mined = _mined()
+    mined = mined_split()
     repeated = MinedSplit(["a", "a", "c"], mined.cands, mined.scores, mined.gold_ranks)
     with pytest.raises(StoreError, match="a mention id is listed more than once"):
         NegativesStore(tmp_path / "negatives").publish(1, {"train": repeated}, 100, 3, 10)
@@ -479,7 +448,7 @@ def test_inconsistent_negatives_are_never_published(tmp_path: Path) -> None:
 
 def test_negatives_file_metadata_must_match_the_manifest(tmp_path: Path) -> None:
     store = NegativesStore(tmp_path / "negatives")
-    store.publish(1, {"train": _mined()}, checkpoint_step=100, top_n=3, num_entities=10)
+    store.publish(1, {"train": mined_split()}, checkpoint_step=100, top_n=3, num_entities=10)
     path = tmp_path / "negatives/v1/train.parquet"
     table = pq.read_table(path)
     pq.write_table(table.replace_schema_metadata({}), path)
@@ -493,8 +462,8 @@ def test_negatives_file_metadata_must_match_the_manifest(tmp_path: Path) -> None
 
 def test_negatives_checksum_version_and_manifest_are_checked(tmp_path: Path) -> None:
     store = NegativesStore(tmp_path / "negatives", keep=3)
-    store.publish(1, {"train": _mined()}, checkpoint_step=100, top_n=3, num_entities=10)
-    store.publish(2, {"train": _mined()}, checkpoint_step=200, top_n=3, num_entities=10)
+    store.publish(1, {"train": mined_split()}, checkpoint_step=100, top_n=3, num_entities=10)
+    store.publish(2, {"train": mined_split()}, checkpoint_step=200, top_n=3, num_entities=10)
     with (tmp_path / "negatives/v1/train.parquet").open("ab") as handle:
         handle.write(b"tampered")
     with pytest.raises(ChecksumError, match=r"v1/train\.parquet: sha256"):

@@ -12,10 +12,11 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+from store_helpers import mined_split, publish_index
 
 from cluster.checkpoints import EXPORT_DIR, checkpoint_dir, mark_complete
-from cluster.files import atomic_write_json, atomic_write_text
 from cluster.lock import HOLDER_FILE, RunLock, RunLocked, read_holder
 from cluster.refresh import RefreshPlan, RefreshSettings
 from cluster.refresh_job import (
@@ -30,6 +31,7 @@ from cluster.refresh_job import (
     refresh_once,
 )
 from cluster.refresh_log import LOG_FILE, RefreshRecord, append_record, read_records
+from cluster.tables import Entity, Mention, write_dataset
 from encoders.errors import InputError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -96,12 +98,11 @@ def test_refresh_log_reads_whole_lines_and_names_a_bad_one(tmp_path: Path) -> No
         read_records(tmp_path, offset)
 
 
-def _publish_fake_versions(run_dir: Path, checkpoint: int) -> None:
-    """Live index and negatives versions that say they came from ``checkpoint``."""
-    atomic_write_json(run_dir / "index" / "v1" / "manifest.json", {"checkpoint": checkpoint})
-    atomic_write_text(run_dir / "index" / "CURRENT", "v1\n")
-    (run_dir / "negatives" / "v1").mkdir(parents=True)
-    atomic_write_text(run_dir / "negatives" / "CURRENT", "v1\n")
+def _publish_versions(plan: RefreshPlan, checkpoint: int) -> None:
+    """Live index and negatives versions (real, tiny) that come from ``checkpoint``."""
+    vectors = np.random.default_rng(0).standard_normal((10, 16)).astype(np.float32)
+    publish_index(plan.index_store, checkpoint, vectors, shards=1)
+    plan.negatives_store.publish(1, {"train": mined_split()}, checkpoint, 3, 10)
 
 
 def _checkpoint(run_dir: Path, step: int) -> None:
@@ -124,7 +125,7 @@ def test_refresh_once_exit_codes_and_json_lines(tmp_path: Path) -> None:
         assert refresh_once(plan, connect=_no_ray, report=lines.append) == EXIT_LOCKED
     locked = json.loads(lines[-1])
     assert locked["outcome"] == "locked" and f"a test (pid {os.getpid()}" in locked["message"]
-    _publish_fake_versions(plan.run_dir, 5)
+    _publish_versions(plan, 5)
     # Already indexed: exit 0 without taking the lock, starting Ray or an encoder pool.
     assert refresh_once(plan, connect=_no_ray, report=lines.append) == EXIT_OK
     up_to_date = json.loads(lines[-1])
@@ -232,11 +233,9 @@ def test_sigterm_between_refreshes_stops_the_schedule_cleanly(
 @pytest.mark.slow  # the CLI imports torch, transformers and Ray (~8 s)
 def test_cli_every_exits_zero_on_sigterm_between_refreshes(tmp_path: Path) -> None:
     run_dir, data = tmp_path / "run", tmp_path / "data"
-    (data / "entities").mkdir(parents=True)
-    (data / "mentions").mkdir()
-    (data / "mentions" / "train.parquet").touch()
+    write_dataset(data, [Entity(0, "k0", "t", "text")], {"train": [Mention("m", "", "t", "", 0)]})
     _checkpoint(run_dir, 5)
-    _publish_fake_versions(run_dir, 5)
+    _publish_versions(RefreshPlan(run_dir, data), 5)
     job = subprocess.Popen(
         [
             sys.executable,
