@@ -136,7 +136,8 @@ def train_hnce(
     published = {e["step"]: e["time"] - started for e in read_events(config.run_dir, "checkpoint")}
     trained = [m for e in read_events(config.run_dir, "step") for m in e["mentions"]]
     model_dirs = {s: config.run_dir / "checkpoints" / f"step-{s}" / EXPORT_DIR for s in checkpoints}
-    curve = Curve("hnce (mixed-50, async refresh)")
+    switches = read_events(config.run_dir, "negatives")
+    curve = Curve(f"hnce (mixed-50, async refresh: {len(switches)} index versions used)")
     curve.points = [(published[s], s, {}) for s in checkpoints]
     return curve, [str(d) for d in model_dirs.values()], trained, seconds
 
@@ -428,12 +429,18 @@ def main() -> None:
         recipe = [
             f"run.dir={work}",
             f"training.steps={checkpoints[-1]}",
-            f"training.checkpoint_every={checkpoints[0]}",
-            f"training.keep_checkpoints={len(checkpoints) + 1}",
+            # the demo's checkpoint_every stays: it paces the refresh (a later first checkpoint
+            # means a later first index version, i.e. fewer hard negatives)
+            "training.keep_checkpoints=10",
             "training.log_every=1",
             *args.set,
         ]
         config, counts = demo_dataset(load_config(ROOT / "configs/demo.yaml", recipe))
+        every = config.training.checkpoint_every
+        if any(step % every for step in checkpoints) or checkpoints[-1] // every > 10:
+            raise SystemExit(
+                f"--checkpoints: multiples of checkpoint_every ({every}), up to {10 * every}"
+            )
         held_out = held_out_set(config)
         length = config.model.mention_length, config.model.entity_length
         untrained = build_biencoder(
