@@ -62,7 +62,7 @@ def clean_checksums(
     run_dir = tmp_path_factory.mktemp("clean") / "run"
     _checkpoint(run_dir, 1, assets["dual"])
     run_refresh(_plan(run_dir, assets["data"]))
-    return IndexStore(run_dir / "index", device="cpu").current().shard_checksums
+    return IndexStore(run_dir / "index").current().shard_checksums
 
 
 def _plan(run_dir: Path, data: Path, **overrides: object) -> RefreshPlan:
@@ -120,7 +120,13 @@ class PublishedReader(threading.Thread):
         self.errors: list[BaseException] = []
 
     def run(self) -> None:
-        index_store = IndexStore(self.run_dir / "index", device="cpu")
+        try:
+            self.read_until_done()
+        except BaseException as error:  # kept for the assertion in the test
+            self.errors.append(error)
+
+    def read_until_done(self) -> None:
+        index_store = IndexStore(self.run_dir / "index")
         negatives_store = NegativesStore(self.run_dir / "negatives")
         while not self.done.is_set():
             try:
@@ -225,7 +231,7 @@ def test_abandoned_refresh_publishes_nothing_and_the_next_resumes_it(
     assert NegativesStore(run_dir / "negatives").current_version() is None
     resumed = attempt_refresh(plan, JOB_ROLE)
     assert resumed.outcome == "published" and "1 resumed" in resumed.message
-    assert IndexStore(run_dir / "index", device="cpu").current().shard_checksums == clean_checksums
+    assert IndexStore(run_dir / "index").current().shard_checksums == clean_checksums
 
 
 def test_checkpoint_deleted_under_a_refresh_finishes_from_what_it_loaded(
@@ -240,5 +246,5 @@ def test_checkpoint_deleted_under_a_refresh_finishes_from_what_it_loaded(
     summary = run_refresh(_plan(run_dir, assets["data"]), 1, on_shard=delete_the_checkpoint)
     assert not checkpoint_dir(run_dir, 1).exists()
     assert (summary.checkpoint, summary.index_version) == (1, 1)
-    assert IndexStore(run_dir / "index", device="cpu").current().shard_checksums == clean_checksums
+    assert IndexStore(run_dir / "index").current().shard_checksums == clean_checksums
     assert NegativesStore(run_dir / "negatives").latest().checkpoint_step == 1
