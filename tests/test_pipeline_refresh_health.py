@@ -18,6 +18,7 @@ from conftest import write_letter_bert
 from cluster.refresh_job import RefreshesFailing
 from cluster.refresh_log import RefreshRecord, append_record, read_records
 from cluster.session import init_ray
+from cluster.tables import mention_split_path
 from pipeline.config import load_config
 from pipeline.data.synthetic import generate_synthetic_dataset
 from pipeline.train.events import EventLog, read_events
@@ -103,10 +104,13 @@ def local_ray() -> Iterator[None]:
 def test_training_stops_with_the_cause_when_every_refresh_fails(
     tmp_path: Path, local_ray: None
 ) -> None:
-    """Every refresh fails mining a corrupt split: training stops after two, not at the end."""
+    """Every refresh fails mining a corrupted split: training stops after two, not at the end."""
     data = tmp_path / "data"
     generate_synthetic_dataset(data, num_worlds=2, entities_per_world=30, mentions_per_entity=2)
-    (data / "mentions" / "broken.parquet").write_bytes(b"not a parquet file")
+    # The test split's bytes replaced by junk of the same size: the dataset's cheap checks
+    # (preflight) pass, and every refresh fails reading it when it mines.
+    broken = mention_split_path(data, "test")
+    broken.write_bytes(b"x" * broken.stat().st_size)
     steps = 1000
     config = load_config(
         CONFIGS / "synthetic-test.yaml",
@@ -122,7 +126,7 @@ def test_training_stops_with_the_cause_when_every_refresh_fails(
             f"training.steps={steps}",
             "training.checkpoint_every=4",
             "training.negatives_check_every=1",
-            "refresh.splits=[train, broken]",
+            "refresh.splits=[train, test]",
             "refresh.max_consecutive_failures=2",
         ],
     )
