@@ -10,6 +10,7 @@ interrupted benchmark resumes run by run.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +72,7 @@ def train_and_evaluate(name: str, seed: int, config: Config, results: Path) -> R
     path = results / f"{name}-s{seed}.json"
     if path.is_file():
         return RunResult.load(path)
+    shutil.rmtree(config.run_dir, ignore_errors=True)  # an interrupted run starts over
     started = time.perf_counter()
     summary = run_training(config, progress=False)
     seconds = time.perf_counter() - started
