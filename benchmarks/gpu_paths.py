@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import torch
-from report import update_benchmarks_md
+from report import write_result
 from transformers import BertConfig, BertModel
 
 from encoders.precision import autocast
@@ -107,9 +107,7 @@ def main() -> None:
             "",
             "Remaining on a GPU node: " + "; ".join(REMAINING[1:3]) + ".",
         ]
-    args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    update_benchmarks_md()
-    print("\n".join(lines))
+    write_result(args.out, lines)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from report import update_benchmarks_md
+from report import write_result
 from wordnet_runs import checkpoint_export, prepare_dataset, recipe
 
 from cluster.tables import EntityCatalogue, MentionSplit, mention_split_path
@@ -195,9 +195,7 @@ def main() -> None:
         values = [row["ce_loss"], row["ce_gradient"], *(row[n] for n in names)]
         lines.append(f"| {step} | " + " | ".join(f"{v:.4f}" for v in values) + " |")
     lines += ["", f"![bias against steps]({png.name})"]
-    args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    update_benchmarks_md()
-    print("\n".join(lines))
+    write_result(args.out, lines)
 
 
 if __name__ == "__main__":

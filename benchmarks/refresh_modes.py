@@ -31,7 +31,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from report import update_benchmarks_md
+from report import write_result
 from wordnet_runs import checkpoint_export, prepare_dataset, recipe
 
 from pipeline.evaluate import evaluate_export
@@ -138,9 +138,7 @@ def main() -> None:
             f"{best['1']:.3f} ({best['seconds']:.0f}) |"
         )
     lines += ["", f"![recall against wall-clock]({png.name})"]
-    args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    update_benchmarks_md()
-    print("\n".join(lines))
+    write_result(args.out, lines)
 
 
 if __name__ == "__main__":

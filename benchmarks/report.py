@@ -61,14 +61,18 @@ def update_benchmarks_md() -> Path:
     return BENCHMARKS_MD
 
 
+def write_result(output: Path, lines: list[str]) -> None:
+    """Write a benchmark's result file from its markdown ``lines``, rebuild BENCHMARKS.md, print it."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    update_benchmarks_md()
+    print("\n".join(lines))
+
+
 def write_measures(output: Path, title: str, note: str, rows: list[tuple[str, str]]) -> None:
     """Write a ``| measure | value |`` result file, rebuild BENCHMARKS.md, print the table."""
     text = [f"# {title}", "", note, "", "| measure | value |", "|---|---|"]
-    text += [f"| {name} | {value} |" for name, value in rows]
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text("\n".join(text) + "\n", encoding="utf-8")
-    update_benchmarks_md()
-    print("\n".join(text))
+    write_result(output, text + [f"| {name} | {value} |" for name, value in rows])
 
 
 if __name__ == "__main__":

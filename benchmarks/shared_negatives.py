@@ -20,7 +20,7 @@ import argparse
 from pathlib import Path
 
 import ray
-from report import update_benchmarks_md
+from report import write_result
 
 from cluster.checkpoints import EXPORT_DIR, newest_checkpoint
 from pipeline.config import Config, config_from_dict, load_config
@@ -100,10 +100,7 @@ def main() -> None:
         f"| {share} | {seconds:.0f} | {recall[1]:.3f} | {recall[8]:.3f} | {recall[64]:.3f} |"
         for share, seconds, recall in rows
     ]
-    output = RESULTS / "shared_negatives.md"
-    output.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    update_benchmarks_md()
-    print("\n".join(lines))
+    write_result(RESULTS / "shared_negatives.md", lines)
 
 
 if __name__ == "__main__":

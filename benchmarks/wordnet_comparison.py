@@ -33,7 +33,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from report import update_benchmarks_md
+from report import write_result
 from tqdm import tqdm
 from wordnet_runs import RunResult, prepare_dataset, recipe, train_and_evaluate
 
@@ -183,10 +183,7 @@ def write_report(
         lines.append(f"| {scorer} | {negatives} | refused: {reason} | | | |")
     plot(results, args.out.with_suffix(".png"))
     lines += ["", f"![recall@1 per cell]({args.out.with_suffix('.png').name})"]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    update_benchmarks_md()
-    print("\n".join(lines))
+    write_result(args.out, lines)
 
 
 def plot(results: dict[tuple[str, str], list[RunResult]], path: Path) -> None:
