@@ -80,7 +80,16 @@ def train_and_evaluate(name: str, seed: int, config: Config, results: Path) -> R
     result = RunResult(name, seed, report.recall, seconds, summary.final_loss, summary.refreshes)
     results.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result.__dict__, indent=2) + "\n", encoding="utf-8")
+    drop_run_state(config.run_dir)
     return result
+
+
+def drop_run_state(run_dir: Path) -> None:
+    """Delete a finished run's checkpoints and index versions (DeepSpeed state is ~0.4 GB a
+    run), keeping its event log and other top-level files for inspection."""
+    for child in run_dir.iterdir():
+        if child.is_dir():
+            shutil.rmtree(child)
 
 
 def checkpoint_export(run_dir: Path, step: int | None = None) -> Path:
