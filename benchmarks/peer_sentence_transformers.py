@@ -1,5 +1,6 @@
 """Against the peer: sentence-transformers (``mine_hard_negatives`` once + MultipleNegativesRankingLoss)
-vs ``hnce train`` (mixed-50 on the asynchronous refresh), same data, model, budget and cores.
+vs ``hnce train`` (mixed-50 on the asynchronous refresh, shared negatives), same data, model,
+budget and cores.
 
 Both start from the packaged all-MiniLM-L6-v2 (local path, nothing downloaded) on the demo's
 WordNet subset (``pipeline.demo.demo_dataset``: configs/demo.yaml's lemma-disjoint train /
@@ -342,7 +343,7 @@ def write_results(
         f"{counts['entities']} synsets; both start from all-MiniLM-L6-v2 (mean pooling, as it "
         f"declares) and train 60 steps × 8 mentions, 8 negatives each, lr 5e-5, 6 warm-up steps. "
         f"hnce: mixed-50 on the asynchronous refresh, 1 trainer core + 1 refresh core, "
-        f"`negatives.share: none` (shared negatives are not on this branch). Peer: "
+        f"`negatives.share: batch` (every mention against every candidate of its step). Peer: "
         f"`mine_hard_negatives` (top 8 by cosine over the catalogue) once, then "
         f"MultipleNegativesRankingLoss (in-batch + mined negatives, cosine × 20, no-duplicates "
         f"batches) on the same 480 mentions, 2 torch threads. Evaluation: one exact path for "
@@ -433,6 +434,7 @@ def main() -> None:
             # means a later first index version, i.e. fewer hard negatives)
             "training.keep_checkpoints=10",
             "training.log_every=1",
+            "negatives.share=batch",  # every mention scored against every candidate of the step
             *args.set,
         ]
         config, counts = demo_dataset(load_config(ROOT / "configs/demo.yaml", recipe))

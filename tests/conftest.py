@@ -99,6 +99,15 @@ def syllable_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_syllable_bert(tmp_path_factory.mktemp("syllable-bert"))
 
 
+@pytest.fixture(scope="session")
+def real_wordnet(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """Debian's WordNet converted once for the session: (dataset root, conversion summary)."""
+    from pipeline.data.wordnet import convert_wordnet
+
+    root = tmp_path_factory.mktemp("real-wordnet") / "wordnet"
+    return root, convert_wordnet(root)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def ray_shut_down_after_module() -> Iterator[None]:
     """Each test module gets its own Ray instance: one left running by a module (the pipeline

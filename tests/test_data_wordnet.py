@@ -141,13 +141,13 @@ def test_split_keeps_lemmas_apart_and_is_seeded() -> None:
 
 
 @pytest.mark.slow
-def test_real_wordnet_counts(tmp_path: Path) -> None:
-    summary = convert_wordnet(tmp_path / "wordnet")
+def test_real_wordnet_counts(real_wordnet: tuple[Path, dict]) -> None:
+    root, summary = real_wordnet
     assert summary["entities"] == 117_659
     assert summary["mentions_total"] >= 45_000
     assert summary["ambiguous_total"] > summary["mentions_total"] / 2
     for split in ("train", "dev", "test"):
-        path = mention_split_path(tmp_path / "wordnet", split)
+        path = mention_split_path(root, split)
         assert len(MentionSplit.open(path)) == summary["mentions"][split] > 1000
 
 

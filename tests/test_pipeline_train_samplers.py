@@ -13,11 +13,12 @@ import ray
 from training_helpers import CONFIGS, synthetic_config
 
 from cluster.checkpoints import newest_checkpoint
+from cluster.index_store import IndexStore
 from cluster.negatives_store import NegativesStore
 from cluster.session import init_ray
 from pipeline.config import load_config
 from pipeline.train.events import read_events
-from pipeline.train.trainer import run_training
+from pipeline.train.trainer import TrainingSummary, run_training
 
 pytestmark = pytest.mark.slow
 STEPS = 6
@@ -39,32 +40,43 @@ def local_ray() -> Iterator[None]:
     ray.shutdown()
 
 
-def train(run_dir: Path, dataset: Path, model_dir: Path, *overrides: str) -> None:
+def train(run_dir: Path, dataset: Path, model_dir: Path, *overrides: str) -> TrainingSummary:
     config = synthetic_config(run_dir, dataset, model_dir, *SHORT_RUN, *overrides)
     summary = run_training(config, progress=False)
     assert summary.steps == STEPS
     assert [e["step"] for e in read_events(run_dir, "step")] == list(range(1, STEPS + 1))
     newest = newest_checkpoint(run_dir)
     assert newest is not None and newest[0] == STEPS
+    return summary
 
 
-@pytest.mark.parametrize("sampler", ["ohem", "adversarial"])
-def test_online_samplers_train_on_bm25_version_zero(
-    tmp_path: Path, small_dataset: Path, syllable_bert: Path, local_ray: None, sampler: str
+@pytest.mark.parametrize(("sampler", "initial"), [("ohem", "lexical"), ("adversarial", "model")])
+def test_online_samplers_train_on_negatives_mined_once_before_training(
+    tmp_path: Path,
+    small_dataset: Path,
+    syllable_bert: Path,
+    local_ray: None,
+    sampler: str,
+    initial: str,
 ) -> None:
+    """Negatives version 0 (BM25, or the starting model's own index) mined before the first
+    step and, with no refresh, used to the end: the sentence-transformers way, and DPR's."""
     run_dir = tmp_path / "run"
-    train(
+    summary = train(
         run_dir,
         small_dataset,
         syllable_bert,
         f"negatives.sampler={sampler}",
-        "negatives.initial=lexical",
+        f"negatives.initial={initial}",
         "negatives.ohem.pool_size=8",
     )
+    assert summary.refreshes == 0
     switches = read_events(run_dir, "negatives")
     assert [(s["step"], s["version"], s["checkpoint_step"]) for s in switches] == [(0, 0, 0)]
     assert all(e["negatives_version"] == 0 for e in read_events(run_dir, "step"))
     assert NegativesStore(run_dir / "negatives").current_version() == 0
+    index = run_dir / "index"
+    assert (IndexStore(index).versions() == [0]) if initial == "model" else not index.exists()
 
 
 def test_lexical_trains_without_an_index(
