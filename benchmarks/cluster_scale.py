@@ -176,7 +176,7 @@ def main() -> None:
     ]
     write_measures(
         args.output,
-        "5.9M-entity index on one machine (benchmarks/cluster_scale.py)",
+        f"5.9M-entity index on one machine, {args.dim}-d (benchmarks/cluster_scale.py)",
         f"Machine: {faiss.omp_get_max_threads()} FAISS threads, CPU only. One run.",
         rows,
     )

@@ -16,7 +16,7 @@ spread (Welch's t statistic > 2 between a cell and the same scorer's random cell
 recipe refuses (e.g. a sampler the trainer lacks on this branch) is reported as refused with the
 reason. Runs resume: each finished run is kept as JSON under ``--work-dir``.
 
-    .venv/bin/python benchmarks/wordnet_comparison.py            # about 1 min per run on 2 cores
+    .venv/bin/python benchmarks/wordnet_comparison.py            # 1.5-4 min per run on 2 shared cores
 
 writes ``benchmarks/results/wordnet_comparison.md`` and ``.png``.
 """
@@ -108,6 +108,11 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--only", nargs="*", default=None, help="cells 'scorer/negatives' to run")
     parser.add_argument("--out", type=Path, default=RESULTS / "wordnet_comparison.md")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="write the report from the runs already finished under --work-dir, train nothing",
+    )
     args = parser.parse_args()
     started = time.perf_counter()
     data = prepare_dataset(args.work_dir, args.entities, args.train_mentions, args.test_mentions)
@@ -135,6 +140,9 @@ def main() -> None:
         except ConfigError as error:
             refused[(scorer, negatives)] = str(error).splitlines()[-1]
             continue
+        result_file = args.work_dir / "results" / f"{name}-s{seed}.json"
+        if args.report_only and not result_file.is_file():
+            continue
         result = train_and_evaluate(name, seed, config, args.work_dir / "results")
         results.setdefault((scorer, negatives), []).append(result)
         tqdm.write(f"{name} seed {seed}: R@1 {result.recall[1]:.3f} ({result.seconds:.0f} s)")
@@ -148,7 +156,8 @@ def write_report(
     seconds: float,
 ) -> None:
     lines = [
-        "# WordNet: scorers × negatives through `hnce train`, 3 seeds (paper §6.5, Table 1; Appendix A)",
+        f"# WordNet: scorers × negatives through `hnce train`, {args.seeds} seeds "
+        "(paper §6.5, Table 1; Appendix A)",
         "",
         f"Held-out mentions whose lemmas never occur in training ({args.test_mentions}), linked "
         f"against a catalogue of {args.entities} synsets (every gold, the other senses of the "
@@ -159,13 +168,15 @@ def write_report(
         f"mined exactly) "
         f"on configs/demo.yaml with the packaged all-MiniLM-L6-v2 (its declared pooling), "
         f"{args.steps} steps × 8 mentions × 4 negatives, 24 tokens; every evaluation `hnce eval` "
-        f"through the cluster. Mean ± standard deviation over seeds 0..{args.seeds - 1}; "
-        f"**bold**: differs from the same scorer's random cell by Welch's t > 2. "
+        f"through the cluster. Mean ± standard deviation over the seeds finished of "
+        f"0..{args.seeds - 1} (column 'seeds'); "
+        f"**bold**: differs from the same scorer's random cell by Welch's t > 2. Refreshes: "
+        f"asynchronous refreshes published during a run (version 0 not counted). "
         f"Command: `.venv/bin/python benchmarks/wordnet_comparison.py` ({seconds / 60:.0f} min "
         "for the runs not already done).",
         "",
-        "| scorer | negatives | R@1 | R@8 | R@64 | seconds per run |",
-        "|---|---|---:|---:|---:|---:|",
+        "| scorer | negatives | seeds | R@1 | R@8 | R@64 | seconds per run | refreshes per run |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for (scorer, negatives), runs in results.items():
         baseline = results.get((scorer, "random"))
@@ -178,9 +189,13 @@ def write_report(
                 text = f"**{text}**"
             figures.append(text)
         mean_seconds = statistics.mean(r.seconds for r in runs)
-        lines.append(f"| {scorer} | {negatives} | {' | '.join(figures)} | {mean_seconds:.0f} |")
+        refreshes = statistics.mean(r.refreshes for r in runs)
+        lines.append(
+            f"| {scorer} | {negatives} | {len(runs)} | {' | '.join(figures)} | "
+            f"{mean_seconds:.0f} | {refreshes:.1f} |"
+        )
     for (scorer, negatives), reason in refused.items():
-        lines.append(f"| {scorer} | {negatives} | refused: {reason} | | | |")
+        lines.append(f"| {scorer} | {negatives} | | refused: {reason} | | | | |")
     plot(results, args.out.with_suffix(".png"))
     lines += ["", f"![recall@1 per cell]({args.out.with_suffix('.png').name})"]
     write_result(args.out, lines)
