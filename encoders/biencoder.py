@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
+from torch.nn import functional as F
 from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel, PreTrainedModel
 
 from encoders.formatting import register_markers, tokenize_entities, tokenize_mentions
@@ -93,6 +94,7 @@ class BiEncoder(nn.Module):
         mention_projection: TowerProjection | None = None,
         entity_projection: TowerProjection | None = None,
         pooling: Pooling = "cls",
+        normalize: bool = False,
     ) -> None:
         super().__init__()
         self.mention_tower = mention_tower
@@ -104,6 +106,7 @@ class BiEncoder(nn.Module):
         self.mention_projection = mention_projection
         self.entity_projection = entity_projection
         self.pooling: Pooling = pooling
+        self.normalize = normalize
 
     @property
     def output_size(self) -> int:
@@ -121,15 +124,24 @@ class BiEncoder(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """``tower`` (and ``projection``) on a batch, pooled as this model pools (``model.pooling``):
         token vectors [N, L, d] with position 0 the pooled vector, and the mask. Any tower of
-        this architecture, e.g. the momentum queue's EMA copy of the entity tower."""
+        this architecture, e.g. the momentum queue's EMA copy of the entity tower.
+
+        With ``normalize`` (``model.normalize``) every vector is L2-normalised, so eq. 9's inner
+        products are cosines: dual scores cos(x_1, y_1), multi-m and som take maxima of cosines
+        (ColBERT's normalised token vectors), poly-m's codes attend over unit vectors. The loss's
+        ``temperature`` then sets the scale (sentence-transformers: τ = 0.05)."""
         output = tower(input_ids=input_ids, attention_mask=attention_mask)
         hidden = output.last_hidden_state
         if projection is None:
-            return pooled_first(hidden, attention_mask, self.pooling), attention_mask
-        # BLINK's add_linear reads BERT's pooler output (tanh(W·[CLS])), not the raw [CLS] state.
-        pooled = self.pooling == "cls"
-        first = output.pooler_output if pooled else mean_pool(hidden, attention_mask)
-        return projection(hidden, first), attention_mask
+            vectors = pooled_first(hidden, attention_mask, self.pooling)
+        else:
+            # BLINK's add_linear reads BERT's pooler output (tanh(W·[CLS])), not the raw [CLS].
+            pooled = self.pooling == "cls"
+            first = output.pooler_output if pooled else mean_pool(hidden, attention_mask)
+            vectors = projection(hidden, first)
+        if self.normalize:
+            vectors = F.normalize(vectors, dim=-1)
+        return vectors, attention_mask
 
     def encode_mentions(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
         """Mention tower -> token vectors [B, L, d] (position 0 pooled) and the mask [B, L]."""
@@ -250,6 +262,7 @@ def build_biencoder(
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
     pooling: str = "auto",
+    normalize: bool = False,
 ) -> BiEncoder:
     """A fresh bi-encoder whose two towers start from the same weights.
 
@@ -257,6 +270,7 @@ def build_biencoder(
     is loaded from there unless one is given) or a ``BertConfig`` (random weights; pass a
     tokenizer). ``projection_size`` adds BLINK's ``additional_linear`` to both towers.
     ``pooling``: auto (what the directory declares, [CLS] for a ``BertConfig``) | cls | mean.
+    ``normalize``: L2-normalise every vector (:meth:`BiEncoder.encode_with`).
     """
     if isinstance(model_path_or_config, BertConfig):
         if tokenizer is None:
@@ -281,6 +295,7 @@ def build_biencoder(
         entity_length,
         projection_size,
         resolved,
+        normalize,
     )
     return model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
 
@@ -294,9 +309,10 @@ def _assemble(
     entity_length: int,
     projection_size: int | None,
     pooling: Pooling,
+    normalize: bool,
 ) -> BiEncoder:
     """Towers (SDPA attention where supported), tokenizer (BLINK markers registered), scorer,
-    optional projections and the pooling."""
+    optional projections, the pooling and whether vectors are normalised."""
     register_markers(tokenizer)
     use_sdpa(mention_tower, "mention")
     use_sdpa(entity_tower, "entity")
@@ -315,6 +331,7 @@ def _assemble(
         mention_projection,
         entity_projection,
         pooling,
+        normalize,
     )
 
 
@@ -352,6 +369,7 @@ def export_biencoder(model: BiEncoder, export_dir: Path) -> None:
         "mention_length": model.mention_length,
         "entity_length": model.entity_length,
         "pooling": model.pooling,
+        "normalize": model.normalize,
         "projection_size": None
         if projection is None
         else projection.additional_linear.out_features,
@@ -383,6 +401,9 @@ def load_biencoder(
     pooling = description.get("pooling", "cls")
     if pooling not in POOLINGS:
         raise ValueError(f"{description_path}: pooling {pooling!r}, expected one of {POOLINGS}")
+    normalize = description.get("normalize", False)  # older exports: unnormalised
+    if not isinstance(normalize, bool):
+        raise ValueError(f"{description_path}: normalize {normalize!r}, expected true or false")
     mention_tower = _load_tower(export_dir / "mention", dtype)
     entity_tower = _load_tower(export_dir / "entity", dtype)
     model = _assemble(
@@ -394,6 +415,7 @@ def load_biencoder(
         description["entity_length"],
         description.get("projection_size"),
         pooling,
+        normalize,
     )
     expected = _extra_state(model)
     weights_path = export_dir / SCORER_WEIGHTS_FILE

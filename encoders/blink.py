@@ -200,11 +200,17 @@ def import_blink_biencoder(
 def export_blink_biencoder(model: BiEncoder, path: Path) -> None:
     """Save ``model`` as a BLINK bi-encoder state_dict file (loadable by BLINK's ``load_model``).
 
-    BLINK pools [CLS], so a mean-pooled model is refused: BLINK would score it differently."""
+    BLINK pools [CLS] and scores unnormalised inner products, so a mean-pooled or normalised
+    model is refused: BLINK would score it differently."""
     if model.pooling != "cls":
         raise ValueError(
             f"{path}: BLINK pools [CLS]; this model pools {model.pooling}, so BLINK would "
             f"not score it as hnce trained it"
+        )
+    if model.normalize:
+        raise ValueError(
+            f"{path}: BLINK scores unnormalised inner products; this model normalises its "
+            f"vectors (model.normalize), so BLINK would not score it as hnce trained it"
         )
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,8 @@ whose module types also moved, e.g. ``sentence_transformers.models.Pooling`` to
 ``sentence_transformers.sentence_transformer.modules.pooling.Pooling``); a directory
 without ``modules.json`` (a plain Hugging Face or BLINK model) pools [CLS]. A Normalize module is
 read but not applied: hnce scores unnormalised inner products (eq. 9) and normalising x_1 alone
-would put it on another scale than the token vectors that multi-m, som and poly-m compare it with.
+would put it on another scale than the token vectors that multi-m, som and poly-m compare it with
+(``model.normalize`` normalises every vector instead: ``BiEncoder.encode_with``).
 
 Example::
 

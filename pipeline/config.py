@@ -119,14 +119,19 @@ class ModelSettings:
 
     ``pooling`` is the first vector x_1 / y_1 of both towers (``encoders.pooling``): auto (what the
     model directory declares: sentence-transformers' ``modules.json``, [CLS] without one; a
-    bi-encoder export's own) | cls | mean. ``activation_checkpointing`` recomputes each tower's
-    layer activations in the backward pass instead of keeping them (memory for time).
+    bi-encoder export's own) | cls | mean. ``normalize`` L2-normalises every vector of both
+    towers, so scores are cosines (``BiEncoder.encode_with``; pair it with
+    ``loss.options.temperature``, e.g. 0.05 as sentence-transformers' scale 20): unset, a fresh
+    model is unnormalised (eq. 9 as the paper writes it) and an export keeps its own.
+    ``activation_checkpointing`` recomputes each tower's layer activations in the backward pass
+    instead of keeping them (memory for time).
     """
 
     path: Text = "minilm"
     mention_length: Annotated[StrictInt, Field(ge=4)] = 32
     entity_length: Annotated[StrictInt, Field(ge=2)] = 64
     pooling: Literal["auto", "cls", "mean"] = "auto"
+    normalize: Flag | None = None
     activation_checkpointing: Flag = False
     scorer: ScorerConfig = field(default_factory=ScorerConfig)
 

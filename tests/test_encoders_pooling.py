@@ -1,6 +1,7 @@
 """Pooling that follows the model: mean equals the masked mean, auto reads sentence-transformers'
 declaration, BLINK stays [CLS], exports keep the pooling, bad declarations name their file, and
-the demo's untrained row pools as the model declares."""
+the demo's untrained row pools as the model declares; ``model.normalize`` makes scores
+cosines and is kept by exports, refused by BLINK's."""
 
 from __future__ import annotations
 
@@ -197,3 +198,71 @@ def test_the_untrained_row_pools_as_the_model_declares(
         None, [f"model.path={model_dir}", f"model.pooling={setting}", f"run.dir={tmp_path}"]
     )
     assert load_biencoder(untrained_export(config)).pooling == expected
+
+
+# --------------------------------------------------------------------------------------------
+# model.normalize: cosine scores
+
+
+def with_normalize(model: BiEncoder) -> BiEncoder:
+    """The same weights with every vector L2-normalised."""
+    model.normalize = True
+    return model
+
+
+def test_normalized_dual_scores_are_the_cosines_of_the_unnormalised_vectors(
+    tiny_tokenizer,
+) -> None:
+    plain, normalized = (tiny_model(tiny_tokenizer, "mean") for _ in range(2))
+    with_normalize(normalized)
+    mentions = plain.tokenize_mentions(["the capital of", "a"], ["paris", "river"], ["is", "big"])
+    entities = padded_entities(plain)
+    with torch.no_grad():
+        x = plain.encode_mentions(**mentions)[0][:, 0]
+        y = plain.encode_entities(**entities)[0][:, 0]
+        cosines = torch.nn.functional.cosine_similarity(x[:, None], y[None], dim=-1)
+        torch.testing.assert_close(normalized(mentions, entities), cosines)
+        assert not torch.allclose(plain(mentions, entities), cosines)
+
+
+def test_normalized_sum_of_max_is_a_sum_of_maximal_token_cosines(tiny_tokenizer) -> None:
+    """som over unit vectors (ColBERT's late interaction): every score is bounded by the
+    number of real mention tokens, and each entity's vectors, padding aside, have norm 1."""
+    model = with_normalize(tiny_model(tiny_tokenizer, "cls", "som"))
+    mentions = model.tokenize_mentions(["the capital of"], ["paris"], ["is a big city"])
+    entities = padded_entities(model)
+    with torch.no_grad():
+        vectors, mask = model.encode_entities(**entities)
+        scores = model(mentions, entities)
+    norms = vectors.norm(dim=-1)[mask.bool()]
+    torch.testing.assert_close(norms, torch.ones_like(norms))
+    assert (scores.abs() <= mentions["attention_mask"].sum() + 1e-4).all()
+
+
+def test_export_keeps_normalize_and_blink_refuses_it(tiny_tokenizer, tmp_path: Path) -> None:
+    model = with_normalize(tiny_model(tiny_tokenizer, "cls"))
+    export_biencoder(model, tmp_path / "export")
+    assert json.loads((tmp_path / "export" / "scorer.json").read_text())["normalize"] is True
+    reloaded = load_biencoder(tmp_path / "export")
+    assert reloaded.normalize
+    batch = padded_entities(model)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            reloaded.entity_index_vectors(**batch)[0], model.entity_index_vectors(**batch)[0]
+        )
+    with pytest.raises(ValueError, match="BLINK scores unnormalised inner products"):
+        export_blink_biencoder(model, tmp_path / "refused.bin")
+
+
+def test_normalize_follows_the_recipe_or_the_export(mean_bert: Path, tmp_path: Path) -> None:
+    def model_for(path: Path, *overrides: str) -> BiEncoder:
+        return build_model(
+            load_config(None, [f"model.path={path}", f"run.dir={tmp_path}", *overrides])
+        )
+
+    assert not model_for(mean_bert).normalize  # a fresh model: eq. 9 as written
+    assert model_for(mean_bert, "model.normalize=true").normalize
+    export_biencoder(model_for(mean_bert, "model.normalize=true"), tmp_path / "export")
+    assert model_for(tmp_path / "export").normalize  # unset: the export's own
+    with pytest.raises(ConfigError, match=r"model\.normalize"):
+        model_for(tmp_path / "export", "model.normalize=false")

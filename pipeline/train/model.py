@@ -28,9 +28,9 @@ def build_model(config: Config) -> BiEncoder:
     """A fresh bi-encoder for the config (both towers from ``model.path``, pooled as
     ``model.pooling`` says: auto reads the directory's declaration), or, when ``model.path`` is a
     bi-encoder export directory (``scorer.json``: e.g. BLINK imported by ``hnce finetune-blink``),
-    that model with its own towers, scorer, lengths and pooling."""
+    that model with its own towers, scorer, lengths, pooling and normalisation."""
     path = model_directory(config, "model.path", config.model.path)
-    pooling = config.model.pooling
+    pooling, normalize = config.model.pooling, config.model.normalize
     if (path / SCORER_FILE).is_file():
         model = load_biencoder(path)
         if pooling not in ("auto", model.pooling):
@@ -39,6 +39,12 @@ def build_model(config: Config) -> BiEncoder:
                 f"is {pooling!r} but {path / SCORER_FILE} pools {model.pooling!r}; set it to "
                 f"auto (or {model.pooling!r}) to continue that model",
             )
+        if normalize not in (None, model.normalize):
+            raise config.error(
+                "model.normalize",
+                f"is {normalize} but {path / SCORER_FILE} has normalize {model.normalize}; "
+                f"leave it unset (or {model.normalize}) to continue that model",
+            )
         return model
     return build_biencoder(
         path,
@@ -46,6 +52,7 @@ def build_model(config: Config) -> BiEncoder:
         mention_length=config.model.mention_length,
         entity_length=config.model.entity_length,
         pooling=pooling,
+        normalize=bool(normalize),
     )
 
 
