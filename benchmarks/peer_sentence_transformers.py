@@ -15,8 +15,11 @@ the held-out mentions and the whole catalogue, scores are exact, recall from
 ``pipeline.evaluate``. The peer's saved model loads as a ``BiEncoder`` with its declared (mean)
 pooling and its vectors are L2-normalised, as its Normalize module and cosine loss use them. The
 hnce final checkpoint is also evaluated through the product's path (``evaluate_export``: encoder
-actors + FAISS) as a check that the exact path measures the same thing. Finally one hnce
-training step is profiled (torch.profiler, in-process, 1 thread as in the run).
+actors + FAISS) as a check that the exact path measures the same thing. ``--cosine`` also trains
+hnce with ``model.normalize: true`` and the peer's temperature (0.05, its scale 20) on the same
+mentions. Finally one hnce training step is profiled (torch.profiler, in-process, 1 thread as in
+the run). Each method's curve is kept in ``<work>/curves.json`` and not trained again, so an
+interrupted run resumes method by method (``--work`` a kept directory).
 
     .venv/bin/pip install -c constraints.txt -e '.[bench]'
     .venv/bin/python benchmarks/peer_sentence_transformers.py
@@ -75,6 +78,49 @@ class Curve:
 
 
 @dataclass
+class Trained:
+    """One method's finished run: its curve, wall seconds (``total`` and, for the peer,
+    ``mining``), the mention ids it trained on in order, and the product-path check."""
+
+    curve: Curve
+    seconds: dict[str, float]
+    trained: list[str] = field(default_factory=list)
+    product: dict[int, float] | None = None
+
+
+class CurveCache:
+    """``curves.json`` in the work directory: every method finished so far, by key."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.entries = json.loads(path.read_text()) if path.is_file() else {}
+
+    def get(self, key: str) -> Trained | None:
+        raw = self.entries.get(key)
+        if raw is None:
+            return None
+        points = [(s, step, {int(k): v for k, v in r.items()}) for s, step, r in raw["points"]]
+        product = raw.get("product")
+        return Trained(
+            Curve(raw["name"], points),
+            raw["seconds"],
+            raw.get("trained", []),
+            None if product is None else {int(k): v for k, v in product.items()},
+        )
+
+    def put(self, key: str, done: Trained) -> Trained:
+        self.entries[key] = {
+            "name": done.curve.name,
+            "points": done.curve.points,
+            "seconds": done.seconds,
+            "trained": done.trained,
+            "product": done.product,
+        }
+        self.path.write_text(json.dumps(self.entries, indent=1) + "\n")
+        return done
+
+
+@dataclass
 class HeldOut:
     """The held-out mentions and the catalogue every model is evaluated on."""
 
@@ -126,7 +172,7 @@ def recall_of(
 
 
 def train_hnce(
-    config: Config, checkpoints: Sequence[int]
+    config: Config, checkpoints: Sequence[int], label: str = "hnce"
 ) -> tuple[Curve, list[str], list[str], float]:
     """``hnce train`` as the demo's mixed-50 run: the curve over its checkpoints (wall seconds
     from the call to each checkpoint's publication), their exports, the mention ids it trained
@@ -138,7 +184,7 @@ def train_hnce(
     trained = [m for e in read_events(config.run_dir, "step") for m in e["mentions"]]
     model_dirs = {s: config.run_dir / "checkpoints" / f"step-{s}" / EXPORT_DIR for s in checkpoints}
     switches = read_events(config.run_dir, "negatives")
-    curve = Curve(f"hnce (mixed-50, async refresh: {len(switches)} index versions used)")
+    curve = Curve(f"{label} (mixed-50, async refresh: {len(switches)} index versions used)")
     curve.points = [(published[s], s, {}) for s in checkpoints]
     return curve, [str(d) for d in model_dirs.values()], trained, seconds
 
@@ -306,18 +352,22 @@ def reach(curve: Curve, other: Curve) -> str:
     return f"{seconds:.0f} s (R@1 ≥ {target:.3f})"
 
 
-def findings(hnce: Curve, peer: Curve, seconds: dict[str, float]) -> list[str]:
+def findings(runs: Sequence[Trained], peer: Trained) -> list[str]:
     """Plain statements of who wins what, from the measured figures."""
     lines = []
-    for k in KS:
-        ours, theirs = hnce.final[k], peer.final[k]
-        winner = "hnce" if ours > theirs else "sentence-transformers" if theirs > ours else "tie"
-        lines.append(f"- R@{k}: hnce {ours:.3f} vs peer {theirs:.3f}: **{winner}**.")
-    faster = "hnce" if seconds["hnce"] < seconds["peer"] else "sentence-transformers"
-    lines.append(
-        f"- Wall-clock to the end of training: hnce {seconds['hnce']:.0f} s vs peer "
-        f"{seconds['peer']:.0f} s (of which mining {seconds['peer mining']:.0f} s): **{faster}**."
-    )
+    theirs_seconds = peer.seconds["total"]
+    for run in runs:
+        name = run.curve.name.split(" (")[0]
+        for k in KS:
+            ours, theirs = run.curve.final[k], peer.curve.final[k]
+            winner = name if ours > theirs else "sentence-transformers" if theirs > ours else "tie"
+            lines.append(f"- R@{k}: {name} {ours:.3f} vs peer {theirs:.3f}: **{winner}**.")
+        faster = name if run.seconds["total"] < theirs_seconds else "sentence-transformers"
+        lines.append(
+            f"- Wall-clock to the end of training: {name} {run.seconds['total']:.0f} s vs peer "
+            f"{theirs_seconds:.0f} s (of which mining {peer.seconds['mine_hard_negatives']:.0f} "
+            f"s): **{faster}**."
+        )
     return lines
 
 
@@ -325,25 +375,36 @@ def write_results(
     out: Path,
     counts: dict[str, int],
     untrained: dict[str, dict[int, float]],
-    curves: tuple[Curve, Curve],
-    seconds: dict[str, float],
-    product: dict[int, float] | None,
+    runs: Sequence[Trained],
+    peer: Trained,
+    total_seconds: float,
     profile: tuple[str, dict[str, float]],
 ) -> None:
-    hnce, peer = curves
     table, phases = profile
     header = "| method | R@1 | R@8 | R@64 | wall s | time to reach the other's final R@1 |"
+    rows = [
+        f"| {run.curve.name} | {recall_cells(run.curve.final)} | {run.seconds['total']:.0f} | "
+        f"{reach(run.curve, peer.curve)} |"
+        for run in runs
+    ]
+    rows += [
+        f"| {peer.curve.name} | {recall_cells(peer.curve.final)} | {peer.seconds['total']:.0f} | "
+        f"{reach(peer.curve, runs[0].curve)}, against the first row |"
+    ]
+    product = runs[0].product
     lines = [
         "# Against the peer: sentence-transformers vs `hnce train` (WordNet demo subset)",
         "",
-        f"Measured in one run of `benchmarks/peer_sentence_transformers.py` "
-        f"({seconds['total'] / 60:.1f} min; {platform.machine()}, {os.cpu_count()} cores shared "
-        f"with other jobs). Data: the demo's subset (configs/demo.yaml): "
+        f"Measured by `benchmarks/peer_sentence_transformers.py` ({total_seconds / 60:.1f} min "
+        f"for the methods not already in its work directory's curves.json; "
+        f"{platform.machine()}, {os.cpu_count()} cores shared with other jobs). Data: the "
+        f"demo's subset (configs/demo.yaml): "
         f"{counts['eval_mentions']} held-out mentions whose lemmas training never saw, "
         f"{counts['entities']} synsets; both start from all-MiniLM-L6-v2 (mean pooling, as it "
         f"declares) and train 60 steps × 8 mentions, 8 negatives each, lr 5e-5, 6 warm-up steps. "
         f"hnce: mixed-50 on the asynchronous refresh, 1 trainer core + 1 refresh core, "
-        f"`negatives.share: batch` (every mention against every candidate of its step). Peer: "
+        f"`negatives.share: batch` (every mention against every candidate of its step); the "
+        f"cosine row adds `model.normalize: true` and temperature 0.05. Peer: "
         f"`mine_hard_negatives` (top 8 by cosine over the catalogue) once, then "
         f"MultipleNegativesRankingLoss (in-batch + mined negatives, cosine × 20, no-duplicates "
         f"batches) on the same 480 mentions, 2 torch threads. Evaluation: one exact path for "
@@ -352,8 +413,7 @@ def write_results(
         "",
         header,
         "|---|---:|---:|---:|---:|---|",
-        f"| {hnce.name} | {recall_cells(hnce.final)} | {seconds['hnce']:.0f} | {reach(hnce, peer)} |",
-        f"| {peer.name} | {recall_cells(peer.final)} | {seconds['peer']:.0f} | {reach(peer, hnce)} |",
+        *rows,
         f"| untrained MiniLM, mean pooling, dot product (hnce's scoring) | "
         f"{recall_cells(untrained['dot'])} | | |",
         f"| untrained MiniLM, mean pooling, cosine (the peer's scoring) | "
@@ -366,16 +426,17 @@ def write_results(
         "| method | step | seconds | R@1 | R@8 | R@64 |",
         "|---|---:|---:|---:|---:|---:|",
         *(
-            f"| {curve.name} | {step} | {secs:.0f} | {recall_cells(recall)} |"
-            for curve in curves
-            for secs, step, recall in curve.points
+            f"| {run.curve.name} | {step} | {secs:.0f} | {recall_cells(recall)} |"
+            for run in [*runs, peer]
+            for secs, step, recall in run.curve.points
         ),
         "",
         *(
             [
                 f"Check of the evaluation path: hnce's final export through the product's "
                 f"`evaluate_export` (encoder actors + FAISS flat index): {recall_cells(product)} "
-                f"(R@1 / R@8 / R@64), against {recall_cells(hnce.final)} by the exact path.",
+                f"(R@1 / R@8 / R@64), against {recall_cells(runs[0].curve.final)} by the exact "
+                f"path.",
                 "",
             ]
             if product is not None
@@ -383,7 +444,7 @@ def write_results(
         ),
         "Findings:",
         "",
-        *findings(hnce, peer, seconds),
+        *findings(runs, peer),
         "",
         f"Profile of one hnce training step (torch.profiler, in-process worker loop, 1 thread as "
         f"in the run; random negatives before any refresh, same batch shape): batch assembly "
@@ -408,6 +469,9 @@ def held_out_set(config: Config) -> HeldOut:
     return HeldOut(mentions, catalogue.titles().to_pylist(), catalogue.texts().to_pylist())
 
 
+COSINE = ("model.normalize=true", "loss.options={temperature: 0.05}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoints", default="30,60")
@@ -415,6 +479,11 @@ def main() -> None:
         "--check-product",
         action="store_true",
         help="also evaluate hnce's final export through evaluate_export (actors + FAISS)",
+    )
+    parser.add_argument(
+        "--cosine",
+        action="store_true",
+        help="also train hnce with model.normalize and the peer's temperature 0.05",
     )
     parser.add_argument("--work", type=Path, default=None, help="default: a temporary directory")
     parser.add_argument("--set", action="append", default=[], help="recipe overrides (smoke runs)")
@@ -454,58 +523,79 @@ def main() -> None:
             "cosine": recall_of(*vectors, held_out, True),
         }
         print("untrained", untrained_recall, flush=True)
-        hnce_config = load_config(
-            ROOT / "configs/demo.yaml",
-            [*recipe, f"run.dir={work / 'hnce'}", f"data.root={config.data.root}"],
-        )
-        hnce, hnce_dirs, trained, hnce_seconds = train_hnce(hnce_config, checkpoints)
-        product = None
-        if args.check_product:
-            product = evaluate_export(hnce_config, Path(hnce_dirs[-1]), progress=False).recall
-        ray.shutdown()
-        evaluate_curve(hnce, hnce_dirs, load_biencoder, held_out)
-        print("hnce", hnce_seconds, hnce.points, flush=True)
-
-        by_id = {
-            m.mention_id: m
-            for m in MentionSplit.open(
-                mention_split_path(Path(config.data.root), config.data.train_split)
-            ).read_all()
-        }
-        mentions = [by_id[mention_id] for mention_id in trained]
-        anchors, corpus = peer_texts(untrained, mentions, held_out)
-        positives = [corpus[m.gold] for m in mentions]
-        peer, peer_seconds = train_peer(
-            anchors, positives, corpus, config, work / "peer", checkpoints
-        )
-        evaluate_curve(
-            peer,
-            [str(work / "peer" / f"step-{s}") for s in checkpoints],
-            lambda d: build_biencoder(
-                Path(d), "dual", mention_length=length[0], entity_length=length[1]
-            ),
-            held_out,
-        )
-        print("peer", peer_seconds, peer.points, flush=True)
+        cache = CurveCache(work / "curves.json")
+        variants = {"hnce": ("hnce", ())}
+        if args.cosine:
+            variants["hnce-cosine"] = ("hnce, cosine, τ 0.05", COSINE)
+        runs = []
+        for key, (label, overrides) in variants.items():
+            done = cache.get(key)
+            if done is None:
+                hnce_config = load_config(
+                    ROOT / "configs/demo.yaml",
+                    [*recipe, f"run.dir={work / key}", f"data.root={config.data.root}", *overrides],
+                )
+                done = cache.put(key, run_hnce(hnce_config, checkpoints, label, args, held_out))
+            print(key, done.seconds, done.curve.points, flush=True)
+            runs.append(done)
+        if any(run.trained != runs[0].trained for run in runs):
+            raise SystemExit("the hnce runs trained on different mentions: not comparable")
+        peer = cache.get("peer")
+        if peer is None:
+            by_id = {
+                m.mention_id: m
+                for m in MentionSplit.open(
+                    mention_split_path(Path(config.data.root), config.data.train_split)
+                ).read_all()
+            }
+            mentions = [by_id[mention_id] for mention_id in runs[0].trained]
+            anchors, corpus = peer_texts(untrained, mentions, held_out)
+            positives = [corpus[m.gold] for m in mentions]
+            curve, peer_seconds = train_peer(
+                anchors, positives, corpus, config, work / "peer", checkpoints
+            )
+            evaluate_curve(
+                curve,
+                [str(work / "peer" / f"step-{s}") for s in checkpoints],
+                lambda d: build_biencoder(
+                    Path(d), "dual", mention_length=length[0], entity_length=length[1]
+                ),
+                held_out,
+            )
+            peer = cache.put("peer", Trained(curve, peer_seconds))
+        print("peer", peer.seconds, peer.curve.points, flush=True)
         profile_config = load_config(
             ROOT / "configs/demo.yaml",
             [*recipe, f"run.dir={work / 'profile'}", f"data.root={config.data.root}"],
         )
         profile = profile_hnce_step(profile_config)
-    seconds = {
-        "hnce": hnce_seconds,
-        "peer": peer_seconds["total"],
-        "peer mining": peer_seconds["mine_hard_negatives"],
-        "total": time.perf_counter() - started,
-    }
+    total = time.perf_counter() - started
     raw = {
         "untrained": untrained_recall,
-        "curves": {c.name: c.points for c in (hnce, peer)},
-        "seconds": seconds,
-        "product_path": product,
+        "runs": {run.curve.name: run.__dict__ | {"curve": run.curve.points} for run in runs},
+        "peer": peer.__dict__ | {"curve": peer.curve.points},
     }
     args.out.with_suffix(".json").write_text(json.dumps(raw, indent=2) + "\n")
-    write_results(args.out, counts, untrained_recall, (hnce, peer), seconds, product, profile)
+    write_results(args.out, counts, untrained_recall, runs, peer, total, profile)
+
+
+def run_hnce(
+    config: Config,
+    checkpoints: Sequence[int],
+    label: str,
+    args: argparse.Namespace,
+    held_out: HeldOut,
+) -> Trained:
+    """One ``hnce train`` run, its final export checked through the product's path when
+    ``--check-product`` asks, then its curve by the exact path."""
+    curve, model_dirs, trained, seconds = train_hnce(config, checkpoints, label)
+    product = None
+    if args.check_product:
+        product = evaluate_export(config, Path(model_dirs[-1]), progress=False).recall
+        product = {k: product[k] for k in KS}
+    ray.shutdown()
+    evaluate_curve(curve, model_dirs, load_biencoder, held_out)
+    return Trained(curve, {"total": seconds}, trained, product)
 
 
 if __name__ == "__main__":
