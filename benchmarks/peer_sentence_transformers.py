@@ -16,9 +16,10 @@ the held-out mentions and the whole catalogue, scores are exact, recall from
 pooling and its vectors are L2-normalised, as its Normalize module and cosine loss use them. The
 hnce final checkpoint is also evaluated through the product's path (``evaluate_export``: encoder
 actors + FAISS) as a check that the exact path measures the same thing. ``--cosine`` also trains
-hnce with ``model.normalize: true`` and the peer's temperature (0.05, its scale 20) on the same
-mentions. Finally one hnce training step is profiled (torch.profiler, in-process, 1 thread as in
-the run). Each method's curve is kept in ``<work>/curves.json`` and not trained again, so an
+hnce with ``model.normalize: true``, the peer's temperature (0.05, its scale 20) and negatives
+version 0 mined with the starting model (``negatives.initial: model``) on the same mentions.
+Finally one hnce training step is profiled (torch.profiler, in-process, 1 thread as in the run).
+Each method's curve is kept in ``<work>/curves.json`` and not trained again, so an
 interrupted run resumes method by method (``--work`` a kept directory).
 
     .venv/bin/pip install -c constraints.txt -e '.[bench]'
@@ -404,7 +405,8 @@ def write_results(
         f"declares) and train 60 steps × 8 mentions, 8 negatives each, lr 5e-5, 6 warm-up steps. "
         f"hnce: mixed-50 on the asynchronous refresh, 1 trainer core + 1 refresh core, "
         f"`negatives.share: batch` (every mention against every candidate of its step); the "
-        f"cosine row adds `model.normalize: true` and temperature 0.05. Peer: "
+        f"cosine row adds `model.normalize: true`, temperature 0.05 and `negatives.initial: "
+        f"model` (hard negatives from step 1, as the peer's). Peer: "
         f"`mine_hard_negatives` (top 8 by cosine over the catalogue) once, then "
         f"MultipleNegativesRankingLoss (in-batch + mined negatives, cosine × 20, no-duplicates "
         f"batches) on the same 480 mentions, 2 torch threads. Evaluation: one exact path for "
@@ -469,7 +471,10 @@ def held_out_set(config: Config) -> HeldOut:
     return HeldOut(mentions, catalogue.titles().to_pylist(), catalogue.texts().to_pylist())
 
 
-COSINE = ("model.normalize=true", "loss.options={temperature: 0.05}")
+# The peer's own strengths given to hnce: cosine at its temperature, and hard negatives from the
+# first step (version 0 mined with the starting model, as mine_hard_negatives does) before the
+# asynchronous refresh takes over.
+COSINE = ("model.normalize=true", "loss.options={temperature: 0.05}", "negatives.initial=model")
 
 
 def main() -> None:
@@ -483,7 +488,8 @@ def main() -> None:
     parser.add_argument(
         "--cosine",
         action="store_true",
-        help="also train hnce with model.normalize and the peer's temperature 0.05",
+        help="also train hnce with model.normalize, the peer's temperature 0.05 and "
+        "negatives version 0 mined with the starting model",
     )
     parser.add_argument("--work", type=Path, default=None, help="default: a temporary directory")
     parser.add_argument("--set", action="append", default=[], help="recipe overrides (smoke runs)")
@@ -526,7 +532,7 @@ def main() -> None:
         cache = CurveCache(work / "curves.json")
         variants = {"hnce": ("hnce", ())}
         if args.cosine:
-            variants["hnce-cosine"] = ("hnce, cosine, τ 0.05", COSINE)
+            variants["hnce-cosine"] = ("hnce, cosine τ 0.05, version 0 from the model", COSINE)
         runs = []
         for key, (label, overrides) in variants.items():
             done = cache.get(key)
