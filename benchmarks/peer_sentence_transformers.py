@@ -369,6 +369,20 @@ def findings(runs: Sequence[Trained], peer: Trained) -> list[str]:
             f"{theirs_seconds:.0f} s (of which mining {peer.seconds['mine_hard_negatives']:.0f} "
             f"s): **{faster}**."
         )
+    for run in runs:
+        parts = run.seconds
+        lines.append(
+            f"- Where {run.curve.name.split(' (')[0]}'s {parts['total']:.0f} s went: "
+            f"{parts['before first step']:.0f} s before its first step (Ray, Ray Train and "
+            f"DeepSpeed start-up, model load, negatives version 0), {parts['steps']:.0f} s in "
+            f"its steps ({parts['per step']:.2f} s a step on 1 thread, the refresh on the other "
+            f"core), {parts['rest']:.0f} s checkpoints, polls and shutdown."
+        )
+    mining, steps = peer.seconds["mine_hard_negatives"], peer.curve.points[-1][1]
+    lines.append(
+        f"- Where the peer's {theirs_seconds:.0f} s went: {mining:.0f} s loading and mining, "
+        f"{(theirs_seconds - mining) / steps:.2f} s a step on 2 threads."
+    )
     return lines
 
 
@@ -542,6 +556,7 @@ def main() -> None:
                     [*recipe, f"run.dir={work / key}", f"data.root={config.data.root}", *overrides],
                 )
                 done = cache.put(key, run_hnce(hnce_config, checkpoints, label, args, held_out))
+            done.seconds |= wall_clock_parts(work / key, done.seconds["total"])
             print(key, done.seconds, done.curve.points, flush=True)
             runs.append(done)
         if any(run.trained != runs[0].trained for run in runs):
@@ -583,6 +598,24 @@ def main() -> None:
     }
     args.out.with_suffix(".json").write_text(json.dumps(raw, indent=2) + "\n")
     write_results(args.out, counts, untrained_recall, runs, peer, total, profile)
+
+
+def wall_clock_parts(run_dir: Path, total: float) -> dict[str, float]:
+    """Where an hnce run's wall-clock went, from its event log: before the first step (Ray,
+    Ray Train and DeepSpeed start-up, model load, negatives version 0), inside the steps, and
+    the rest (checkpoints, negatives polls, shutdown)."""
+    steps = read_events(run_dir, "step")
+    inside = sum(float(e["seconds"]) for e in steps)
+    first_step_start = float(steps[0]["time"]) - float(steps[0]["seconds"])
+    start = float(read_events(run_dir, "start")[0]["time"])
+    end = float(read_events(run_dir, "end")[-1]["time"])
+    before = total - (end - start) + (first_step_start - start)
+    return {
+        "before first step": before,
+        "steps": inside,
+        "per step": inside / len(steps),
+        "rest": total - before - inside,
+    }
 
 
 def run_hnce(
