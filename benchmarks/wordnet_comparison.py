@@ -197,8 +197,35 @@ def write_report(
     for (scorer, negatives), reason in refused.items():
         lines.append(f"| {scorer} | {negatives} | | refused: {reason} | | | | |")
     plot(results, args.out.with_suffix(".png"))
-    lines += ["", f"![recall@1 per cell]({args.out.with_suffix('.png').name})"]
+    lines += ["", f"![recall@1 per cell]({args.out.with_suffix('.png').name})", ""]
+    lines += ["Against the paper (hard and mixed negatives beat random ones at equal budget):", ""]
+    lines += findings(results)
     write_result(args.out, lines)
+
+
+def findings(results: dict[tuple[str, str], list[RunResult]]) -> list[str]:
+    """Each cell against its scorer's random cell at R@1 and R@64, by Welch's t: better or
+    worse than random beyond the spread (|t| > 2), or within it."""
+    lines = []
+    for (scorer, negatives), runs in results.items():
+        baseline = results.get((scorer, "random"))
+        if negatives == "random" or not baseline or min(len(runs), len(baseline)) < 2:
+            continue
+        verdicts = []
+        for k in (1, 64):
+            t = welch_t([r.recall[k] for r in runs], [r.recall[k] for r in baseline])
+            verdict = "better" if t > 2 else "worse" if t < -2 else "within the spread"
+            verdicts.append(f"R@{k} {verdict} (t = {t:+.1f})")
+        first = verdicts[0]
+        paper = (
+            "agrees with the paper"
+            if "better" in first
+            else "contradicts the paper"
+            if "worse" in first
+            else "neither confirms nor contradicts the paper"
+        )
+        lines.append(f"- {scorer}, {negatives} vs random: {'; '.join(verdicts)}: at R@1 {paper}.")
+    return lines
 
 
 def plot(results: dict[tuple[str, str], list[RunResult]], path: Path) -> None:
