@@ -172,8 +172,10 @@ def write_report(
         f"0..{args.seeds - 1} (column 'seeds'); "
         f"**bold**: differs from the same scorer's random cell by Welch's t > 2. Refreshes: "
         f"asynchronous refreshes published during a run (version 0 not counted). "
-        f"Command: `.venv/bin/python benchmarks/wordnet_comparison.py` ({seconds / 60:.0f} min "
-        "for the runs not already done).",
+        f"Command: `.venv/bin/python benchmarks/wordnet_comparison.py`: "
+        f"{sum(r.seconds for runs in results.values() for r in runs) / 60:.0f} min of training "
+        f"runs in all on 2 cores shared with other jobs ({seconds / 60:.0f} min in this "
+        f"invocation; finished runs are kept and not run again).",
         "",
         "| scorer | negatives | seeds | R@1 | R@8 | R@64 | seconds per run | refreshes per run |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
