@@ -237,14 +237,14 @@ def findings(results: dict[tuple[str, str], list[RunResult]]) -> list[str]:
 
 def plot(results: dict[tuple[str, str], list[RunResult]], path: Path) -> None:
     """Recall@1 per cell, mean with a ±1 standard deviation bar and every seed as a dot."""
-    names = [f"{s}\n{n}" for s, n in results]
+    names = [f"{s} {n}" for s, n in results]
     figure, axis = plt.subplots(figsize=(max(6, len(names) * 0.7), 4))
     for i, runs in enumerate(results.values()):
         values = [r.recall[1] for r in runs]
         deviation = statistics.stdev(values) if len(values) > 1 else 0.0
         axis.bar(i, statistics.mean(values), yerr=deviation, color="#8fb3d9", capsize=3)
         axis.scatter([i] * len(values), values, color="black", s=8, zorder=3)
-    axis.set_xticks(range(len(names)), names, fontsize=7)
+    axis.set_xticks(range(len(names)), names, fontsize=7, rotation=35, ha="right")
     axis.set_ylabel("recall@1 (held-out lemmas)")
     axis.set_title("WordNet through hnce train: mean ± sd over seeds")
     figure.tight_layout()
