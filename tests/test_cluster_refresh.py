@@ -17,6 +17,7 @@ import pytest
 import ray
 import torch
 from conftest import tiny_bert_config, write_wordpiece_tokenizer
+from training_helpers import exact_scores
 
 from cluster.actors import PlacementError, Task, TaskClock, TaskTimeout
 from cluster.checkpoints import mark_complete
@@ -123,28 +124,13 @@ def _clean_run(assets) -> Path:
     return run_dir
 
 
-def _exact_scores(export_dir: Path, data: Path, mentions: list[Mention]) -> np.ndarray:
-    """s(x, y) of every mention against every entity, straight from the model (no index)."""
-    model = load_biencoder(export_dir).eval()
-    catalogue = EntityCatalogue.open(data)
-    with torch.inference_mode():
-        return model(
-            model.tokenize_mentions(
-                [m.context_left for m in mentions],
-                [m.mention for m in mentions],
-                [m.context_right for m in mentions],
-            ),
-            model.tokenize_entities(catalogue.titles().to_pylist(), catalogue.texts().to_pylist()),
-        ).numpy()
-
-
 def _train_mentions(data: Path) -> list[Mention]:
     return MentionSplit.open(mention_split_path(data, "train")).read_all()
 
 
 def _assert_negatives_are_exact(run_dir: Path, export_dir: Path, data: Path, k: int = 10) -> None:
     mentions = _train_mentions(data)
-    scores = _exact_scores(export_dir, data, mentions)
+    scores = exact_scores(export_dir, data, mentions)
     cands, cand_scores = (
         NegativesStore(run_dir / "negatives").latest().lookup([m.mention_id for m in mentions])
     )
@@ -274,7 +260,7 @@ def test_exact_refresh_and_evaluation_of_entity_dependent_scorers(
     model = IndexedModel.from_checkpoint(run_dir / "checkpoints" / "step-1", 1)
     retrieved = retrieve(plan, model, mentions, 5, per_domain=True)
     assert not retrieved.built and retrieved.index_version.path == version.path
-    exact = _exact_scores(assets[scorer], assets["data"], mentions)
+    exact = exact_scores(assets[scorer], assets["data"], mentions)
     odd = np.array([m.domain == "odd" for m in mentions])
     exact[:, 1::2][~odd] = -np.inf  # an even mention never sees odd entities
     exact[:, 0::2][odd] = -np.inf
@@ -361,7 +347,7 @@ def test_evaluation_reuses_the_published_index_and_equals_re_encoding(ray_instan
     assert re_encoded.built and re_encoded.index_version.path == fresh / EVAL_INDEX_DIR / "v1"
     np.testing.assert_array_equal(re_encoded.cands, published.cands)
     np.testing.assert_array_equal(re_encoded.scores, published.scores)
-    exact = _exact_scores(assets["dual"], assets["data"], mentions)
+    exact = exact_scores(assets["dual"], assets["data"], mentions)
     np.testing.assert_array_equal(published.cands, np.argsort(-exact, axis=1)[:, :10])
     # Evaluation never writes into the refresh's store, and finds its own version again.
     assert not (fresh / "index").exists()

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from training_helpers import synthetic_config
+from training_helpers import config_for
 
 from cluster.lexical import bm25_directory, ensure_bm25, publish_lexical_negatives
 from cluster.negatives_store import NegativesStore
@@ -26,7 +26,7 @@ from cluster.tokens import TokenStore
 from encoders.biencoder import build_biencoder
 from mining.losses import build_loss
 from mining.samplers import SampledNegatives, SamplingRequest
-from pipeline.config import AdversarialOptions, Config, ConfigError
+from pipeline.config import AdversarialOptions, ConfigError
 from pipeline.train.adversarial import AdversarialTraining
 from pipeline.train.batch import ContrastiveBatch, MentionTokens, assemble_batch
 from pipeline.train.model_scores import CurrentModelScores
@@ -34,10 +34,6 @@ from pipeline.train.momentum_queue import MomentumEntityQueue, entity_side
 from pipeline.train.negatives import NegativeDrawer
 from pipeline.train.ohem import OnlineHardExamples
 from pipeline.train.step import contrastive_loss
-
-
-def config_for(dataset: Path, model_dir: Path, *overrides: str) -> Config:
-    return synthetic_config(Path("unused-run"), dataset, model_dir, *overrides)
 
 
 def train_mentions(dataset: Path) -> list[Mention]:

@@ -15,10 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
-from training_helpers import (
-    single_process_group,
-    synthetic_config,
-)
+from training_helpers import config_for, single_process_group
 
 from cluster.negatives_store import MinedSplit, NegativesStore
 from cluster.tables import EntityCatalogue, Mention, MentionSplit, mention_split_path
@@ -26,7 +23,6 @@ from cluster.tokens import TokenStore
 from encoders.biencoder import build_biencoder
 from mining.losses import NCELoss, build_loss
 from mining.samplers import SampledNegatives
-from pipeline.config import Config
 from pipeline.train import distributed
 from pipeline.train.batch import ContrastiveBatch, MentionTokens, assemble_batch
 from pipeline.train.checkpointing import agreed_resume_step
@@ -38,10 +34,6 @@ from pipeline.train.negatives import (
     training_entities,
 )
 from pipeline.train.step import contrastive_loss
-
-
-def config_for(small_dataset: Path, syllable_bert: Path, *overrides: str) -> Config:
-    return synthetic_config(Path("unused-run"), small_dataset, syllable_bert, *overrides)
 
 
 def split_mentions(small_dataset: Path, split: str = "train") -> list[Mention]:

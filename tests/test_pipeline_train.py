@@ -17,14 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import ray
-import torch
-from training_helpers import CONFIGS, synthetic_config, write_syllable_bert
+from training_helpers import CONFIGS, exact_scores, synthetic_config, write_syllable_bert
 
 from cluster.checkpoints import EXPORT_DIR, checkpoint_dir, newest_checkpoint
 from cluster.index_store import IndexStore
 from cluster.session import init_ray
 from cluster.tables import EntityCatalogue, MentionSplit, mention_split_path
-from encoders.biencoder import load_biencoder
 from pipeline.config import Config, config_from_dict, load_config
 from pipeline.data.synthetic import generate_synthetic_dataset
 from pipeline.demo import write_demo_subset
@@ -124,16 +122,7 @@ def brute_force_recall(config: Config, export_dir: Path) -> dict[int, float]:
     root = Path(config.data.root)
     mentions = MentionSplit.open(mention_split_path(root, config.data.eval_split)).read_all()
     catalogue = EntityCatalogue.open(root)
-    model = load_biencoder(export_dir).eval()
-    with torch.inference_mode():
-        scores = model(
-            model.tokenize_mentions(
-                [m.context_left for m in mentions],
-                [m.mention for m in mentions],
-                [m.context_right for m in mentions],
-            ),
-            model.tokenize_entities(catalogue.titles().to_pylist(), catalogue.texts().to_pylist()),
-        ).numpy()
+    scores = exact_scores(export_dir, root, mentions)
     domains = np.asarray(catalogue.domain_of().to_pylist())
     scores[domains[None, :] != np.asarray([m.domain for m in mentions])[:, None]] = -np.inf
     ranked = np.argsort(-scores, axis=1, kind="stable")[:, : max(config.eval.ks)]

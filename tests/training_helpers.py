@@ -9,11 +9,14 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from conftest import tiny_bert_config, write_wordpiece_tokenizer
 from transformers import BertModel
 
+from cluster.tables import EntityCatalogue, Mention
+from encoders.biencoder import load_biencoder
 from pipeline.config import Config, load_config
 from pipeline.data import synthetic
 from pipeline.data.synthetic import generate_synthetic_dataset
@@ -55,6 +58,27 @@ def synthetic_config(run_dir: Path, dataset: Path, model_dir: Path, *overrides: 
         CONFIGS / "synthetic-test.yaml",
         [f"run.dir={run_dir}", f"data.root={dataset}", f"model.path={model_dir}", *overrides],
     )
+
+
+def config_for(dataset: Path, model_dir: Path, *overrides: str) -> Config:
+    """:func:`synthetic_config` for in-process tests, which never write a run directory."""
+    return synthetic_config(Path("unused-run"), dataset, model_dir, *overrides)
+
+
+def exact_scores(export_dir: Path, data_root: Path, mentions: list[Mention]) -> np.ndarray:
+    """s(x, y) [M, E] of every mention against every catalogue entity, straight from the
+    exported model (no index): the ground truth that mining and evaluation must match."""
+    model = load_biencoder(export_dir).eval()
+    catalogue = EntityCatalogue.open(data_root)
+    with torch.inference_mode():
+        return model(
+            model.tokenize_mentions(
+                [m.context_left for m in mentions],
+                [m.mention for m in mentions],
+                [m.context_right for m in mentions],
+            ),
+            model.tokenize_entities(catalogue.titles().to_pylist(), catalogue.texts().to_pylist()),
+        ).numpy()
 
 
 @contextlib.contextmanager
