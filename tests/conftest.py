@@ -6,13 +6,26 @@ Test modules import the functions (`from conftest import tiny_bert_config`); pyt
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import BertConfig, BertModel, BertTokenizerFast
+
+# Ray Train's controller polls its workers every 2 s by default, which adds up to a poll's wait
+# to the start and end of every training run; tests poll faster. Nodes may take longer than
+# Ray's 60 s to register on a loaded 2-core machine. Set before any Ray instance starts, so
+# every instance and its workers inherit them.
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+os.environ.setdefault("RAY_raylet_start_wait_time_s", "600")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Two test processes share the cores: one torch thread each, or their thread pools spin
+    # against each other (a 1 s in-process DeepSpeed test took 19 s with two threads each).
+    torch.set_num_threads(1)
 
 # BERT's special tokens plus BLINK's mention / title markers (DESIGN.md §6).
 SPECIAL_TOKENS = (
@@ -108,11 +121,42 @@ def real_wordnet(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     return root, convert_wordnet(root)
 
 
+#: logical CPUs of the session's Ray instance: two trainer workers and two encoder actors fit,
+#: five one-CPU encoders do not (test_cluster_refresh counts on exactly this many)
+SESSION_RAY_CPUS = 4
+_session_ray: dict[str, str] = {}
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[str]:
+    """One local Ray instance for every test that runs hnce in this process, started the way
+    ``hnce`` starts one (``init_ray``: hnce's worker environment), as the commands of one process
+    share theirs; yields its GCS address for child processes that join it. Starting an instance
+    per module cost ~5 s each on 2 cores."""
+    import ray
+
+    from cluster.session import ClusterSettings, init_ray
+
+    init_ray(ClusterSettings(num_cpus=SESSION_RAY_CPUS))
+    _session_ray["address"] = ray.get_runtime_context().gcs_address
+    yield _session_ray["address"]
+    _session_ray.clear()
+    ray.shutdown()
+
+
 @pytest.fixture(autouse=True, scope="module")
-def ray_shut_down_after_module() -> Iterator[None]:
-    """Each test module gets its own Ray instance: one left running by a module (the pipeline
-    reuses an initialised Ray) would hand the next module the wrong CPUs and runtime env."""
+def ray_left_as_found() -> Iterator[None]:
+    """After each module: the session instance has every CPU free again (a module that leaves
+    an actor or a placement group behind fails here, not in a later module that cannot place
+    its own), and any other instance a module started is shut down."""
     yield
     ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
+    if ray is None or not ray.is_initialized():
+        return
+    if ray.get_runtime_context().gcs_address != _session_ray.get("address"):
         ray.shutdown()
+        return
+    deadline = time.monotonic() + 30
+    while ray.available_resources().get("CPU", 0) < SESSION_RAY_CPUS:
+        assert time.monotonic() < deadline, f"CPUs still held: {ray.available_resources()}"
+        time.sleep(0.2)

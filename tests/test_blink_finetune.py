@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import ray
 import torch
 
 from cluster.encoder_pool import read_encodings
@@ -209,7 +208,9 @@ def test_t7_must_match_catalogue_and_scorer(inputs: dict[str, Path], tmp_path: P
 
 
 @pytest.mark.slow
-def test_finetune_blink_end_to_end(inputs: dict[str, Path], tmp_path: Path) -> None:
+def test_finetune_blink_end_to_end(
+    inputs: dict[str, Path], tmp_path: Path, ray_session: str
+) -> None:
     run_dir, data_dir = tmp_path / "run", tmp_path / "data"
     code = main(
         [
@@ -305,14 +306,6 @@ def test_finetune_blink_end_to_end(inputs: dict[str, Path], tmp_path: Path) -> N
         assert not torch.equal(start.encode_entities(**tokens)[0], hf.encode_entities(**tokens)[0])
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.shutdown()  # the end-to-end test leaves the instance its command started
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def _version_zero_plan(inputs: dict[str, Path], root: Path) -> RefreshPlan:
     """The BLINK catalogue with train mentions of each city, and a refresh plan over them."""
     data = root / "data"
@@ -345,7 +338,7 @@ def _stored_vectors(plan: RefreshPlan) -> np.ndarray:
 @pytest.mark.slow
 @pytest.mark.parametrize("from_t7", [True, False], ids=["t7-encodings", "encoded"])
 def test_index_version_zero_holds_the_models_vectors_and_is_mined(
-    inputs: dict[str, Path], tmp_path: Path, ray_cluster: None, from_t7: bool
+    inputs: dict[str, Path], tmp_path: Path, ray_session: str, from_t7: bool
 ) -> None:
     """Version 0 is the .t7's rows as they are (here BLINK's encodings scaled by 2, so they differ
     from what the model would encode), or the checkpoint's own encodings (equal up to float

@@ -74,7 +74,9 @@ def weak_retriever_candidates(
 
 
 @pytest.mark.slow
-def test_reranker_beats_its_retriever_through_the_shared_driver(tmp_path: Path) -> None:
+def test_reranker_beats_its_retriever_through_the_shared_driver(
+    tmp_path: Path, ray_session: str
+) -> None:
     """``hnce rerank`` on a negatives version: the retriever's accuracy is ~0.25, chance is 1/8;
     the joint reranker trained by the shared DeepSpeed / Ray Train driver (checkpoints and event
     log under ``<run>/rerank``) must reach a clearly higher normalized accuracy. Its resume is

@@ -44,14 +44,6 @@ pytestmark = pytest.mark.slow
 NUM_ENTITIES = 48
 
 
-@pytest.fixture(scope="module")
-def ray_instance():
-    # Four logical CPUs: three one-CPU encoder actors fit, five do not.
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
-
-
 def _tiny_export(directory: Path, scorer: str) -> Path:
     letters = list(string.ascii_lowercase)
     tokenizer = write_wordpiece_tokenizer(directory, [*letters, *[f"##{c}" for c in letters]])
@@ -140,7 +132,7 @@ def _assert_negatives_are_exact(run_dir: Path, export_dir: Path, data: Path, k: 
     )
 
 
-def test_refresh_publishes_exact_index_and_negatives(ray_instance, assets) -> None:
+def test_refresh_publishes_exact_index_and_negatives(ray_session, assets) -> None:
     run_dir = _clean_run(assets)
     version = IndexStore(run_dir / "index").current()
     assert (version.version, version.checkpoint, version.num_entities) == (1, 1, NUM_ENTITIES)
@@ -163,7 +155,7 @@ def test_refresh_publishes_exact_index_and_negatives(ray_instance, assets) -> No
     assert again.up_to_date and "nothing to do" in again.line()
 
 
-def test_mining_through_three_shard_holders_equals_exact_search(ray_instance, assets) -> None:
+def test_mining_through_three_shard_holders_equals_exact_search(ray_session, assets) -> None:
     run_dir = assets["root"] / "holders"
     _checkpoint(run_dir, 1, assets["dual"])
     summary = run_refresh(_config(run_dir, assets["data"], num_encoders=3))
@@ -171,7 +163,7 @@ def test_mining_through_three_shard_holders_equals_exact_search(ray_instance, as
     _assert_negatives_are_exact(run_dir, assets["dual"], assets["data"])
 
 
-def test_killed_encoder_mid_refresh_publishes_identical_index(ray_instance, assets) -> None:
+def test_killed_encoder_mid_refresh_publishes_identical_index(ray_session, assets) -> None:
     clean = IndexStore(_clean_run(assets) / "index").current()
     run_dir = assets["root"] / "killed"
     _checkpoint(run_dir, 1, assets["dual"])
@@ -190,7 +182,7 @@ def test_killed_encoder_mid_refresh_publishes_identical_index(ray_instance, asse
     _assert_negatives_are_exact(run_dir, assets["dual"], assets["data"])
 
 
-def test_stale_checkpoints_are_skipped(ray_instance, assets) -> None:
+def test_stale_checkpoints_are_skipped(ray_session, assets) -> None:
     run_dir = assets["root"] / "stale"
     for step in (10, 20, 30):
         _checkpoint(run_dir, step, assets["dual"])
@@ -200,7 +192,7 @@ def test_stale_checkpoints_are_skipped(ray_instance, assets) -> None:
     assert NegativesStore(run_dir / "negatives").latest().checkpoint_step == 30
 
 
-def test_interrupted_refresh_resumes_finished_shards(ray_instance, assets) -> None:
+def test_interrupted_refresh_resumes_finished_shards(ray_session, assets) -> None:
     clean = IndexStore(_clean_run(assets) / "index").current()
     run_dir = assets["root"] / "resumed"
     _checkpoint(run_dir, 1, assets["dual"])
@@ -220,7 +212,7 @@ def test_interrupted_refresh_resumes_finished_shards(ray_instance, assets) -> No
     assert resumed.shard_checksums == clean.shard_checksums
 
 
-def test_multi_vector_refresh_mines_the_scorers_top_n(ray_instance, assets) -> None:
+def test_multi_vector_refresh_mines_the_scorers_top_n(ray_session, assets) -> None:
     run_dir = assets["root"] / "multi"
     _checkpoint(run_dir, 1, assets["multi"])
     run_refresh(_config(run_dir, assets["data"], num_encoders=2))
@@ -230,7 +222,7 @@ def test_multi_vector_refresh_mines_the_scorers_top_n(ray_instance, assets) -> N
     _assert_negatives_are_exact(run_dir, assets["multi"], assets["data"])
 
 
-def test_sum_of_max_refresh_mines_the_scorers_top_n(ray_instance, assets) -> None:
+def test_sum_of_max_refresh_mines_the_scorers_top_n(ray_session, assets) -> None:
     """Sum-of-max through two shard holders: token-level candidates `index.candidate_depth` deep,
     rescored exactly within each shard, equal the scorer's own top-N (s = Σ_i max_j ⟨x_i, y_j⟩)."""
     run_dir = assets["root"] / "som"
@@ -243,7 +235,7 @@ def test_sum_of_max_refresh_mines_the_scorers_top_n(ray_instance, assets) -> Non
 
 @pytest.mark.parametrize("scorer", ["poly-16", "genpoly-4-2"])
 def test_exact_refresh_and_evaluation_of_entity_dependent_scorers(
-    ray_instance, assets, scorer: str
+    ray_session, assets, scorer: str
 ) -> None:
     """Poly and genpoly through two shard holders: the shards store each entity's reduced
     vectors, every held entity is scored exactly (in chunks) and the merged top-N equals scoring
@@ -270,7 +262,7 @@ def test_exact_refresh_and_evaluation_of_entity_dependent_scorers(
     )
 
 
-def test_more_encoders_than_the_cluster_can_place_fail_in_seconds(ray_instance, assets) -> None:
+def test_more_encoders_than_the_cluster_can_place_fail_in_seconds(ray_session, assets) -> None:
     run_dir = assets["root"] / "too-many"
     _checkpoint(run_dir, 1, assets["dual"])
     started = time.monotonic()
@@ -287,7 +279,7 @@ class _StuckEncoder:
         return seconds
 
 
-def test_a_hung_task_is_reported_with_its_shard_and_actor(ray_instance) -> None:
+def test_a_hung_task_is_reported_with_its_shard_and_actor(ray_session) -> None:
     actor = _StuckEncoder.remote()
     ray.get(actor.index_shard.remote(0.0))  # started
     clock = TaskClock(floor_seconds=5.0, what="entity shard")
@@ -304,7 +296,7 @@ def test_a_hung_task_is_reported_with_its_shard_and_actor(ray_instance) -> None:
     ray.kill(actor)
 
 
-def test_coordinator_never_holds_the_catalogues_vectors(ray_instance, assets, monkeypatch) -> None:
+def test_coordinator_never_holds_the_catalogues_vectors(ray_session, assets, monkeypatch) -> None:
     """The refresh runs with every way of loading or building a FAISS index disabled in this
     process (the actors are other processes), and its Python heap peak does not grow with a
     catalogue 20 times larger cut into as many shards (after a warm-up run)."""
@@ -332,7 +324,7 @@ def test_coordinator_never_holds_the_catalogues_vectors(ray_instance, assets, mo
     assert peaks[2] - peaks[1] < one_shard_of_vectors / 4, peaks
 
 
-def test_evaluation_reuses_the_published_index_and_equals_re_encoding(ray_instance, assets) -> None:
+def test_evaluation_reuses_the_published_index_and_equals_re_encoding(ray_session, assets) -> None:
     run_dir = _clean_run(assets)
     mentions = _train_mentions(assets["data"])
     checkpoint = run_dir / "checkpoints" / "step-1"

@@ -42,13 +42,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def ray_address() -> Iterator[str]:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("lock")
     return {"data": _dataset(root / "data"), "dual": _tiny_export(root / "dual", "dual")}
@@ -56,7 +49,7 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def clean_checksums(
-    assets: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, ray_address: str
+    assets: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, ray_session: str
 ) -> list[str]:
     """Shard checksums of an undisturbed refresh of the same checkpoint."""
     run_dir = tmp_path_factory.mktemp("clean") / "run"
@@ -155,14 +148,14 @@ def _cli_refresh(run_dir: Path, data: Path, address: str) -> list[str]:
 
 
 def test_cli_refresh_and_training_coordinator_never_overlap(
-    ray_address: str, assets: dict[str, Path], tmp_path: Path
+    ray_session: str, assets: dict[str, Path], tmp_path: Path
 ) -> None:
     run_dir, data = tmp_path / "run", assets["data"]
     _checkpoint(run_dir, 1, assets["dual"])
     reader = PublishedReader(run_dir)
     reader.start()
     environment = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = _cli_refresh(run_dir, data, ray_address)
+    command = _cli_refresh(run_dir, data, ray_session)
     cli = subprocess.Popen(command, cwd=REPO, env=environment, stdout=subprocess.PIPE, text=True)
     # 1. The CLI holds the lock while the training run's coordinator starts: it must wait.
     with frozen_holder(run_dir, JOB_ROLE) as holder:
@@ -200,7 +193,7 @@ def _status(coordinator: object) -> dict:
 
 
 def test_coordinator_follows_new_checkpoints_and_records_them(
-    ray_address: str, assets: dict[str, Path], tmp_path: Path
+    ray_session: str, assets: dict[str, Path], tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
     _checkpoint(run_dir, 1, assets["dual"])
@@ -220,7 +213,7 @@ def test_coordinator_follows_new_checkpoints_and_records_them(
 
 
 def test_abandoned_refresh_publishes_nothing_and_the_next_resumes_it(
-    ray_address: str, assets: dict[str, Path], tmp_path: Path, clean_checksums: list[str]
+    ray_session: str, assets: dict[str, Path], tmp_path: Path, clean_checksums: list[str]
 ) -> None:
     run_dir = tmp_path / "run"
     _checkpoint(run_dir, 1, assets["dual"])
@@ -235,7 +228,7 @@ def test_abandoned_refresh_publishes_nothing_and_the_next_resumes_it(
 
 
 def test_checkpoint_deleted_under_a_refresh_finishes_from_what_it_loaded(
-    ray_address: str, assets: dict[str, Path], tmp_path: Path, clean_checksums: list[str]
+    ray_session: str, assets: dict[str, Path], tmp_path: Path, clean_checksums: list[str]
 ) -> None:
     run_dir = tmp_path / "run"
     _checkpoint(run_dir, 1, assets["dual"])

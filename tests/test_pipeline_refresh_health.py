@@ -7,17 +7,14 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 from conftest import write_letter_bert
 
 from cluster.refresh_job import RefreshesFailing
 from cluster.refresh_log import RefreshRecord, append_record, read_records
-from cluster.session import init_ray
 from cluster.tables import mention_split_path
 from pipeline.config import load_config
 from pipeline.data.synthetic import generate_synthetic_dataset
@@ -92,17 +89,10 @@ def test_a_failed_refresh_shows_on_the_progress_line_when_it_is_recorded(
     assert "refresh=failed x1" in seen
 
 
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    init_ray(load_config(CONFIGS / "synthetic-test.yaml").cluster, cpus_needed=3)
-    yield
-    ray.shutdown()
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_training_stops_with_the_cause_when_every_refresh_fails(
-    tmp_path: Path, local_ray: None
+    tmp_path: Path, ray_session: str
 ) -> None:
     """Every refresh fails mining a corrupted split: training stops after two, not at the end."""
     data = tmp_path / "data"

@@ -5,23 +5,20 @@ negative, the loss over the enlarged candidate set (eq. 5/11), cross-worker nega
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-import ray
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from training_helpers import CONFIGS, synthetic_config, write_syllable_bert
+from training_helpers import synthetic_config, write_syllable_bert
 
-from cluster.session import init_ray
 from cluster.tables import Mention
 from encoders.biencoder import BiEncoder, build_biencoder
 from mining.losses import NCELoss, build_loss
 from mining.samplers import SampledNegatives
-from pipeline.config import ConfigError, load_config
+from pipeline.config import ConfigError
 from pipeline.train.batch import ContrastiveBatch, ShareMode, assemble_batch
 from pipeline.train.distributed import Collectives
 from pipeline.train.events import read_events
@@ -243,16 +240,9 @@ def test_global_share_scores_the_other_workers_candidates_with_local_gradients(
 # End to end: DeepSpeed under Ray Train, two workers
 
 
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    init_ray(load_config(CONFIGS / "synthetic-test.yaml").cluster, cpus_needed=2)
-    yield
-    ray.shutdown()
-
-
 @pytest.mark.slow
 def test_shared_negatives_train_end_to_end_and_widen_the_first_steps_normaliser(
-    tmp_path: Path, small_dataset: Path, syllable_bert: Path, local_ray: None
+    tmp_path: Path, small_dataset: Path, syllable_bert: Path, ray_session: str
 ) -> None:
     """``batch`` and ``global`` from the recipe, 2 workers, 3 steps each: the first step sees
     the same scores in both (same seeds, same candidates encoded), so its loss grows with the

@@ -16,12 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import ray
 from training_helpers import CONFIGS, exact_scores, synthetic_config, write_syllable_bert
 
 from cluster.checkpoints import EXPORT_DIR, checkpoint_dir, newest_checkpoint
 from cluster.index_store import IndexStore
-from cluster.session import init_ray
 from cluster.tables import EntityCatalogue, MentionSplit, mention_split_path
 from pipeline.config import Config, config_from_dict, load_config
 from pipeline.data.synthetic import generate_synthetic_dataset
@@ -60,14 +58,6 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_syllable_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
-@pytest.fixture(scope="module")
-def local_ray() -> None:
-    config = load_config(CONFIGS / "synthetic-test.yaml")
-    init_ray(config.cluster, cpus_needed=3)
-    yield
-    ray.shutdown()
-
-
 def recall(config: Config, export_dir: Path | None) -> dict[int, float]:
     """Recall@{1, 8} on the test split through the cluster (``hnce eval``); None: untrained."""
     tree = config.to_dict()
@@ -80,7 +70,7 @@ def recall(config: Config, export_dir: Path | None) -> dict[int, float]:
 
 
 def test_training_switches_to_refreshed_negatives_without_waiting(
-    tmp_path: Path, dataset: Path, tiny_model_dir: Path, local_ray: None
+    tmp_path: Path, dataset: Path, tiny_model_dir: Path, ray_session: str
 ) -> None:
     run_dir = tmp_path / "run"
     config = synthetic_config(
@@ -131,7 +121,7 @@ def brute_force_recall(config: Config, export_dir: Path) -> dict[int, float]:
 
 
 def test_poly_trains_on_exactly_mined_hard_negatives_and_evaluates_exactly(
-    tmp_path: Path, dataset: Path, tiny_model_dir: Path, local_ray: None
+    tmp_path: Path, dataset: Path, tiny_model_dir: Path, ray_session: str
 ) -> None:
     """poly-16 with hard negatives from the index: the asynchronous refresh stores each entity's
     reduced vector, mines by exact scoring in the shard holders, and the trainer switches to its
@@ -163,7 +153,7 @@ def test_poly_trains_on_exactly_mined_hard_negatives_and_evaluates_exactly(
 
 
 def test_recall_on_held_out_lemmas_rises_over_the_untrained_model(
-    tmp_path: Path, wordnet_subset: Path, local_ray: None
+    tmp_path: Path, wordnet_subset: Path, ray_session: str
 ) -> None:
     """Real WordNet (lemmas of the test mentions never occur in training) and the packaged
     MiniLM: a short DeepSpeed run with random negatives beats the untrained encoder."""
@@ -193,7 +183,7 @@ def test_recall_on_held_out_lemmas_rises_over_the_untrained_model(
 
 
 def test_killed_worker_resumes_and_repeats_the_uninterrupted_run(
-    tmp_path: Path, dataset: Path, tiny_model_dir: Path, local_ray: None
+    tmp_path: Path, dataset: Path, tiny_model_dir: Path, ray_session: str
 ) -> None:
     """A worker killed mid-run: Ray Train restarts the group, which resumes from the newest
     checkpoint and then draws exactly the mentions, and computes exactly the losses, of a run
@@ -246,7 +236,7 @@ def test_killed_worker_resumes_and_repeats_the_uninterrupted_run(
 
 
 def test_sync_refreshes_hold_training_until_their_negatives_are_live(
-    tmp_path: Path, dataset: Path, tiny_model_dir: Path, local_ray: None
+    tmp_path: Path, dataset: Path, tiny_model_dir: Path, ray_session: str
 ) -> None:
     """``refresh.mode: sync`` with ``negatives.initial: model``: negatives version 0 comes from
     the starting model before step 0, and at every ``sync_every`` steps training waits for the negatives of that very checkpoint

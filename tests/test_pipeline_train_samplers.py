@@ -5,18 +5,14 @@ lexical``), so they rank real candidates from the first step without waiting for
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import ray
-from training_helpers import CONFIGS, synthetic_config
+from training_helpers import synthetic_config
 
 from cluster.checkpoints import newest_checkpoint
 from cluster.index_store import IndexStore
 from cluster.negatives_store import NegativesStore
-from cluster.session import init_ray
-from pipeline.config import load_config
 from pipeline.train.events import read_events
 from pipeline.train.trainer import TrainingSummary, run_training
 
@@ -31,13 +27,6 @@ SHORT_RUN = (
     "negatives.num_negatives=4",
     "refresh.enabled=false",
 )
-
-
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    init_ray(load_config(CONFIGS / "synthetic-test.yaml").cluster, cpus_needed=2)
-    yield
-    ray.shutdown()
 
 
 def train(run_dir: Path, dataset: Path, model_dir: Path, *overrides: str) -> TrainingSummary:
@@ -55,7 +44,7 @@ def test_online_samplers_train_on_negatives_mined_once_before_training(
     tmp_path: Path,
     small_dataset: Path,
     syllable_bert: Path,
-    local_ray: None,
+    ray_session: str,
     sampler: str,
     initial: str,
 ) -> None:
@@ -80,7 +69,7 @@ def test_online_samplers_train_on_negatives_mined_once_before_training(
 
 
 def test_lexical_trains_without_an_index(
-    tmp_path: Path, small_dataset: Path, syllable_bert: Path, local_ray: None
+    tmp_path: Path, small_dataset: Path, syllable_bert: Path, ray_session: str
 ) -> None:
     run_dir = tmp_path / "run"
     train(
@@ -94,7 +83,7 @@ def test_lexical_trains_without_an_index(
 
 
 def test_momentum_queue_trains_and_states_its_memory(
-    tmp_path: Path, small_dataset: Path, syllable_bert: Path, local_ray: None
+    tmp_path: Path, small_dataset: Path, syllable_bert: Path, ray_session: str
 ) -> None:
     run_dir = tmp_path / "run"
     train(
