@@ -23,8 +23,9 @@ from transformers import BertConfig, BertModel, BertTokenizerFast
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
 os.environ.setdefault("RAY_raylet_start_wait_time_s", "600")
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    # Two test processes share the cores: one torch thread each, or their thread pools spin
-    # against each other (a 1 s in-process DeepSpeed test took 19 s with two threads each).
+    # Two test processes share the cores: one torch thread each, or their thread pools fight
+    # (beside two busy processes, an in-process DeepSpeed test took 10.9 s with torch's two
+    # threads, 1.9 s with one).
     torch.set_num_threads(1)
 
 # BERT's special tokens plus BLINK's mention / title markers (DESIGN.md §6).
