@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,14 @@ from cluster.encoder_pool import EncoderPool, EncoderPoolSettings, ShardTask, en
 from cluster.index_build import IndexedModel, ensure_token_store
 from cluster.sharded_index import IndexSpec
 from cluster.tables import Entity, write_dataset
-from encoders.biencoder import build_biencoder, export_biencoder, load_biencoder, minilm_path
+from cluster.tokens import TokenStore
+from encoders.biencoder import (
+    BiEncoder,
+    build_biencoder,
+    export_biencoder,
+    load_biencoder,
+    minilm_path,
+)
 from encoders.formatting import length_sorted_batches
 from pipeline.data.wordnet import parse_data_line
 
@@ -56,7 +64,23 @@ def bare_loop(model, batches: list[dict[str, torch.Tensor]]) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
+@dataclass(frozen=True)
+class EncodeMeasures:
+    """What one run measured: seconds of each way to encode, and token counts."""
+
+    bare_seconds: float
+    pool_seconds: float
+    startup_seconds: float
+    tokens_seconds: float
+    bucketed_seconds: float
+    bucketed_tokens: int
+    fixed_seconds: float
+    fixed_tokens: int
+    real_tokens: int
+
+
+def parse_arguments() -> argparse.Namespace:
+    """The command line: catalogue size, batching, threads, repeats and the result file."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--entities", type=int, default=2048)
     parser.add_argument("--batch-size", type=int, default=64)
@@ -64,91 +88,119 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--output", type=Path, default=RESULTS / "cluster_encode.md")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    return parser.parse_args()
 
-    workdir = Path(tempfile.mkdtemp(prefix="hnce-encode-"))
+
+def build_catalogue(workdir: Path, count: int) -> tuple[Path, BiEncoder, TokenStore, float]:
+    """Export MiniLM and write `count` WordNet entities under `workdir`, then build their token
+    store: (export directory, the loaded model, the token store, seconds the store took)."""
     export_dir = workdir / "export"
     export_biencoder(build_biencoder(minilm_path(), "dual"), export_dir)
-    entities = wordnet_entities(args.entities)
+    entities = wordnet_entities(count)
     write_dataset(
         workdir / "data",
         (Entity(i, f"n{i}", title, text) for i, (title, text) in enumerate(entities)),
     )
     model = load_biencoder(export_dir).eval()
-    tokens_started = time.perf_counter()
+    started = time.perf_counter()
     tokens = ensure_token_store(workdir / "data", IndexedModel.from_export(export_dir), False)
-    tokens_seconds = time.perf_counter() - tokens_started
-    bounds = [
-        (start, min(start + args.shard_size, len(entities)))
-        for start in range(0, len(entities), args.shard_size)
-    ]
+    return export_dir, model, tokens, time.perf_counter() - started
 
-    # Same inputs for the bare loop: the pool's shards, in its length-sorted batches.
-    bare_batches = []
+
+def bare_loop_batches(
+    tokens: TokenStore, bounds: list[tuple[int, int]], batch_size: int
+) -> list[dict[str, torch.Tensor]]:
+    """The pool's inputs for the bare loop: each shard's rows in its length-sorted batches."""
+    batches = []
     for start, stop in bounds:
         ids = np.arange(start, stop)
-        for rows in length_sorted_batches(tokens.lengths[ids], args.batch_size):
-            bare_batches.append(tokens.batch(ids[rows]))
-    all_ids = np.arange(len(entities))
-    bucketed_seconds = time.perf_counter()
-    _, _, bucketed_tokens = encode_entities(model, tokens, all_ids, args.batch_size, True)
-    bucketed_seconds = time.perf_counter() - bucketed_seconds
-    fixed_seconds = time.perf_counter()
-    _, _, fixed_tokens = encode_entities(model, tokens, all_ids, args.batch_size, False)
-    fixed_seconds = time.perf_counter() - fixed_seconds
-    real_tokens = int(sum(int(b["attention_mask"].sum()) for b in bare_batches))
+        for rows in length_sorted_batches(tokens.lengths[ids], batch_size):
+            batches.append(tokens.batch(ids[rows]))
+    return batches
 
+
+def timed_encode(
+    model: BiEncoder, tokens: TokenStore, count: int, batch_size: int, bucketed: bool
+) -> tuple[float, int]:
+    """Seconds and padded tokens of `encode_entities` over the whole catalogue."""
+    all_ids = np.arange(count)
+    started = time.perf_counter()
+    _, _, padded_tokens = encode_entities(model, tokens, all_ids, batch_size, bucketed)
+    return time.perf_counter() - started, padded_tokens
+
+
+def start_pool(
+    export_dir: Path, tokens: TokenStore, args: argparse.Namespace
+) -> tuple[EncoderPool, float]:
+    """Ray and a one-actor encoder pool; the pool and its start-up seconds (model load included)."""
     ray.init(num_cpus=max(2, args.threads), include_dashboard=False, log_to_driver=False)
-    startup = time.perf_counter()
+    started = time.perf_counter()
     settings = EncoderPoolSettings(
         num_encoders=1, batch_size=args.batch_size, num_threads=args.threads
     )
     pool = EncoderPool(export_dir, settings, tokens.directory)
-    startup = time.perf_counter() - startup
-    shards = workdir / "shards"
-    shards.mkdir()
-    tasks = [
-        ShardTask(number, entity_range, str(shards), IndexSpec(), 1)
+    return pool, time.perf_counter() - started
+
+
+def shard_tasks(directory: Path, bounds: list[tuple[int, int]]) -> list[ShardTask]:
+    """One pool task per shard of `bounds`, each writing its FAISS shard under `directory`."""
+    directory.mkdir()
+    return [
+        ShardTask(number, entity_range, str(directory), IndexSpec(), 1)
         for number, entity_range in enumerate(bounds)
     ]
+
+
+def best_alternated_seconds(
+    model: BiEncoder,
+    bare_batches: list[dict[str, torch.Tensor]],
+    pool: EncoderPool,
+    tasks: list[ShardTask],
+    repeats: int,
+) -> tuple[float, float]:
+    """Best seconds of the bare loop and of the pool over every shard, after a warm-up of each."""
     pool.index_shards(tasks[:1], lambda _: None)  # warm-up shard
     bare_loop(model, bare_batches[:2])
     # Alternate the two on a shared, noisy machine and keep the best of each.
     bare_times, pool_times = [], []
-    for _ in range(args.repeats):
+    for _ in range(repeats):
         bare_times.append(bare_loop(model, bare_batches))
         started = time.perf_counter()
         pool.index_shards(tasks, lambda _: None)
         pool_times.append(time.perf_counter() - started)
-    bare_seconds, pool_seconds = min(bare_times), min(pool_times)
-    pool.shutdown()
-    ray.shutdown()
+    return min(bare_times), min(pool_times)
 
-    count = len(entities)
+
+def write_results(args: argparse.Namespace, measures: EncodeMeasures) -> None:
+    """The result table of one run."""
+    count = args.entities
+    bucketed_seconds, fixed_seconds = measures.bucketed_seconds, measures.fixed_seconds
     rows = [
         ("entities (WordNet noun synsets, lemmas + definition)", f"{count}"),
         ("model", "all-MiniLM-L6-v2 entity tower, dual scorer, max 128 tokens"),
         ("torch threads (bare loop and actor)", str(args.threads)),
         ("timing", f"best of {args.repeats}, bare loop and pool alternated"),
-        ("bare `entity_tower(**batch)` loop", f"{count / bare_seconds:.1f} entities/s"),
+        ("bare `entity_tower(**batch)` loop", f"{count / measures.bare_seconds:.1f} entities/s"),
         (
             "encoder pool (1 actor, token rows + encode + FAISS shard written)",
-            f"{count / pool_seconds:.1f} entities/s",
+            f"{count / measures.pool_seconds:.1f} entities/s",
         ),
-        ("pool / bare throughput", f"{bare_seconds / pool_seconds:.3f}"),
-        ("actor start-up + model load (once per refresh)", f"{startup:.1f} s"),
-        ("token store build (once per tokenizer and length)", f"{tokens_seconds:.1f} s"),
+        ("pool / bare throughput", f"{measures.bare_seconds / measures.pool_seconds:.3f}"),
+        ("actor start-up + model load (once per refresh)", f"{measures.startup_seconds:.1f} s"),
+        (
+            "token store build (once per tokenizer and length)",
+            f"{measures.tokens_seconds:.1f} s",
+        ),
         (
             "length-bucketed batches",
-            f"{count / bucketed_seconds:.1f} entities/s, {bucketed_tokens} padded tokens",
+            f"{count / bucketed_seconds:.1f} entities/s, {measures.bucketed_tokens} padded tokens",
         ),
         (
             "fixed padding to 128",
-            f"{count / fixed_seconds:.1f} entities/s, {fixed_tokens} padded tokens",
+            f"{count / fixed_seconds:.1f} entities/s, {measures.fixed_tokens} padded tokens",
         ),
         ("bucketed / fixed throughput", f"{fixed_seconds / bucketed_seconds:.2f}×"),
-        ("real (unpadded) tokens", str(real_tokens)),
+        ("real (unpadded) tokens", str(measures.real_tokens)),
     ]
     write_measures(
         args.output,
@@ -156,6 +208,43 @@ def main() -> None:
         "CPU only, one run; the machine is shared, so compare the ratios.",
         rows,
     )
+
+
+def main() -> None:
+    args = parse_arguments()
+    torch.set_num_threads(args.threads)
+    workdir = Path(tempfile.mkdtemp(prefix="hnce-encode-"))
+    export_dir, model, tokens, tokens_seconds = build_catalogue(workdir, args.entities)
+    bounds = [
+        (start, min(start + args.shard_size, args.entities))
+        for start in range(0, args.entities, args.shard_size)
+    ]
+    bare_batches = bare_loop_batches(tokens, bounds, args.batch_size)
+    bucketed_seconds, bucketed_tokens = timed_encode(
+        model, tokens, args.entities, args.batch_size, True
+    )
+    fixed_seconds, fixed_tokens = timed_encode(model, tokens, args.entities, args.batch_size, False)
+    real_tokens = int(sum(int(b["attention_mask"].sum()) for b in bare_batches))
+
+    pool, startup_seconds = start_pool(export_dir, tokens, args)
+    tasks = shard_tasks(workdir / "shards", bounds)
+    bare_seconds, pool_seconds = best_alternated_seconds(
+        model, bare_batches, pool, tasks, args.repeats
+    )
+    pool.shutdown()
+    ray.shutdown()
+    measures = EncodeMeasures(
+        bare_seconds=bare_seconds,
+        pool_seconds=pool_seconds,
+        startup_seconds=startup_seconds,
+        tokens_seconds=tokens_seconds,
+        bucketed_seconds=bucketed_seconds,
+        bucketed_tokens=bucketed_tokens,
+        fixed_seconds=fixed_seconds,
+        fixed_tokens=fixed_tokens,
+        real_tokens=real_tokens,
+    )
+    write_results(args, measures)
 
 
 if __name__ == "__main__":

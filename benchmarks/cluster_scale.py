@@ -18,6 +18,7 @@ import resource
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import faiss
@@ -27,7 +28,13 @@ from tqdm import tqdm
 
 from cluster.index_build import index_parameters
 from cluster.index_store import BuildParameters, IndexStore
-from cluster.sharded_index import IndexSpec, build_shard_index, resolve_faiss_device, train_index
+from cluster.sharded_index import (
+    IndexSpec,
+    ShardedSearcher,
+    build_shard_index,
+    resolve_faiss_device,
+    train_index,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -53,7 +60,25 @@ def peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-def main() -> None:
+@dataclass(frozen=True)
+class ScaleMeasures:
+    """What one run measured: seconds, store size, search quality and peak memory."""
+
+    train_seconds: float
+    build_seconds: float
+    generate_seconds: float
+    store_bytes: int
+    load_seconds: float
+    search_seconds: float
+    recall: float
+    source_at_1: float
+    peak_build_search: float
+    peak: float
+    total_seconds: float
+
+
+def parse_arguments() -> argparse.Namespace:
+    """The command line: catalogue size and dimension, index parameters, queries and output."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--entities", type=int, default=5_903_530)
     parser.add_argument("--dim", type=int, default=1024)
@@ -65,37 +90,45 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, default=RESULTS / "cluster_scale.md")
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    rng = np.random.default_rng(args.seed)
-    centers = rng.standard_normal((4096, args.dim), dtype=np.float32)
+
+def vector_generator(rng: np.random.Generator, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """The (cluster centers, noise basis) that `chunk_vectors` draws the catalogue from."""
+    centers = rng.standard_normal((4096, dim), dtype=np.float32)
     centers /= np.linalg.norm(centers, axis=1, keepdims=True)
     # 64 noise directions of norm ~0.15 each: within a cluster, cosine to the center ~0.5.
-    noise_basis = 0.15 * rng.standard_normal((64, args.dim), dtype=np.float32) / np.sqrt(args.dim)
-    generator = (centers, noise_basis)
-    bounds = [*list(range(0, args.entities, args.shard_size)), args.entities]
-    spec = IndexSpec(kind="ivfpq", nlist=args.nlist, pq_m=args.pq_m, nprobe=args.nprobe)
+    noise_basis = 0.15 * rng.standard_normal((64, dim), dtype=np.float32) / np.sqrt(dim)
+    return centers, noise_basis
 
-    workdir = Path(tempfile.mkdtemp(prefix="hnce-scale-"))
-    store = IndexStore(workdir / "index", keep=1)
-    started = time.perf_counter()
-    sample = chunk_vectors(0, min(spec.train_size, args.entities), generator, args.seed + 1)
-    trained = train_index(sample, spec, args.seed)
-    train_seconds = time.perf_counter() - started
-    builder = store.begin(
-        BuildParameters(
-            checkpoint=0,
-            checkpoint_path="synthetic",
-            model="0" * 64,
-            catalogue="0" * 64,
-            source="synthetic clustered vectors",
-            scorer={"name": "dual"},
-            dim=args.dim,
-            vectors_per_entity=1,
-            num_entities=args.entities,
-            index=index_parameters(spec, args.shard_size),
-        )
+
+def build_parameters(args: argparse.Namespace, spec: IndexSpec) -> BuildParameters:
+    """The store's manifest fields for the synthetic catalogue (no model, no checkpoint)."""
+    return BuildParameters(
+        checkpoint=0,
+        checkpoint_path="synthetic",
+        model="0" * 64,
+        catalogue="0" * 64,
+        source="synthetic clustered vectors",
+        scorer={"name": "dual"},
+        dim=args.dim,
+        vectors_per_entity=1,
+        num_entities=args.entities,
+        index=index_parameters(spec, args.shard_size),
     )
+
+
+def build_shards(
+    store: IndexStore,
+    args: argparse.Namespace,
+    generator: tuple[np.ndarray, np.ndarray],
+    bounds: list[int],
+    spec: IndexSpec,
+    trained: faiss.Index,
+) -> float:
+    """Add, write and publish every shard of `bounds` on the shared quantiser `trained`; returns
+    the seconds spent generating vectors (left out of the build time)."""
+    builder = store.begin(build_parameters(args, spec))
     generate_seconds = 0.0
     with tqdm(total=args.entities, desc="building", unit="entities", unit_scale=True) as bar:
         for shard_no, (start, stop) in enumerate(itertools.pairwise(bounds)):
@@ -108,15 +141,24 @@ def main() -> None:
             del vectors, index
             bar.update(stop - start)
     builder.publish(len(bounds) - 1)
-    build_seconds = time.perf_counter() - started - generate_seconds
-    store_bytes = sum(
-        path.stat().st_size for path in (workdir / "index").rglob("*") if path.is_file()
-    )
+    return generate_seconds
 
-    tick = time.perf_counter()
+
+def timed_load(store: IndexStore) -> tuple[ShardedSearcher, float]:
+    """The store's current version, loaded on the CPU, and the seconds the load took."""
+    started = time.perf_counter()
     version = store.current().load(device=resolve_faiss_device("cpu"))
-    load_seconds = time.perf_counter() - tick
-    # Queries: noisy copies of random catalogue entities (their source should come back first).
+    return version, time.perf_counter() - started
+
+
+def noisy_queries(
+    rng: np.random.Generator,
+    args: argparse.Namespace,
+    generator: tuple[np.ndarray, np.ndarray],
+    bounds: list[int],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Noisy copies of random catalogue entities, whose source should come back first:
+    (source entity ids, query vectors)."""
     sources = np.sort(rng.choice(args.entities, args.queries, replace=False))
     queries = np.empty((args.queries, args.dim), np.float32)
     for start, stop in itertools.pairwise(bounds):
@@ -126,53 +168,75 @@ def main() -> None:
                 sources[inside] - start
             ]
     queries += 0.02 * rng.standard_normal(queries.shape, dtype=np.float32) / np.sqrt(args.dim)
-    version.search(queries[:8], args.k)  # warm-up
-    tick = time.perf_counter()
-    found, _ = version.search(queries, args.k)
-    search_seconds = time.perf_counter() - tick
+    return sources, queries
 
-    peak_build_search = peak_rss_gib()  # before the ground-truth pass, which is not the index's
 
-    exact = faiss.ResultHeap(args.queries, args.k, keep_max=True)
+def timed_search(version: ShardedSearcher, queries: np.ndarray, k: int) -> tuple[np.ndarray, float]:
+    """Top-`k` ids of `queries` and the seconds the search took, after an 8-query warm-up."""
+    version.search(queries[:8], k)  # warm-up
+    started = time.perf_counter()
+    found, _ = version.search(queries, k)
+    return found, time.perf_counter() - started
+
+
+def exact_top_k(
+    queries: np.ndarray,
+    k: int,
+    generator: tuple[np.ndarray, np.ndarray],
+    bounds: list[int],
+    seed: int,
+) -> np.ndarray:
+    """Ids of each query's exact inner-product top `k`, over the regenerated chunks."""
+    exact = faiss.ResultHeap(len(queries), k, keep_max=True)
     for start, stop in tqdm(list(itertools.pairwise(bounds)), desc="ground truth"):
-        scores = queries @ chunk_vectors(start, stop, generator, args.seed).T
-        top = np.argpartition(-scores, args.k, axis=1)[:, : args.k]
+        scores = queries @ chunk_vectors(start, stop, generator, seed).T
+        top = np.argpartition(-scores, k, axis=1)[:, :k]
         exact.add_result(np.take_along_axis(scores, top, 1), top + start)
     exact.finalize()
-    recall = np.mean([len(set(f) & set(e)) / args.k for f, e in zip(found, exact.I, strict=True)])
-    source_at_1 = float(np.mean(found[:, 0] == sources))
-    total_seconds = time.perf_counter() - started
-    peak = peak_rss_gib()
-    shutil.rmtree(workdir)
+    return exact.I
 
+
+def write_results(
+    args: argparse.Namespace, spec: IndexSpec, num_shards: int, measures: ScaleMeasures
+) -> None:
+    """The result table of one run, with the 1024-d (BLINK) sizes it extrapolates to."""
     blink_fp32 = args.entities * 1024 * 4 / 2**30
     blink_pq = args.entities * 128 / 2**30
     ids_gib = args.entities * 8 / 2**30
     rows = [
         ("entities", f"{args.entities:,}"),
         ("dimension", str(args.dim)),
-        ("shards", f"{len(bounds) - 1} × {args.shard_size:,}"),
+        ("shards", f"{num_shards} × {args.shard_size:,}"),
         ("index", f"IVF{spec.nlist},PQ{spec.pq_m} (8 bit), nprobe {spec.nprobe}, shared quantiser"),
-        ("train (65,536-vector sample)", f"{train_seconds:.1f} s"),
-        ("build (add + write + sha256, generator time excluded)", f"{build_seconds:.1f} s"),
-        ("vector generation", f"{generate_seconds:.1f} s"),
-        ("store on disk", f"{store_bytes / 2**30:.2f} GiB"),
-        ("load (memory-mapped) + verify sha256 (streamed) + check ids", f"{load_seconds:.1f} s"),
+        ("train (65,536-vector sample)", f"{measures.train_seconds:.1f} s"),
+        (
+            "build (add + write + sha256, generator time excluded)",
+            f"{measures.build_seconds:.1f} s",
+        ),
+        ("vector generation", f"{measures.generate_seconds:.1f} s"),
+        ("store on disk", f"{measures.store_bytes / 2**30:.2f} GiB"),
+        (
+            "load (memory-mapped) + verify sha256 (streamed) + check ids",
+            f"{measures.load_seconds:.1f} s",
+        ),
         (
             f"search {args.queries} queries, k={args.k}",
-            f"{args.queries / search_seconds:.1f} queries/s",
+            f"{args.queries / measures.search_seconds:.1f} queries/s",
         ),
-        (f"recall@{args.k} vs exact inner product", f"{recall:.3f}"),
-        ("source entity at rank 1", f"{source_at_1:.3f}"),
-        ("peak resident memory: generate + build + load + search", f"{peak_build_search:.2f} GiB"),
-        ("peak resident memory incl. exact ground truth", f"{peak:.2f} GiB"),
+        (f"recall@{args.k} vs exact inner product", f"{measures.recall:.3f}"),
+        ("source entity at rank 1", f"{measures.source_at_1:.3f}"),
+        (
+            "peak resident memory: generate + build + load + search",
+            f"{measures.peak_build_search:.2f} GiB",
+        ),
+        ("peak resident memory incl. exact ground truth", f"{measures.peak:.2f} GiB"),
         (
             "at 1024-d (BLINK): flat float32 / float16 / IVF-PQ128 codes",
             f"{blink_fp32:.1f} / {blink_fp32 / 2:.1f} / {blink_pq:.2f} GiB "
             f"(+ {ids_gib:.2f} GiB ids; build holds one {args.shard_size:,}-row float32 chunk: "
             f"{args.shard_size * 1024 * 4 / 2**30:.1f} GiB)",
         ),
-        ("total wall time", f"{total_seconds:.0f} s"),
+        ("total wall time", f"{measures.total_seconds:.0f} s"),
     ]
     write_measures(
         args.output,
@@ -180,6 +244,53 @@ def main() -> None:
         f"Machine: {faiss.omp_get_max_threads()} FAISS threads, CPU only. One run.",
         rows,
     )
+
+
+def main() -> None:
+    args = parse_arguments()
+    rng = np.random.default_rng(args.seed)
+    generator = vector_generator(rng, args.dim)
+    bounds = [*list(range(0, args.entities, args.shard_size)), args.entities]
+    spec = IndexSpec(kind="ivfpq", nlist=args.nlist, pq_m=args.pq_m, nprobe=args.nprobe)
+
+    workdir = Path(tempfile.mkdtemp(prefix="hnce-scale-"))
+    store = IndexStore(workdir / "index", keep=1)
+    started = time.perf_counter()
+    sample = chunk_vectors(0, min(spec.train_size, args.entities), generator, args.seed + 1)
+    trained = train_index(sample, spec, args.seed)
+    train_seconds = time.perf_counter() - started
+    generate_seconds = build_shards(store, args, generator, bounds, spec, trained)
+    build_seconds = time.perf_counter() - started - generate_seconds
+    store_bytes = sum(
+        path.stat().st_size for path in (workdir / "index").rglob("*") if path.is_file()
+    )
+
+    version, load_seconds = timed_load(store)
+    sources, queries = noisy_queries(rng, args, generator, bounds)
+    found, search_seconds = timed_search(version, queries, args.k)
+
+    peak_build_search = peak_rss_gib()  # before the ground-truth pass, which is not the index's
+
+    exact_ids = exact_top_k(queries, args.k, generator, bounds, args.seed)
+    recall = np.mean([len(set(f) & set(e)) / args.k for f, e in zip(found, exact_ids, strict=True)])
+    source_at_1 = float(np.mean(found[:, 0] == sources))
+    total_seconds = time.perf_counter() - started
+    peak = peak_rss_gib()
+    shutil.rmtree(workdir)
+    measures = ScaleMeasures(
+        train_seconds=train_seconds,
+        build_seconds=build_seconds,
+        generate_seconds=generate_seconds,
+        store_bytes=store_bytes,
+        load_seconds=load_seconds,
+        search_seconds=search_seconds,
+        recall=recall,
+        source_at_1=source_at_1,
+        peak_build_search=peak_build_search,
+        peak=peak,
+        total_seconds=total_seconds,
+    )
+    write_results(args, spec, len(bounds) - 1, measures)
 
 
 if __name__ == "__main__":

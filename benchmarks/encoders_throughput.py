@@ -101,54 +101,82 @@ def throughput(
     return sum(len(rows) for rows in order) / elapsed, positions
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
+    """The command line options."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--entities", type=int, default=1024, help="entities to encode per run")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--entity-length", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3, help="runs of each; the best is reported")
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    titles, texts, source = wordnet_entities(args.entities)
+
+def model_builders(
+    directory: Path, titles: list[str], texts: list[str]
+) -> list[tuple[str, Callable[[str], BiEncoder]]]:
+    """(name, build from a scorer spec) of each model: a tiny random BERT with a vocabulary of
+    the entities' words (kept under ``directory``) and the packaged all-MiniLM-L6-v2."""
+    tokenizer = tiny_tokenizer(directory, titles, texts)
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+    )
+    return [
+        (
+            "tiny BERT (h32, 2 layers)",
+            lambda spec: build_biencoder(config, spec, tokenizer=tokenizer),
+        ),
+        ("all-MiniLM-L6-v2", lambda spec: build_biencoder(minilm_path(), spec)),
+    ]
+
+
+def measure_scorer(
+    model: BiEncoder, titles: list[str], texts: list[str], args: argparse.Namespace
+) -> tuple[float, float, float, float]:
+    """Sequences/s unsorted and length-sorted, the padding cut (positions unsorted/sorted) and
+    the mean entity length in tokens."""
+    model.entity_length = args.entity_length
+    batch = tokenize_entities(model.tokenizer, titles, texts, args.entity_length)
+    lengths = batch["attention_mask"].sum(1).numpy()
+    in_order = [
+        np.arange(i, min(i + args.batch_size, len(lengths)))
+        for i in range(0, len(lengths), args.batch_size)
+    ]
+    plain, plain_positions = throughput(model, batch, in_order)
+    sorted_, sorted_positions = throughput(
+        model, batch, length_sorted_batches(lengths, args.batch_size)
+    )
+    return plain, sorted_, plain_positions / sorted_positions, float(lengths.mean())
+
+
+def measure_all(
+    titles: list[str], texts: list[str], args: argparse.Namespace
+) -> tuple[list[str], float]:
+    """One table row per model and scorer, each printed as it is measured, and the mean entity
+    length (tokens, under the last model's tokenizer)."""
     rows: list[str] = []
     with tempfile.TemporaryDirectory() as scratch:
-        tokenizer = tiny_tokenizer(Path(scratch), titles, texts)
-        config = BertConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=64,
-        )
-        models: list[tuple[str, Callable[[str], BiEncoder]]] = [
-            (
-                "tiny BERT (h32, 2 layers)",
-                lambda spec: build_biencoder(config, spec, tokenizer=tokenizer),
-            ),
-            ("all-MiniLM-L6-v2", lambda spec: build_biencoder(minilm_path(), spec)),
-        ]
-        for model_name, make in models:
+        for model_name, make in model_builders(Path(scratch), titles, texts):
             for spec in tqdm(SCORERS, desc=model_name):
                 torch.manual_seed(0)
                 model = make(spec).eval()
-                model.entity_length = args.entity_length
-                batch = tokenize_entities(model.tokenizer, titles, texts, args.entity_length)
-                lengths = batch["attention_mask"].sum(1).numpy()
-                in_order = [
-                    np.arange(i, min(i + args.batch_size, len(lengths)))
-                    for i in range(0, len(lengths), args.batch_size)
-                ]
-                plain, plain_positions = throughput(model, batch, in_order)
-                sorted_, sorted_positions = throughput(
-                    model, batch, length_sorted_batches(lengths, args.batch_size)
+                plain, sorted_, padding_cut, mean_length = measure_scorer(
+                    model, titles, texts, args
                 )
                 rows.append(
                     f"| {model_name} | {spec} | {plain:,.0f} | {sorted_:,.0f} | {sorted_ / plain:.2f}x "
-                    f"| {plain_positions / sorted_positions:.2f}x |"
+                    f"| {padding_cut:.2f}x |"
                 )
                 print(rows[-1], flush=True)
-                mean_length = float(lengths.mean())
-    header = [
+    return rows, mean_length
+
+
+def header_lines(args: argparse.Namespace, source: str, mean_length: float) -> list[str]:
+    """The result file's title, setting and table header."""
+    return [
         "# Encoder throughput: entity side per scorer",
         "",
         f"{args.entities} entities from {source}; BLINK entity layout, max {args.entity_length} tokens "
@@ -160,8 +188,14 @@ def main() -> int:
         "| model | scorer | unsorted seq/s | length-sorted seq/s | speed-up | padding cut (positions unsorted/sorted) |",
         "|---|---|---:|---:|---:|---:|",
     ]
+
+
+def main() -> int:
+    args = parse_args()
+    titles, texts, source = wordnet_entities(args.entities)
+    rows, mean_length = measure_all(titles, texts, args)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text("\n".join(header + rows) + "\n")
+    RESULTS.write_text("\n".join(header_lines(args, source, mean_length) + rows) + "\n")
     update_benchmarks_md()
     print(f"wrote {RESULTS}")
     return 0

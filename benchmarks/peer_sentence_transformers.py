@@ -38,14 +38,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import ray
 import torch
 import torch.distributed as dist
-from report import update_benchmarks_md
+from report import write_result
+from wordnet_runs import checkpoint_export
 
-from cluster.checkpoints import EXPORT_DIR
 from cluster.tables import EntityCatalogue, Mention, MentionSplit, mention_split_path
 from encoders.biencoder import BiEncoder, build_biencoder, load_biencoder, minilm_path
 from encoders.formatting import register_markers
@@ -56,6 +57,11 @@ from pipeline.train.events import read_events
 from pipeline.train.task import TrainingTask
 from pipeline.train.trainer import run_training
 from pipeline.train.worker import WorkerRun
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainingArguments
+    from transformers import TrainerCallback
 
 ROOT = Path(__file__).resolve().parents[1]
 KS = (1, 8, 64)
@@ -183,7 +189,7 @@ def train_hnce(
     seconds = time.time() - started
     published = {e["step"]: e["time"] - started for e in read_events(config.run_dir, "checkpoint")}
     trained = [m for e in read_events(config.run_dir, "step") for m in e["mentions"]]
-    model_dirs = {s: config.run_dir / "checkpoints" / f"step-{s}" / EXPORT_DIR for s in checkpoints}
+    model_dirs = {s: checkpoint_export(config.run_dir, s) for s in checkpoints}
     switches = read_events(config.run_dir, "negatives")
     curve = Curve(f"{label} (mixed-50, async refresh: {len(switches)} index versions used)")
     curve.points = [(published[s], s, {}) for s in checkpoints]
@@ -223,44 +229,60 @@ def train_peer(
 ) -> tuple[Curve, dict[str, float]]:
     """mine_hard_negatives once, then MultipleNegativesRankingLoss for the same steps and batch;
     the model saved at each checkpoint step with its wall seconds since the start."""
-    from datasets import Dataset
-    from sentence_transformers import (
-        SentenceTransformer,
-        SentenceTransformerTrainer,
-        SentenceTransformerTrainingArguments,
-    )
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
     from sentence_transformers.losses import MultipleNegativesRankingLoss
-    from sentence_transformers.training_args import BatchSamplers
-    from sentence_transformers.util import mine_hard_negatives
-    from transformers import TrainerCallback
 
-    training = config.training
     started = time.perf_counter()
     peer = SentenceTransformer(str(minilm_path()), device="cpu")
     peer.max_seq_length = config.model.mention_length
     register_markers(peer.tokenizer)
+    mined = mine_peer_negatives(peer, anchors, positives, corpus, config.negatives.num_negatives)
+    mined_at = time.perf_counter() - started
+    curve = Curve("sentence-transformers (mined once, MNRL)")
+    trainer = SentenceTransformerTrainer(
+        model=peer,
+        args=peer_training_arguments(config, output),
+        train_dataset=mined,
+        loss=MultipleNegativesRankingLoss(peer),
+        callbacks=[save_peer_at(checkpoints, peer, output, curve, started)],
+    )
+    trainer.train()
+    return curve, {"mine_hard_negatives": mined_at, "total": time.perf_counter() - started}
+
+
+def mine_peer_negatives(
+    peer: SentenceTransformer,
+    anchors: list[str],
+    positives: list[str],
+    corpus: list[str],
+    num_negatives: int,
+) -> Dataset:
+    """The peer's training tuples: each (anchor, positive) with the ``num_negatives`` top
+    candidates of ``corpus`` by the starting model, mined once by ``mine_hard_negatives``."""
+    from datasets import Dataset
+    from sentence_transformers.util import mine_hard_negatives
+
     pairs = Dataset.from_dict({"anchor": anchors, "positive": positives})
-    mined = mine_hard_negatives(
+    return mine_hard_negatives(
         pairs,
         peer,
         corpus=corpus,
-        num_negatives=config.negatives.num_negatives,
+        num_negatives=num_negatives,
         sampling_strategy="top",
         output_format="n-tuple",
         batch_size=128,
         verbose=False,
     )
-    mined_at = time.perf_counter() - started
-    curve = Curve("sentence-transformers (mined once, MNRL)")
 
-    class SaveAt(TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step in checkpoints:
-                seconds = time.perf_counter() - started
-                peer.save(str(output / f"step-{state.global_step}"))
-                curve.points.append((seconds, state.global_step, {}))
 
-    arguments = SentenceTransformerTrainingArguments(
+def peer_training_arguments(config: Config, output: Path) -> SentenceTransformerTrainingArguments:
+    """The peer's trainer settings: the recipe's steps, batch, learning rate, warm-up, gradient
+    clipping and seed, on the CPU, no-duplicates batches, no trainer checkpoints."""
+    from sentence_transformers import SentenceTransformerTrainingArguments
+    from sentence_transformers.training_args import BatchSamplers
+
+    training = config.training
+    return SentenceTransformerTrainingArguments(
         output_dir=str(output / "trainer"),
         max_steps=training.steps,
         per_device_train_batch_size=training.batch_size,
@@ -276,15 +298,32 @@ def train_peer(
         seed=config.run.seed,
         dataloader_num_workers=0,
     )
-    trainer = SentenceTransformerTrainer(
-        model=peer,
-        args=arguments,
-        train_dataset=mined,
-        loss=MultipleNegativesRankingLoss(peer),
-        callbacks=[SaveAt()],
-    )
-    trainer.train()
-    return curve, {"mine_hard_negatives": mined_at, "total": time.perf_counter() - started}
+
+
+def save_peer_at(
+    checkpoints: Sequence[int],
+    peer: SentenceTransformer,
+    output: Path,
+    curve: Curve,
+    started: float,
+) -> TrainerCallback:
+    """A trainer callback that saves ``peer`` at each checkpoint step (:func:`peer_checkpoint`)
+    and adds the step to ``curve`` with its wall seconds since ``started``."""
+    from transformers import TrainerCallback
+
+    class SaveAt(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step in checkpoints:
+                seconds = time.perf_counter() - started
+                peer.save(str(peer_checkpoint(output, state.global_step)))
+                curve.points.append((seconds, state.global_step, {}))
+
+    return SaveAt()
+
+
+def peer_checkpoint(output: Path, step: int) -> Path:
+    """Where the peer's model of checkpoint ``step`` is saved."""
+    return output / f"step-{step}"
 
 
 def profile_hnce_step(config: Config, steps: int = 3) -> tuple[str, dict[str, float]]:
@@ -395,21 +434,30 @@ def write_results(
     total_seconds: float,
     profile: tuple[str, dict[str, float]],
 ) -> None:
-    table, phases = profile
-    header = "| method | R@1 | R@8 | R@64 | wall s | time to reach the other's final R@1 |"
-    rows = [
-        f"| {run.curve.name} | {recall_cells(run.curve.final)} | {run.seconds['total']:.0f} | "
-        f"{reach(run.curve, peer.curve)} |"
-        for run in runs
-    ]
-    rows += [
-        f"| {peer.curve.name} | {recall_cells(peer.curve.final)} | {peer.seconds['total']:.0f} | "
-        f"{reach(peer.curve, runs[0].curve)}, against the first row |"
-    ]
-    product = runs[0].product
+    """The markdown result file (how it was measured, final recall, recall during training, the
+    product-path check, findings, the step profile); BENCHMARKS.md rebuilt, the file printed."""
     lines = [
         "# Against the peer: sentence-transformers vs `hnce train` (WordNet demo subset)",
         "",
+        how_measured(counts, total_seconds),
+        "",
+        *final_recall_table(runs, peer, untrained),
+        "",
+        *recall_during_training(runs, peer),
+        "",
+        *product_path_check(runs[0]),
+        "Findings:",
+        "",
+        *findings(runs, peer),
+        "",
+        *step_profile(*profile),
+    ]
+    write_result(out, lines)
+
+
+def how_measured(counts: dict[str, int], total_seconds: float) -> str:
+    """The paragraph on the machine, the data, both methods' settings and the evaluation."""
+    return (
         f"Measured by `benchmarks/peer_sentence_transformers.py` ({total_seconds / 60:.1f} min "
         f"for the methods not already in its work directory's curves.json; "
         f"{platform.machine()}, {os.cpu_count()} cores shared with other jobs). Data: the "
@@ -425,16 +473,38 @@ def write_results(
         f"MultipleNegativesRankingLoss (in-batch + mined negatives, cosine × 20, no-duplicates "
         f"batches) on the same 480 mentions, 2 torch threads. Evaluation: one exact path for "
         f"every model (hnce's towers embed, exact scores over the whole catalogue; the peer's "
-        f"vectors L2-normalised as its Normalize module and cosine loss use them).",
-        "",
-        header,
+        f"vectors L2-normalised as its Normalize module and cosine loss use them)."
+    )
+
+
+def final_recall_table(
+    runs: Sequence[Trained], peer: Trained, untrained: dict[str, dict[int, float]]
+) -> list[str]:
+    """Each method's final recall, wall seconds and time to reach the other's final R@1, then
+    the untrained model under either scoring."""
+    rows = [
+        f"| {run.curve.name} | {recall_cells(run.curve.final)} | {run.seconds['total']:.0f} | "
+        f"{reach(run.curve, peer.curve)} |"
+        for run in runs
+    ]
+    rows += [
+        f"| {peer.curve.name} | {recall_cells(peer.curve.final)} | {peer.seconds['total']:.0f} | "
+        f"{reach(peer.curve, runs[0].curve)}, against the first row |"
+    ]
+    return [
+        "| method | R@1 | R@8 | R@64 | wall s | time to reach the other's final R@1 |",
         "|---|---:|---:|---:|---:|---|",
         *rows,
         f"| untrained MiniLM, mean pooling, dot product (hnce's scoring) | "
         f"{recall_cells(untrained['dot'])} | | |",
         f"| untrained MiniLM, mean pooling, cosine (the peer's scoring) | "
         f"{recall_cells(untrained['cosine'])} | | |",
-        "",
+    ]
+
+
+def recall_during_training(runs: Sequence[Trained], peer: Trained) -> list[str]:
+    """The table of every method's recall at each of its checkpoints, with its wall seconds."""
+    return [
         "Recall during training (wall seconds from each method's start: hnce from the "
         "`run_training` call, Ray and DeepSpeed start-up included; the peer from loading the "
         "model, mining included):",
@@ -446,22 +516,26 @@ def write_results(
             for run in [*runs, peer]
             for secs, step, recall in run.curve.points
         ),
+    ]
+
+
+def product_path_check(run: Trained) -> list[str]:
+    """``run``'s final recall through ``evaluate_export`` against the exact path's, with the
+    blank line after it; nothing when the product path was not measured."""
+    if run.product is None:
+        return []
+    return [
+        f"Check of the evaluation path: hnce's final export through the product's "
+        f"`evaluate_export` (encoder actors + FAISS flat index): {recall_cells(run.product)} "
+        f"(R@1 / R@8 / R@64), against {recall_cells(run.curve.final)} by the exact "
+        f"path.",
         "",
-        *(
-            [
-                f"Check of the evaluation path: hnce's final export through the product's "
-                f"`evaluate_export` (encoder actors + FAISS flat index): {recall_cells(product)} "
-                f"(R@1 / R@8 / R@64), against {recall_cells(runs[0].curve.final)} by the exact "
-                f"path.",
-                "",
-            ]
-            if product is not None
-            else []
-        ),
-        "Findings:",
-        "",
-        *findings(runs, peer),
-        "",
+    ]
+
+
+def step_profile(table: str, phases: dict[str, float]) -> list[str]:
+    """The profiled hnce step: seconds of batch assembly vs the rest, and the operator table."""
+    return [
         f"Profile of one hnce training step (torch.profiler, in-process worker loop, 1 thread as "
         f"in the run; random negatives before any refresh, same batch shape): batch assembly "
         f"(Parquet look-ups of the candidates, tokenization, negatives drawn) "
@@ -472,10 +546,6 @@ def write_results(
         table.strip(),
         "```",
     ]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    update_benchmarks_md()
-    print("\n".join(lines))
 
 
 def held_out_set(config: Config) -> HeldOut:
@@ -491,7 +561,9 @@ def held_out_set(config: Config) -> HeldOut:
 COSINE = ("model.normalize=true", "loss.options={temperature: 0.05}", "negatives.initial=model")
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The command line: checkpoint steps, the optional extra measures, work directory, recipe
+    overrides and the result file."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoints", default="30,60")
     parser.add_argument(
@@ -510,93 +582,167 @@ def main() -> None:
     parser.add_argument(
         "--out", type=Path, default=ROOT / "benchmarks/results/peer_sentence_transformers.md"
     )
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def shared_recipe(work: Path, checkpoints: Sequence[int], overrides: Sequence[str]) -> list[str]:
+    """configs/demo.yaml's overrides every method shares: the run under ``work``, trained up to
+    the last checkpoint, every checkpoint kept, shared negatives, then ``overrides``."""
+    return [
+        f"run.dir={work}",
+        f"training.steps={checkpoints[-1]}",
+        # the demo's checkpoint_every stays: it paces the refresh (a later first checkpoint
+        # means a later first index version, i.e. fewer hard negatives)
+        "training.keep_checkpoints=10",
+        "training.log_every=1",
+        "negatives.share=batch",  # every mention scored against every candidate of the step
+        *overrides,
+    ]
+
+
+def check_checkpoints(checkpoints: Sequence[int], every: int) -> None:
+    """Exit unless every step of ``--checkpoints`` is a multiple of ``every`` and the run keeps
+    them all (10 checkpoints)."""
+    if any(step % every for step in checkpoints) or checkpoints[-1] // every > 10:
+        raise SystemExit(
+            f"--checkpoints: multiples of checkpoint_every ({every}), up to {10 * every}"
+        )
+
+
+def dual_encoder(path: Path, config: Config) -> BiEncoder:
+    """The model at ``path`` as a dual ``BiEncoder`` with the recipe's mention and entity lengths."""
+    return build_biencoder(
+        path,
+        "dual",
+        mention_length=config.model.mention_length,
+        entity_length=config.model.entity_length,
+    )
+
+
+def recall_untrained(model: BiEncoder, held_out: HeldOut) -> dict[str, dict[int, float]]:
+    """R@k of the untrained ``model`` scored by dot product (hnce's) and cosine (the peer's)."""
+    vectors = embed(model, held_out)
+    return {
+        "dot": recall_of(*vectors, held_out, False),
+        "cosine": recall_of(*vectors, held_out, True),
+    }
+
+
+@dataclass
+class Setup:
+    """What every method's run shares: the work directory and its curve cache, the recipe
+    overrides, the demo config on its subset, the checkpoint steps and the held-out set."""
+
+    work: Path
+    cache: CurveCache
+    recipe: list[str]
+    config: Config
+    checkpoints: list[int]
+    held_out: HeldOut
+
+    def method_config(self, name: str, *overrides: str) -> Config:
+        """configs/demo.yaml with the shared recipe, run in ``<work>/<name>`` on the subset."""
+        return load_config(
+            ROOT / "configs/demo.yaml",
+            [
+                *self.recipe,
+                f"run.dir={self.work / name}",
+                f"data.root={self.config.data.root}",
+                *overrides,
+            ],
+        )
+
+
+def hnce_runs(setup: Setup, args: argparse.Namespace) -> list[Trained]:
+    """hnce, and with ``--cosine`` its cosine variant: each from the cache or trained (then
+    cached), with where its wall-clock went; they must have trained on the same mentions."""
+    variants = {"hnce": ("hnce", ())}
+    if args.cosine:
+        variants["hnce-cosine"] = ("hnce, cosine τ 0.05, version 0 from the model", COSINE)
+    runs = []
+    for key, (label, overrides) in variants.items():
+        done = setup.cache.get(key)
+        if done is None:
+            config = setup.method_config(key, *overrides)
+            done = setup.cache.put(
+                key, run_hnce(config, setup.checkpoints, label, args, setup.held_out)
+            )
+        done.seconds |= wall_clock_parts(setup.work / key, done.seconds["total"])
+        print(key, done.seconds, done.curve.points, flush=True)
+        runs.append(done)
+    if any(run.trained != runs[0].trained for run in runs):
+        raise SystemExit("the hnce runs trained on different mentions: not comparable")
+    return runs
+
+
+def peer_run(setup: Setup, trained: Sequence[str], untrained: BiEncoder) -> Trained:
+    """The peer from the cache, or trained on hnce's ``trained`` mention ids (its texts
+    formatted by the ``untrained`` model's tokenizer), evaluated and cached."""
+    peer = setup.cache.get("peer")
+    if peer is None:
+        mentions = training_mentions(setup.config, trained)
+        anchors, corpus = peer_texts(untrained, mentions, setup.held_out)
+        positives = [corpus[m.gold] for m in mentions]
+        output = setup.work / "peer"
+        curve, seconds = train_peer(
+            anchors, positives, corpus, setup.config, output, setup.checkpoints
+        )
+        evaluate_curve(
+            curve,
+            [str(peer_checkpoint(output, s)) for s in setup.checkpoints],
+            lambda d: dual_encoder(Path(d), setup.config),
+            setup.held_out,
+        )
+        peer = setup.cache.put("peer", Trained(curve, seconds))
+    print("peer", peer.seconds, peer.curve.points, flush=True)
+    return peer
+
+
+def training_mentions(config: Config, mention_ids: Sequence[str]) -> list[Mention]:
+    """The training split's mentions of ``mention_ids``, in their order."""
+    by_id = {
+        m.mention_id: m
+        for m in MentionSplit.open(
+            mention_split_path(Path(config.data.root), config.data.train_split)
+        ).read_all()
+    }
+    return [by_id[mention_id] for mention_id in mention_ids]
+
+
+def write_raw(
+    path: Path, untrained: dict[str, dict[int, float]], runs: Sequence[Trained], peer: Trained
+) -> None:
+    """The measured figures as JSON: untrained recall, each hnce run and the peer."""
+    raw = {
+        "untrained": untrained,
+        "runs": {run.curve.name: run.__dict__ | {"curve": run.curve.points} for run in runs},
+        "peer": peer.__dict__ | {"curve": peer.curve.points},
+    }
+    path.write_text(json.dumps(raw, indent=2) + "\n")
+
+
+def main() -> None:
+    """Measure every method (cached ones from ``<work>/curves.json``), then write the results."""
+    args = parse_args()
     checkpoints = [int(step) for step in args.checkpoints.split(",")]
     torch.set_num_threads(2)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="hnce-peer-") as scratch:
         work = args.work or Path(scratch)
-        recipe = [
-            f"run.dir={work}",
-            f"training.steps={checkpoints[-1]}",
-            # the demo's checkpoint_every stays: it paces the refresh (a later first checkpoint
-            # means a later first index version, i.e. fewer hard negatives)
-            "training.keep_checkpoints=10",
-            "training.log_every=1",
-            "negatives.share=batch",  # every mention scored against every candidate of the step
-            *args.set,
-        ]
+        recipe = shared_recipe(work, checkpoints, args.set)
         config, counts = demo_dataset(load_config(ROOT / "configs/demo.yaml", recipe))
-        every = config.training.checkpoint_every
-        if any(step % every for step in checkpoints) or checkpoints[-1] // every > 10:
-            raise SystemExit(
-                f"--checkpoints: multiples of checkpoint_every ({every}), up to {10 * every}"
-            )
+        check_checkpoints(checkpoints, config.training.checkpoint_every)
         held_out = held_out_set(config)
-        length = config.model.mention_length, config.model.entity_length
-        untrained = build_biencoder(
-            minilm_path(), "dual", mention_length=length[0], entity_length=length[1]
-        )
-        vectors = embed(untrained, held_out)
-        untrained_recall = {
-            "dot": recall_of(*vectors, held_out, False),
-            "cosine": recall_of(*vectors, held_out, True),
-        }
+        untrained = dual_encoder(minilm_path(), config)
+        untrained_recall = recall_untrained(untrained, held_out)
         print("untrained", untrained_recall, flush=True)
         cache = CurveCache(work / "curves.json")
-        variants = {"hnce": ("hnce", ())}
-        if args.cosine:
-            variants["hnce-cosine"] = ("hnce, cosine τ 0.05, version 0 from the model", COSINE)
-        runs = []
-        for key, (label, overrides) in variants.items():
-            done = cache.get(key)
-            if done is None:
-                hnce_config = load_config(
-                    ROOT / "configs/demo.yaml",
-                    [*recipe, f"run.dir={work / key}", f"data.root={config.data.root}", *overrides],
-                )
-                done = cache.put(key, run_hnce(hnce_config, checkpoints, label, args, held_out))
-            done.seconds |= wall_clock_parts(work / key, done.seconds["total"])
-            print(key, done.seconds, done.curve.points, flush=True)
-            runs.append(done)
-        if any(run.trained != runs[0].trained for run in runs):
-            raise SystemExit("the hnce runs trained on different mentions: not comparable")
-        peer = cache.get("peer")
-        if peer is None:
-            by_id = {
-                m.mention_id: m
-                for m in MentionSplit.open(
-                    mention_split_path(Path(config.data.root), config.data.train_split)
-                ).read_all()
-            }
-            mentions = [by_id[mention_id] for mention_id in runs[0].trained]
-            anchors, corpus = peer_texts(untrained, mentions, held_out)
-            positives = [corpus[m.gold] for m in mentions]
-            curve, peer_seconds = train_peer(
-                anchors, positives, corpus, config, work / "peer", checkpoints
-            )
-            evaluate_curve(
-                curve,
-                [str(work / "peer" / f"step-{s}") for s in checkpoints],
-                lambda d: build_biencoder(
-                    Path(d), "dual", mention_length=length[0], entity_length=length[1]
-                ),
-                held_out,
-            )
-            peer = cache.put("peer", Trained(curve, peer_seconds))
-        print("peer", peer.seconds, peer.curve.points, flush=True)
-        profile_config = load_config(
-            ROOT / "configs/demo.yaml",
-            [*recipe, f"run.dir={work / 'profile'}", f"data.root={config.data.root}"],
-        )
-        profile = profile_hnce_step(profile_config)
+        setup = Setup(work, cache, recipe, config, checkpoints, held_out)
+        runs = hnce_runs(setup, args)
+        peer = peer_run(setup, runs[0].trained, untrained)
+        profile = profile_hnce_step(setup.method_config("profile"))
     total = time.perf_counter() - started
-    raw = {
-        "untrained": untrained_recall,
-        "runs": {run.curve.name: run.__dict__ | {"curve": run.curve.points} for run in runs},
-        "peer": peer.__dict__ | {"curve": peer.curve.points},
-    }
-    args.out.with_suffix(".json").write_text(json.dumps(raw, indent=2) + "\n")
+    write_raw(args.out.with_suffix(".json"), untrained_recall, runs, peer)
     write_results(args.out, counts, untrained_recall, runs, peer, total, profile)
 
 

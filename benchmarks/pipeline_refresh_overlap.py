@@ -19,9 +19,11 @@ refresh takes long enough to overlap every measured step.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import ray
@@ -29,7 +31,7 @@ from report import update_benchmarks_md
 
 from cluster.index_build import IndexedModel, ensure_token_store
 from cluster.tables import EntityCatalogue
-from pipeline.config import load_config
+from pipeline.config import Config, load_config
 from pipeline.data.synthetic import generate_synthetic_dataset
 from pipeline.evaluate import untrained_export
 from pipeline.train.events import read_events
@@ -44,7 +46,22 @@ def steps_per_second(run_dir: Path, first: int, last: int) -> float:
     return (last - first) / (events[last] - events[first])
 
 
-def main() -> None:
+@dataclass
+class Overlap:
+    """What one benchmark run measured: the catalogue, both rates and the refresh's activity."""
+
+    data: Path
+    entities: int
+    first_step: int
+    alone_rate: float
+    overlap_rate: float
+    refreshes: int
+    switches: int
+    seconds: float
+
+
+def parse_args() -> argparse.Namespace:
+    """The command line options."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--checkpoint-every", type=int, default=5)
@@ -54,8 +71,45 @@ def main() -> None:
     parser.add_argument(
         "--out", type=Path, default=ROOT / "benchmarks/results/pipeline_refresh_overlap.md"
     )
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def training_configs(args: argparse.Namespace, data: Path, work: Path) -> tuple[Config, Config]:
+    """The two runs under ``work``: (A) the trainer alone, (B) the trainer while refreshing."""
+    common = [
+        f"data.root={data}",
+        f"model.path={args.model}",
+        f"training.steps={args.steps}",
+        f"training.checkpoint_every={args.checkpoint_every}",
+        "training.num_workers=1",
+        "training.cpus_per_worker=1",
+        "training.batch_size=8",
+        "training.zero_stage=0",
+        "training.log_every=1",
+        "training.negatives_check_every=1",
+        "model.mention_length=32",
+        f"model.entity_length={args.entity_length}",
+        "negatives.num_negatives=4",
+    ]
+    recipe = ROOT / "configs/synthetic-test.yaml"
+    alone = load_config(
+        recipe,
+        [
+            *common,
+            f"run.dir={work / 'alone'}",
+            "negatives.sampler=random",
+            "negatives.source=none",
+            "refresh.enabled=false",
+        ],
+    )
+    overlapped = load_config(
+        recipe, [*common, f"run.dir={work / 'overlap'}", "refresh.encoder_cpus=1"]
+    )
+    return alone, overlapped
+
+
+def measure(args: argparse.Namespace) -> Overlap:
+    """Train alone, then while refreshing, in a scratch directory; steps/s of both runs."""
     with tempfile.TemporaryDirectory(prefix="hnce-bench-") as scratch:
         work = Path(scratch)
         data = args.data
@@ -63,64 +117,51 @@ def main() -> None:
             data = work / "data"
             generate_synthetic_dataset(data, num_worlds=3, entities_per_world=100)
         entities = len(EntityCatalogue.open(data))
-        common = [
-            f"data.root={data}",
-            f"model.path={args.model}",
-            f"training.steps={args.steps}",
-            f"training.checkpoint_every={args.checkpoint_every}",
-            "training.num_workers=1",
-            "training.cpus_per_worker=1",
-            "training.batch_size=8",
-            "training.zero_stage=0",
-            "training.log_every=1",
-            "training.negatives_check_every=1",
-            "model.mention_length=32",
-            f"model.entity_length={args.entity_length}",
-            "negatives.num_negatives=4",
-        ]
-        recipe = ROOT / "configs/synthetic-test.yaml"
-        alone = load_config(
-            recipe,
-            [
-                *common,
-                f"run.dir={work / 'alone'}",
-                "negatives.sampler=random",
-                "negatives.source=none",
-                "refresh.enabled=false",
-            ],
-        )
-        overlapped = load_config(
-            recipe, [*common, f"run.dir={work / 'overlap'}", "refresh.encoder_cpus=1"]
-        )
+        alone, overlapped = training_configs(args, data, work)
         ensure_token_store(data, IndexedModel.from_export(untrained_export(alone)))
         started = time.perf_counter()
         run_training(alone, progress=False)
         summary = run_training(overlapped, progress=False)
         ray.shutdown()
         first = args.checkpoint_every + 1
-        alone_rate = steps_per_second(work / "alone", first, args.steps)
-        overlap_rate = steps_per_second(work / "overlap", first, args.steps)
-        switches = read_events(work / "overlap", "negatives")
-        seconds = time.perf_counter() - started
+        return Overlap(
+            data=data,
+            entities=entities,
+            first_step=first,
+            alone_rate=steps_per_second(work / "alone", first, args.steps),
+            overlap_rate=steps_per_second(work / "overlap", first, args.steps),
+            refreshes=summary.refreshes,
+            switches=len(read_events(work / "overlap", "negatives")),
+            seconds=time.perf_counter() - started,
+        )
 
-    ratio = overlap_rate / alone_rate
-    lines = [
+
+def report_lines(args: argparse.Namespace, overlap: Overlap) -> list[str]:
+    """The result file's markdown lines."""
+    ratio = overlap.overlap_rate / overlap.alone_rate
+    return [
         "# Trainer steps/s while a refresh runs vs trainer alone",
         "",
-        f"Machine: {platform.machine()}, {__import__('os').cpu_count()} cores; model {args.model}; "
-        f"catalogue {data} ({entities:,} entities, entity length {args.entity_length}, token "
-        "store); "
-        f"1 trainer worker (1 CPU) + 1 encoder actor (1 CPU); steps {first}-{args.steps}; "
-        f"checkpoint every {args.checkpoint_every} steps; measured in one run ({seconds:.0f}s).",
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores; model {args.model}; "
+        f"catalogue {overlap.data} ({overlap.entities:,} entities, entity length "
+        f"{args.entity_length}, token store); "
+        f"1 trainer worker (1 CPU) + 1 encoder actor (1 CPU); steps {overlap.first_step}-"
+        f"{args.steps}; checkpoint every {args.checkpoint_every} steps; measured in one run "
+        f"({overlap.seconds:.0f}s).",
         "",
         "| setting | steps/s |",
         "|---|---|",
-        f"| trainer alone (random negatives, no refresh) | {alone_rate:.3f} |",
-        f"| trainer while refreshing (mixed-50, {summary.refreshes} refreshes, "
-        f"{len(switches)} switches) | {overlap_rate:.3f} |",
+        f"| trainer alone (random negatives, no refresh) | {overlap.alone_rate:.3f} |",
+        f"| trainer while refreshing (mixed-50, {overlap.refreshes} refreshes, "
+        f"{overlap.switches} switches) | {overlap.overlap_rate:.3f} |",
         f"| **ratio** (target >= 0.9) | **{ratio:.2f}** |",
         "",
     ]
+
+
+def main() -> None:
+    args = parse_args()
+    lines = report_lines(args, measure(args))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines))
     update_benchmarks_md()

@@ -123,7 +123,8 @@ def measure(export: Path, data: Path, args: argparse.Namespace) -> dict[str, flo
     }
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The command line options."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--work-dir", type=Path, default=Path("runs/real-model-bias"))
     parser.add_argument("--entities", type=int, default=500)
@@ -135,8 +136,12 @@ def main() -> None:
     parser.add_argument("--negatives", type=int, default=8)
     parser.add_argument("--draws", type=int, default=10)
     parser.add_argument("--out", type=Path, default=RESULTS / "real_model_bias.md")
-    args = parser.parse_args()
-    started = time.perf_counter()
+    return parser.parse_args()
+
+
+def trained_exports(args: argparse.Namespace) -> tuple[Path, dict[int, Path]]:
+    """The dataset and the export of every checkpoint by step (0: the untrained model), training
+    first unless the run under ``work_dir`` has already ended."""
     data = prepare_dataset(args.work_dir, args.entities, args.train_mentions, 100)
     run_dir = args.work_dir / "run"
     config = recipe(
@@ -153,6 +158,14 @@ def main() -> None:
         int(e["step"]): checkpoint_export(run_dir, int(e["step"]))
         for e in read_events(run_dir, "checkpoint")
     }
+    return data, exports
+
+
+def measured_rows(
+    exports: dict[int, Path], data: Path, args: argparse.Namespace
+) -> dict[str, dict[str, float]]:
+    """Measurements by step, kept in ``work_dir/bias.json``: a step already there is not
+    measured again."""
     cache = args.work_dir / "bias.json"
     rows = json.loads(cache.read_text()) if cache.is_file() else {}
     for step, export in exports.items():
@@ -160,9 +173,13 @@ def main() -> None:
             rows[str(step)] = measure(export, data, args)
             cache.write_text(json.dumps(rows, indent=2) + "\n")
             print(f"step {step}: {rows[str(step)]}", flush=True)
-    steps = sorted(int(s) for s in rows)
-    names = [k for k in rows[str(steps[0])] if k.startswith("bias ")]
-    png = args.out.with_suffix(".png")
+    return rows
+
+
+def plot_bias(
+    rows: dict[str, dict[str, float]], steps: list[int], names: list[str], png: Path
+) -> None:
+    """Each sampler's bias norm against the training step (log scale), saved as ``png``."""
     figure, axis = plt.subplots(figsize=(6, 4))
     for name in names:
         axis.plot(steps, [rows[str(s)][name] for s in steps], marker="o", label=name[5:])
@@ -174,6 +191,17 @@ def main() -> None:
     figure.tight_layout()
     figure.savefig(png, dpi=120)
     plt.close(figure)
+
+
+def report_lines(
+    args: argparse.Namespace,
+    rows: dict[str, dict[str, float]],
+    steps: list[int],
+    names: list[str],
+    png: Path,
+    started: float,
+) -> list[str]:
+    """The result file's markdown lines: the setting, one table row per step, the figure."""
     header = ["step", "CE loss", "‖∇CE‖", *(n[5:] for n in names)]
     lines = [
         "# Gradient bias on a real retriever as it trains (paper 000, Theorem 3.1)",
@@ -195,7 +223,19 @@ def main() -> None:
         values = [row["ce_loss"], row["ce_gradient"], *(row[n] for n in names)]
         lines.append(f"| {step} | " + " | ".join(f"{v:.4f}" for v in values) + " |")
     lines += ["", f"![bias against steps]({png.name})"]
-    write_result(args.out, lines)
+    return lines
+
+
+def main() -> None:
+    args = parse_args()
+    started = time.perf_counter()
+    data, exports = trained_exports(args)
+    rows = measured_rows(exports, data, args)
+    steps = sorted(int(s) for s in rows)
+    names = [k for k in rows[str(steps[0])] if k.startswith("bias ")]
+    png = args.out.with_suffix(".png")
+    plot_bias(rows, steps, names, png)
+    write_result(args.out, report_lines(args, rows, steps, names, png, started))
 
 
 if __name__ == "__main__":
