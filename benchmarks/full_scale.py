@@ -7,7 +7,10 @@ resident memory of every process role (driver, trainer workers, coordinator, enc
 Ray's own; `process_memory.PeakMemory` over this benchmark's process tree) and the disk used,
 into ``<workdir>/state.json``. Running it again resumes: a stage whose output exists and
 verifies is skipped, an interrupted one is run again (each command resumes its own work: the
-generator part by part, `hnce train` from its newest checkpoint, index builds shard by shard).
+generator part by part, `hnce train` from its newest checkpoint, index builds shard by shard),
+and the wall time of a stage that was interrupted (a session that ended) is the sum of its
+attempts, the gap between them excluded. ``--stop-before STAGE`` ends a session's run before a
+stage it cannot hold whole.
 The results go to ``benchmarks/results/full_scale.md`` (``full_scale_<N>.md`` for a smaller
 ``--entities N``) and BENCHMARKS.md, after every stage; a partial run is labelled as such.
 
@@ -85,6 +88,9 @@ class Run:
     layers: int
     steps: str
     stages: dict[str, Stage] = field(default_factory=dict)
+    #: per unfinished stage: when its current attempt started, and the seconds of attempts that
+    #: were interrupted (a session that ended, a killed process) before it
+    attempts: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def raw(self) -> Path:
@@ -120,6 +126,7 @@ class Run:
             "entity_length": self.entity_length,
             "model": {"hidden": self.hidden, "layers": self.layers},
             "stages": {name: asdict(stage) for name, stage in self.stages.items()},
+            "attempts": self.attempts,
         }
         temporary = self.state_file.with_suffix(".tmp")
         temporary.write_text(json.dumps(state, indent=2) + "\n")
@@ -135,6 +142,7 @@ class Run:
                 f"{state['entity_length']}; use another --workdir"
             )
         self.stages = {name: Stage(**stage) for name, stage in state["stages"].items()}
+        self.attempts = state.get("attempts", {})
 
 
 def disk_gib(*paths: Path) -> float:
@@ -551,7 +559,29 @@ def report(run: Run) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
+def begin_attempt(run: Run, name: str, log: Path) -> None:
+    """Record that ``name`` starts (again). An attempt of it that was interrupted ended when
+    its command last wrote to ``log``; its seconds are kept, so the stage's wall time is the sum
+    of its attempts without the gaps between them."""
+    attempt = run.attempts.setdefault(name, {"started": None, "interrupted_seconds": []})
+    if attempt["started"] is not None:
+        ended = log.stat().st_mtime if log.is_file() else attempt["started"]
+        attempt["interrupted_seconds"].append(max(0.0, ended - attempt["started"]))
+    attempt["started"] = time.time()
+    run.save()
+
+
+def end_attempt(run: Run, name: str, stage: Stage) -> None:
+    """Add the interrupted attempts of ``name`` to ``stage``'s wall time, and say so."""
+    interrupted = run.attempts.pop(name, {}).get("interrupted_seconds", [])
+    if interrupted:
+        stage.seconds += sum(interrupted)
+        stage.notes["interrupted attempts (seconds each, included in the wall time)"] = [
+            round(seconds, 1) for seconds in interrupted
+        ]
+
+
+def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--entities", type=int, default=KILT_PAGES)
     parser.add_argument("--workdir", type=Path, default=Path("/work/fullscale-run"))
@@ -563,7 +593,42 @@ def main() -> int:
     parser.add_argument(
         "--report", action="store_true", help="only rewrite the results from the state file"
     )
-    args = parser.parse_args()
+    parser.add_argument(
+        "--stop-before",
+        choices=[name for name, _ in STAGES],
+        help="stop when this stage is next (a session that cannot hold the next stage whole)",
+    )
+    return parser.parse_args()
+
+
+def run_stages(run: Run, log: Path, output: Path, stop_before: str | None) -> None:
+    """Each stage not yet done, in order, its results written after each one."""
+    with tqdm(STAGES, desc="full scale", unit="stage") as bar:
+        for name, stage_function in bar:
+            bar.set_postfix_str(name)
+            if is_done(run, name):
+                continue
+            if name == stop_before:
+                break
+            load_before = os.getloadavg()[1]
+            begin_attempt(run, name, log)
+            stage = stage_function(run, log)
+            end_attempt(run, name, stage)
+            # the machine is shared: its 5-minute load average says how contended a stage was
+            stage.notes["load average (5 min) before/after"] = [load_before, os.getloadavg()[1]]
+            stage.done = True
+            run.stages[name] = stage
+            run.save()
+            tqdm.write(
+                f"{name}: {stage.seconds / 60:.1f} min, {stage.rates}, peak {stage.peak_gib}"
+            )
+            output.parent.mkdir(parents=True, exist_ok=True)
+            output.write_text(report(run))
+            update_benchmarks_md()
+
+
+def main() -> int:
+    args = parse_arguments()
     # On a loaded 2-core machine the raylet can take longer than Ray's 60 s to register.
     os.environ.setdefault("RAY_raylet_start_wait_time_s", "600")
     run = Run(
@@ -580,31 +645,12 @@ def main() -> int:
     output = args.output or RESULTS.with_name(
         RESULTS.name if args.entities == KILT_PAGES else f"full_scale_{args.entities}.md"
     )
-    if args.report:
-        output.write_text(report(run))
-        update_benchmarks_md()
-        print(report(run))
-        return 0
-    write_model(run)
-    write_recipe(run, run.stages["train"].notes["steps"] if "train" in run.stages else 300)
-    with tqdm(STAGES, desc="full scale", unit="stage") as bar:
-        for name, stage_function in bar:
-            bar.set_postfix_str(name)
-            if is_done(run, name):
-                continue
-            load_before = os.getloadavg()[1]
-            stage = stage_function(run, log)
-            # the machine is shared: its 5-minute load average says how contended a stage was
-            stage.notes["load average (5 min) before/after"] = [load_before, os.getloadavg()[1]]
-            stage.done = True
-            run.stages[name] = stage
-            run.save()
-            tqdm.write(
-                f"{name}: {stage.seconds / 60:.1f} min, {stage.rates}, peak {stage.peak_gib}"
-            )
-            output.parent.mkdir(parents=True, exist_ok=True)
-            output.write_text(report(run))
-            update_benchmarks_md()
+    if not args.report:
+        write_model(run)
+        write_recipe(run, run.stages["train"].notes["steps"] if "train" in run.stages else 300)
+        run_stages(run, log, output, args.stop_before)
+    output.write_text(report(run))
+    update_benchmarks_md()
     print(report(run))
     return 0
 
