@@ -561,11 +561,13 @@ def report(run: Run) -> str:
 
 def begin_attempt(run: Run, name: str, log: Path) -> None:
     """Record that ``name`` starts (again). An attempt of it that was interrupted ended when
-    its command last wrote to ``log``; its seconds are kept, so the stage's wall time is the sum
-    of its attempts without the gaps between them."""
+    its command last wrote to ``log`` or to the run's event logs (``hnce train`` writes its
+    steps there, not to ``log``); its seconds are kept, so the stage's wall time is the sum of
+    its attempts without the gaps between them."""
     attempt = run.attempts.setdefault(name, {"started": None, "interrupted_seconds": []})
     if attempt["started"] is not None:
-        ended = log.stat().st_mtime if log.is_file() else attempt["started"]
+        written = [log, *run.run_dir.glob("*.jsonl")]
+        ended = max((p.stat().st_mtime for p in written if p.is_file()), default=0.0)
         attempt["interrupted_seconds"].append(max(0.0, ended - attempt["started"]))
     attempt["started"] = time.time()
     run.save()
