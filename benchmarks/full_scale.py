@@ -413,6 +413,13 @@ def refresh_windows(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def window_rate(steps_at: list[tuple[float, int]], start: float, end: float) -> float:
+    """Steps/s between the first and last logged step inside [start, end] (steps are logged
+    every ``log_every``, so counting log lines would undercount)."""
+    inside = [(t, step) for t, step in steps_at if start <= t <= end]
+    return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
+
+
 def train(run: Run, log: Path) -> Stage:
     """`hnce train` with the asynchronous refresh (one encoder actor on its own CPU)."""
     from pipeline.train.events import read_events
@@ -422,11 +429,8 @@ def train(run: Run, log: Path) -> Stage:
     arguments = ["train", "--config", str(run.recipe), "--no-progress"]
     seconds, peak, stdout = run_hnce(arguments, log)
     refreshes = [r for r in refresh_windows(run.run_dir) if r["outcome"] == "published"]
-    step_times = [event["time"] for event in read_events(run.run_dir, "step")]
-    during = [
-        sum(r["started"] <= t <= r["started"] + r["seconds"] for t in step_times) / r["seconds"]
-        for r in refreshes
-    ]
+    steps_at = [(event["time"], event["step"]) for event in read_events(run.run_dir, "step")]
+    during = [window_rate(steps_at, r["started"], r["started"] + r["seconds"]) for r in refreshes]
     alone = run.stages["trainer alone"].rates["steps/s"]
     overlap = sum(during) / len(during) if during else float("nan")
     return Stage(
