@@ -46,6 +46,7 @@ from process_memory import PeakMemory
 from report import update_benchmarks_md
 from tqdm import tqdm
 
+from cluster.files import atomic_write_json
 from pipeline.data.kilt_synthetic import (
     AIDA_MENTIONS,
     GENERATOR_FILE,
@@ -128,9 +129,7 @@ class Run:
             "stages": {name: asdict(stage) for name, stage in self.stages.items()},
             "attempts": self.attempts,
         }
-        temporary = self.state_file.with_suffix(".tmp")
-        temporary.write_text(json.dumps(state, indent=2) + "\n")
-        temporary.replace(self.state_file)
+        atomic_write_json(self.state_file, state)
 
     def load(self) -> None:
         if not self.state_file.is_file():
@@ -453,7 +452,7 @@ def train(run: Run, log: Path) -> Stage:
             "refreshes published": len(refreshes),
             "refresh seconds": [round(r["seconds"], 1) for r in refreshes],
             "overlap ratio": overlap / alone,
-            "summary": stdout.strip().splitlines()[:1],
+            "summary": [line for line in stdout.splitlines() if line.startswith("trained ")],
         },
     )
 
