@@ -156,6 +156,20 @@ def report_lines(args: argparse.Namespace, overlap: Overlap) -> list[str]:
         f"{overlap.switches} switches) | {overlap.overlap_rate:.3f} |",
         f"| **ratio** (target >= 0.9) | **{ratio:.2f}** |",
         "",
+        *coverage_note(overlap),
+    ]
+
+
+def coverage_note(overlap: Overlap) -> list[str]:
+    """What part of a refresh the measured steps overlapped, when none of them saw one finish."""
+    if overlap.refreshes:
+        return []
+    return [
+        "No refresh finished within the measured steps: the encoder actor was encoding the "
+        "catalogue during every one of them, so mining and the switch to a new negatives "
+        "version are not in this figure. `benchmarks/full_scale.py`'s train stage measures "
+        "the trainer over whole refreshes.",
+        "",
     ]
 
 
