@@ -17,7 +17,7 @@ import pytest
 import ray
 import torch
 from conftest import tiny_bert_config, write_wordpiece_tokenizer
-from training_helpers import exact_scores
+from training_helpers import assert_exact_top_k, exact_scores
 
 from cluster.actors import PlacementError, Task, TaskClock, TaskTimeout
 from cluster.checkpoints import mark_complete
@@ -126,7 +126,7 @@ def _assert_negatives_are_exact(run_dir: Path, export_dir: Path, data: Path, k: 
     cands, cand_scores = (
         NegativesStore(run_dir / "negatives").latest().lookup([m.mention_id for m in mentions])
     )
-    np.testing.assert_array_equal(cands.numpy(), np.argsort(-scores, axis=1)[:, :k])
+    assert_exact_top_k(cands.numpy(), scores)
     np.testing.assert_allclose(
         cand_scores.numpy(), -np.sort(-scores, axis=1)[:, :k], rtol=1e-4, atol=1e-4
     )
@@ -256,7 +256,7 @@ def test_exact_refresh_and_evaluation_of_entity_dependent_scorers(
     odd = np.array([m.domain == "odd" for m in mentions])
     exact[:, 1::2][~odd] = -np.inf  # an even mention never sees odd entities
     exact[:, 0::2][odd] = -np.inf
-    np.testing.assert_array_equal(retrieved.cands, np.argsort(-exact, axis=1)[:, :5])
+    assert_exact_top_k(retrieved.cands, exact)
     np.testing.assert_allclose(
         retrieved.scores, -np.sort(-exact, axis=1)[:, :5], rtol=1e-4, atol=1e-4
     )
@@ -340,7 +340,7 @@ def test_evaluation_reuses_the_published_index_and_equals_re_encoding(ray_sessio
     np.testing.assert_array_equal(re_encoded.cands, published.cands)
     np.testing.assert_array_equal(re_encoded.scores, published.scores)
     exact = exact_scores(assets["dual"], assets["data"], mentions)
-    np.testing.assert_array_equal(published.cands, np.argsort(-exact, axis=1)[:, :10])
+    assert_exact_top_k(published.cands, exact)
     # Evaluation never writes into the refresh's store, and finds its own version again.
     assert not (fresh / "index").exists()
     again = retrieve(
@@ -354,4 +354,4 @@ def test_evaluation_reuses_the_published_index_and_equals_re_encoding(ray_sessio
     domains = np.array([m.domain == "odd" for m in mentions])
     exact[:, 1::2][~domains] = -np.inf  # an even mention never sees odd entities
     exact[:, 0::2][domains] = -np.inf
-    np.testing.assert_array_equal(again.cands, np.argsort(-exact, axis=1)[:, :5])
+    assert_exact_top_k(again.cands, exact)

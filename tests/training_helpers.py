@@ -81,6 +81,18 @@ def exact_scores(export_dir: Path, data_root: Path, mentions: list[Mention]) -> 
         ).numpy()
 
 
+def assert_exact_top_k(cands: np.ndarray, scores: np.ndarray, atol: float = 1e-4) -> None:
+    """Each row of ``cands`` [M, k] holds k distinct entities whose exact scores (``scores``
+    [M, E]) are that row's k best, best first, up to ``atol``. Unlike comparing ids with an
+    argsort, this holds however ties, and the near-ties that an index's float arithmetic may
+    order differently, are broken."""
+    k = cands.shape[1]
+    assert all(len(set(row.tolist())) == k for row in cands), "a candidate repeats"
+    best = -np.sort(-np.partition(scores, -k, axis=1)[:, -k:], axis=1)
+    mined = np.take_along_axis(scores, cands, axis=1)
+    np.testing.assert_allclose(mined, best, rtol=0, atol=atol)
+
+
 @contextlib.contextmanager
 def single_process_group() -> Iterator[None]:
     """A gloo process group of one rank in this process (what Ray Train gives a worker), torn
