@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from report import update_benchmarks_md
+from report import write_result
 from tqdm import tqdm
 from transformers import BertConfig, BertTokenizerFast
 
@@ -198,10 +198,7 @@ def main() -> int:
     args = parse_args()
     titles, texts, source = wordnet_entities(args.entities)
     rows, mean_length = measure_all(titles, texts, args)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text("\n".join(header_lines(args, source, mean_length) + rows) + "\n")
-    update_benchmarks_md()
-    print(f"wrote {RESULTS}")
+    write_result(RESULTS, header_lines(args, source, mean_length) + rows)
     return 0
 
 

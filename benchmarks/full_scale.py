@@ -627,9 +627,16 @@ def run_stages(run: Run, log: Path, output: Path, stop_before: str | None) -> No
             tqdm.write(
                 f"{name}: {stage.seconds / 60:.1f} min, {stage.rates}, peak {stage.peak_gib}"
             )
-            output.parent.mkdir(parents=True, exist_ok=True)
-            output.write_text(report(run))
-            update_benchmarks_md()
+            write_report(run, output)
+
+
+def write_report(run: Run, output: Path) -> str:
+    """Write the run's results to ``output``, rebuild BENCHMARKS.md; returns the results."""
+    text = report(run)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text)
+    update_benchmarks_md()
+    return text
 
 
 def main() -> int:
@@ -654,9 +661,7 @@ def main() -> int:
         write_model(run)
         write_recipe(run, run.stages["train"].notes["steps"] if "train" in run.stages else 300)
         run_stages(run, log, output, args.stop_before)
-    output.write_text(report(run))
-    update_benchmarks_md()
-    print(report(run))
+    print(write_report(run, output))
     return 0
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import ray
-from report import update_benchmarks_md
+from report import write_result
 
 from cluster.index_build import IndexedModel, ensure_token_store
 from cluster.tables import EntityCatalogue
@@ -155,7 +155,6 @@ def report_lines(args: argparse.Namespace, overlap: Overlap) -> list[str]:
         f"| trainer while refreshing (mixed-50, {overlap.refreshes} refreshes, "
         f"{overlap.switches} switches) | {overlap.overlap_rate:.3f} |",
         f"| **ratio** (target >= 0.9) | **{ratio:.2f}** |",
-        "",
         *coverage_note(overlap),
     ]
 
@@ -165,21 +164,17 @@ def coverage_note(overlap: Overlap) -> list[str]:
     if overlap.refreshes:
         return []
     return [
+        "",
         "No refresh finished within the measured steps: the encoder actor was encoding the "
         "catalogue during every one of them, so mining and the switch to a new negatives "
         "version are not in this figure. `benchmarks/full_scale.py`'s train stage measures "
         "the trainer over whole refreshes.",
-        "",
     ]
 
 
 def main() -> None:
     args = parse_args()
-    lines = report_lines(args, measure(args))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines))
-    update_benchmarks_md()
-    print("\n".join(lines))
+    write_result(args.out, report_lines(args, measure(args)))
 
 
 if __name__ == "__main__":
