@@ -24,20 +24,20 @@ import ray
 import torch
 from report import write_measures
 
-from cluster.encoder_pool import EncoderPool, EncoderPoolSettings, ShardTask, encode_entities
-from cluster.index_build import IndexedModel, ensure_token_store
-from cluster.sharded_index import IndexSpec
-from cluster.tables import Entity, write_dataset
-from cluster.tokens import TokenStore
-from encoders.biencoder import (
+from hnce.cluster.encoder_pool import EncoderPool, EncoderPoolSettings, ShardTask, encode_entities
+from hnce.cluster.index_build import IndexedModel, ensure_token_store
+from hnce.cluster.sharded_index import IndexSpec
+from hnce.cluster.tables import Entity, write_dataset
+from hnce.cluster.tokens import TokenStore
+from hnce.encoders.biencoder import (
     BiEncoder,
     build_biencoder,
     export_biencoder,
     load_biencoder,
     minilm_path,
 )
-from encoders.formatting import length_sorted_batches
-from pipeline.data.wordnet import parse_data_line
+from hnce.encoders.formatting import length_sorted_batches
+from hnce.pipeline.data.wordnet import parse_data_line
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WORDNET_NOUNS = Path("/usr/share/wordnet/data.noun")

@@ -28,12 +28,16 @@ from pathlib import Path
 
 from report import update_benchmarks_md
 
-from pipeline.data.kilt import knowledge_source_text
-from pipeline.data.kilt_synthetic import KNOWLEDGE_SOURCE, KiltWorld, aida_file_name
+from hnce.pipeline.data.kilt import knowledge_source_text
+from hnce.pipeline.data.kilt_synthetic import KNOWLEDGE_SOURCE, KiltWorld, aida_file_name
 
 RESULTS = Path(__file__).parent / "results" / "data_converters.md"
 LIMIT_BYTES = 1 << 30
-HNCE = [sys.executable, "-c", "import sys; from pipeline.cli.main import main; sys.exit(main())"]
+HNCE = [
+    sys.executable,
+    "-c",
+    "import sys; from hnce.pipeline.cli.main import main; sys.exit(main())",
+]
 
 
 @dataclass
@@ -114,7 +118,7 @@ def write_blink_entities(path: Path, lines: int) -> None:
 
 def other_steps(work: Path, blink_lines: int, worlds: int, entities: int) -> list[Step]:
     """BLINK, Zeshel (raw synthetic worlds), WordNet and the synthetic dataset."""
-    from pipeline.data.synthetic import write_synthetic_zeshel
+    from hnce.pipeline.data.synthetic import write_synthetic_zeshel
 
     write_blink_entities(work / "entity.jsonl", blink_lines)
     write_synthetic_zeshel(work / "zeshel-raw", worlds, entities, 4, seed=0)

@@ -27,8 +27,8 @@ from report import write_result
 from tqdm import tqdm
 from transformers import BertConfig, BertTokenizerFast
 
-from encoders.biencoder import BiEncoder, build_biencoder, minilm_path
-from encoders.formatting import length_sorted_batches, tokenize_entities
+from hnce.encoders.biencoder import BiEncoder, build_biencoder, minilm_path
+from hnce.encoders.formatting import length_sorted_batches, tokenize_entities
 
 WORDNET_NOUNS = Path("/usr/share/wordnet/data.noun")
 SCORERS = ("dual", "multi-8", "som", "poly-16", "genpoly-16-8")

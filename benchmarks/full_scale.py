@@ -46,8 +46,8 @@ from process_memory import PeakMemory
 from report import update_benchmarks_md
 from tqdm import tqdm
 
-from cluster.files import atomic_write_json
-from pipeline.data.kilt_synthetic import (
+from hnce.cluster.files import atomic_write_json
+from hnce.pipeline.data.kilt_synthetic import (
     AIDA_MENTIONS,
     GENERATOR_FILE,
     KILT_PAGES,
@@ -57,7 +57,11 @@ from pipeline.data.kilt_synthetic import (
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "full_scale.md"
-HNCE = [sys.executable, "-c", "import sys; from pipeline.cli.main import main; sys.exit(main())"]
+HNCE = [
+    sys.executable,
+    "-c",
+    "import sys; from hnce.pipeline.cli.main import main; sys.exit(main())",
+]
 GIB = 1 << 30
 TARGETS = {"hours": 3.0, "process_gib": 8.0, "total_gib": 16.0}
 CALIBRATION_STEPS = 40
@@ -268,7 +272,7 @@ def convert(run: Run, log: Path) -> Stage:
 
 
 def converted(run: Run) -> bool:
-    from cluster.tables import EntityCatalogue
+    from hnce.cluster.tables import EntityCatalogue
 
     try:
         return len(EntityCatalogue.open(run.data)) == run.entities
@@ -281,7 +285,7 @@ def write_model(run: Run) -> None:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from encoders.biencoder import minilm_path
+    from hnce.encoders.biencoder import minilm_path
 
     directory = run.workdir / "model"
     if (directory / "config.json").is_file():
@@ -304,11 +308,11 @@ def write_model(run: Run) -> None:
 
 
 def token_store(run: Run, log: Path) -> Stage:
-    """The catalogue tokenized once (`cluster.tokens`), as the first refresh would: timed on its
+    """The catalogue tokenized once (`hnce.cluster.tokens`), as the first refresh would: timed on its
     own here so that index v0's rate is the encoders' alone."""
     code = (
         "import sys; from pathlib import Path; from transformers import AutoTokenizer; "
-        "from cluster.tokens import TokenStore; from encoders.formatting import register_markers; "
+        "from hnce.cluster.tokens import TokenStore; from hnce.encoders.formatting import register_markers; "
         "t = AutoTokenizer.from_pretrained(sys.argv[2]); register_markers(t); "
         "TokenStore.ensure(Path(sys.argv[1]), t, int(sys.argv[3]))"
     )
@@ -371,7 +375,7 @@ def recall_stage(name: str, run: Run, log: Path, checkpoint: str) -> Stage:
 
 
 def events_rate(run_dir: Path, first: int, last: int) -> float:
-    from pipeline.train.events import read_events
+    from hnce.pipeline.train.events import read_events
 
     times = {event["step"]: event["time"] for event in read_events(run_dir, "step")}
     return (last - first) / (times[last] - times[first])
@@ -421,7 +425,7 @@ def window_rate(steps_at: list[tuple[float, int]], start: float, end: float) -> 
 
 def train(run: Run, log: Path) -> Stage:
     """`hnce train` with the asynchronous refresh (one encoder actor on its own CPU)."""
-    from pipeline.train.events import read_events
+    from hnce.pipeline.train.events import read_events
 
     steps = training_steps(run)
     write_recipe(run, steps)
@@ -458,7 +462,7 @@ def train(run: Run, log: Path) -> Stage:
 
 
 def trained(run: Run) -> bool:
-    from cluster.checkpoints import newest_checkpoint
+    from hnce.cluster.checkpoints import newest_checkpoint
 
     newest = newest_checkpoint(run.run_dir) if run.run_dir.is_dir() else None
     steps = run.stages.get("train")

@@ -1,6 +1,6 @@
 """The GPU figures of issue 13, measured where a CUDA device is present, listed as remaining where not.
 
-(a) BERT-base entity encoding at 128 tokens in bf16 (``encoders.precision.autocast``, SDPA
+(a) BERT-base entity encoding at 128 tokens in bf16 (``hnce.encoders.precision.autocast``, SDPA
     attention), entities/s against the FLOP bound: 2 × 110M parameters × 128 tokens ≈ 28 GFLOP of
     matmuls per entity (the issue's ≈22 counts the encoder layers only) at the device's bf16 peak
     (``--peak-tflops``, 989 for an H100 SXM dense);
@@ -28,7 +28,7 @@ import torch
 from report import write_result
 from transformers import BertConfig, BertModel
 
-from encoders.precision import autocast
+from hnce.encoders.precision import autocast
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REMAINING = [

@@ -3,7 +3,7 @@ vs ``hnce train`` (mixed-50 on the asynchronous refresh, shared negatives), same
 budget and cores.
 
 Both start from the packaged all-MiniLM-L6-v2 (local path, nothing downloaded) on the demo's
-WordNet subset (``pipeline.demo.demo_dataset``: configs/demo.yaml's lemma-disjoint train /
+WordNet subset (``hnce.pipeline.demo.demo_dataset``: configs/demo.yaml's lemma-disjoint train /
 held-out split and catalogue). hnce trains as the demo recipe does (60 steps × 8 mentions, K = 8,
 1 trainer core + 1 refresh core). The peer trains on the very mentions hnce trained on (read from
 hnce's step events), 60 steps × 8, each with 8 negatives mined once by ``mine_hard_negatives``
@@ -12,7 +12,7 @@ are hnce's BLINK-formatted token ids decoded, with the markers registered in its
 
 Evaluation is one code path for every model (:func:`exact_recall`): hnce's ``BiEncoder`` embeds
 the held-out mentions and the whole catalogue, scores are exact, recall from
-``pipeline.evaluate``. The peer's saved model loads as a ``BiEncoder`` with its declared (mean)
+``hnce.pipeline.evaluate``. The peer's saved model loads as a ``BiEncoder`` with its declared (mean)
 pooling and its vectors are L2-normalised, as its Normalize module and cosine loss use them. The
 hnce final checkpoint is also evaluated through the product's path (``evaluate_export``: encoder
 actors + FAISS) as a check that the exact path measures the same thing. ``--cosine`` also trains
@@ -47,16 +47,16 @@ import torch.distributed as dist
 from report import write_result
 from wordnet_runs import checkpoint_export
 
-from cluster.tables import EntityCatalogue, Mention, MentionSplit, mention_split_path
-from encoders.biencoder import BiEncoder, build_biencoder, load_biencoder, minilm_path
-from encoders.formatting import register_markers
-from pipeline.config import Config, load_config
-from pipeline.demo import demo_dataset
-from pipeline.evaluate import evaluate_export, hits_at, summarise
-from pipeline.train.events import read_events
-from pipeline.train.task import TrainingTask
-from pipeline.train.trainer import run_training
-from pipeline.train.worker import WorkerRun
+from hnce.cluster.tables import EntityCatalogue, Mention, MentionSplit, mention_split_path
+from hnce.encoders.biencoder import BiEncoder, build_biencoder, load_biencoder, minilm_path
+from hnce.encoders.formatting import register_markers
+from hnce.pipeline.config import Config, load_config
+from hnce.pipeline.demo import demo_dataset
+from hnce.pipeline.evaluate import evaluate_export, hits_at, summarise
+from hnce.pipeline.train.events import read_events
+from hnce.pipeline.train.task import TrainingTask
+from hnce.pipeline.train.trainer import run_training
+from hnce.pipeline.train.worker import WorkerRun
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -330,7 +330,7 @@ def profile_hnce_step(config: Config, steps: int = 3) -> tuple[str, dict[str, fl
     """torch.profiler over ``steps`` training steps of the hnce worker loop, in this process
     (a gloo group of one; 1 thread as the run's worker), after 2 warm-up steps; returns the
     op table and the mean seconds of batch assembly vs forward + backward + optimizer step."""
-    from pipeline.train.step import train_micro_batch
+    from hnce.pipeline.train.step import train_micro_batch
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

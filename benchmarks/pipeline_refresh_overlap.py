@@ -29,13 +29,13 @@ from pathlib import Path
 import ray
 from report import write_result
 
-from cluster.index_build import IndexedModel, ensure_token_store
-from cluster.tables import EntityCatalogue
-from pipeline.config import Config, load_config
-from pipeline.data.synthetic import generate_synthetic_dataset
-from pipeline.evaluate import untrained_export
-from pipeline.train.events import read_events
-from pipeline.train.trainer import run_training
+from hnce.cluster.index_build import IndexedModel, ensure_token_store
+from hnce.cluster.tables import EntityCatalogue
+from hnce.pipeline.config import Config, load_config
+from hnce.pipeline.data.synthetic import generate_synthetic_dataset
+from hnce.pipeline.evaluate import untrained_export
+from hnce.pipeline.train.events import read_events
+from hnce.pipeline.train.trainer import run_training
 
 ROOT = Path(__file__).resolve().parents[1]
 

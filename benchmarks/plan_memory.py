@@ -60,14 +60,14 @@ def measure(shape: dict[str, int], overrides: list[str], workdir: Path) -> dict[
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from training_helpers import single_process_group
 
-    from encoders.biencoder import build_biencoder, minilm_path
-    from encoders.local import load_local
-    from mining.losses import NCELoss
-    from pipeline.config import load_config
-    from pipeline.plan import plan_memory
-    from pipeline.train.batch import ContrastiveBatch
-    from pipeline.train.step import train_micro_batch
-    from pipeline.train.worker import start_engine
+    from hnce.encoders.biencoder import build_biencoder, minilm_path
+    from hnce.encoders.local import load_local
+    from hnce.mining.losses import NCELoss
+    from hnce.pipeline.config import load_config
+    from hnce.pipeline.plan import plan_memory
+    from hnce.pipeline.train.batch import ContrastiveBatch
+    from hnce.pipeline.train.step import train_micro_batch
+    from hnce.pipeline.train.worker import start_engine
 
     torch.set_num_threads(1)
     architecture = BertConfig(intermediate_size=4 * shape["hidden_size"], **shape)

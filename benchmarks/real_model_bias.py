@@ -5,7 +5,7 @@ This measures it on the real thing: all-MiniLM-L6-v2 trained by ``hnce train`` o
 (mixed-50 negatives, asynchronous refresh), at every checkpoint, over a catalogue small enough
 for the exact cross-entropy gradient (eq. 2: a softmax over every entity). For a batch of training
 mentions the model's scores against the whole catalogue are the logits, and
-``mining.bias.gradient_bias`` takes the norm over *all* parameters of both towers of the
+``hnce.mining.bias.gradient_bias`` takes the norm over *all* parameters of both towers of the
 difference between the Monte Carlo expectation of the NCE gradient (eq. 5) and the exact CE
 gradient, for negatives drawn
 
@@ -40,14 +40,14 @@ import matplotlib.pyplot as plt
 from report import write_result
 from wordnet_runs import checkpoint_export, prepare_dataset, recipe
 
-from cluster.tables import EntityCatalogue, MentionSplit, mention_split_path
-from encoders.biencoder import BiEncoder, load_biencoder
-from mining.bias import default_samplers, gradient_bias
-from mining.samplers import NegativeSampler
-from mining.samplers.base import SampledNegatives, SamplingRequest
-from pipeline.evaluate import untrained_export
-from pipeline.train.events import read_events
-from pipeline.train.trainer import run_training
+from hnce.cluster.tables import EntityCatalogue, MentionSplit, mention_split_path
+from hnce.encoders.biencoder import BiEncoder, load_biencoder
+from hnce.mining.bias import default_samplers, gradient_bias
+from hnce.mining.samplers import NegativeSampler
+from hnce.mining.samplers.base import SampledNegatives, SamplingRequest
+from hnce.pipeline.evaluate import untrained_export
+from hnce.pipeline.train.events import read_events
+from hnce.pipeline.train.trainer import run_training
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

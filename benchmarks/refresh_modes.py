@@ -34,9 +34,9 @@ import matplotlib.pyplot as plt
 from report import write_result
 from wordnet_runs import checkpoint_export, prepare_dataset, recipe
 
-from pipeline.evaluate import evaluate_export
-from pipeline.train.events import read_events
-from pipeline.train.trainer import run_training
+from hnce.pipeline.evaluate import evaluate_export
+from hnce.pipeline.train.events import read_events
+from hnce.pipeline.train.trainer import run_training
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -2,11 +2,11 @@
 wall-clock, through the shipping trainer (``hnce train``: DeepSpeed under Ray Train).
 
 The demo recipe (``configs/demo.yaml``: real WordNet, the packaged all-MiniLM-L6-v2) on a small
-demo subset (``pipeline.demo.write_demo_subset``), random negatives with no refresh so that the
+demo subset (``hnce.pipeline.demo.write_demo_subset``), random negatives with no refresh so that the
 two runs differ only in which candidates each mention's NCE (eq. 5/11) is normalised over:
 its own 1 + K, or every candidate of the micro-batch but its known positives (≈ B·(1+K)).
 Both runs take the same number of steps; the seconds each took (sum of the logged step times)
-are reported beside R@1/R@8/R@64 of the held-out mentions (``pipeline.evaluate``), so the
+are reported beside R@1/R@8/R@64 of the held-out mentions (``hnce.pipeline.evaluate``), so the
 comparison is at equal steps and the table says whether the time was equal too.
 
     .venv/bin/python benchmarks/shared_negatives.py      # ~10 min on 2 busy cores
@@ -22,13 +22,13 @@ from pathlib import Path
 import ray
 from report import write_result
 
-from cluster.checkpoints import EXPORT_DIR, newest_checkpoint
-from pipeline.config import Config, config_from_dict, load_config
-from pipeline.data.wordnet import convert_wordnet
-from pipeline.demo import write_demo_subset
-from pipeline.evaluate import evaluate_export
-from pipeline.train.events import read_events
-from pipeline.train.trainer import run_training
+from hnce.cluster.checkpoints import EXPORT_DIR, newest_checkpoint
+from hnce.pipeline.config import Config, config_from_dict, load_config
+from hnce.pipeline.data.wordnet import convert_wordnet
+from hnce.pipeline.demo import write_demo_subset
+from hnce.pipeline.evaluate import evaluate_export
+from hnce.pipeline.train.events import read_events
+from hnce.pipeline.train.trainer import run_training
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"

@@ -37,7 +37,7 @@ from report import write_result
 from tqdm import tqdm
 from wordnet_runs import RunResult, prepare_dataset, recipe, train_and_evaluate
 
-from pipeline.config import ConfigError
+from hnce.pipeline.config import ConfigError
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SCORERS = {

@@ -1,8 +1,8 @@
 """What the WordNet benchmarks share: the data, the recipe, and a training run through ``hnce train``.
 
-Every run goes through the shipping trainer (``pipeline.train.trainer.run_training``: DeepSpeed
+Every run goes through the shipping trainer (``hnce.pipeline.train.trainer.run_training``: DeepSpeed
 under Ray Train, the refresh coordinator, the recipe's samplers) and is evaluated through the
-cluster like ``hnce eval`` (``pipeline.evaluate.evaluate_export``). Ray starts once per
+cluster like ``hnce eval`` (``hnce.pipeline.evaluate.evaluate_export``). Ray starts once per
 benchmark process and serves every run. A run whose result file exists is not run again, so an
 interrupted benchmark resumes run by run.
 """
@@ -15,15 +15,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from cluster.checkpoints import EXPORT_DIR, checkpoint_dir, newest_checkpoint
-from cluster.tables import MANIFEST_FILE
-from pipeline.config import Config, load_config
-from pipeline.data.conversion import DatasetOutput
-from pipeline.data.demo_subset import write_demo_subset
-from pipeline.data.wordnet import convert_wordnet
-from pipeline.evaluate import evaluate_export
-from pipeline.train.events import read_events
-from pipeline.train.trainer import run_training
+from hnce.cluster.checkpoints import EXPORT_DIR, checkpoint_dir, newest_checkpoint
+from hnce.cluster.tables import MANIFEST_FILE
+from hnce.pipeline.config import Config, load_config
+from hnce.pipeline.data.conversion import DatasetOutput
+from hnce.pipeline.data.demo_subset import write_demo_subset
+from hnce.pipeline.data.wordnet import convert_wordnet
+from hnce.pipeline.evaluate import evaluate_export
+from hnce.pipeline.train.events import read_events
+from hnce.pipeline.train.trainer import run_training
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

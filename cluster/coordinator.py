@@ -1,12 +1,12 @@
 """The refresh coordinator: a Ray actor that refreshes a run as its checkpoints appear (DESIGN.md §5).
 
-The trainer starts one per run (``pipeline.train.refresh_supervisor``); its loop asks every
+The trainer starts one per run (``hnce.pipeline.train.refresh_supervisor``); its loop asks every
 ``refresh.poll_seconds`` whether the newest complete checkpoint is live, and if not refreshes it
-through :func:`cluster.refresh_job.attempt_refresh`, under the same run lock as ``hnce
+through :func:`hnce.cluster.refresh_job.attempt_refresh`, under the same run lock as ``hnce
 refresh`` (a lagging refresh therefore always jumps to the newest checkpoint, skipping stale
 ones). A refresh held off by another holder of the lock waits for the next poll; a failed one is
 logged at once and recorded in the run's refresh log, where the trainer sees it
-(``pipeline.train.refresh_health``). Its encoder actors take their own CPUs or GPUs; the
+(``hnce.pipeline.train.refresh_health``). Its encoder actors take their own CPUs or GPUs; the
 coordinator itself takes no CPU slot.
 
 Stopping is two-step, so that a normal end prints no Ray task failure: :meth:`stop` ends the
@@ -27,9 +27,9 @@ import threading
 
 import ray
 
-from cluster.refresh import RefreshPlan
-from cluster.refresh_job import attempt_refresh
-from cluster.refresh_log import RefreshRecord
+from hnce.cluster.refresh import RefreshPlan
+from hnce.cluster.refresh_job import attempt_refresh
+from hnce.cluster.refresh_log import RefreshRecord
 
 logger = logging.getLogger(__name__)
 

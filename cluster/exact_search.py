@@ -20,9 +20,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from cluster.sharded_index import IndexShard, merge_entity_lists
-from encoders.errors import InputError
-from encoders.scorers import Scorer, exact_index_scores
+from hnce.cluster.sharded_index import IndexShard, merge_entity_lists
+from hnce.encoders.errors import InputError
+from hnce.encoders.scorers import Scorer, exact_index_scores
 
 # Entities scored per chunk: bounds the grouped vectors and the [B, chunk] scores held at once.
 ENTITIES_PER_CHUNK = 4096

@@ -46,7 +46,7 @@ from typing import Any
 import ray
 from filelock import FileLock, Timeout
 
-from cluster.files import atomic_write_json
+from hnce.cluster.files import atomic_write_json
 
 logger = logging.getLogger(__name__)
 

@@ -45,8 +45,8 @@ import torch
 from pydantic import ConfigDict, Field, TypeAdapter
 from pydantic.dataclasses import dataclass as record
 
-from cluster.files import AtomicPath, atomic_write_text, sha256_file
-from cluster.versioned_dir import (
+from hnce.cluster.files import AtomicPath, atomic_write_text, sha256_file
+from hnce.cluster.versioned_dir import (
     MANIFEST_FILE,
     Sha256,
     StoreError,

@@ -17,8 +17,8 @@ import ray
 import torch
 from pydantic import ValidationInfo, field_validator
 
-from cluster.sharded_index import faiss_gpu_count
-from encoders.settings import Flag, NonNegativeInt, Text, settings
+from hnce.cluster.sharded_index import faiss_gpu_count
+from hnce.encoders.settings import Flag, NonNegativeInt, Text, settings
 
 logger = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ Python dicts, so a 5.9M-entity KILT catalogue stays at a few hundred MB.
 
 A mention whose gold entity is not in the catalogue can be kept for evaluation with
 ``gold == MISSING_GOLD`` (-1): it must count as an error in unnormalized accuracy and must never be
-used as a training positive (see ``pipeline.data.bad_rows``).
+used as a training positive (see ``hnce.pipeline.data.bad_rows``).
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from cluster.files import atomic_write_json, publish_directory, sha256_file
-from encoders.errors import InputError
+from hnce.cluster.files import atomic_write_json, publish_directory, sha256_file
+from hnce.encoders.errors import InputError
 
 ENTITY_SCHEMA: pa.Schema = pa.schema(
     [

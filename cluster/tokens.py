@@ -38,10 +38,10 @@ from filelock import FileLock
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from cluster.files import atomic_write_json, publish_directory, sha256_file
-from cluster.tables import EntityCatalogue, catalogue_fingerprint
-from encoders.errors import InputError
-from encoders.formatting import tokenize_entities, tokenizer_fingerprint
+from hnce.cluster.files import atomic_write_json, publish_directory, sha256_file
+from hnce.cluster.tables import EntityCatalogue, catalogue_fingerprint
+from hnce.encoders.errors import InputError
+from hnce.encoders.formatting import tokenize_entities, tokenizer_fingerprint
 
 logger = logging.getLogger(__name__)
 

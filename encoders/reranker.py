@@ -19,9 +19,9 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel, PreTrainedModel
 
-from encoders.formatting import register_markers, tokenize_entities, tokenize_mentions
-from encoders.local import load_local
-from encoders.towers import checkpointed_chunks, enable_activation_checkpointing, use_sdpa
+from hnce.encoders.formatting import register_markers, tokenize_entities, tokenize_mentions
+from hnce.encoders.local import load_local
+from hnce.encoders.towers import checkpointed_chunks, enable_activation_checkpointing, use_sdpa
 
 RERANKER_FILE = "reranker.json"
 HEAD_WEIGHTS_FILE = "head.safetensors"
@@ -127,7 +127,7 @@ class JointReranker(nn.Module):
 
         A cross-encoder pays one BERT pass per (mention, entity) pair, so only the pairs the loss
         reads are encoded. ``chunk_size`` > 0 runs them that many at a time with activations
-        recomputed in the backward pass (:func:`encoders.towers.checkpointed_chunks`).
+        recomputed in the backward pass (:func:`hnce.encoders.towers.checkpointed_chunks`).
         """
         rows, columns = pairs.nonzero(as_tuple=True)
         (scores,) = checkpointed_chunks(

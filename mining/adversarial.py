@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mining.samplers.base import (
+from hnce.mining.samplers.base import (
     NegativeSampler,
     SampledNegatives,
     SamplingRequest,
@@ -27,7 +27,7 @@ from mining.samplers.base import (
     later_duplicates,
     take_first,
 )
-from mining.samplers.random import RandomSampler
+from hnce.mining.samplers.random import RandomSampler
 
 
 class CandidateGenerator(nn.Module):

@@ -22,8 +22,8 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from mining.samplers import HardSampler, MixedSampler, NegativeSampler, RandomSampler
-from mining.samplers.base import SamplingRequest
+from hnce.mining.samplers import HardSampler, MixedSampler, NegativeSampler, RandomSampler
+from hnce.mining.samplers.base import SamplingRequest
 
 
 def default_samplers(hard_fraction: float = 0.5) -> dict[str, NegativeSampler]:

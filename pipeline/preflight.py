@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from cluster.tables import ENTITIES_DIR, DatasetError, DatasetManifest, mention_split_path
-from encoders.biencoder import SCORER_FILE, minilm_path
-from encoders.pooling import declared_pooling
-from pipeline.config import Config
-from pipeline.data.kilt import aida_split_name
+from hnce.cluster.tables import ENTITIES_DIR, DatasetError, DatasetManifest, mention_split_path
+from hnce.encoders.biencoder import SCORER_FILE, minilm_path
+from hnce.encoders.pooling import declared_pooling
+from hnce.pipeline.config import Config
+from hnce.pipeline.data.kilt import aida_split_name
 
 PACKAGED_MODEL = "minilm"
 

@@ -14,7 +14,7 @@ Candidates come from a negatives version (``<run>/negatives/v<N>/<split>.parquet
 of an index version) or from searching the retriever itself through the cluster
 (:func:`retrieve_candidates`, in the run's index version of that checkpoint or one built for it;
 the train split's published under ``<run>/rerank/candidates`` for the workers). Training goes
-through the same driver, worker loop and step as ``hnce train`` (``pipeline.train``, the reranker
+through the same driver, worker loop and step as ``hnce train`` (``hnce.pipeline.train``, the reranker
 task): DeepSpeed workers under Ray Train, resumable checkpoints under ``<run>/rerank/checkpoints``,
 negatives the retriever's top non-positive candidates, token ids from the catalogue's token store.
 """
@@ -32,24 +32,24 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from cluster.checkpoints import resolve_checkpoint
-from cluster.index_build import IndexedModel
-from cluster.negatives_store import MinedSplit, NegativesStore, NegativesVersion
-from cluster.refresh import RefreshPlan
-from cluster.retrieval import retrieve
-from cluster.session import init_ray
-from cluster.tables import EntityCatalogue, Mention, MentionSplit, mention_split_path
-from cluster.tokens import TokenStore
-from cluster.versioned_dir import next_version
-from encoders.blink import export_blink_crossencoder
-from encoders.precision import autocast
-from encoders.reranker import JointReranker, load_reranker
-from pipeline.config import Config
-from pipeline.preflight import check_rerank_inputs
-from pipeline.train.batch import MentionTokens
-from pipeline.train.refresh_supervisor import refresh_plan
-from pipeline.train.task import TrainingTask, rerank_run_dir
-from pipeline.train.trainer import TrainingSummary, run_task
+from hnce.cluster.checkpoints import resolve_checkpoint
+from hnce.cluster.index_build import IndexedModel
+from hnce.cluster.negatives_store import MinedSplit, NegativesStore, NegativesVersion
+from hnce.cluster.refresh import RefreshPlan
+from hnce.cluster.retrieval import retrieve
+from hnce.cluster.session import init_ray
+from hnce.cluster.tables import EntityCatalogue, Mention, MentionSplit, mention_split_path
+from hnce.cluster.tokens import TokenStore
+from hnce.cluster.versioned_dir import next_version
+from hnce.encoders.blink import export_blink_crossencoder
+from hnce.encoders.precision import autocast
+from hnce.encoders.reranker import JointReranker, load_reranker
+from hnce.pipeline.config import Config
+from hnce.pipeline.preflight import check_rerank_inputs
+from hnce.pipeline.train.batch import MentionTokens
+from hnce.pipeline.train.refresh_supervisor import refresh_plan
+from hnce.pipeline.train.task import TrainingTask, rerank_run_dir
+from hnce.pipeline.train.trainer import TrainingSummary, run_task
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def retrieve_candidates(
     progress: bool = True,
 ) -> SplitCandidates:
     """Top-``k`` candidates of ``mentions`` under ``retriever``, through the cluster: searched in
-    the run's index version of that model, or one built for it (``cluster.retrieval``)."""
+    the run's index version of that model, or one built for it (``hnce.cluster.retrieval``)."""
     found = retrieve(plan, retriever, mentions, k, progress=progress)
     return SplitCandidates(list(mentions), found.cands, found.scores)
 

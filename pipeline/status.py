@@ -26,15 +26,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cluster.checkpoints import CHECKPOINTS_DIR, COMPLETE, complete_checkpoints
-from cluster.index_store import IndexStore
-from cluster.lock import read_holder
-from cluster.negatives_store import NegativesVersion
-from cluster.refresh_log import RefreshRecord, read_records
-from cluster.versioned_dir import read_current, version_dir_name
-from encoders.errors import InputError
-from pipeline.train.events import read_events
-from pipeline.train.refresh_health import STOP_EVENT
+from hnce.cluster.checkpoints import CHECKPOINTS_DIR, COMPLETE, complete_checkpoints
+from hnce.cluster.index_store import IndexStore
+from hnce.cluster.lock import read_holder
+from hnce.cluster.negatives_store import NegativesVersion
+from hnce.cluster.refresh_log import RefreshRecord, read_records
+from hnce.cluster.versioned_dir import read_current, version_dir_name
+from hnce.encoders.errors import InputError
+from hnce.pipeline.train.events import read_events
+from hnce.pipeline.train.refresh_health import STOP_EVENT
 
 INDEX_DIR = "index"
 NEGATIVES_DIR = "negatives"

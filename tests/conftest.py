@@ -116,7 +116,7 @@ def syllable_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def real_wordnet(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     """Debian's WordNet converted once for the session: (dataset root, conversion summary)."""
-    from pipeline.data.wordnet import convert_wordnet
+    from hnce.pipeline.data.wordnet import convert_wordnet
 
     root = tmp_path_factory.mktemp("real-wordnet") / "wordnet"
     return root, convert_wordnet(root)
@@ -136,7 +136,7 @@ def ray_session() -> Iterator[str]:
     per module cost ~5 s each on 2 cores."""
     import ray
 
-    from cluster.session import ClusterSettings, init_ray
+    from hnce.cluster.session import ClusterSettings, init_ray
 
     init_ray(ClusterSettings(num_cpus=SESSION_RAY_CPUS))
     _session_ray["address"] = ray.get_runtime_context().gcs_address

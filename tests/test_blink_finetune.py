@@ -16,26 +16,26 @@ import numpy as np
 import pytest
 import torch
 
-from cluster.encoder_pool import read_encodings
-from cluster.index_build import IndexedModel
-from cluster.index_store import IndexStore
-from cluster.negatives_store import NegativesStore
-from cluster.refresh import RefreshPlan, RefreshSettings
-from cluster.sharded_index import IndexSpec
-from cluster.tables import MISSING_GOLD, Entity, EntityCatalogue, Mention, write_dataset
-from encoders.biencoder import build_biencoder, export_biencoder, load_biencoder, minilm_path
-from encoders.blink import export_blink_biencoder, import_blink_biencoder
-from encoders.errors import InputError
-from encoders.scorers import ScorerConfig
-from pipeline.blink_finetune.kilt_output import (
+from hnce.cluster.encoder_pool import read_encodings
+from hnce.cluster.index_build import IndexedModel
+from hnce.cluster.index_store import IndexStore
+from hnce.cluster.negatives_store import NegativesStore
+from hnce.cluster.refresh import RefreshPlan, RefreshSettings
+from hnce.cluster.sharded_index import IndexSpec
+from hnce.cluster.tables import MISSING_GOLD, Entity, EntityCatalogue, Mention, write_dataset
+from hnce.encoders.biencoder import build_biencoder, export_biencoder, load_biencoder, minilm_path
+from hnce.encoders.blink import export_blink_biencoder, import_blink_biencoder
+from hnce.encoders.errors import InputError
+from hnce.encoders.scorers import ScorerConfig
+from hnce.pipeline.blink_finetune.kilt_output import (
     linking_accuracy,
     read_kilt_inputs,
     write_kilt_predictions,
 )
-from pipeline.cli.main import main
-from pipeline.data.bad_rows import BadRowError
-from pipeline.data.kilt import convert_kilt
-from pipeline.train.version_zero import check_encodings, prepare_version_zero
+from hnce.pipeline.cli.main import main
+from hnce.pipeline.data.bad_rows import BadRowError
+from hnce.pipeline.data.kilt import convert_kilt
+from hnce.pipeline.train.version_zero import check_encodings, prepare_version_zero
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 CITIES = [

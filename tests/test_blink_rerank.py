@@ -11,12 +11,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cluster.negatives_store import MinedSplit, NegativesStore
-from cluster.tables import MISSING_GOLD, EntityCatalogue, Mention, MentionSplit, mention_split_path
-from pipeline.cli.main import main
-from pipeline.data.synthetic import generate_synthetic_dataset
-from pipeline.rerank import SplitCandidates, accuracy_report, format_reports
-from pipeline.train.events import read_events
+from hnce.cluster.negatives_store import MinedSplit, NegativesStore
+from hnce.cluster.tables import (
+    MISSING_GOLD,
+    EntityCatalogue,
+    Mention,
+    MentionSplit,
+    mention_split_path,
+)
+from hnce.pipeline.cli.main import main
+from hnce.pipeline.data.synthetic import generate_synthetic_dataset
+from hnce.pipeline.rerank import SplitCandidates, accuracy_report, format_reports
+from hnce.pipeline.train.events import read_events
 
 
 def mention(mention_id: str, gold: int, golds: tuple[int, ...] = (), domain: str = "") -> Mention:

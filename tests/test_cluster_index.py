@@ -22,11 +22,11 @@ import pytest
 import torch
 from store_helpers import index_parameters, mined_split, publish_index
 
-from cluster.exact_search import ExactSearcher
-from cluster.files import sha256_file
-from cluster.index_store import IndexStore
-from cluster.negatives_store import MinedSplit, NegativesStore, NegativesVersion
-from cluster.sharded_index import (
+from hnce.cluster.exact_search import ExactSearcher
+from hnce.cluster.files import sha256_file
+from hnce.cluster.index_store import IndexStore
+from hnce.cluster.negatives_store import MinedSplit, NegativesStore, NegativesVersion
+from hnce.cluster.sharded_index import (
     IndexShard,
     IndexSpec,
     ShardedSearcher,
@@ -34,9 +34,9 @@ from cluster.sharded_index import (
     merge_entity_lists,
     resolve_faiss_device,
 )
-from cluster.versioned_dir import ChecksumError, StoreError, confined_path
-from encoders.errors import InputError
-from encoders.scorers import build_scorer
+from hnce.cluster.versioned_dir import ChecksumError, StoreError, confined_path
+from hnce.encoders.errors import InputError
+from hnce.encoders.scorers import build_scorer
 
 
 def _vectors(rows: int, dim: int = 16, seed: int = 0) -> np.ndarray:
@@ -178,7 +178,7 @@ def test_shard_files_are_memory_mapped_not_copied(tmp_path: Path) -> None:
     probe = f"""
 import numpy as np
 from pathlib import Path
-from cluster.sharded_index import read_index_file
+from hnce.cluster.sharded_index import read_index_file
 
 def anonymous_kib():
     status = Path("/proc/self/status").read_text().splitlines()

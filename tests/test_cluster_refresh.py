@@ -19,17 +19,17 @@ import torch
 from conftest import tiny_bert_config, write_wordpiece_tokenizer
 from training_helpers import assert_exact_top_k, exact_scores
 
-from cluster.actors import PlacementError, Task, TaskClock, TaskTimeout
-from cluster.checkpoints import mark_complete
-from cluster.encoder_pool import EncoderPool, ShardEncoded
-from cluster.files import sha256_file
-from cluster.index_build import IndexedModel, ensure_token_store
-from cluster.index_store import IndexStore
-from cluster.negatives_store import NegativesStore
-from cluster.refresh import RefreshPlan, RefreshSettings, run_refresh
-from cluster.retrieval import EVAL_INDEX_DIR, retrieve
-from cluster.sharded_index import IndexSpec
-from cluster.tables import (
+from hnce.cluster.actors import PlacementError, Task, TaskClock, TaskTimeout
+from hnce.cluster.checkpoints import mark_complete
+from hnce.cluster.encoder_pool import EncoderPool, ShardEncoded
+from hnce.cluster.files import sha256_file
+from hnce.cluster.index_build import IndexedModel, ensure_token_store
+from hnce.cluster.index_store import IndexStore
+from hnce.cluster.negatives_store import NegativesStore
+from hnce.cluster.refresh import RefreshPlan, RefreshSettings, run_refresh
+from hnce.cluster.retrieval import EVAL_INDEX_DIR, retrieve
+from hnce.cluster.sharded_index import IndexSpec
+from hnce.cluster.tables import (
     Entity,
     EntityCatalogue,
     Mention,
@@ -37,7 +37,7 @@ from cluster.tables import (
     mention_split_path,
     write_dataset,
 )
-from encoders.biencoder import build_biencoder, export_biencoder, load_biencoder
+from hnce.encoders.biencoder import build_biencoder, export_biencoder, load_biencoder
 
 pytestmark = pytest.mark.slow
 

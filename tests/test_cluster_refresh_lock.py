@@ -25,16 +25,16 @@ import pytest
 import ray
 from test_cluster_refresh import _checkpoint, _dataset, _tiny_export
 
-from cluster.checkpoints import checkpoint_dir
-from cluster.coordinator import COORDINATOR_ROLE
-from cluster.index_store import IndexStore
-from cluster.lock import LockHolder, read_holder
-from cluster.negatives_store import NegativesStore
-from cluster.refresh import RefreshPlan, RefreshSettings, run_refresh
-from cluster.refresh_job import EXIT_LOCKED, EXIT_OK, JOB_ROLE, attempt_refresh
-from cluster.refresh_log import read_records
-from cluster.sharded_index import IndexSpec
-from pipeline.train.refresh_supervisor import start_refresh, stop_refresh
+from hnce.cluster.checkpoints import checkpoint_dir
+from hnce.cluster.coordinator import COORDINATOR_ROLE
+from hnce.cluster.index_store import IndexStore
+from hnce.cluster.lock import LockHolder, read_holder
+from hnce.cluster.negatives_store import NegativesStore
+from hnce.cluster.refresh import RefreshPlan, RefreshSettings, run_refresh
+from hnce.cluster.refresh_job import EXIT_LOCKED, EXIT_OK, JOB_ROLE, attempt_refresh
+from hnce.cluster.refresh_log import read_records
+from hnce.cluster.sharded_index import IndexSpec
+from hnce.pipeline.train.refresh_supervisor import start_refresh, stop_refresh
 
 pytestmark = pytest.mark.slow
 
@@ -138,7 +138,7 @@ def _cli_refresh(run_dir: Path, data: Path, address: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "pipeline.cli.main",
+        "hnce.pipeline.cli.main",
         "refresh",
         *("--set", f"run.dir={run_dir}", "--set", f"data.root={data}"),
         *("--set", f"cluster.address={address}", "--set", "index.faiss_device=cpu"),

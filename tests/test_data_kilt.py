@@ -8,18 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from cluster.tables import (
+from hnce.cluster.tables import (
     MANIFEST_FILE,
     MISSING_GOLD,
     EntityCatalogue,
     MentionSplit,
     mention_split_path,
 )
-from pipeline.blink_finetune.kilt_output import read_kilt_inputs
-from pipeline.cli.main import main
-from pipeline.data.bad_rows import BadRowError, BadRowPolicy
-from pipeline.data.conversion import ConversionInputError, DatasetOutput, EmptyCatalogueError
-from pipeline.data.kilt import aida_split_name, convert_kilt
+from hnce.pipeline.blink_finetune.kilt_output import read_kilt_inputs
+from hnce.pipeline.cli.main import main
+from hnce.pipeline.data.bad_rows import BadRowError, BadRowPolicy
+from hnce.pipeline.data.conversion import ConversionInputError, DatasetOutput, EmptyCatalogueError
+from hnce.pipeline.data.kilt import aida_split_name, convert_kilt
 
 PAGES = [
     {

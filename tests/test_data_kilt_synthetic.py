@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.data import kilt_synthetic
-from pipeline.data.kilt import convert_kilt, knowledge_source_text
-from pipeline.data.kilt_synthetic import (
+from hnce.pipeline.data import kilt_synthetic
+from hnce.pipeline.data.kilt import convert_kilt, knowledge_source_text
+from hnce.pipeline.data.kilt_synthetic import (
     GENERATOR_FILE,
     KNOWLEDGE_SOURCE,
     PARTS_DIR,

@@ -14,11 +14,11 @@ import pyarrow.parquet as pq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cluster.tables import MANIFEST_FILE, REJECTS_FILE
-from pipeline.data.conversion import DatasetOutput, EmptyCatalogueError
-from pipeline.data.kilt import convert_kilt
-from pipeline.data.wordnet import convert_wordnet
-from pipeline.data.zeshel import convert_zeshel
+from hnce.cluster.tables import MANIFEST_FILE, REJECTS_FILE
+from hnce.pipeline.data.conversion import DatasetOutput, EmptyCatalogueError
+from hnce.pipeline.data.kilt import convert_kilt
+from hnce.pipeline.data.wordnet import convert_wordnet
+from hnce.pipeline.data.zeshel import convert_zeshel
 
 KEYS = st.sampled_from(["12", " 12 ", "34", "0100", "١٠٠", "", "x", "[START_ENT]"])
 SCALARS = st.one_of(

@@ -6,9 +6,9 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from cluster.tables import EntityCatalogue, MentionSplit, mention_split_path, read_summary
-from pipeline.cli.main import main
-from pipeline.data.synthetic import generate_synthetic_dataset
+from hnce.cluster.tables import EntityCatalogue, MentionSplit, mention_split_path, read_summary
+from hnce.pipeline.cli.main import main
+from hnce.pipeline.data.synthetic import generate_synthetic_dataset
 
 
 def _all_mentions(root: Path) -> list:

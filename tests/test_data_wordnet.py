@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from cluster.tables import EntityCatalogue, MentionSplit, mention_split_path
-from pipeline.data.bad_rows import BadRowError
-from pipeline.data.conversion import DatasetOutput
-from pipeline.data.wordnet import (
+from hnce.cluster.tables import EntityCatalogue, MentionSplit, mention_split_path
+from hnce.pipeline.data.bad_rows import BadRowError
+from hnce.pipeline.data.conversion import DatasetOutput
+from hnce.pipeline.data.wordnet import (
     convert_wordnet,
     lemma_forms,
     parse_data_line,

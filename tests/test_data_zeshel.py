@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from cluster.tables import MISSING_GOLD, EntityCatalogue, MentionSplit, mention_split_path
-from encoders.errors import InputError
-from pipeline.data.bad_rows import BadRowError
-from pipeline.data.conversion import DatasetOutput
-from pipeline.data.zeshel import convert_zeshel
+from hnce.cluster.tables import MISSING_GOLD, EntityCatalogue, MentionSplit, mention_split_path
+from hnce.encoders.errors import InputError
+from hnce.pipeline.data.bad_rows import BadRowError
+from hnce.pipeline.data.conversion import DatasetOutput
+from hnce.pipeline.data.zeshel import convert_zeshel
 
 STAR_TREK = [
     {"document_id": "A1", "title": "Kirk", "text": "Kirk is the captain of the Enterprise ."},

@@ -12,15 +12,15 @@ import torch
 from conftest import tiny_bert_config
 from transformers import BertConfig
 
-from encoders.biencoder import (
+from hnce.encoders.biencoder import (
     BiEncoder,
     build_biencoder,
     export_biencoder,
     load_biencoder,
     minilm_path,
 )
-from encoders.errors import InputError
-from encoders.scorers import index_scores
+from hnce.encoders.errors import InputError
+from hnce.encoders.scorers import index_scores
 
 
 @pytest.fixture(scope="module")

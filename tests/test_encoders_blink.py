@@ -9,14 +9,14 @@ import torch
 from torch import nn
 from transformers import BertConfig, BertModel
 
-from encoders.blink import (
+from hnce.encoders.blink import (
     CheckpointKeyError,
     export_blink_biencoder,
     export_blink_crossencoder,
     import_blink_biencoder,
     import_blink_crossencoder,
 )
-from encoders.reranker import build_reranker
+from hnce.encoders.reranker import build_reranker
 
 
 def tiny_config(tokenizer, hidden_size: int = 32) -> BertConfig:

@@ -10,8 +10,8 @@ import torch
 from conftest import TINY_WORDS
 from transformers import AutoTokenizer, BertTokenizerFast
 
-from encoders.biencoder import minilm_path
-from encoders.formatting import (
+from hnce.encoders.biencoder import minilm_path
+from hnce.encoders.formatting import (
     blink_mention_ids,
     length_sorted_batches,
     register_markers,

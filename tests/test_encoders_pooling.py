@@ -13,19 +13,19 @@ import pytest
 import torch
 from conftest import tiny_bert_config, write_letter_bert
 
-from encoders.biencoder import (
+from hnce.encoders.biencoder import (
     BiEncoder,
     build_biencoder,
     export_biencoder,
     load_biencoder,
     minilm_path,
 )
-from encoders.blink import export_blink_biencoder, import_blink_biencoder
-from encoders.errors import InputError
-from encoders.pooling import declared_pooling, resolve_pooling
-from pipeline.config import ConfigError, load_config
-from pipeline.evaluate import untrained_export
-from pipeline.train.model import build_model
+from hnce.encoders.blink import export_blink_biencoder, import_blink_biencoder
+from hnce.encoders.errors import InputError
+from hnce.encoders.pooling import declared_pooling, resolve_pooling
+from hnce.pipeline.config import ConfigError, load_config
+from hnce.pipeline.evaluate import untrained_export
+from hnce.pipeline.train.model import build_model
 
 MEAN_MODULES = [
     {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from encoders.scorers import (
+from hnce.encoders.scorers import (
     GeneralScorer,
     PolyScorer,
     Scorer,
@@ -245,7 +245,7 @@ def test_scorer_specs_parse_and_reject_bad_values() -> None:
 def test_all_pairs_scoring_in_blocks_equals_one_block(
     monkeypatch: pytest.MonkeyPatch, tensors
 ) -> None:
-    import encoders.scorers as scorers
+    import hnce.encoders.scorers as scorers
 
     scorer = build_scorer("som", D)
     whole = scorer.score(*tensors)

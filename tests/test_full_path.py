@@ -30,20 +30,20 @@ import yaml
 from training_helpers import assert_exact_top_k
 from transformers import AutoTokenizer, BertConfig, BertModel
 
-from cluster.checkpoints import EXPORT_DIR
-from cluster.index_build import IndexedModel
-from cluster.index_store import IndexStore
-from cluster.negatives_store import NegativesVersion
-from cluster.retrieval import retrieve
-from cluster.tables import EntityCatalogue, MentionSplit, mention_split_path
-from cluster.tokens import TOKENS_DIR, TokenStore
-from cluster.versioned_dir import version_dir_name
-from encoders.biencoder import load_biencoder, minilm_path
-from encoders.formatting import register_markers, tokenize_entities
-from pipeline.cli.main import main as hnce
-from pipeline.config import load_config
-from pipeline.data.kilt_synthetic import KNOWLEDGE_SOURCE, aida_file_name
-from pipeline.train.refresh_supervisor import refresh_plan
+from hnce.cluster.checkpoints import EXPORT_DIR
+from hnce.cluster.index_build import IndexedModel
+from hnce.cluster.index_store import IndexStore
+from hnce.cluster.negatives_store import NegativesVersion
+from hnce.cluster.retrieval import retrieve
+from hnce.cluster.tables import EntityCatalogue, MentionSplit, mention_split_path
+from hnce.cluster.tokens import TOKENS_DIR, TokenStore
+from hnce.cluster.versioned_dir import version_dir_name
+from hnce.encoders.biencoder import load_biencoder, minilm_path
+from hnce.encoders.formatting import register_markers, tokenize_entities
+from hnce.pipeline.cli.main import main as hnce
+from hnce.pipeline.config import load_config
+from hnce.pipeline.data.kilt_synthetic import KNOWLEDGE_SOURCE, aida_file_name
+from hnce.pipeline.train.refresh_supervisor import refresh_plan
 
 ENTITIES = 200_000
 MENTIONS = {"train": 1_200, "dev": 300, "test": 300}

@@ -7,9 +7,9 @@ import math
 
 import torch
 
-from mining.adversarial import AdversarialSampler, pairwise_reward
-from mining.losses import NCELoss
-from mining.samplers import SamplingRequest, build_sampler
+from hnce.mining.adversarial import AdversarialSampler, pairwise_reward
+from hnce.mining.losses import NCELoss
+from hnce.mining.samplers import SamplingRequest, build_sampler
 
 
 def _request(

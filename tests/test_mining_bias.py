@@ -6,15 +6,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mining.bias import (
+from hnce.mining.bias import (
     SyntheticBiasConfig,
     SyntheticPopulation,
     expected_nce_logit_gradient,
     gradient_bias,
     run_synthetic_experiment,
 )
-from mining.losses import NCELoss
-from mining.samplers import HardSampler, SamplingRequest
+from hnce.mining.losses import NCELoss
+from hnce.mining.samplers import HardSampler, SamplingRequest
 
 SMALL = SyntheticBiasConfig(num_labels=100, input_dim=8, num_contexts=10, hidden_dim=16)
 

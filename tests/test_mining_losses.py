@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from mining.losses import (
+from hnce.mining.losses import (
     BinaryNCELoss,
     FocalLoss,
     NCELoss,

@@ -11,8 +11,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mining.false_negatives import FalseNegativeFilter
-from mining.samplers import (
+from hnce.mining.false_negatives import FalseNegativeFilter
+from hnce.mining.samplers import (
     AnceSampler,
     GreedySampler,
     HardSampler,
@@ -225,7 +225,7 @@ def test_momentum_queue_negatives_and_update() -> None:
     with torch.no_grad():
         target.weight.fill_(1.0)
         source.weight.fill_(0.0)
-    from mining.samplers import momentum_update
+    from hnce.mining.samplers import momentum_update
 
     momentum_update(target, source, momentum=0.9)
     assert torch.allclose(target.weight, torch.tensor([[0.9]]))

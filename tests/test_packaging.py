@@ -8,7 +8,12 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
+import os
+import shutil
+import subprocess
+import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -112,3 +117,77 @@ def test_setup_check_refuses_a_resolution_with_both_faiss_builds(tmp_path: Path)
 def test_this_environment_holds_one_faiss_build() -> None:
     names = [dist.metadata["Name"] for dist in importlib.metadata.distributions()]
     assert len(check_faiss_variant.faiss_builds(names)) == 1, names
+
+
+LAYERS = ("encoders", "mining", "cluster", "pipeline")
+
+
+def _repository_packages() -> set[str]:
+    """``hnce`` and every folder of the layer folders that holds an ``__init__.py``, named as
+    the build configuration maps it (``mining/samplers`` is ``hnce.mining.samplers``)."""
+    packages = {"hnce"}
+    for layer in LAYERS:
+        for init in (REPO / layer).rglob("__init__.py"):
+            packages.add(".".join(("hnce", *init.parent.relative_to(REPO).parts)))
+    return packages
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The distribution built as a user's ``pip install .`` builds it, from a copy of the tree,
+    and unpacked."""
+    source = tmp_path_factory.mktemp("source")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    for folder in ("hnce", *LAYERS):
+        shutil.copytree(
+            REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    out = tmp_path_factory.mktemp("wheel")
+    build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
+    subprocess.run([*build, "--wheel-dir", str(out), str(source)], check=True)
+    (built,) = out.glob("hnce-*.whl")
+    unpacked = out / "unpacked"
+    with zipfile.ZipFile(built) as archive:
+        archive.extractall(unpacked)
+    return unpacked
+
+
+def test_the_wheel_installs_one_top_level_package_holding_every_layer(wheel: Path) -> None:
+    top_level = {path.name for path in wheel.iterdir() if not path.name.endswith(".dist-info")}
+    assert top_level == {"hnce"}
+    packages = {
+        ".".join(init.parent.relative_to(wheel).parts) for init in wheel.rglob("__init__.py")
+    }
+    assert packages == _repository_packages()
+
+
+def test_the_installed_wheel_runs_from_its_own_files(wheel: Path, tmp_path: Path) -> None:
+    """Imported from the unpacked wheel (not the checkout), the CLI starts and each layer
+    resolves to the wheel's copy."""
+    env = {**os.environ, "PYTHONPATH": str(wheel)}
+    shown = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import importlib, sys\nfor name in sys.argv[1:]:\n"
+            "    print(importlib.import_module(name).__file__)",
+            *(f"hnce.{layer}" for layer in LAYERS),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    files = shown.stdout.split()
+    assert len(files) == len(LAYERS) and all(Path(file).is_relative_to(wheel) for file in files)
+    usage = subprocess.run(
+        [sys.executable, "-m", "hnce.pipeline.cli.main", "--help"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "usage: hnce" in usage.stdout

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.config import ConfigError, config_from_dict, load_config
+from hnce.pipeline.config import ConfigError, config_from_dict, load_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

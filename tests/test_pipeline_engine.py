@@ -19,7 +19,7 @@ from training_helpers import (
     write_syllable_bert,
 )
 
-from cluster.checkpoints import (
+from hnce.cluster.checkpoints import (
     DEEPSPEED_DIR,
     DEEPSPEED_TAG,
     EXPORT_DIR,
@@ -27,20 +27,20 @@ from cluster.checkpoints import (
     checkpoint_dir,
     mark_complete,
 )
-from cluster.negatives_store import MinedSplit, NegativesStore
-from cluster.tables import EntityCatalogue, MentionSplit, mention_split_path
-from encoders.biencoder import load_biencoder
-from mining.losses import NCELoss
-from mining.samplers import SampledNegatives
-from pipeline.config import Config, TrainingSettings
-from pipeline.train.batch import ContrastiveBatch, assemble_batch
-from pipeline.train.checkpointing import UnsafeCheckpointError
-from pipeline.train.deepspeed_config import build_deepspeed_config
-from pipeline.train.events import read_events
-from pipeline.train.model import build_model, build_trainable
-from pipeline.train.step import contrastive_loss, train_micro_batch
-from pipeline.train.task import TrainingTask
-from pipeline.train.worker import WorkerRun, start_engine
+from hnce.cluster.negatives_store import MinedSplit, NegativesStore
+from hnce.cluster.tables import EntityCatalogue, MentionSplit, mention_split_path
+from hnce.encoders.biencoder import load_biencoder
+from hnce.mining.losses import NCELoss
+from hnce.mining.samplers import SampledNegatives
+from hnce.pipeline.config import Config, TrainingSettings
+from hnce.pipeline.train.batch import ContrastiveBatch, assemble_batch
+from hnce.pipeline.train.checkpointing import UnsafeCheckpointError
+from hnce.pipeline.train.deepspeed_config import build_deepspeed_config
+from hnce.pipeline.train.events import read_events
+from hnce.pipeline.train.model import build_model, build_trainable
+from hnce.pipeline.train.step import contrastive_loss, train_micro_batch
+from hnce.pipeline.train.task import TrainingTask
+from hnce.pipeline.train.worker import WorkerRun, start_engine
 
 pytestmark = pytest.mark.slow
 
@@ -305,8 +305,8 @@ def _parameters(module: torch.nn.Module) -> torch.Tensor:
 def _micro_batches(config: Config, rows: list[list[int]]) -> list[ContrastiveBatch]:
     """Micro-batches of training mentions by row, each mention with the same two negatives
     whatever batch it is in; tokens from the run's stores."""
-    from cluster.tokens import TokenStore
-    from pipeline.train.batch import MentionTokens
+    from hnce.cluster.tokens import TokenStore
+    from hnce.pipeline.train.batch import MentionTokens
 
     mentions = MentionSplit.open(mention_split_path(Path(config.data.root), "train")).read_all()
     model = build_model(config)

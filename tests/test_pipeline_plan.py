@@ -11,10 +11,10 @@ import pytest
 from conftest import tiny_bert_config, write_wordpiece_tokenizer
 from transformers import BertModel
 
-from encoders.scorers import ScorerConfig
-from pipeline.cli.main import main
-from pipeline.config import load_config
-from pipeline.plan import (
+from hnce.encoders.scorers import ScorerConfig
+from hnce.pipeline.cli.main import main
+from hnce.pipeline.config import load_config
+from hnce.pipeline.plan import (
     GIB,
     ZERO_BUCKET_ELEMENTS,
     Encoder,

@@ -26,14 +26,14 @@ import pytest
 import yaml
 from conftest import write_letter_bert
 
-from cluster import resources
-from cluster.checkpoints import checkpoint_dir, newest_checkpoint
-from cluster.index_store import IndexStore
-from cluster.negatives_store import NegativesStore
-from cluster.refresh_log import read_records
-from cluster.resources import ENCODER_RESOURCE, TRAINER_RESOURCE
-from pipeline.cli.main import main
-from pipeline.data.synthetic import generate_synthetic_dataset
+from hnce.cluster import resources
+from hnce.cluster.checkpoints import checkpoint_dir, newest_checkpoint
+from hnce.cluster.index_store import IndexStore
+from hnce.cluster.negatives_store import NegativesStore
+from hnce.cluster.refresh_log import read_records
+from hnce.cluster.resources import ENCODER_RESOURCE, TRAINER_RESOURCE
+from hnce.pipeline.cli.main import main
+from hnce.pipeline.data.synthetic import generate_synthetic_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER_VARIABLE = "HNCE_TEST_CLUSTER"

@@ -13,20 +13,20 @@ import pytest
 import torch
 from conftest import write_letter_bert
 
-from cluster.refresh_job import RefreshesFailing
-from cluster.refresh_log import RefreshRecord, append_record, read_records
-from cluster.tables import mention_split_path
-from pipeline.config import load_config
-from pipeline.data.synthetic import generate_synthetic_dataset
-from pipeline.train.events import EventLog, read_events
-from pipeline.train.progress import follow_progress
-from pipeline.train.refresh_health import (
+from hnce.cluster.refresh_job import RefreshesFailing
+from hnce.cluster.refresh_log import RefreshRecord, append_record, read_records
+from hnce.cluster.tables import mention_split_path
+from hnce.pipeline.config import load_config
+from hnce.pipeline.data.synthetic import generate_synthetic_dataset
+from hnce.pipeline.train.events import EventLog, read_events
+from hnce.pipeline.train.progress import follow_progress
+from hnce.pipeline.train.refresh_health import (
     FAILED_EVENT,
     STOP_EVENT,
     RefreshHealth,
     raise_if_stopped,
 )
-from pipeline.train.trainer import run_training
+from hnce.pipeline.train.trainer import run_training
 
 CPU = torch.device("cpu")
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

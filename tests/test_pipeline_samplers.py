@@ -13,27 +13,27 @@ import pytest
 import torch
 from training_helpers import config_for
 
-from cluster.lexical import bm25_directory, ensure_bm25, publish_lexical_negatives
-from cluster.negatives_store import NegativesStore
-from cluster.tables import (
+from hnce.cluster.lexical import bm25_directory, ensure_bm25, publish_lexical_negatives
+from hnce.cluster.negatives_store import NegativesStore
+from hnce.cluster.tables import (
     EntityCatalogue,
     Mention,
     MentionSplit,
     catalogue_fingerprint,
     mention_split_path,
 )
-from cluster.tokens import TokenStore
-from encoders.biencoder import build_biencoder
-from mining.losses import build_loss
-from mining.samplers import SampledNegatives, SamplingRequest
-from pipeline.config import AdversarialOptions, ConfigError
-from pipeline.train.adversarial import AdversarialTraining
-from pipeline.train.batch import ContrastiveBatch, MentionTokens, assemble_batch
-from pipeline.train.model_scores import CurrentModelScores
-from pipeline.train.momentum_queue import MomentumEntityQueue, entity_side
-from pipeline.train.negatives import NegativeDrawer
-from pipeline.train.ohem import OnlineHardExamples
-from pipeline.train.step import contrastive_loss
+from hnce.cluster.tokens import TokenStore
+from hnce.encoders.biencoder import build_biencoder
+from hnce.mining.losses import build_loss
+from hnce.mining.samplers import SampledNegatives, SamplingRequest
+from hnce.pipeline.config import AdversarialOptions, ConfigError
+from hnce.pipeline.train.adversarial import AdversarialTraining
+from hnce.pipeline.train.batch import ContrastiveBatch, MentionTokens, assemble_batch
+from hnce.pipeline.train.model_scores import CurrentModelScores
+from hnce.pipeline.train.momentum_queue import MomentumEntityQueue, entity_side
+from hnce.pipeline.train.negatives import NegativeDrawer
+from hnce.pipeline.train.ohem import OnlineHardExamples
+from hnce.pipeline.train.step import contrastive_loss
 
 
 def train_mentions(dataset: Path) -> list[Mention]:

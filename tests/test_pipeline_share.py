@@ -14,16 +14,16 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from training_helpers import synthetic_config, write_syllable_bert
 
-from cluster.tables import Mention
-from encoders.biencoder import BiEncoder, build_biencoder
-from mining.losses import NCELoss, build_loss
-from mining.samplers import SampledNegatives
-from pipeline.config import ConfigError
-from pipeline.train.batch import ContrastiveBatch, ShareMode, assemble_batch
-from pipeline.train.distributed import Collectives
-from pipeline.train.events import read_events
-from pipeline.train.step import ContrastiveScoring, contrastive_loss
-from pipeline.train.trainer import run_training
+from hnce.cluster.tables import Mention
+from hnce.encoders.biencoder import BiEncoder, build_biencoder
+from hnce.mining.losses import NCELoss, build_loss
+from hnce.mining.samplers import SampledNegatives
+from hnce.pipeline.config import ConfigError
+from hnce.pipeline.train.batch import ContrastiveBatch, ShareMode, assemble_batch
+from hnce.pipeline.train.distributed import Collectives
+from hnce.pipeline.train.events import read_events
+from hnce.pipeline.train.step import ContrastiveScoring, contrastive_loss
+from hnce.pipeline.train.trainer import run_training
 
 
 class NoTokens:

@@ -17,23 +17,23 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 from training_helpers import config_for, single_process_group
 
-from cluster.negatives_store import MinedSplit, NegativesStore
-from cluster.tables import EntityCatalogue, Mention, MentionSplit, mention_split_path
-from cluster.tokens import TokenStore
-from encoders.biencoder import build_biencoder
-from mining.losses import NCELoss, build_loss
-from mining.samplers import SampledNegatives
-from pipeline.train import distributed
-from pipeline.train.batch import ContrastiveBatch, MentionTokens, assemble_batch
-from pipeline.train.checkpointing import agreed_resume_step
-from pipeline.train.distributed import Collectives
-from pipeline.train.negatives import (
+from hnce.cluster.negatives_store import MinedSplit, NegativesStore
+from hnce.cluster.tables import EntityCatalogue, Mention, MentionSplit, mention_split_path
+from hnce.cluster.tokens import TokenStore
+from hnce.encoders.biencoder import build_biencoder
+from hnce.mining.losses import NCELoss, build_loss
+from hnce.mining.samplers import SampledNegatives
+from hnce.pipeline.train import distributed
+from hnce.pipeline.train.batch import ContrastiveBatch, MentionTokens, assemble_batch
+from hnce.pipeline.train.checkpointing import agreed_resume_step
+from hnce.pipeline.train.distributed import Collectives
+from hnce.pipeline.train.negatives import (
     FixedNegatives,
     NegativeDrawer,
     RefreshedNegatives,
     training_entities,
 )
-from pipeline.train.step import contrastive_loss
+from hnce.pipeline.train.step import contrastive_loss
 
 
 def split_mentions(small_dataset: Path, split: str = "train") -> list[Mention]:

@@ -18,15 +18,15 @@ import numpy as np
 import pytest
 from training_helpers import CONFIGS, exact_scores, synthetic_config, write_syllable_bert
 
-from cluster.checkpoints import EXPORT_DIR, checkpoint_dir, newest_checkpoint
-from cluster.index_store import IndexStore
-from cluster.tables import EntityCatalogue, MentionSplit, mention_split_path
-from pipeline.config import Config, config_from_dict, load_config
-from pipeline.data.synthetic import generate_synthetic_dataset
-from pipeline.demo import write_demo_subset
-from pipeline.evaluate import evaluate_checkpoint, evaluate_export, hits_at
-from pipeline.train.events import read_events
-from pipeline.train.trainer import run_training
+from hnce.cluster.checkpoints import EXPORT_DIR, checkpoint_dir, newest_checkpoint
+from hnce.cluster.index_store import IndexStore
+from hnce.cluster.tables import EntityCatalogue, MentionSplit, mention_split_path
+from hnce.pipeline.config import Config, config_from_dict, load_config
+from hnce.pipeline.data.synthetic import generate_synthetic_dataset
+from hnce.pipeline.demo import write_demo_subset
+from hnce.pipeline.evaluate import evaluate_checkpoint, evaluate_export, hits_at
+from hnce.pipeline.train.events import read_events
+from hnce.pipeline.train.trainer import run_training
 
 pytestmark = pytest.mark.slow
 # A training step of the tiny BERT takes tens of milliseconds: enough of them for the refresh

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from training_helpers import synthetic_config
 
-from cluster.checkpoints import newest_checkpoint
-from cluster.index_store import IndexStore
-from cluster.negatives_store import NegativesStore
-from pipeline.train.events import read_events
-from pipeline.train.trainer import TrainingSummary, run_training
+from hnce.cluster.checkpoints import newest_checkpoint
+from hnce.cluster.index_store import IndexStore
+from hnce.cluster.negatives_store import NegativesStore
+from hnce.pipeline.train.events import read_events
+from hnce.pipeline.train.trainer import TrainingSummary, run_training
 
 pytestmark = pytest.mark.slow
 STEPS = 6

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cluster.checkpoints import (
+from hnce.cluster.checkpoints import (
     COMPLETE,
     EXPORT_DIR,
     CheckpointIntegrityError,
@@ -22,11 +22,11 @@ from cluster.checkpoints import (
     resolve_checkpoint,
     verify_checkpoint,
 )
-from cluster.tables import MANIFEST_FILE
-from pipeline.config import ConfigError, load_config
-from pipeline.evaluate import format_table, hits_at, summarise
-from pipeline.preflight import check_dataset
-from pipeline.train.data_order import MentionOrder
+from hnce.cluster.tables import MANIFEST_FILE
+from hnce.pipeline.config import ConfigError, load_config
+from hnce.pipeline.evaluate import format_table, hits_at, summarise
+from hnce.pipeline.preflight import check_dataset
+from hnce.pipeline.train.data_order import MentionOrder
 
 
 def test_hits_at_uses_every_gold_and_first_position() -> None:
@@ -110,7 +110,7 @@ def test_checkpoint_manifest_refuses_changed_missing_and_added_files(tmp_path: P
 
 
 def test_checkpoint_resolution(tmp_path: Path) -> None:
-    from encoders.errors import InputError
+    from hnce.encoders.errors import InputError
 
     with pytest.raises(InputError, match="no complete checkpoint"):
         resolve_checkpoint(tmp_path, "newest")

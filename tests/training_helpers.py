@@ -15,11 +15,11 @@ import torch.distributed as dist
 from conftest import tiny_bert_config, write_wordpiece_tokenizer
 from transformers import BertModel
 
-from cluster.tables import EntityCatalogue, Mention
-from encoders.biencoder import load_biencoder
-from pipeline.config import Config, load_config
-from pipeline.data import synthetic
-from pipeline.data.synthetic import generate_synthetic_dataset
+from hnce.cluster.tables import EntityCatalogue, Mention
+from hnce.encoders.biencoder import load_biencoder
+from hnce.pipeline.config import Config, load_config
+from hnce.pipeline.data import synthetic
+from hnce.pipeline.data.synthetic import generate_synthetic_dataset
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 LETTERS = "abcdefghijklmnopqrstuvwxyz"

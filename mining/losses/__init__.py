@@ -12,13 +12,13 @@ from typing import Any
 
 from torch import nn
 
-from mining.losses.binary_nce import BinaryNCELoss
-from mining.losses.focal import FocalLoss
-from mining.losses.nce import NCELoss
-from mining.losses.negative_sampling import NegativeSamplingLoss
-from mining.losses.sampled_softmax import SampledSoftmaxLoss
-from mining.losses.triplet import TripletLoss
-from mining.registry import build_by_name
+from hnce.mining.losses.binary_nce import BinaryNCELoss
+from hnce.mining.losses.focal import FocalLoss
+from hnce.mining.losses.nce import NCELoss
+from hnce.mining.losses.negative_sampling import NegativeSamplingLoss
+from hnce.mining.losses.sampled_softmax import SampledSoftmaxLoss
+from hnce.mining.losses.triplet import TripletLoss
+from hnce.mining.registry import build_by_name
 
 LOSSES: dict[str, Callable[..., nn.Module]] = {
     "nce": NCELoss,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from mining.losses.masking import check_inputs, gold_first_logits
+from hnce.mining.losses.masking import check_inputs, gold_first_logits
 
 
 class FocalLoss(nn.Module):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from mining.losses.masking import check_inputs, gold_first_logits
+from hnce.mining.losses.masking import check_inputs, gold_first_logits
 
 
 class NCELoss(nn.Module):
@@ -16,7 +16,7 @@ class NCELoss(nn.Module):
     (hard negatives, eq. 8). Entries with ``valid=False`` are left out of the normaliser, so a
     mention with no valid negative contributes zero loss (−log 1). ``log_q`` is accepted for
     interface compatibility and ignored: this loss has no proposal correction (see
-    :class:`~mining.losses.sampled_softmax.SampledSoftmaxLoss` for eq. 10).
+    :class:`~hnce.mining.losses.sampled_softmax.SampledSoftmaxLoss` for eq. 10).
 
     Args:
         temperature: scores are divided by it before the softmax.

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mining.losses.masking import check_inputs
+from hnce.mining.losses.masking import check_inputs
 
 
 class NegativeSamplingLoss(nn.Module):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from mining.losses.masking import check_inputs
+from hnce.mining.losses.masking import check_inputs
 
 
 class TripletLoss(nn.Module):

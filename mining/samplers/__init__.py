@@ -8,17 +8,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mining.registry import build_by_name
-from mining.samplers.ance import AnceSampler
-from mining.samplers.base import NegativeSampler, SampledNegatives, SamplingRequest
-from mining.samplers.greedy import GreedySampler
-from mining.samplers.hard import HardSampler
-from mining.samplers.in_batch import InBatchSampler
-from mining.samplers.lexical import LexicalSampler
-from mining.samplers.mixed import MixedSampler, hard_count
-from mining.samplers.momentum_queue import MomentumQueue, momentum_update
-from mining.samplers.ohem import OhemSampler
-from mining.samplers.random import RandomSampler
+from hnce.mining.registry import build_by_name
+from hnce.mining.samplers.ance import AnceSampler
+from hnce.mining.samplers.base import NegativeSampler, SampledNegatives, SamplingRequest
+from hnce.mining.samplers.greedy import GreedySampler
+from hnce.mining.samplers.hard import HardSampler
+from hnce.mining.samplers.in_batch import InBatchSampler
+from hnce.mining.samplers.lexical import LexicalSampler
+from hnce.mining.samplers.mixed import MixedSampler, hard_count
+from hnce.mining.samplers.momentum_queue import MomentumQueue, momentum_update
+from hnce.mining.samplers.ohem import OhemSampler
+from hnce.mining.samplers.random import RandomSampler
 
 SAMPLERS: dict[str, Callable[..., NegativeSampler]] = {
     "random": RandomSampler,
@@ -34,7 +34,7 @@ SAMPLERS: dict[str, Callable[..., NegativeSampler]] = {
 
 
 def _adversarial(**options: Any) -> NegativeSampler:
-    from mining.adversarial import AdversarialSampler
+    from hnce.mining.adversarial import AdversarialSampler
 
     return AdversarialSampler(**options)
 

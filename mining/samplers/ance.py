@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mining.samplers.base import (
+from hnce.mining.samplers.base import (
     SampledNegatives,
     SamplingRequest,
     admissible,

@@ -3,7 +3,7 @@
 Every sampler excludes the gold, every known positive (``SamplingRequest.positives``) and
 duplicates. When fewer than K admissible entities exist for a mention the sampler returns what
 it has and pads the row with id ``-1`` and ``valid=False``; it never pads with a positive or a
-repeat. Losses in :mod:`mining.losses` drop entries with ``valid=False``.
+repeat. Losses in :mod:`hnce.mining.losses` drop entries with ``valid=False``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from mining.false_negatives import positives_mask
+from hnce.mining.false_negatives import positives_mask
 
 
 @dataclass

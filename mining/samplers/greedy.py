@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mining.samplers.base import (
+from hnce.mining.samplers.base import (
     SampledNegatives,
     SamplingRequest,
     admissible,

@@ -9,7 +9,7 @@ import bm25s
 import numpy as np
 import torch
 
-from mining.samplers.base import SampledNegatives, SamplingRequest, admissible, take_first
+from hnce.mining.samplers.base import SampledNegatives, SamplingRequest, admissible, take_first
 
 
 class LexicalSampler:

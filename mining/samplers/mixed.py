@@ -7,15 +7,15 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from mining.samplers.base import (
+from hnce.mining.samplers.base import (
     SampledNegatives,
     SamplingRequest,
     admissible,
     candidates_of,
     take_first,
 )
-from mining.samplers.hard import HardSampler
-from mining.samplers.random import uniform_distinct
+from hnce.mining.samplers.hard import HardSampler
+from hnce.mining.samplers.random import uniform_distinct
 
 
 def hard_count(hard_fraction: float, num_negatives: int) -> int:

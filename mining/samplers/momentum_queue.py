@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from mining.samplers.base import SampledNegatives, SamplingRequest, admissible, take_first
+from hnce.mining.samplers.base import SampledNegatives, SamplingRequest, admissible, take_first
 
 
 class MomentumQueue:
@@ -15,7 +15,7 @@ class MomentumQueue:
     ``enqueue`` pushes detached embeddings with their entity ids; ``negatives`` returns the
     queue newest first with a per-mention mask that drops empty slots, the mention's gold and
     known positives, and older copies of an entity queued twice. ``sample`` is the
-    :class:`~mining.samplers.NegativeSampler` view: the K newest admissible queued ids (id -1 /
+    :class:`~hnce.mining.samplers.NegativeSampler` view: the K newest admissible queued ids (id -1 /
     ``valid=False`` when the queue holds fewer). Pair with :func:`momentum_update`.
 
     Example::

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor
 
-from mining.samplers.ance import AnceSampler
-from mining.samplers.base import (
+from hnce.mining.samplers.ance import AnceSampler
+from hnce.mining.samplers.base import (
     NegativeSampler,
     SampledNegatives,
     SamplingRequest,
@@ -26,7 +26,7 @@ class OhemSampler:
     """Draw ``pool_size`` negatives with ``base``, score them with the current model, keep the K
     with the highest loss (OHEM, Shrivastava et al. 2016, as in papers/002).
 
-    For every loss in :mod:`mining.losses` a negative's loss contribution increases with its
+    For every loss in :mod:`hnce.mining.losses` a negative's loss contribution increases with its
     score s(x, y_k) (the gold fixed), so "highest loss" is "highest current score". Scores come
     from ``score_fn`` (a callback running the model being trained, e.g. the trainer's
     bi-encoder on the pool); without one, the request's index ``candidate_scores`` are used,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mining.samplers.base import SampledNegatives, SamplingRequest, take_first
+from hnce.mining.samplers.base import SampledNegatives, SamplingRequest, take_first
 
 # Below this many entities an exact draw (one key per entity) is cheaper than rejection.
 EXACT_DRAW_MAX_ENTITIES = 1 << 16

@@ -21,13 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from cluster.files import AtomicPath
-from cluster.index_build import IndexedModel
-from cluster.refresh import RefreshPlan
-from cluster.retrieval import retrieve
-from cluster.tables import EntityCatalogue, Mention, MentionSplit, mention_split_path
-from pipeline.data.bad_rows import BadRowPolicy, iter_json_lines
-from pipeline.data.kilt import aida_input, aida_split_name
+from hnce.cluster.files import AtomicPath
+from hnce.cluster.index_build import IndexedModel
+from hnce.cluster.refresh import RefreshPlan
+from hnce.cluster.retrieval import retrieve
+from hnce.cluster.tables import EntityCatalogue, Mention, MentionSplit, mention_split_path
+from hnce.pipeline.data.bad_rows import BadRowPolicy, iter_json_lines
+from hnce.pipeline.data.kilt import aida_input, aida_split_name
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class KiltInput:
 
 def read_kilt_inputs(path: Path, policy: BadRowPolicy | None = None) -> list[KiltInput]:
     """Every line of a KILT AIDA file, read by the converter's parser
-    (:func:`pipeline.data.kilt.aida_input`) under ``policy``: strict by default, so a malformed
+    (:func:`hnce.pipeline.data.kilt.aida_input`) under ``policy``: strict by default, so a malformed
     line is an error naming the file and line instead of a missing prediction."""
     policy = policy or BadRowPolicy()
     inputs: list[KiltInput] = []

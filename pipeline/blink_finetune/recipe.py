@@ -6,15 +6,15 @@
    rejects file.
    Labelled dev/test mentions keep them (``gold = MISSING_GOLD``) so accuracy counts them as
    errors. Unlabelled files (``test_without_answers``) only get predictions.
-2. Import the BLINK checkpoint (``encoders.blink``) with the configured scorer (dual, or multi-m
+2. Import the BLINK checkpoint (``hnce.encoders.blink``) with the configured scorer (dual, or multi-m
    over the same towers) and export it as the run's starting model.
-3. Index version 0 by the encoder actors (``pipeline.train.version_zero``): BLINK's precomputed encodings
+3. Index version 0 by the encoder actors (``hnce.pipeline.train.version_zero``): BLINK's precomputed encodings
    (``.t7``, memory-mapped) when given, else encoded from the checkpoint; train negatives
    version 0 mined from it, so mixed-50 training has hard negatives from step 0.
-4. Train through ``pipeline.train`` (DeepSpeed workers under Ray Train, asynchronous refresh)
+4. Train through ``hnce.pipeline.train`` (DeepSpeed workers under Ray Train, asynchronous refresh)
    over the whole catalogue.
 5. Link every input of every AIDA file against every entity through the cluster
-   (``cluster.retrieval``), before (with index v0) and after fine-tuning (with the refresh's
+   (``hnce.cluster.retrieval``), before (with index v0) and after fine-tuning (with the refresh's
    version of the final checkpoint when it caught up, else one built for it in
    ``<run>/eval-index/``); accuracy on the labelled files, KILT predictions for every input id.
    The driver never holds the catalogue's vectors.
@@ -29,24 +29,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cluster.checkpoints import EXPORT_DIR, newest_checkpoint
-from cluster.index_build import IndexedModel
-from cluster.session import init_ray
-from cluster.tables import (
+from hnce.cluster.checkpoints import EXPORT_DIR, newest_checkpoint
+from hnce.cluster.index_build import IndexedModel
+from hnce.cluster.session import init_ray
+from hnce.cluster.tables import (
     MANIFEST_FILE,
     read_summary,
 )
-from encoders.biencoder import SCORER_FILE, export_biencoder, load_biencoder
-from encoders.blink import export_blink_biencoder, import_blink_biencoder
-from pipeline.blink_finetune.kilt_output import SplitResult, link_files, read_kilt_inputs
-from pipeline.config import BlinkSettings, Config, config_from_dict
-from pipeline.data.bad_rows import BadRowKind
-from pipeline.data.conversion import DatasetOutput
-from pipeline.data.kilt import convert_kilt
-from pipeline.preflight import check_blink_inputs
-from pipeline.train.refresh_supervisor import refresh_plan
-from pipeline.train.trainer import run_training
-from pipeline.train.version_zero import prepare_version_zero
+from hnce.encoders.biencoder import SCORER_FILE, export_biencoder, load_biencoder
+from hnce.encoders.blink import export_blink_biencoder, import_blink_biencoder
+from hnce.pipeline.blink_finetune.kilt_output import SplitResult, link_files, read_kilt_inputs
+from hnce.pipeline.config import BlinkSettings, Config, config_from_dict
+from hnce.pipeline.data.bad_rows import BadRowKind
+from hnce.pipeline.data.conversion import DatasetOutput
+from hnce.pipeline.data.kilt import convert_kilt
+from hnce.pipeline.preflight import check_blink_inputs
+from hnce.pipeline.train.refresh_supervisor import refresh_plan
+from hnce.pipeline.train.trainer import run_training
+from hnce.pipeline.train.version_zero import prepare_version_zero
 
 DATASET_FORMAT = "blink-finetune"
 INITIAL_EXPORT = Path("initial") / "export"

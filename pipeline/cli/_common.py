@@ -1,7 +1,7 @@
 """What every command that runs on a recipe shares: ``--config``, repeated ``--set``, and loading.
 
 The recipe is loaded and validated before anything else happens (no Ray, no model), and the
-software and devices this process sees are logged once (``cluster.session.describe_environment``).
+software and devices this process sees are logged once (``hnce.cluster.session.describe_environment``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from pipeline.config import Config, load_config
+from hnce.pipeline.config import Config, load_config
 
 CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
 logger = logging.getLogger("hnce")
@@ -38,7 +38,7 @@ def load_recipe(args: argparse.Namespace, *extra_overrides: str) -> Config:
     """The validated recipe of ``--config`` / ``--set`` (then ``extra_overrides``, from a
     command's own flags); raises ConfigError naming the key before any work."""
     config = load_config(args.config, [*args.overrides, *extra_overrides])
-    from cluster.session import describe_environment
+    from hnce.cluster.session import describe_environment
 
     logger.info("recipe %s; %s", args.config or "(defaults)", describe_environment())
     return config

@@ -12,7 +12,7 @@ import argparse
 from dataclasses import fields
 from pathlib import Path
 
-from mining.bias import SyntheticBiasConfig, plot_figure1, run_synthetic_experiment
+from hnce.mining.bias import SyntheticBiasConfig, plot_figure1, run_synthetic_experiment
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -11,10 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.data.bad_rows import add_bad_row_arguments
-from pipeline.data.blink import DEFAULT_MAX_TEXT_CHARS
-from pipeline.data.conversion import DatasetOutput
-from pipeline.data.kilt_synthetic import AIDA_MENTIONS, BLOCK, KILT_PAGES
+from hnce.pipeline.data.bad_rows import add_bad_row_arguments
+from hnce.pipeline.data.blink import DEFAULT_MAX_TEXT_CHARS
+from hnce.pipeline.data.conversion import DatasetOutput
+from hnce.pipeline.data.kilt_synthetic import AIDA_MENTIONS, BLOCK, KILT_PAGES
 
 KEEP_MISSING_GOLD_HELP = (
     "keep mentions whose gold entity is not in the catalogue, with gold = -1, so that evaluation "
@@ -135,7 +135,7 @@ def _add_kilt_generator(formats: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.format == "verify":
-        from cluster.tables import verify_dataset
+        from hnce.cluster.tables import verify_dataset
 
         manifest = verify_dataset(args.dataset)
         print(f"{args.dataset}: {len(manifest.files)} files match {manifest.path}")
@@ -150,11 +150,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _convert(args: argparse.Namespace, output: DatasetOutput) -> dict[str, Any]:
     if args.format == "zeshel":
-        from pipeline.data.zeshel import convert_zeshel
+        from hnce.pipeline.data.zeshel import convert_zeshel
 
         return convert_zeshel(args.zeshel_dir, output, args.keep_missing_gold)
     if args.format in ("kilt", "blink"):
-        from pipeline.data.kilt import convert_kilt
+        from hnce.pipeline.data.kilt import convert_kilt
 
         source = {
             "knowledge_source" if args.format == "kilt" else "blink_entities": args.catalogue_source
@@ -167,10 +167,10 @@ def _convert(args: argparse.Namespace, output: DatasetOutput) -> dict[str, Any]:
             **source,
         )
     if args.format == "wordnet":
-        from pipeline.data.wordnet import convert_wordnet
+        from hnce.pipeline.data.wordnet import convert_wordnet
 
         return convert_wordnet(output, args.wordnet_dir, args.seed)
-    from pipeline.data.synthetic import generate_synthetic_dataset
+    from hnce.pipeline.data.synthetic import generate_synthetic_dataset
 
     return generate_synthetic_dataset(
         output, args.worlds, args.entities_per_world, args.mentions_per_entity, args.seed
@@ -178,7 +178,7 @@ def _convert(args: argparse.Namespace, output: DatasetOutput) -> dict[str, Any]:
 
 
 def _generate_kilt_inputs(args: argparse.Namespace) -> int:
-    from pipeline.data.kilt_synthetic import generate_kilt_inputs
+    from hnce.pipeline.data.kilt_synthetic import generate_kilt_inputs
 
     record = generate_kilt_inputs(
         args.out,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.cli._common import CONFIGS_DIR, add_config_arguments, load_recipe
+from hnce.pipeline.cli._common import CONFIGS_DIR, add_config_arguments, load_recipe
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -13,7 +13,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = load_recipe(args)
-    from pipeline.demo import demo_summary, run_demo
+    from hnce.pipeline.demo import demo_summary, run_demo
 
     result = run_demo(config, announce=lambda text: print(text, flush=True))
     print()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipeline.cli._common import add_config_arguments, load_recipe
+from hnce.pipeline.cli._common import add_config_arguments, load_recipe
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = load_recipe(args)
-    from pipeline.evaluate import (
+    from hnce.pipeline.evaluate import (
         evaluate_checkpoint,
         format_table,
         predict_checkpoint,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.cli._common import CONFIGS_DIR, add_config_arguments, load_recipe
+from hnce.pipeline.cli._common import CONFIGS_DIR, add_config_arguments, load_recipe
 
 # flag -> blink.<key>
 INPUT_FLAGS = {
@@ -57,7 +57,7 @@ def input_overrides(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     config = load_recipe(args, *input_overrides(args))
-    from pipeline.blink_finetune.recipe import finetune_blink
+    from hnce.pipeline.blink_finetune.recipe import finetune_blink
 
     report = finetune_blink(config, progress=not args.no_progress)
     print("\n".join(report.lines()))

@@ -1,6 +1,6 @@
 """Entry point of the `hnce` console script: logging, the one error handler, then a subcommand.
 
-Each subcommand lives in its own module `pipeline.cli.<name>` exposing
+Each subcommand lives in its own module `hnce.pipeline.cli.<name>` exposing
 `add_arguments(parser: argparse.ArgumentParser) -> None` and `run(args: argparse.Namespace) -> int`.
 Modules are imported only when their command runs, so `hnce --help` does not pay for importing
 torch, Ray or DeepSpeed.
@@ -18,35 +18,38 @@ import importlib
 import logging
 import sys
 
-from encoders.errors import InputError
+from hnce.encoders.errors import InputError
 
 EXIT_INPUT_ERROR = 2
 EXIT_INTERRUPTED = 130
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "data": (
-        "pipeline.cli.data",
+        "hnce.pipeline.cli.data",
         "convert Zeshel / KILT / BLINK / WordNet / synthetic data to Parquet",
     ),
     "train": (
-        "pipeline.cli.train",
+        "hnce.pipeline.cli.train",
         "train a retriever with DeepSpeed under Ray on refreshed negatives",
     ),
     "refresh": (
-        "pipeline.cli.refresh",
+        "hnce.pipeline.cli.refresh",
         "re-encode the catalogue into a new index version and mine negatives",
     ),
     "status": (
-        "pipeline.cli.status",
+        "hnce.pipeline.cli.status",
         "a run's checkpoints, live versions, lag, refreshes, lock and disk on one screen",
     ),
-    "eval": ("pipeline.cli.eval", "recall@k and accuracy against the whole catalogue"),
-    "bias": ("pipeline.cli.bias", "gradient-bias diagnostics of NCE negatives (paper §6.4)"),
-    "demo": ("pipeline.cli.demo", "the main job end to end on real WordNet data"),
-    "rerank": ("pipeline.cli.rerank", "train and evaluate the joint (cross-encoder) reranker"),
-    "plan": ("pipeline.cli.plan", "memory per process (trainer worker, index shard) for a recipe"),
+    "eval": ("hnce.pipeline.cli.eval", "recall@k and accuracy against the whole catalogue"),
+    "bias": ("hnce.pipeline.cli.bias", "gradient-bias diagnostics of NCE negatives (paper §6.4)"),
+    "demo": ("hnce.pipeline.cli.demo", "the main job end to end on real WordNet data"),
+    "rerank": ("hnce.pipeline.cli.rerank", "train and evaluate the joint (cross-encoder) reranker"),
+    "plan": (
+        "hnce.pipeline.cli.plan",
+        "memory per process (trainer worker, index shard) for a recipe",
+    ),
     "finetune-blink": (
-        "pipeline.cli.finetune_blink",
+        "hnce.pipeline.cli.finetune_blink",
         "fine-tune BLINK on KILT AIDA against the whole catalogue",
     ),
 }

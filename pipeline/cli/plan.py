@@ -1,6 +1,6 @@
 """``hnce plan``: the memory a recipe needs per process (trainer worker, index shard holder).
 
-Figures come from ``pipeline.plan`` (model states per ZeRO stage and world size, activations of
+Figures come from ``hnce.pipeline.plan`` (model states per ZeRO stage and world size, activations of
 one micro-batch with the recipe's checkpointing and chunking, index vectors); nothing is loaded
 but the models' configs.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.cli._common import add_config_arguments, load_recipe
+from hnce.pipeline.cli._common import add_config_arguments, load_recipe
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = load_recipe(args)
-    from pipeline.plan import catalogue_size, describe, plan_memory
+    from hnce.pipeline.plan import catalogue_size, describe, plan_memory
 
     entities = args.entities if args.entities is not None else catalogue_size(config)
     if entities is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.cli._common import add_config_arguments, load_recipe
+from hnce.pipeline.cli._common import add_config_arguments, load_recipe
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = load_recipe(args)
-    from pipeline.rerank import format_reports, run_rerank_job
+    from hnce.pipeline.rerank import format_reports, run_rerank_job
 
     reports, summary, out = run_rerank_job(config, progress=not args.no_progress)
     print(

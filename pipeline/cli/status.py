@@ -1,6 +1,6 @@
 """``hnce status RUN_DIR``: a run's training, checkpoints, live versions, lag, refreshes, lock
 holder and disk use on one screen; ``--json`` for monitoring. The logic lives in
-``pipeline.status``."""
+``hnce.pipeline.status``."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.status import run_status
+    from hnce.pipeline.status import run_status
 
     status = run_status(args.run_dir)
     print(json.dumps(status.to_json(), indent=2) if args.json else status.render())

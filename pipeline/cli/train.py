@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeline.cli._common import add_config_arguments, load_recipe
+from hnce.pipeline.cli._common import add_config_arguments, load_recipe
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -15,7 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = load_recipe(args)
-    from pipeline.train.trainer import run_training
+    from hnce.pipeline.train.trainer import run_training
 
     summary = run_training(config, progress=not args.no_progress)
     print(summary.line())

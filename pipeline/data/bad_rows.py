@@ -20,7 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Literal, TypeVar
 
-from encoders.errors import InputError
+from hnce.encoders.errors import InputError
 
 T = TypeVar("T")
 BadRowMode = Literal["strict", "skip"]
@@ -61,7 +61,7 @@ class BadRowPolicy:
             ``rejects_path``.
         rejects_path: JSON-lines file of rejected rows, created (never overwritten: it must not
             exist) on the first reject. Where it may lie is decided by
-            :class:`pipeline.data.conversion.Conversion`.
+            :class:`hnce.pipeline.data.conversion.Conversion`.
         skip_kinds: kinds skipped (counted and written to the rejects file) even in strict mode,
             e.g. ``gold_not_in_catalogue`` for the training split of ``finetune-blink``.
     """

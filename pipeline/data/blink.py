@@ -16,10 +16,10 @@ from typing import Any
 
 from tqdm import tqdm
 
-from cluster.tables import Entity
-from pipeline.data.bad_rows import BadRowKind, BadRowPolicy, InputRow, iter_json_chunks
-from pipeline.data.conversion import Conversion
-from pipeline.data.fields import KeySet, text_field, write_unique_entities
+from hnce.cluster.tables import Entity
+from hnce.pipeline.data.bad_rows import BadRowKind, BadRowPolicy, InputRow, iter_json_chunks
+from hnce.pipeline.data.conversion import Conversion
+from hnce.pipeline.data.fields import KeySet, text_field, write_unique_entities
 
 DEFAULT_MAX_TEXT_CHARS = 2048
 BLINK_FIELDS = ("text", "idx", "title")

@@ -4,7 +4,7 @@ Sampled train and held-out mentions, and a catalogue of every synset sharing a l
 golds (the ambiguous senses, held-out mentions' first: they are the distractors the evaluation is
 about), topped up with random synsets. Entities and mentions get their part of speech as
 ``domain`` so that the macro average is over nouns / verbs / adjectives / adverbs. The subset is
-published like every dataset (:class:`pipeline.data.conversion.Conversion`), replacing the one
+published like every dataset (:class:`hnce.pipeline.data.conversion.Conversion`), replacing the one
 an earlier demo run left.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cluster.tables import (
+from hnce.cluster.tables import (
     MANIFEST_FILE,
     SPLITS,
     Entity,
@@ -26,7 +26,7 @@ from cluster.tables import (
     MentionSplit,
     mention_split_path,
 )
-from pipeline.data.conversion import Conversion, DatasetOutput
+from hnce.pipeline.data.conversion import Conversion, DatasetOutput
 
 CONVERTER_VERSION = 1
 PART_OF_SPEECH = {"n": "noun", "v": "verb", "a": "adjective", "r": "adverb"}

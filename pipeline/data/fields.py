@@ -18,8 +18,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from cluster.tables import Entity, EntityCatalogueWriter
-from pipeline.data.bad_rows import BadRowKind, BadRowPolicy, InputRow
+from hnce.cluster.tables import Entity, EntityCatalogueWriter
+from hnce.pipeline.data.bad_rows import BadRowKind, BadRowPolicy, InputRow
 
 
 def source_key(row: InputRow, policy: BadRowPolicy, name: str, value: object) -> str | None:

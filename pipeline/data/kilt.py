@@ -14,13 +14,13 @@ Inputs (DESIGN.md §6):
   predictions read their inputs through it too). Several files of one split (``train`` and
   ``train_b``) are converted in the order given into the one split, each counted.
 
-Keys are compared as written (:mod:`pipeline.data.fields`). Golds are resolved against the
+Keys are compared as written (:mod:`hnce.pipeline.data.fields`). Golds are resolved against the
 catalogue by Wikipedia id first, then by title (provenance
 title, then the answer). Every resolved entity goes into ``golds`` (first one = ``gold``). A
 mention none of whose golds is in the catalogue is a ``gold_not_in_catalogue`` bad row, or, with
 ``keep_missing_gold``, is kept with ``gold = MISSING_GOLD`` so that evaluation counts it as an
 error in unnormalized accuracy instead of silently dropping it. The catalogue may also come from
-BLINK's ``entity.jsonl`` (:mod:`pipeline.data.blink`), whose row numbers are BLINK's entity ids.
+BLINK's ``entity.jsonl`` (:mod:`hnce.pipeline.data.blink`), whose row numbers are BLINK's entity ids.
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ from typing import Any
 
 from tqdm import tqdm
 
-from cluster.tables import MISSING_GOLD, Entity, EntityCatalogue, Mention
-from encoders.errors import InputError
-from pipeline.data.bad_rows import BadRowKind, BadRowPolicy, InputRow, iter_json_chunks
-from pipeline.data.blink import DEFAULT_MAX_TEXT_CHARS, convert_blink_entities, truncate_text
-from pipeline.data.conversion import Conversion, DatasetOutput
-from pipeline.data.fields import KeySet, key_and_title, source_key, write_unique_entities
+from hnce.cluster.tables import MISSING_GOLD, Entity, EntityCatalogue, Mention
+from hnce.encoders.errors import InputError
+from hnce.pipeline.data.bad_rows import BadRowKind, BadRowPolicy, InputRow, iter_json_chunks
+from hnce.pipeline.data.blink import DEFAULT_MAX_TEXT_CHARS, convert_blink_entities, truncate_text
+from hnce.pipeline.data.conversion import Conversion, DatasetOutput
+from hnce.pipeline.data.fields import KeySet, key_and_title, source_key, write_unique_entities
 
 CONVERTER_VERSION = 2
 KNOWLEDGE_SOURCE_FIELDS = ("wikipedia_id", "wikipedia_title", "text")
@@ -88,7 +88,7 @@ def convert_knowledge_source(
     """Stream ``kilt_knowledgesource.json`` into the catalogue of ``conversion``; return counts.
 
     Memory: one chunk of pages, one record batch of entities and 8 bytes per page for the
-    duplicate check (:class:`pipeline.data.fields.KeySet`).
+    duplicate check (:class:`hnce.pipeline.data.fields.KeySet`).
     """
     policy = conversion.policy
     keys = KeySet()

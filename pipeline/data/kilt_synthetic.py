@@ -54,9 +54,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-from cluster.files import AtomicPath, atomic_write_json, sha256_file
-from encoders.errors import InputError
-from pipeline.data.synthetic import SYLLABLES, syllable_word
+from hnce.cluster.files import AtomicPath, atomic_write_json, sha256_file
+from hnce.encoders.errors import InputError
+from hnce.pipeline.data.synthetic import SYLLABLES, syllable_word
 
 KILT_PAGES = 5_903_530
 AIDA_MENTIONS = {"train": 18_395, "dev": 4_784, "test": 4_463}

@@ -10,7 +10,7 @@ Zeshel's inclusive whitespace-token offsets. Resolving "Kor" among the many enti
 
 With three worlds or more the split is by world, as in Zeshel (the last world is ``test``, the
 one before ``val``/dev, the rest ``train``); with fewer, mentions are split 80/10/10 at random.
-The raw files go through :func:`pipeline.data.zeshel.convert_zeshel`, so the synthetic data
+The raw files go through :func:`hnce.pipeline.data.zeshel.convert_zeshel`, so the synthetic data
 exercises the same path as the real Zeshel data.
 """
 
@@ -24,9 +24,9 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import IO, Any
 
-from encoders.errors import InputError
-from pipeline.data.conversion import DatasetOutput
-from pipeline.data.zeshel import convert_zeshel
+from hnce.encoders.errors import InputError
+from hnce.pipeline.data.conversion import DatasetOutput
+from hnce.pipeline.data.zeshel import convert_zeshel
 
 _ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "th", "dr", "kr")
 _VOWELS = ("a", "e", "i", "o", "u", "ae", "ou")

@@ -31,11 +31,11 @@ from typing import Any
 
 from tqdm import tqdm
 
-from cluster.tables import SPLITS, Entity, Mention
-from encoders.errors import InputError
-from pipeline.data.bad_rows import BadRowKind, BadRowPolicy, InputRow, chunked, iter_text_lines
-from pipeline.data.conversion import Conversion, DatasetOutput
-from pipeline.data.fields import KeySet, write_unique_entities
+from hnce.cluster.tables import SPLITS, Entity, Mention
+from hnce.encoders.errors import InputError
+from hnce.pipeline.data.bad_rows import BadRowKind, BadRowPolicy, InputRow, chunked, iter_text_lines
+from hnce.pipeline.data.conversion import Conversion, DatasetOutput
+from hnce.pipeline.data.fields import KeySet, write_unique_entities
 
 DEFAULT_WORDNET_DIR = Path("/usr/share/wordnet")
 #: data file suffix -> (key prefix, part of speech used for inflection and exceptions)

@@ -10,7 +10,7 @@ Input (DESIGN.md §6)::
 document's text; the mention is ``tokens[start:end + 1]``, the left context the tokens before it
 and the right context the tokens after it (whole document, the encoder truncates around the
 mention). One domain per world; ``val`` (or ``valid``, but not both: that is an error naming
-the two files) becomes the ``dev`` split. Ids are compared as written (:mod:`pipeline.data.fields`).
+the two files) becomes the ``dev`` split. Ids are compared as written (:mod:`hnce.pipeline.data.fields`).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from typing import Any
 
 from tqdm import tqdm
 
-from cluster.tables import MISSING_GOLD, Entity, EntityCatalogue, Mention
-from encoders.errors import InputError
-from pipeline.data.bad_rows import BadRowKind, BadRowPolicy, InputRow, iter_json_chunks
-from pipeline.data.conversion import Conversion, DatasetOutput
-from pipeline.data.fields import (
+from hnce.cluster.tables import MISSING_GOLD, Entity, EntityCatalogue, Mention
+from hnce.encoders.errors import InputError
+from hnce.pipeline.data.bad_rows import BadRowKind, BadRowPolicy, InputRow, iter_json_chunks
+from hnce.pipeline.data.conversion import Conversion, DatasetOutput
+from hnce.pipeline.data.fields import (
     KeySet,
     key_and_title,
     source_key,

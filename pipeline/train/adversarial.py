@@ -1,8 +1,8 @@
 """ACE in the worker loop (papers/001): the generator learns from the model being trained.
 
-Each micro-batch's negatives come from :class:`~mining.adversarial.AdversarialSampler`'s mixture
+Each micro-batch's negatives come from :class:`~hnce.mining.adversarial.AdversarialSampler`'s mixture
 λ·p_nce + (1 − λ)·g_θ over the mention's index candidates (eq. 4). Right after the draw the
-discriminator (the current bi-encoder, :class:`~pipeline.train.model_scores.CurrentModelScores`,
+discriminator (the current bi-encoder, :class:`~hnce.pipeline.train.model_scores.CurrentModelScores`,
 no gradient) scores the gold, the drawn negatives and the generator's greedy choice y*; the
 generator then takes one optimiser step on the REINFORCE loss of eq. 6 with the pairwise reward
 softplus(s(x, y⁻) − s(x, y⁺)), the self-critical baseline (§2.6), the entropy floor log k
@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import torch
 
-from mining.adversarial import AdversarialNegatives, AdversarialSampler, pairwise_reward
-from mining.samplers import SampledNegatives, SamplingRequest
-from pipeline.config import AdversarialOptions
-from pipeline.train.ohem import LocalScores
+from hnce.mining.adversarial import AdversarialNegatives, AdversarialSampler, pairwise_reward
+from hnce.mining.samplers import SampledNegatives, SamplingRequest
+from hnce.pipeline.config import AdversarialOptions
+from hnce.pipeline.train.ohem import LocalScores
 
 
 class AdversarialTraining:

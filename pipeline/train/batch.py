@@ -23,7 +23,7 @@ mention against every candidate ([B, C]); what each mention's loss sees is said 
   NCE negative (eq. 5/11). With the default ``nce`` loss log q is never read.
 
 Token ids come from the run's stores, never from Parquet or a tokenizer inside the step: the
-candidates' rows from the catalogue's :class:`~cluster.tokens.TokenStore`, the mentions' from
+candidates' rows from the catalogue's :class:`~hnce.cluster.tokens.TokenStore`, the mentions' from
 :class:`MentionTokens`, tokenized once per run.
 """
 
@@ -38,9 +38,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from cluster.tables import Mention
-from cluster.tokens import TokenStore
-from mining.samplers import SampledNegatives
+from hnce.cluster.tables import Mention
+from hnce.cluster.tokens import TokenStore
+from hnce.mining.samplers import SampledNegatives
 
 ShareMode = Literal["none", "batch", "global"]
 
@@ -175,7 +175,7 @@ def assemble_batch(
     sampled ``negatives`` (catalogue ids [B, K]): golds and valid negatives de-duplicated into
     C candidate columns. ``share: none`` marks each mention's own negatives valid for it,
     ``batch`` and ``global`` every column; neither ever marks a mention's gold or one of its
-    ``positives`` (the :class:`~pipeline.train.negatives.NegativeDrawer`'s known positives)."""
+    ``positives`` (the :class:`~hnce.pipeline.train.negatives.NegativeDrawer`'s known positives)."""
     batch = len(mentions)
     gold = torch.tensor([m.gold for m in mentions], dtype=torch.long)
     rows, slots = negatives.valid.nonzero(as_tuple=True)

@@ -1,6 +1,6 @@
 """A training run's checkpoints on the DeepSpeed side: publishing ``step-<S>/``, resuming safely.
 
-The layout and its SHA-256 manifest belong to :mod:`cluster.checkpoints`. Here:
+The layout and its SHA-256 manifest belong to :mod:`hnce.cluster.checkpoints`. Here:
 
 - :func:`publish_checkpoint`: DeepSpeed state on every rank, the Hugging Face export on rank 0
   (under ZeRO-3 from parameters gathered from every rank), then the ``COMPLETE`` manifest and
@@ -35,7 +35,7 @@ from deepspeed.runtime.zero.config import ZeroStageEnum
 from deepspeed.utils.tensor_fragment import fragment_address
 from torch import nn
 
-from cluster.checkpoints import (
+from hnce.cluster.checkpoints import (
     DEEPSPEED_DIR,
     DEEPSPEED_TAG,
     EXPORT_DIR,
@@ -46,9 +46,9 @@ from cluster.checkpoints import (
     prune_checkpoints,
     verify_checkpoint,
 )
-from pipeline.train.distributed import Collectives
-from pipeline.train.events import EventLog
-from pipeline.train.model import export_trainable
+from hnce.pipeline.train.distributed import Collectives
+from hnce.pipeline.train.events import EventLog
+from hnce.pipeline.train.model import export_trainable
 
 POINTER_FILE = "hnce_checkpoint.json"
 
@@ -141,7 +141,7 @@ def publish_checkpoint(
 ) -> None:
     """Write ``step-<S>/`` (S = ``state["step"]``) under ``run_dir``: DeepSpeed state (all
     ranks), the export (rank 0; ZeRO-3 parameters gathered first), ``COMPLETE`` with ``state``
-    last, prune to ``keep`` (:func:`cluster.checkpoints.prune_checkpoints`; rank 0, which holds
+    last, prune to ``keep`` (:func:`hnce.cluster.checkpoints.prune_checkpoints`; rank 0, which holds
     ``log``)."""
     step = int(state["step"])
     directory = checkpoint_dir(run_dir, step)

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from encoders.precision import bf16_supported
-from pipeline.config import TrainingSettings
+from hnce.encoders.precision import bf16_supported
+from hnce.pipeline.config import TrainingSettings
 
 
 def use_bf16(settings: TrainingSettings, device: torch.device) -> bool:

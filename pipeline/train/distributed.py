@@ -2,7 +2,7 @@
 
 Ray Train assigns every worker its device (``ray.train.torch.get_device()``: the worker's own
 CUDA device on a GPU cluster, the CPU otherwise) and starts the process group (NCCL with GPUs,
-gloo without, ``pipeline.train.trainer``). NCCL only moves CUDA tensors and gloo only CPU ones:
+gloo without, ``hnce.pipeline.train.trainer``). NCCL only moves CUDA tensors and gloo only CPU ones:
 a CPU tensor handed to an NCCL broadcast raises, so every collective of the worker goes through
 :class:`Collectives`, which puts its tensors on the right device. The device is never guessed
 from ``torch.cuda.is_available()`` or from which GPUs happen to be visible.

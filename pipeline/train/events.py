@@ -2,7 +2,7 @@
 
 Events: ``start``, ``resume`` (from a checkpoint step), ``step`` (loss, learning rate,
 negatives version and lag), ``negatives`` (switch to a newer version, with its lag in steps),
-``checkpoint`` (published), ``refresh_failed`` and ``refresh_stop`` (``pipeline.train.refresh_health``),
+``checkpoint`` (published), ``refresh_failed`` and ``refresh_stop`` (``hnce.pipeline.train.refresh_health``),
 ``end``. Tests and benchmarks read it back with :func:`read_events`.
 """
 

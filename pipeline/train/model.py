@@ -11,17 +11,17 @@ from pathlib import Path
 
 from torch import nn
 
-from encoders.biencoder import (
+from hnce.encoders.biencoder import (
     SCORER_FILE,
     BiEncoder,
     build_biencoder,
     export_biencoder,
     load_biencoder,
 )
-from encoders.reranker import JointReranker, build_reranker, export_reranker
-from pipeline.config import Config
-from pipeline.preflight import model_directory
-from pipeline.train.task import TaskKind
+from hnce.encoders.reranker import JointReranker, build_reranker, export_reranker
+from hnce.pipeline.config import Config
+from hnce.pipeline.preflight import model_directory
+from hnce.pipeline.train.task import TaskKind
 
 
 def build_model(config: Config) -> BiEncoder:

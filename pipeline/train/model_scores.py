@@ -14,9 +14,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from cluster.tokens import TokenStore
-from encoders.biencoder import BiEncoder
-from pipeline.train.batch import MentionTokens
+from hnce.cluster.tokens import TokenStore
+from hnce.encoders.biencoder import BiEncoder
+from hnce.pipeline.train.batch import MentionTokens
 
 EntityScores = Callable[[Tensor], Tensor]
 """Catalogue ids [B, P] (≥ 0) of B mentions -> the current model's scores [B, P]."""

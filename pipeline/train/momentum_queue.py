@@ -3,7 +3,7 @@
 A momentum copy of the entity tower (and its projection) follows the trained one by the EMA
 θ_k ← m·θ_k + (1 − m)·θ_q after every optimizer step (MoCo eq. 2, ``mining.momentum_update``).
 After each micro-batch it encodes the batch's candidate entities (no gradient, eval mode) and
-pushes their vectors into a FIFO :class:`~mining.samplers.MomentumQueue` of ``size`` entries.
+pushes their vectors into a FIFO :class:`~hnce.mining.samplers.MomentumQueue` of ``size`` entries.
 Before each micro-batch the queue's vectors join the step's candidates as extra negative columns
 (``ContrastiveBatch.queue_vectors``): a queued entity is a negative of every mention for which it
 is not a known positive, and its column carries no gradient. The NCE of eq. 5/11 is then over
@@ -25,9 +25,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from encoders.biencoder import BiEncoder
-from mining.samplers import MomentumQueue, SamplingRequest, momentum_update
-from pipeline.train.batch import ContrastiveBatch
+from hnce.encoders.biencoder import BiEncoder
+from hnce.mining.samplers import MomentumQueue, SamplingRequest, momentum_update
+from hnce.pipeline.train.batch import ContrastiveBatch
 
 
 def entity_side(model: BiEncoder) -> nn.ModuleList:

@@ -10,10 +10,10 @@
   paper §6.3 "Training a reranker").
 - :class:`NegativeDrawer`: K negatives per mention from the configured sampler (``mining``) over
   those candidates; a mention's known positives are never its negatives. ``lexical`` draws the
-  top BM25 entities (``cluster.lexical``) instead of index candidates; ``ohem`` and
-  ``adversarial`` also read the current model's scores (:mod:`pipeline.train.ohem`,
-  :mod:`pipeline.train.adversarial`); ``momentum-queue`` draws random negatives here and adds
-  its queue in the worker (:mod:`pipeline.train.momentum_queue`).
+  top BM25 entities (``hnce.cluster.lexical``) instead of index candidates; ``ohem`` and
+  ``adversarial`` also read the current model's scores (:mod:`hnce.pipeline.train.ohem`,
+  :mod:`hnce.pipeline.train.adversarial`); ``momentum-queue`` draws random negatives here and adds
+  its queue in the worker (:mod:`hnce.pipeline.train.momentum_queue`).
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from cluster.lexical import ensure_bm25
-from cluster.negatives_store import NegativesStore, NegativesVersion
-from cluster.tables import EntityCatalogue, Mention
-from cluster.versioned_dir import version_dir_name
-from mining.false_negatives import FalseNegativeFilter
-from mining.samplers import (
+from hnce.cluster.lexical import ensure_bm25
+from hnce.cluster.negatives_store import NegativesStore, NegativesVersion
+from hnce.cluster.tables import EntityCatalogue, Mention
+from hnce.cluster.versioned_dir import version_dir_name
+from hnce.mining.false_negatives import FalseNegativeFilter
+from hnce.mining.samplers import (
     GreedySampler,
     LexicalSampler,
     NegativeSampler,
@@ -39,11 +39,11 @@ from mining.samplers import (
     SamplingRequest,
     build_sampler,
 )
-from pipeline.config import Config, NegativesSettings
-from pipeline.train.adversarial import AdversarialTraining
-from pipeline.train.distributed import Collectives
-from pipeline.train.model_scores import EntityScores
-from pipeline.train.ohem import LocalScores, OnlineHardExamples
+from hnce.pipeline.config import Config, NegativesSettings
+from hnce.pipeline.train.adversarial import AdversarialTraining
+from hnce.pipeline.train.distributed import Collectives
+from hnce.pipeline.train.model_scores import EntityScores
+from hnce.pipeline.train.ohem import LocalScores, OnlineHardExamples
 
 
 class CandidateSource(Protocol):
@@ -167,7 +167,7 @@ class NegativeDrawer:
     domains, :func:`training_entities`; the whole catalogue for the reranker); candidates
     outside it are masked and drawn ids are mapped back to catalogue ids. With
     ``filter_false_negatives`` every known positive of a mention (its ``golds``, kept in a
-    :class:`~mining.false_negatives.FalseNegativeFilter`) is excluded; without it only the gold.
+    :class:`~hnce.mining.false_negatives.FalseNegativeFilter`) is excluded; without it only the gold.
     """
 
     def __init__(

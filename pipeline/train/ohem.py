@@ -3,7 +3,7 @@
 The index's scores are those of the checkpoint that mined them, steps behind the model being
 trained. OHEM here takes each mention's top ``pool_size`` admissible index candidates (by the
 index's score: a bounded pool), rescores them with the current model
-(:class:`~pipeline.train.model_scores.CurrentModelScores`, no gradient, on the worker's device)
+(:class:`~hnce.pipeline.train.model_scores.CurrentModelScores`, no gradient, on the worker's device)
 and keeps the K it scores highest: the negatives with the highest loss under eq. 5/11 now.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from mining.samplers import GreedySampler, OhemSampler, SampledNegatives, SamplingRequest
+from hnce.mining.samplers import GreedySampler, OhemSampler, SampledNegatives, SamplingRequest
 
 LocalScores = Callable[[Tensor], Tensor]
 """Sampler-space entity ids [B, P] (≥ 0) -> the current model's scores [B, P]."""

@@ -1,8 +1,8 @@
 """The driver's progress line for a training run, fed by the run's event and refresh logs.
 
 The Ray Train workers run in other processes (other machines on a cluster), so the driver follows
-``<run>/train_log.jsonl`` (``pipeline.train.events``) instead of holding the training loop, and
-``<run>/refresh_log.jsonl`` (``cluster.refresh_log``) for the refreshes: a failed refresh is
+``<run>/train_log.jsonl`` (``hnce.pipeline.train.events``) instead of holding the training loop, and
+``<run>/refresh_log.jsonl`` (``hnce.cluster.refresh_log``) for the refreshes: a failed refresh is
 printed above the bar the moment it is recorded, and the bar shows the last refresh's outcome.
 """
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from cluster.refresh_log import RefreshRecord, read_records
-from pipeline.train.events import read_events
+from hnce.cluster.refresh_log import RefreshRecord, read_records
+from hnce.pipeline.train.events import read_events
 
 
 def follow_progress(run_dir: Path, steps: int, done: threading.Event) -> None:

@@ -3,7 +3,7 @@
 :func:`refresh_plan` is what a run's refreshes do, for the coordinator and for ``hnce refresh``
 alike (this module imports neither DeepSpeed nor Ray Train, so ``hnce refresh`` stays light).
 
-``pipeline.train.trainer.run_training`` starts one :class:`cluster.coordinator.RefreshCoordinator`
+``hnce.pipeline.train.trainer.run_training`` starts one :class:`hnce.cluster.coordinator.RefreshCoordinator`
 per run beside the Ray Train workers and stops it when training ends (DESIGN.md §5). Every wait
 on the coordinator has a timeout, and a normal end prints no Ray task failure: the loop is asked
 to stop, its task is awaited and read, and only the idle actor is then released.
@@ -18,10 +18,10 @@ from typing import Any
 
 import ray
 
-from cluster.coordinator import RefreshCoordinator
-from cluster.refresh import RefreshPlan
-from cluster.session import WORKER_ENV
-from pipeline.config import Config
+from hnce.cluster.coordinator import RefreshCoordinator
+from hnce.cluster.refresh import RefreshPlan
+from hnce.cluster.session import WORKER_ENV
+from hnce.pipeline.config import Config
 
 logger = logging.getLogger(__name__)
 

@@ -1,15 +1,15 @@
-"""The one contrastive training step of hnce: encode, score, loss from ``mining.losses``, update.
+"""The one contrastive training step of hnce: encode, score, loss from ``hnce.mining.losses``, update.
 
 Both trainable models, the bi-encoder (``hnce train``) and the joint reranker (``hnce rerank``),
 go through it. The model's ``score_matrix`` gives scores [B, C] of a
-:class:`~pipeline.train.batch.ContrastiveBatch` (the bi-encoder scores every pair, the
+:class:`~hnce.pipeline.train.batch.ContrastiveBatch` (the bi-encoder scores every pair, the
 cross-encoder only the pairs the loss reads), and the loss is the configured one over each
 mention's gold and its valid candidates; with the default ``nce`` it is exactly the paper's
 hard-negative NCE (eq. 5/11):
 
     J = −log exp s(x,y) / (exp s(x,y) + Σ_{k valid} exp s(x,y_k)).
 
-Which candidates are valid is ``negatives.share`` (:mod:`pipeline.train.batch`). Under
+Which candidates are valid is ``negatives.share`` (:mod:`hnce.pipeline.train.batch`). Under
 ``global`` the bi-encoder's candidate side (the scorer's entity-side reduction) and the entity
 ids are gathered from every worker between encoding and scoring (RocketQA's cross-batch
 negatives): a mention is scored against every worker's candidates, gradients flow only to this
@@ -25,9 +25,9 @@ import deepspeed
 import torch
 from torch import Tensor, nn
 
-from encoders.biencoder import with_extra_entities
-from pipeline.train.batch import ContrastiveBatch
-from pipeline.train.distributed import Collectives
+from hnce.encoders.biencoder import with_extra_entities
+from hnce.pipeline.train.batch import ContrastiveBatch
+from hnce.pipeline.train.distributed import Collectives
 
 
 class ScoringModel(Protocol):
@@ -96,7 +96,7 @@ class ContrastiveScoring(nn.Module):
 
 
 def contrastive_loss(scores: Tensor, batch: ContrastiveBatch, loss: nn.Module) -> Tensor:
-    """``loss`` (a :mod:`mining.losses` module) of scores [B, C] (or [B, C + Q] with a queue):
+    """``loss`` (a :mod:`hnce.mining.losses` module) of scores [B, C] (or [B, C + Q] with a queue):
     each mention's gold column is its positive, its ``valid`` columns its negatives (with
     ``log_q`` where the sampler gives it), then its ``queue_valid`` columns (log q = 0)."""
     positive = scores.gather(1, batch.gold[:, None]).squeeze(1)

@@ -1,7 +1,7 @@
 """What one run of the shared driver trains: the retriever (``hnce train``) or the joint reranker
 (``hnce rerank``).
 
-Both go through the same driver (``pipeline.train.trainer``), worker loop and step; a task says
+Both go through the same driver (``hnce.pipeline.train.trainer``), worker loop and step; a task says
 only where the run lives, which settings drive it and where its negatives come from:
 
 =========  ==========================  ==================  ========================================
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pipeline.config import Config, TrainingSettings
-from pipeline.train.batch import ShareMode
+from hnce.pipeline.config import Config, TrainingSettings
+from hnce.pipeline.train.batch import ShareMode
 
 TaskKind = Literal["retriever", "reranker"]
 RERANK_DIR = "rerank"
@@ -37,7 +37,7 @@ class TrainingTask:
     """A retriever or reranker training run (see the module docstring).
 
     ``candidates``: the reranker's fixed candidates, a negatives-version Parquet file of the
-    train split (``cluster.negatives_store``); None for the retriever.
+    train split (``hnce.cluster.negatives_store``); None for the retriever.
     """
 
     kind: TaskKind

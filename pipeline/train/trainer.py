@@ -1,7 +1,7 @@
 """The one training driver: Ray Train's ``TorchTrainer`` (DeepSpeed in every worker), plus the
 refresh coordinator when the task trains the retriever on an index.
 
-:func:`run_task` trains a :class:`~pipeline.train.task.TrainingTask`: ``hnce train`` the
+:func:`run_task` trains a :class:`~hnce.pipeline.train.task.TrainingTask`: ``hnce train`` the
 retriever (:func:`run_training`), ``hnce rerank`` the joint reranker. The coordinator actor
 (cluster/coordinator.py) runs alongside on its own CPU (its encoder actors request their own CPUs
 or GPUs, and ``hnce_encoder`` on a launched cluster), watching ``<run>/checkpoints`` and
@@ -26,18 +26,18 @@ import ray
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
-from cluster.checkpoints import newest_checkpoint
-from cluster.resources import TRAINER_RESOURCE, custom_resource_request
-from cluster.session import init_ray
-from pipeline.config import Config, dump_config
-from pipeline.preflight import check_training_inputs
-from pipeline.train.events import read_events
-from pipeline.train.progress import follow_progress
-from pipeline.train.refresh_health import raise_if_stopped
-from pipeline.train.refresh_supervisor import refresh_plan, start_refresh, stop_refresh
-from pipeline.train.task import TrainingTask
-from pipeline.train.version_zero import prepare_initial_negatives
-from pipeline.train.worker import train_loop_per_worker
+from hnce.cluster.checkpoints import newest_checkpoint
+from hnce.cluster.resources import TRAINER_RESOURCE, custom_resource_request
+from hnce.cluster.session import init_ray
+from hnce.pipeline.config import Config, dump_config
+from hnce.pipeline.preflight import check_training_inputs
+from hnce.pipeline.train.events import read_events
+from hnce.pipeline.train.progress import follow_progress
+from hnce.pipeline.train.refresh_health import raise_if_stopped
+from hnce.pipeline.train.refresh_supervisor import refresh_plan, start_refresh, stop_refresh
+from hnce.pipeline.train.task import TrainingTask
+from hnce.pipeline.train.version_zero import prepare_initial_negatives
+from hnce.pipeline.train.worker import train_loop_per_worker
 
 
 @dataclass

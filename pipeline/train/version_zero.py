@@ -1,9 +1,9 @@
 """Negatives version 0 of a run: what it trains on before the first refresh.
 
 ``hnce train`` publishes it as ``negatives.initial`` says (:func:`prepare_initial_negatives`):
-BM25's candidates (``lexical``, ``cluster.lexical``) or the starting model's (``model``: the
+BM25's candidates (``lexical``, ``hnce.cluster.lexical``) or the starting model's (``model``: the
 recipe's untrained model), ``finetune-blink`` always from the imported BLINK checkpoint. The
-starting model's index version 0 is built like every index (`cluster.index_build`), into the run's own store
+starting model's index version 0 is built like every index (`hnce.cluster.index_build`), into the run's own store
 `<run>/index/v0` (checkpoint step 0), by the encoder actors. With BLINK's precomputed entity
 encodings (``all_entities_large.t7``, a [5903527, 1024] float32 tensor, 24 GB) it needs no
 encoding at all: each actor memory-maps the file (``torch.load(mmap=True, weights_only=True)``)
@@ -22,18 +22,23 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from cluster.encoder_pool import EncoderPool, read_encodings
-from cluster.index_build import IndexedModel, build_parameters, index_entities, start_pool
-from cluster.index_store import IndexBuilder, IndexVersion
-from cluster.lexical import publish_lexical_negatives
-from cluster.miner import mine_split
-from cluster.refresh import RefreshPlan
-from cluster.tables import EntityCatalogue, MentionSplit, catalogue_fingerprint, mention_split_path
-from cluster.tokens import TokenStore
-from encoders.errors import InputError
-from pipeline.config import Config
-from pipeline.evaluate import untrained_export
-from pipeline.train.refresh_supervisor import refresh_plan
+from hnce.cluster.encoder_pool import EncoderPool, read_encodings
+from hnce.cluster.index_build import IndexedModel, build_parameters, index_entities, start_pool
+from hnce.cluster.index_store import IndexBuilder, IndexVersion
+from hnce.cluster.lexical import publish_lexical_negatives
+from hnce.cluster.miner import mine_split
+from hnce.cluster.refresh import RefreshPlan
+from hnce.cluster.tables import (
+    EntityCatalogue,
+    MentionSplit,
+    catalogue_fingerprint,
+    mention_split_path,
+)
+from hnce.cluster.tokens import TokenStore
+from hnce.encoders.errors import InputError
+from hnce.pipeline.config import Config
+from hnce.pipeline.evaluate import untrained_export
+from hnce.pipeline.train.refresh_supervisor import refresh_plan
 
 INITIAL_VERSION = 0
 INITIAL_STEP = 0

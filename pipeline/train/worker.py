@@ -1,9 +1,9 @@
 """What each Ray Train worker runs: the one contrastive training loop, for either task.
 
 Each optimizer step takes ``gradient_accumulation`` micro-batches. A micro-batch is B training
-mentions in the run's data order (:mod:`pipeline.train.data_order`), K negatives per mention
-from the task's :class:`~pipeline.train.negatives.NegativeDrawer`, assembled from the token
-stores (:mod:`pipeline.train.batch`) and trained by the one step (:mod:`pipeline.train.step`,
+mentions in the run's data order (:mod:`hnce.pipeline.train.data_order`), K negatives per mention
+from the task's :class:`~hnce.pipeline.train.negatives.NegativeDrawer`, assembled from the token
+stores (:mod:`hnce.pipeline.train.batch`) and trained by the one step (:mod:`hnce.pipeline.train.step`,
 hard-negative NCE, eq. 5/11, by default). Every R steps a checkpoint is published; every C steps
 the newest negatives version is picked up without waiting. A restarted worker group resumes from
 the newest complete checkpoint (verified, loaded weights-only) and replays exactly what an
@@ -26,14 +26,14 @@ import ray.train
 import torch
 from torch import nn
 
-from cluster.tables import EntityCatalogue, Mention, MentionSplit, mention_split_path
-from cluster.tokens import TokenStore
-from encoders.biencoder import BiEncoder
-from encoders.reranker import JointReranker
-from mining.losses import build_loss
-from pipeline.config import Config, TrainingSettings, config_from_dict
-from pipeline.train.batch import ContrastiveBatch, MentionTokens, assemble_batch
-from pipeline.train.checkpointing import (
+from hnce.cluster.tables import EntityCatalogue, Mention, MentionSplit, mention_split_path
+from hnce.cluster.tokens import TokenStore
+from hnce.encoders.biencoder import BiEncoder
+from hnce.encoders.reranker import JointReranker
+from hnce.mining.losses import build_loss
+from hnce.pipeline.config import Config, TrainingSettings, config_from_dict
+from hnce.pipeline.train.batch import ContrastiveBatch, MentionTokens, assemble_batch
+from hnce.pipeline.train.checkpointing import (
     agreed_resume_step,
     load_training_state,
     publish_checkpoint,
@@ -41,22 +41,22 @@ from pipeline.train.checkpointing import (
     reported_checkpoint_step,
     use_weights_only_loading,
 )
-from pipeline.train.data_order import MentionOrder
-from pipeline.train.deepspeed_config import build_deepspeed_config
-from pipeline.train.distributed import Collectives, worker_device
-from pipeline.train.events import EventLog
-from pipeline.train.model import build_trainable
-from pipeline.train.model_scores import CurrentModelScores
-from pipeline.train.momentum_queue import MomentumEntityQueue
-from pipeline.train.negatives import (
+from hnce.pipeline.train.data_order import MentionOrder
+from hnce.pipeline.train.deepspeed_config import build_deepspeed_config
+from hnce.pipeline.train.distributed import Collectives, worker_device
+from hnce.pipeline.train.events import EventLog
+from hnce.pipeline.train.model import build_trainable
+from hnce.pipeline.train.model_scores import CurrentModelScores
+from hnce.pipeline.train.momentum_queue import MomentumEntityQueue
+from hnce.pipeline.train.negatives import (
     CandidateSource,
     FixedNegatives,
     NegativeDrawer,
     RefreshedNegatives,
 )
-from pipeline.train.refresh_health import RefreshHealth
-from pipeline.train.step import ContrastiveScoring, train_micro_batch
-from pipeline.train.task import TrainingTask
+from hnce.pipeline.train.refresh_health import RefreshHealth
+from hnce.pipeline.train.step import ContrastiveScoring, train_micro_batch
+from hnce.pipeline.train.task import TrainingTask
 
 logger = logging.getLogger(__name__)
 
@@ -314,7 +314,7 @@ class WorkerRun:
         wait at every ``sync_every`` steps for the negatives of that step's checkpoint. All
         collectives, so every rank switches and waits together. True when the refreshes failed
         too often and every rank stops here
-        (:class:`pipeline.train.refresh_health.RefreshHealth`)."""
+        (:class:`hnce.pipeline.train.refresh_health.RefreshHealth`)."""
         sync = self.waits_for_refreshes and step > 0 and step % self.config.refresh.sync_every == 0
         if not sync and step % self.settings.negatives_check_every != 0 and step != self.start_step:
             return False
