@@ -1,6 +1,6 @@
 """Refresh encode throughput: the Ray encoder pool vs a bare `model(**batch)` loop, and
 length-bucketed vs fixed-padding batches, on real WordNet definitions with all-MiniLM-L6-v2
-(DESIGN.md §8).
+(docs/engines.md).
 
 The bare loop gets the same model, the same length-sorted batches read from the catalogue's token
 store and the same torch thread count as the pool's actor; the pool's time includes reading the

@@ -1,4 +1,4 @@
-"""A 5.9M-entity index on one machine: build time, queries/s, recall and peak memory (DESIGN.md §8).
+"""A 5.9M-entity index on one machine: build time, queries/s, recall and peak memory (docs/engines.md).
 
 The KILT catalogue has 5,903,530 pages; BLINK's entity vectors are 1024-d. Flat float32 would be
 24.2 GB, more than a 24 GiB machine can hold next to anything else, so the store is built with

@@ -1,5 +1,5 @@
 """Sharded search vs one flat index over the same vectors: identical results and the QPS ratio
-(DESIGN.md §7, §8). Also FAISS's threaded `IndexShards` over the same shards, for the record.
+(docs/engines.md). Also FAISS's threaded `IndexShards` over the same shards, for the record.
 
     .venv/bin/python benchmarks/cluster_search.py     # writes benchmarks/results/cluster_search.md
 """

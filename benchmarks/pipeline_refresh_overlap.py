@@ -1,4 +1,4 @@
-"""Trainer steps/s while a refresh runs vs the trainer alone (DESIGN.md §8).
+"""Trainer steps/s while a refresh runs vs the trainer alone (docs/engines.md).
 
 One process, one local Ray instance, the same config twice: (A) refresh disabled, random
 negatives; (B) mixed-50 negatives with a checkpoint every few steps, so the refresh coordinator

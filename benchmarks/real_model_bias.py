@@ -1,4 +1,4 @@
-"""Gradient bias of NCE negatives on a real retriever as it trains (paper 000, Theorem 3.1).
+"""Gradient bias of NCE negatives on a real retriever as it trains (Zhang & Stratos (2021), Theorem 3.1).
 
 The synthetic experiment of §6.4 (``hnce bias``) measures ‖E[∇J_NCE] − ∇J_CE‖ on a toy model.
 This measures it on the real thing: all-MiniLM-L6-v2 trained by ``hnce train`` on WordNet
@@ -204,7 +204,7 @@ def report_lines(
     """The result file's markdown lines: the setting, one table row per step, the figure."""
     header = ["step", "CE loss", "‖∇CE‖", *(n[5:] for n in names)]
     lines = [
-        "# Gradient bias on a real retriever as it trains (paper 000, Theorem 3.1)",
+        "# Gradient bias on a real retriever as it trains (Zhang & Stratos (2021), Theorem 3.1)",
         "",
         f"all-MiniLM-L6-v2 trained by `hnce train` on WordNet (mixed-50, asynchronous refresh, "
         f"{args.steps} steps × 8 mentions); at each checkpoint, {args.mentions} training "

@@ -1,6 +1,6 @@
 """Asynchronous refresh vs a synchronous refresh every N steps vs negatives mined once: recall against wall-clock.
 
-The comparison the product exists for (ANCE's asynchronous refresh, DESIGN.md §5), on real
+The comparison the product exists for (ANCE's asynchronous refresh, docs/refresh.md), on real
 WordNet with the packaged all-MiniLM-L6-v2, mixed-50 negatives, through ``hnce train``:
 
 - ``async``: the refresh coordinator re-encodes, re-indexes and re-mines beside the trainer,

@@ -9,6 +9,7 @@ BENCHMARKS.md always holds the latest figures of every benchmark. Run on its own
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,11 +48,17 @@ def ordered_result_files() -> list[Path]:
     return ordered + [files[name] for name in sorted(files)]
 
 
+_RELATIVE_LINK = re.compile(r"\]\((?![a-z]+://|/|#)([^)]+)\)")
+
+
 def as_section(markdown: str) -> str:
-    """One heading level down, so every result file becomes a section of BENCHMARKS.md."""
-    return "\n".join(
+    """One heading level down, so every result file becomes a section of BENCHMARKS.md, with its
+    relative links (plots beside the result file) made relative to the repository root."""
+    results = RESULTS.relative_to(ROOT).as_posix()
+    lines = (
         "#" + line if line.startswith("#") else line for line in markdown.strip().splitlines()
     )
+    return _RELATIVE_LINK.sub(lambda link: f"]({results}/{link.group(1)})", "\n".join(lines))
 
 
 def update_benchmarks_md() -> Path:

@@ -1,6 +1,6 @@
 """The paper's comparison (§6.5, Table 1; Appendix A) on real WordNet, through ``hnce train``, with error bars.
 
-Scorers dual, multi-8, som and poly-16 (DESIGN.md §3), each trained with random, hard (eq. 8) and
+Scorers dual, multi-8, som and poly-16 (docs/math.md), each trained with random, hard (eq. 8) and
 mixed-50 negatives under the hard-negative NCE loss (eq. 5/11) at an equal budget (same steps,
 mentions per step and negatives per mention), plus the trainer's other samplers for dual; every
 cell with ``--seeds`` seeds (the seed draws the data order, the negatives and the dropout). Each

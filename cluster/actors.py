@@ -1,4 +1,4 @@
-"""Starting Ray actors that can run, and waiting on their work without hanging (DESIGN.md §5, §9).
+"""Starting Ray actors that can run, and waiting on their work without hanging (docs/refresh.md, docs/failures.md).
 
 Two rules for every pool of actors hnce starts (the encoder actors, which also hold index shards):
 

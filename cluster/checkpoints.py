@@ -1,4 +1,4 @@
-"""The layout of a run's checkpoints ``<run>/checkpoints/step-<S>/`` (DESIGN.md §2, §5).
+"""The layout of a run's checkpoints ``<run>/checkpoints/step-<S>/`` (docs/stores.md, docs/refresh.md).
 
 This module is the only place that knows it; the trainer writes checkpoints through it and the
 refresh coordinator, ``hnce eval`` and ``hnce status`` read them through it. A checkpoint holds::

@@ -1,4 +1,4 @@
-"""The refresh coordinator: a Ray actor that refreshes a run as its checkpoints appear (DESIGN.md §5).
+"""The refresh coordinator: a Ray actor that refreshes a run as its checkpoints appear (docs/refresh.md).
 
 The trainer starts one per run (``hnce.pipeline.train.refresh_supervisor``); its loop asks every
 ``refresh.poll_seconds`` whether the newest complete checkpoint is live, and if not refreshes it

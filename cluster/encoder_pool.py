@@ -1,5 +1,5 @@
 """Ray actors that encode the catalogue into index shards, hold those shards, and encode mentions
-(DESIGN.md §5).
+(docs/refresh.md).
 
 Each `EntityEncoderActor` loads the bi-encoder from an `export/` directory once, when it starts
 (so weights reach an actor once per refresh, not once per batch), takes a GPU when the cluster

@@ -1,5 +1,5 @@
 """Exact top-k over the shards one holder holds, for scorers whose query depends on the entity
-(poly-m, genpoly-m, the general form; DESIGN.md §3, §4: hard negatives mined "exactly over the
+(poly-m, genpoly-m, the general form; docs/math.md: hard negatives mined "exactly over the
 whole catalogue when it is small").
 
 An inner-product search cannot rank such entities, so their index shards are flat FAISS files

@@ -1,4 +1,4 @@
-"""The one way an index version is made (DESIGN.md §2, §5): a model's export and a catalogue in,
+"""The one way an index version is made (docs/stores.md, docs/refresh.md): a model's export and a catalogue in,
 shards indexed by the encoder actors, a verified version published into a store.
 
 Every index in hnce is built here, whatever asks for it: the refresh (`hnce.cluster.refresh`, into

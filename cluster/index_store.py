@@ -1,4 +1,4 @@
-"""Versioned, checksummed store of sharded entity indexes: `<run>/index/` (DESIGN.md §2, §5).
+"""Versioned, checksummed store of sharded entity indexes: `<run>/index/` (docs/stores.md, docs/refresh.md).
 
 Layout::
 
@@ -124,7 +124,7 @@ class BuildParameters:
 
 @dataclass(config=_RECORD)
 class IndexManifest(BuildParameters):
-    """`manifest.json` of a published version (DESIGN.md §2)."""
+    """`manifest.json` of a published version (docs/stores.md)."""
 
     format: Literal[1]
     version: Count

@@ -1,4 +1,4 @@
-"""One lock per run, held across the cluster: every refresh of a run takes it (DESIGN.md §5).
+"""One lock per run, held across the cluster: every refresh of a run takes it (docs/refresh.md).
 
 The refresh coordinator inside ``hnce train`` and the stand-alone ``hnce refresh`` job take the
 same :class:`RunLock`, so two refreshes of one run never overlap (``IndexStore.begin`` removes

@@ -1,4 +1,4 @@
-"""Top-N candidates of mentions under an index version held by the encoder actors (DESIGN.md §4, §5).
+"""Top-N candidates of mentions under an index version held by the encoder actors (docs/math.md, docs/refresh.md).
 
 The mentions are encoded by the mention tower of the model the index version was built from (in
 the encoder actors), their query vectors go straight to the shard holders, and the per-holder

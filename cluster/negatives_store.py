@@ -1,4 +1,4 @@
-"""Versioned, checksummed store of mined negatives: `<run>/negatives/` (DESIGN.md §2, §5).
+"""Versioned, checksummed store of mined negatives: `<run>/negatives/` (docs/stores.md, docs/refresh.md).
 
 Layout::
 

@@ -1,4 +1,4 @@
-"""The asynchronous refresh: newest checkpoint → encode → index → mine → publish (DESIGN.md §5).
+"""The asynchronous refresh: newest checkpoint → encode → index → mine → publish (docs/refresh.md).
 
 `run_refresh` does one refresh, orchestrating an `EncoderPool` of Ray actors that do the work;
 `hnce.cluster.coordinator.RefreshCoordinator` is the Ray actor the trainer starts to keep refreshing
@@ -62,7 +62,7 @@ class RefreshSettings:
     Attributes:
         enabled: ``hnce train`` refreshes the negatives it trains on (``mode`` says how).
         mode: ``async`` (default): a coordinator refreshes beside the trainer, which never
-            waits (ANCE's asynchronous refresh, DESIGN.md §5). ``sync``: every ``sync_every``
+            waits (ANCE's asynchronous refresh, docs/refresh.md). ``sync``: every ``sync_every``
             steps the trainer publishes a checkpoint and waits until the negatives mined with it
             are live (the paper's own code, EntQA). Negatives mined once and never refreshed
             are ``negatives.initial`` with ``enabled: false``.

@@ -1,4 +1,4 @@
-"""A refresh under the run's lock, once (cron, ``ray job submit``) or on a schedule (DESIGN.md §5).
+"""A refresh under the run's lock, once (cron, ``ray job submit``) or on a schedule (docs/refresh.md).
 
 :func:`attempt_refresh` is the one way a refresh runs, for the stand-alone ``hnce refresh`` and
 for the coordinator inside training alike: it looks, without the lock and without Ray, whether

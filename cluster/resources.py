@@ -1,4 +1,4 @@
-"""Names of the custom Ray resources hnce schedules on (DESIGN.md §5).
+"""Names of the custom Ray resources hnce schedules on (docs/refresh.md).
 
 `ray_cluster.yaml` advertises these on its node types; the code requests them only when the
 running cluster advertises them, so a plain local instance (`ray.init()`) schedules on CPU/GPU

@@ -1,5 +1,5 @@
 """Top-k entities of mentions under a model, through the cluster: evaluation, KILT predictions,
-the reranker's retriever (DESIGN.md §5).
+the reranker's retriever (docs/refresh.md).
 
 The mentions are encoded by the model's mention tower in the encoder actors and searched in an
 index version of the *same* model held by those actors (`hnce.cluster.shard_holders`); this process

@@ -1,4 +1,4 @@
-"""Index shards held where the compute is: in the encoder actors (DESIGN.md §5).
+"""Index shards held where the compute is: in the encoder actors (docs/refresh.md).
 
 Mining and evaluation never load an index version into the process that orchestrates them. The
 version's shards are spread over the encoder actors (`hnce.cluster.encoder_pool`), which on a GPU

@@ -1,4 +1,4 @@
-"""Sharded FAISS index over entity vectors, and the searcher that merges its shards (DESIGN.md §5, §7).
+"""Sharded FAISS index over entity vectors, and the searcher that merges its shards (docs/refresh.md, docs/engines.md).
 
 Each shard is one FAISS index plus an `ids` array giving the entity id of every vector in it
 (one vector per entity for dual, m per entity for multi-m, one per token for sum-of-max). A shard
@@ -6,10 +6,10 @@ covers a contiguous range of entities and holds every vector of each of them, so
 rank its own entities exactly and a search is a merge of per-shard entity top-k lists
 (:func:`merge_entity_lists`): the same merge joins the shards one process holds
 (:class:`ShardedSearcher`, searched one after another: on a 2-core machine threaded
-`IndexShards` is slower than sequential search, DESIGN.md §7) and the lists of several shard-holder
+`IndexShards` is slower than sequential search, docs/engines.md) and the lists of several shard-holder
 actors (`hnce.cluster.shard_holders`).
 
-Score functions (DESIGN.md §3, eq. 9 of papers/000 restated there), per shard:
+Score functions (docs/math.md, eq. 9 of Zhang & Stratos 2021), per shard:
 
 - dual: s(x, y) = ⟨x_1, y_1⟩ — one vector per entity; the top-k vectors are the top-k entities.
 - multi-m: s(x, y) = max_{t≤m} ⟨x_1, y_t⟩ — the shard holds m vectors per entity. Walking vector

@@ -1,4 +1,4 @@
-"""Parquet contracts of a dataset directory (DESIGN.md §2), published whole like an index version.
+"""Parquet contracts of a dataset directory (docs/stores.md), published whole like an index version.
 
 A dataset directory ``<root>/`` holds::
 

@@ -1,4 +1,4 @@
-"""The token store: a catalogue tokenized once per (tokenizer, entity length) (DESIGN.md §2).
+"""The token store: a catalogue tokenized once per (tokenizer, entity length) (docs/stores.md).
 
 Layout, under the dataset directory::
 

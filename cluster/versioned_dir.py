@@ -1,4 +1,4 @@
-"""Versioned directories shared by the index and negatives stores (DESIGN.md §2): atomic
+"""Versioned directories shared by the index and negatives stores (docs/stores.md): atomic
 publication, and the manifests that make a published version verifiable.
 
 A version is built in a hidden `.building-v<N>/` directory, renamed to `v<N>/` when complete (a

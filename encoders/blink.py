@@ -1,4 +1,4 @@
-"""Import and export BLINK checkpoints (DESIGN.md §6, BLINK checkpoint).
+"""Import and export BLINK checkpoints (docs/input-formats.md, BLINK checkpoint).
 
 BLINK's bi-encoder state_dict holds ``context_encoder.bert_model.*`` (mention tower),
 ``cand_encoder.bert_model.*`` (entity tower) and, when trained with ``add_linear``,

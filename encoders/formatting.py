@@ -3,7 +3,7 @@
 Mention: ``[CLS] left [unused0] mention [unused1] right [SEP]``; the context budget is split
 around the mention and budget one side cannot use flows to the other, exactly as BLINK's
 ``get_context_representation``. Entity: ``[CLS] title [unused2] text [SEP]`` truncated to the
-entity length, as BLINK's ``get_candidate_representation`` (DESIGN.md §6, BLINK checkpoint).
+entity length, as BLINK's ``get_candidate_representation`` (docs/input-formats.md, BLINK checkpoint).
 
 Token ids are built from the tokenizer's own pieces and the marker ids are inserted directly, so the
 ``[unused*]`` markers always stay single tokens whatever the tokenizer does with bracketed text.

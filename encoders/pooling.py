@@ -1,6 +1,6 @@
 """Pooling: which vector a tower puts first, x_1 / y_1, the vector single-vector scorers read.
 
-The score functions (eq. 9, DESIGN.md §3) read x_1 and y_1 as a side's single vector: dual scores
+The score functions (eq. 9, docs/math.md) read x_1 and y_1 as a side's single vector: dual scores
 ⟨x_1, y_1⟩, multi-m's query is x_1, poly-m's entity query is y_1. Pooling decides what that first
 vector is; every other position keeps its token state:
 

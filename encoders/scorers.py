@@ -1,7 +1,7 @@
 """Score functions over the two towers' token encodings: the general form (eq. 9) and its special cases.
 
 Mention tokens X = [x_1..x_L] and entity tokens Y = [y_1..y_L'] come from the towers with [CLS]
-first (DESIGN.md §3, paper 000 §4). The general form picks a direction (which side gives the
+first (docs/math.md, Zhang & Stratos (2021) §4). The general form picks a direction (which side gives the
 queries), reduces each side to a few vectors (leftmost columns, all columns, or m learned codes
 that attend over the side), and sums per-query attention scores:
 
@@ -71,7 +71,7 @@ class ScorerConfig:
     @property
     def indexable(self) -> bool:
         """Whether entities are a fixed set of vectors a FAISS index can hold: asked of the
-        scorer class itself (DESIGN.md §3), never of a second list."""
+        scorer class itself (docs/math.md), never of a second list."""
         return _SCORER_CLASSES[self.name].indexable
 
     @property
@@ -280,7 +280,7 @@ class Scorer(nn.Module, metaclass=abc.ABCMeta):
 
 
 class DualScorer(Scorer):
-    """Dual encoder s = ⟨x_1, y_1⟩ (paper 000 §4.2); one index vector per entity."""
+    """Dual encoder s = ⟨x_1, y_1⟩ (Zhang & Stratos (2021) §4.2); one index vector per entity."""
 
     name = "dual"
     indexable = True
@@ -315,7 +315,7 @@ class DualScorer(Scorer):
 
 
 class MultiVectorScorer(Scorer):
-    """Multi-vector encoder s = max_{t≤m} ⟨x_1, y_t⟩ (Luan et al.; paper 000 §4.2); m index vectors per entity."""
+    """Multi-vector encoder s = max_{t≤m} ⟨x_1, y_t⟩ (Luan et al.; Zhang & Stratos (2021) §4.2); m index vectors per entity."""
 
     name = "multi"
     indexable = True
@@ -361,7 +361,7 @@ class MultiVectorScorer(Scorer):
 
 
 class SumOfMaxScorer(Scorer):
-    """Sum-of-max (ColBERT) s = Σ_i max_j ⟨x_i, y_j⟩ over real tokens (paper 000 §4.2); token-level index."""
+    """Sum-of-max (ColBERT) s = Σ_i max_j ⟨x_i, y_j⟩ over real tokens (Zhang & Stratos (2021) §4.2); token-level index."""
 
     name = "som"
     indexable = True
@@ -399,7 +399,7 @@ class SumOfMaxScorer(Scorer):
 
 
 class PolyScorer(Scorer):
-    """Poly-encoder (Humeau et al.; paper 000 §4.2) and its generalisation genpoly-m.
+    """Poly-encoder (Humeau et al.; Zhang & Stratos (2021) §4.2) and its generalisation genpoly-m.
 
     m learned codes attend over the mention tokens: z_t = Σ_i softmax_i(c_t·x_i) x_i. Each of the
     m' leftmost entity vectors y_s (m' = 1: poly-m) attends over z, and the scores are summed:

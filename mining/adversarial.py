@@ -1,4 +1,4 @@
-"""Adversarial Contrastive Estimation (ACE, papers/001 §2): a learned generator of negatives.
+"""Adversarial Contrastive Estimation (ACE, Bose et al. 2018 §2): a learned generator of negatives.
 
 Negatives come from the mixture λ·p_nce + (1 − λ)·g_θ(y|x) (eq. 4): round(λ·K) slots from a
 fixed sampler (uniform by default) and the rest from the generator g_θ, a softmax over the

@@ -1,4 +1,4 @@
-"""Gradient-bias diagnostics of NCE negatives (paper 000 Theorem 3.1, §6.4, Appendix C).
+"""Gradient-bias diagnostics of NCE negatives (Zhang & Stratos (2021) Theorem 3.1, §6.4, Appendix C).
 
 For a model whose label space fits a full softmax, the cross-entropy gradient ∇J_CE (eq. 2) is
 exact and the expected NCE gradient E[∇J_NCE] (eq. 5) is estimated by averaging many negative
@@ -227,7 +227,7 @@ def run_synthetic_experiment(
 ) -> SyntheticBiasResult:
     """Train the feed-forward model by exact cross entropy and, every ``measure_every``
     updates, record CE, the Monte Carlo NCE loss and the gradient-bias norm of random, hard
-    and mixed negatives on that update's batch (paper 000 §6.4, Figure 1)."""
+    and mixed negatives on that update's batch (Zhang & Stratos (2021) §6.4, Figure 1)."""
     config = config or SyntheticBiasConfig()
     torch.manual_seed(config.seed)
     generator = torch.Generator().manual_seed(config.seed)

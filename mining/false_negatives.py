@@ -4,7 +4,7 @@ Entity linking data has aliases and multi-gold mentions (``Mention.golds``): an 
 correct for a mention must never be trained on as its negative. The filter remembers every known
 positive pair and answers membership for single pairs or whole candidate matrices; every sampler
 in :mod:`hnce.mining.samplers` additionally excludes the per-mention ``positives`` sets of its
-:class:`~hnce.mining.samplers.SamplingRequest` (ACE, ``papers/001`` §2.5, uses the same hash map to
+:class:`~hnce.mining.samplers.SamplingRequest` (ACE, Bose et al. 2018 §2.5, uses the same hash map to
 zero false negatives for the discriminator and penalise them for the generator).
 """
 

@@ -61,7 +61,7 @@ from hnce.encoders.settings import (
 )
 from hnce.mining.losses import build_loss
 
-# Samplers that draw from the candidates of a refreshed index version (DESIGN.md §4).
+# Samplers that draw from the candidates of a refreshed index version (docs/math.md).
 SAMPLERS_FROM_INDEX = frozenset({"hard", "greedy", "mixed", "ance", "ohem", "adversarial"})
 # Samplers that give the loss extra columns beside the sampled ones (one vector per entity).
 SAMPLERS_WITH_QUEUE = frozenset({"momentum-queue"})
@@ -104,7 +104,7 @@ class RunSettings:
 
 @settings
 class DataSettings:
-    """A dataset directory in the Parquet contract (DESIGN.md §2) and the splits used."""
+    """A dataset directory in the Parquet contract (docs/stores.md) and the splits used."""
 
     root: Text = "data/wordnet"
     train_split: Text = "train"
@@ -152,7 +152,7 @@ class MixedOptions:
 
 @settings
 class AdversarialOptions:
-    """ACE (papers/001): λ = ``mix`` of the slots from the fixed sampler, the rest from the
+    """ACE (Bose et al. 2018): λ = ``mix`` of the slots from the fixed sampler, the rest from the
     generator; entropy floor log(``entropy_k``), false-negative penalty, optimiser step size."""
 
     mix: Fraction = 0.5
@@ -166,7 +166,7 @@ class AdversarialOptions:
 
 @settings
 class MomentumQueueOptions:
-    """MoCo (papers/002): a FIFO queue of ``size`` entity vectors, encoded by a copy of the
+    """MoCo (He et al. 2020): a FIFO queue of ``size`` entity vectors, encoded by a copy of the
     entity tower that follows it by θ_k ← m·θ_k + (1 − m)·θ_q with m = ``momentum``; the queue
     holds size × d × 4 bytes per worker. The K sampled negatives of each mention are random."""
 
@@ -195,7 +195,7 @@ class LexicalOptions:
 
 @settings
 class NegativesSettings:
-    """Negative sampling (DESIGN.md §4): K negatives per mention from ``sampler``.
+    """Negative sampling (docs/math.md): K negatives per mention from ``sampler``.
 
     ``source: index`` mines candidates from the newest refreshed index version (the asynchronous
     refresh of §5); ``source: none`` uses only samplers that need no candidates. Before the first
@@ -225,7 +225,7 @@ class NegativesSettings:
 
 @settings
 class LossSettings:
-    """Contrastive loss (DESIGN.md §4): nce (eq. 5/11) | sampled-softmax | binary-nce | ..."""
+    """Contrastive loss (docs/math.md): nce (eq. 5/11) | sampled-softmax | binary-nce | ..."""
 
     name: Text = "nce"
     options: dict[str, Any] = field(default_factory=dict)
@@ -327,7 +327,7 @@ class DemoSettings:
 
 @settings
 class BlinkSettings:
-    """``hnce finetune-blink`` inputs (DESIGN.md §6); the command's flags set the same keys.
+    """``hnce finetune-blink`` inputs (docs/input-formats.md); the command's flags set the same keys.
 
     ``checkpoint``: BLINK bi-encoder state_dict; ``base_model``: local HF directory with the BERT
     config and vocabulary; one catalogue (``entities``: BLINK entity.jsonl, or
@@ -505,7 +505,7 @@ def validate(config: Config) -> Config:
         raise config.error(
             "index.kind",
             f"is {config.index.kind!r}, but scorer {config.model.scorer.name!r} is mined and "
-            f"evaluated exactly (its query depends on the entity, DESIGN.md §3): its shards "
+            f"evaluated exactly (its query depends on the entity, docs/math.md): its shards "
             f"store reduced entity vectors, which only a flat index keeps exactly; set index.kind: flat",
         )
     if negatives.share == "global" and not config.model.scorer.indexable:
@@ -513,7 +513,7 @@ def validate(config: Config) -> Config:
             "negatives.share",
             f"is 'global', which gathers the entity side of the score across workers, but "
             f"'model.scorer.name' is {config.model.scorer.name!r}, whose score is not split into "
-            f"a mention side and an entity side (not indexable, DESIGN.md §3); use share 'batch' "
+            f"a mention side and an entity side (not indexable, docs/math.md); use share 'batch' "
             f"or 'none', or a dual, multi or som scorer",
         )
     if negatives.sampler in SAMPLERS_FROM_INDEX and negatives.source != "index":

@@ -1,4 +1,4 @@
-"""``hnce demo``: the main job end to end on real WordNet data (DESIGN.md §6, paper §6.5).
+"""``hnce demo``: the main job end to end on real WordNet data (docs/input-formats.md, paper §6.5).
 
 1. Convert Debian's WordNet to the Parquet contract (pipeline/data/wordnet.py; its split keeps
    lemmas apart, so test mentions have lemmas never seen in training).

@@ -48,7 +48,7 @@ from hnce.pipeline.train.task import TaskKind
 GIB = 1024**3
 # DeepSpeed's default reduce and all-gather bucket sizes (elements) under ZeRO-2/3.
 ZERO_BUCKET_ELEMENTS = 5 * 10**8
-# BLINK's bi-encoder, biencoder_wiki_large.bin: bert-large-uncased (DESIGN.md §6), for recipes
+# BLINK's bi-encoder, biencoder_wiki_large.bin: bert-large-uncased (docs/input-formats.md), for recipes
 # whose towers come from a BLINK checkpoint (model.path: blink) planned without its base model.
 BLINK_ARCHITECTURE = BertConfig(
     vocab_size=30522,

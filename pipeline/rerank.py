@@ -1,7 +1,7 @@
 """Joint reranker: train the cross-encoder on a fixed retriever's candidates, report accuracy.
 
 Paper §6.3 ("Training a reranker") and Appendix B: the joint encoder s(x, y) = wᵀ BERT([x ; y])
-(DESIGN.md §3) is trained by minimising the hard-negative NCE loss (eq. 11) with the top-63
+(docs/math.md) is trained by minimising the hard-negative NCE loss (eq. 11) with the top-63
 negatives of a *fixed* retriever, then reranks that retriever's top-64 candidates. Reported, per
 domain and macro-averaged over domains as in the paper's Table 2 / Appendix B:
 

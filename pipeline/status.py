@@ -1,4 +1,4 @@
-"""``hnce status RUN_DIR``: the state of a run on one screen, for an operator (DESIGN.md §5).
+"""``hnce status RUN_DIR``: the state of a run on one screen, for an operator (docs/refresh.md).
 
 Read from the run directory alone (no Ray, no recipe, nothing written), so it works from any
 machine that mounts the run's storage, while training or a refresh runs:

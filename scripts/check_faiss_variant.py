@@ -1,4 +1,4 @@
-"""Refuse an install that would put two FAISS builds side by side (DESIGN.md §7).
+"""Refuse an install that would put two FAISS builds side by side (docs/engines.md).
 
 faiss-cpu and the FAISS GPU wheels (faiss-gpu-cu12, ...) all install the same `faiss` module, so
 whichever is installed last silently wins. `scripts/setup.sh` resolves the whole install first

@@ -28,7 +28,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # threads, 1.9 s with one).
     torch.set_num_threads(1)
 
-# BERT's special tokens plus BLINK's mention / title markers (DESIGN.md §6).
+# BERT's special tokens plus BLINK's mention / title markers (docs/input-formats.md).
 SPECIAL_TOKENS = (
     "[PAD]",
     "[unused0]",

@@ -81,7 +81,7 @@ def test_multi_vector_search_equals_brute_force_max_per_entity() -> None:
     queries = _vectors(25, seed=2)
     searcher = ShardedSearcher(_shards(vectors, ids, [200, 300]), vectors_per_entity=m)
     got_ids, got_scores = searcher.search(queries, k)
-    # s(x, y) = max_t <x_1, y_t> (DESIGN.md §3, multi-m)
+    # s(x, y) = max_t <x_1, y_t> (docs/math.md, multi-m)
     brute = (queries @ vectors.T).reshape(len(queries), entities, m).max(axis=2)
     expected_ids = np.argsort(-brute, axis=1)[:, :k]
     np.testing.assert_array_equal(got_ids, expected_ids)

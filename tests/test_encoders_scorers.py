@@ -57,7 +57,7 @@ def direct_genpoly(x: Tensor, y: Tensor, codes: Tensor, entity_queries: int) -> 
 
 
 def eq9(queries: Tensor, keys: Tensor, attention: str) -> Tensor:
-    """s = Σ_t q_t · attn(q_t, K): soft K softmax(Kᵀq_t), hard k_argmax (paper 000 eq. 9)."""
+    """s = Σ_t q_t · attn(q_t, K): soft K softmax(Kᵀq_t), hard k_argmax (Zhang & Stratos (2021) eq. 9)."""
     total = torch.zeros((), dtype=queries.dtype)
     for q in queries:
         logits = keys @ q
@@ -166,7 +166,7 @@ def test_general_form_matches_equation_9(config: ScorerConfig, tensors) -> None:
 
 
 def test_dual_and_multi_hard_and_soft_agree_when_one_key() -> None:
-    # with one key the choice of attention has no effect (paper 000 §4.2, dual encoder)
+    # with one key the choice of attention has no effect (Zhang & Stratos (2021) §4.2, dual encoder)
     hidden = torch.randn(2, 4, D, dtype=torch.float64)
     mask = torch.ones(2, 4, dtype=torch.long)
     soft = build_scorer(ScorerConfig("general", 1, 1, attention="soft"), D)

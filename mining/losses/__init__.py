@@ -1,4 +1,4 @@
-"""Contrastive losses (DESIGN.md §4), one per module, built by name with ``build_loss``.
+"""Contrastive losses (docs/math.md), one per module, built by name with ``build_loss``.
 
 Every loss is an ``nn.Module`` called as
 ``loss(positive_scores [B], negative_scores [B, K], valid [B, K] | None, log_q [B, K] | None)``

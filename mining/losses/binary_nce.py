@@ -1,4 +1,4 @@
-"""Binary NCE with the log(k·q) correction (Dyer's notes, papers/003; Mnih & Teh 2012)."""
+"""Binary NCE with the log(k·q) correction (Dyer 2014; Mnih & Teh 2012)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hnce.mining.losses.masking import check_inputs
 
 
 class BinaryNCELoss(nn.Module):
-    """Logistic discrimination of the gold against k noise samples (papers/003 eq. for NCE):
+    """Logistic discrimination of the gold against k noise samples (Dyer 2014, the NCE objective):
 
     p(D=1 | x, y) = σ(s(x,y) − log(k·q(y)))
     J = −log σ(s(x,y) − log(k q(y))) − Σ_j log(1 − σ(s(x,y_j) − log(k q(y_j))))

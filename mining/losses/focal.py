@@ -1,4 +1,4 @@
-"""Focal loss on the NCE softmax (Lin et al. 2017; papers/002)."""
+"""Focal loss on the NCE softmax (Lin et al. 2017)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hnce.mining.losses.masking import check_inputs, gold_first_logits
 class FocalLoss(nn.Module):
     """J = −(1 − p)^γ log p with p = exp s(x,y) / (exp s(x,y) + Σ_k exp s(x,y_k)) (eq. 5's
     softmax). γ = 0 is exactly hard-negative NCE; γ > 0 down-weights mentions already ranked
-    confidently, focusing on the hard ones (papers/002). Invalid negatives leave the softmax.
+    confidently, focusing on the hard ones (“Hard Negative Mining in NLP”, 2020). Invalid negatives leave the softmax.
     ``log_q`` is ignored.
     """
 

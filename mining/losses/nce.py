@@ -1,4 +1,4 @@
-"""Hard-negative NCE: softmax cross entropy over the gold and K negatives (paper 000 eq. 5/11)."""
+"""Hard-negative NCE: softmax cross entropy over the gold and K negatives (Zhang & Stratos (2021) eq. 5/11)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ class NCELoss(nn.Module):
     """J = −log exp s(x,y) / (exp s(x,y) + Σ_k exp s(x,y_k)), averaged over the batch.
 
     Paper 000 eq. 5 (population form) and eq. 11 (the per-example estimate used in training);
-    DESIGN.md §4. The negatives may come from any distribution, conditional on x and correlated
+    docs/math.md. The negatives may come from any distribution, conditional on x and correlated
     (hard negatives, eq. 8). Entries with ``valid=False`` are left out of the normaliser, so a
     mention with no valid negative contributes zero loss (−log 1). ``log_q`` is accepted for
     interface compatibility and ignored: this loss has no proposal correction (see

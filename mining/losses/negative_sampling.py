@@ -1,4 +1,4 @@
-"""Negative sampling (Mikolov et al. 2013), as contrasted with NCE in papers/003."""
+"""Negative sampling (Mikolov et al. 2013), as contrasted with NCE in Dyer 2014."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hnce.mining.losses.masking import check_inputs
 class NegativeSamplingLoss(nn.Module):
     """J = −log σ(s(x,y)) − Σ_j log σ(−s(x,y_j)), over the valid negatives.
 
-    Binary NCE with k·q(y) replaced by 1 (papers/003): cheaper and not consistent for the
+    Binary NCE with k·q(y) replaced by 1 (Dyer 2014): cheaper and not consistent for the
     conditional distribution (s learns log p(y|x)/(k q(y))), but fine for representations.
     ``log_q`` is ignored.
     """

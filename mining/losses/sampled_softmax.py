@@ -1,4 +1,4 @@
-"""Bias-corrected sampled softmax with −log Q (paper 000 eq. 10; papers/004)."""
+"""Bias-corrected sampled softmax with −log Q (Zhang & Stratos (2021) eq. 10; TensorFlow's candidate-sampling note)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ class SampledSoftmaxLoss(nn.Module):
 
     J = −log exp s(x,y) / (exp s(x,y) + Σ_k exp(s(x,y_k) − log q(y_k|x)))
 
-    This is eq. 10 of paper 000 (Bengio & Senécal 2008): the corrected logit s̄(x,y') is
+    This is eq. 10 of Zhang & Stratos (2021) (Bengio & Senécal 2008): the corrected logit s̄(x,y') is
     s(x,y') for the gold and s(x,y') − log q(y'|x) for a negative, so Σ_k exp s̄ is an
-    importance-sampling estimate of the partition sum over the negatives. papers/004's
+    importance-sampling estimate of the partition sum over the negatives. TensorFlow's candidate-sampling note's
     "Sampled Softmax" subtracts log Q from the gold too; with the gold's log Q equal to a
     constant c (uniform Q) that is this loss applied to s(x,y) − c. With a uniform q the loss is
     NCE (eq. 5) with the gold logit shifted by the constant log q. ``sample_size_correction``

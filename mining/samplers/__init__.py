@@ -1,4 +1,4 @@
-"""Negative samplers behind one interface (DESIGN.md §4).
+"""Negative samplers behind one interface (docs/math.md).
 
 ``build_sampler(name, **options)`` builds any of them by name; each lives in its own module.
 """

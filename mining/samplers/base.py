@@ -1,4 +1,4 @@
-"""The sampler interface (DESIGN.md §4): a request in, K negative entity ids per mention out.
+"""The sampler interface (docs/math.md): a request in, K negative entity ids per mention out.
 
 Every sampler excludes the gold, every known positive (``SamplingRequest.positives``) and
 duplicates. When fewer than K admissible entities exist for a mention the sampler returns what

@@ -15,7 +15,7 @@ from hnce.mining.samplers.base import (
 
 @dataclass
 class GreedySampler:
-    """Top-K admissible candidates by score: the τ → 0 limit of eq. 8 (paper 000 §3.1).
+    """Top-K admissible candidates by score: the τ → 0 limit of eq. 8 (Zhang & Stratos (2021) §3.1).
 
     Deterministic, so ``log_q`` is None. Rows with fewer than K admissible candidates are padded
     with id -1 and ``valid=False``.

@@ -1,4 +1,4 @@
-"""Hard negatives from the model distribution without replacement (paper 000 eq. 8)."""
+"""Hard negatives from the model distribution without replacement (Zhang & Stratos (2021) eq. 8)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from hnce.mining.samplers.base import (
 @dataclass
 class HardSampler:
     """K distinct negatives drawn without replacement with probability ∝ exp(s(x, y)/τ),
-    excluding the gold and every known positive (paper 000 eq. 8, DESIGN.md §4).
+    excluding the gold and every known positive (Zhang & Stratos (2021) eq. 8, docs/math.md).
 
     Drawn by Gumbel-top-K: add iid Gumbel noise to ``score/τ`` and keep the K largest — exactly
     the successive-sampling (Plackett-Luce) distribution of eq. 8 restricted to the admissible

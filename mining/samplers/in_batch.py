@@ -1,4 +1,4 @@
-"""In-batch negatives: the golds of the other mentions in the batch (papers/002)."""
+"""In-batch negatives: the golds of the other mentions in the batch (“Hard Negative Mining in NLP”, 2020)."""
 
 from __future__ import annotations
 

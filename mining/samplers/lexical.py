@@ -1,4 +1,4 @@
-"""Lexical negatives: BM25 top-k entities for the mention text (papers/002; Gillick et al.)."""
+"""Lexical negatives: BM25 top-k entities for the mention text (Gillick et al. 2019)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hnce.mining.samplers.base import SampledNegatives, SamplingRequest, admissi
 
 
 class LexicalSampler:
-    """The K highest-BM25 entities for each mention that are not positives (papers/002 §BM25).
+    """The K highest-BM25 entities for each mention that are not positives (BM25 negatives, as in DPR and Gillick et al. 2019).
 
     Built once over the entity texts (``entity_texts[i]`` is entity i, e.g. title + description)
     with the maintained ``bm25s`` library; ``sample`` reads ``SamplingRequest.mention_texts``.

@@ -1,4 +1,4 @@
-"""Mixed-p negatives: p% hard (eq. 8), the rest uniform (paper 000 §6.3, default p = 50)."""
+"""Mixed-p negatives: p% hard (eq. 8), the rest uniform (Zhang & Stratos (2021) §6.3, default p = 50)."""
 
 from __future__ import annotations
 

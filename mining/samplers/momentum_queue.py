@@ -1,4 +1,4 @@
-"""MoCo momentum queue: recent entity embeddings reused as extra negatives (papers/002)."""
+"""MoCo momentum queue: recent entity embeddings reused as extra negatives (“Hard Negative Mining in NLP”, 2020)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Online hard example mining: keep the highest-loss negatives of a larger draw (papers/002)."""
+"""Online hard example mining: keep the highest-loss negatives of a larger draw (“Hard Negative Mining in NLP”, 2020)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ ScoreFn = Callable[[Tensor, Tensor], Tensor]
 @dataclass
 class OhemSampler:
     """Draw ``pool_size`` negatives with ``base``, score them with the current model, keep the K
-    with the highest loss (OHEM, Shrivastava et al. 2016, as in papers/002).
+    with the highest loss (OHEM, Shrivastava et al. 2016).
 
     For every loss in :mod:`hnce.mining.losses` a negative's loss contribution increases with its
     score s(x, y_k) (the gold fixed), so "highest loss" is "highest current score". Scores come

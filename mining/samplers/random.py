@@ -1,4 +1,4 @@
-"""Global uniform negatives over the whole catalogue (paper 000 §6.3; DESIGN.md §4)."""
+"""Global uniform negatives over the whole catalogue (Zhang & Stratos (2021) §6.3; docs/math.md)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def uniform_distinct(
     Rejection from iid draws keeps the first K distinct admissible ids (a uniform random
     K-subset in random order); small catalogues are drawn exactly. With ``shared=True`` one
     pool of ``K + max|exclusions|`` distinct ids is drawn for the batch and each row keeps its
-    first K admissible ones (batchwise sampling, papers/004), so rows share almost all negatives.
+    first K admissible ones (batchwise sampling, TensorFlow's candidate-sampling note), so rows share almost all negatives.
     Returns (ids [B, K] with -1 padding, valid [B, K]).
     """
     batch = len(exclusions)
@@ -91,9 +91,9 @@ def uniform_distinct(
 class RandomSampler:
     """Uniform negatives over the whole catalogue, distinct, never a positive.
 
-    Global uniform sampling (not in-batch) is what paper 000 §6.3 uses for random negatives:
+    Global uniform sampling (not in-batch) is what Zhang & Stratos (2021) §6.3 uses for random negatives:
     "sampled uniformly at random from all entities in training data". ``shared=True`` draws one
-    set for the whole batch (batchwise sampling, papers/004), each mention dropping its own
+    set for the whole batch (batchwise sampling, TensorFlow's candidate-sampling note), each mention dropping its own
     positives from it. ``log_q = −log |admissible entities|`` (uniform proposal, eq. 10).
     If the catalogue holds fewer than K admissible entities, the rest of the row is
     ``valid=False`` with id -1.

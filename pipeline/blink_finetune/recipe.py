@@ -1,7 +1,7 @@
 """``hnce finetune-blink`` end to end (paper §6.8): BLINK's bi-encoder fine-tuned on KILT AIDA.
 
 1. Convert: the catalogue (BLINK's ``entity.jsonl``, entity_id = BLINK row, or the KILT knowledge
-   source) and the AIDA files to Parquet (DESIGN.md §2). Train mentions whose gold is not in the
+   source) and the AIDA files to Parquet (docs/stores.md). Train mentions whose gold is not in the
    catalogue cannot be trained on: they are skipped, counted and written to the dataset's
    rejects file.
    Labelled dev/test mentions keep them (``gold = MISSING_GOLD``) so accuracy counts them as

@@ -1,4 +1,4 @@
-"""``hnce bias``: the §6.4 synthetic gradient-bias experiment (paper 000 Figure 1).
+"""``hnce bias``: the §6.4 synthetic gradient-bias experiment (Zhang & Stratos (2021) Figure 1).
 
 Trains a one-ReLU-layer network by exact cross entropy on a low-entropy population over 1000
 labels and records, along the way, the CE loss, the Monte Carlo NCE loss and the gradient-bias

@@ -1,6 +1,6 @@
-"""``hnce data <format>``: convert an input format (DESIGN.md §6) and publish it as a dataset
+"""``hnce data <format>``: convert an input format (docs/input-formats.md) and publish it as a dataset
 directory (``entities/``, ``mentions/<split>.parquet``, ``summary.json``, ``manifest.json``;
-DESIGN.md §2). ``hnce data verify DIR`` checks a published dataset's files against its manifest;
+docs/stores.md). ``hnce data verify DIR`` checks a published dataset's files against its manifest;
 ``hnce data synthetic-kilt`` writes KILT-format inputs at Wikipedia scale."""
 
 from __future__ import annotations

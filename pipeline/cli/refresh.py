@@ -1,4 +1,4 @@
-"""``hnce refresh``: re-encode the catalogue into a new index version and mine negatives (DESIGN.md §5).
+"""``hnce refresh``: re-encode the catalogue into a new index version and mine negatives (docs/refresh.md).
 
 Reads the same recipe as ``hnce train`` (``--config runs/<run>/config.yaml`` is the resolved one
 training writes): ``run.dir``, ``data.root`` and the ``refresh`` and ``index`` sections. One

@@ -1,1 +1,1 @@
-"""Converters from the real input formats (DESIGN.md §6) to the Parquet contracts (DESIGN.md §2)."""
+"""Converters from the real input formats (docs/input-formats.md) to the Parquet contracts (docs/stores.md)."""

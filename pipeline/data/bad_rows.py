@@ -1,4 +1,4 @@
-"""Bad input rows (DESIGN.md §9): strict by default, or skipped with a count and a rejects file.
+"""Bad input rows (docs/failures.md): strict by default, or skipped with a count and a rejects file.
 
 Every converter reads its input through :func:`iter_text_lines` (or :func:`iter_json_lines` on
 top of it) and reports each bad row to one :class:`BadRowPolicy`. In ``strict`` mode (the

@@ -1,4 +1,4 @@
-"""One conversion from input files to a published dataset directory (DESIGN.md §2, §9).
+"""One conversion from input files to a published dataset directory (docs/stores.md, docs/failures.md).
 
 Every converter (Zeshel, KILT, BLINK, WordNet, the synthetic worlds) runs inside one
 :class:`Conversion`, which in this order, before any row is read:

@@ -1,6 +1,6 @@
 """KILT AIDA-CoNLL mentions and the KILT knowledge source to the Parquet contracts.
 
-Inputs (DESIGN.md §6):
+Inputs (docs/input-formats.md):
 
 - ``kilt_knowledgesource.json``: one Wikipedia page per line, ``{wikipedia_id, wikipedia_title,
   text: [title line, paragraphs...], anchors, categories, history, wikidata_info}``. An entity's

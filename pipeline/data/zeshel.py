@@ -1,6 +1,6 @@
 """Zeshel (zero-shot entity linking, Logeswaran et al. 2019) to the Parquet contracts.
 
-Input (DESIGN.md §6)::
+Input (docs/input-formats.md)::
 
     documents/<world>.json   lines {document_id, title, text}
     mentions/<split>.json    lines {mention_id, context_document_id, corpus, start_index,

@@ -1,4 +1,4 @@
-"""The DeepSpeed trainer under Ray Train, on asynchronously refreshed negatives (DESIGN.md §5).
+"""The DeepSpeed trainer under Ray Train, on asynchronously refreshed negatives (docs/refresh.md).
 
 One driver (``trainer.run_task``; ``run_training`` for ``hnce train``), one worker loop
 (``worker.WorkerRun``) and one contrastive step (``step``, over a ``batch.ContrastiveBatch``)

@@ -1,4 +1,4 @@
-"""ACE in the worker loop (papers/001): the generator learns from the model being trained.
+"""ACE in the worker loop (Bose et al. 2018): the generator learns from the model being trained.
 
 Each micro-batch's negatives come from :class:`~hnce.mining.adversarial.AdversarialSampler`'s mixture
 λ·p_nce + (1 − λ)·g_θ over the mention's index candidates (eq. 4). Right after the draw the

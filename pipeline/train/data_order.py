@@ -1,7 +1,7 @@
 """The order in which a run visits its training mentions, a pure function of (seed, step).
 
 A resumed run recomputes exactly the batches an uninterrupted run would have seen from the
-resume step on (DESIGN.md §9): each epoch is a permutation drawn from ``seed + epoch``, cut into
+resume step on (docs/failures.md): each epoch is a permutation drawn from ``seed + epoch``, cut into
 global batches of ``batch_size * world_size`` mentions, and each rank takes its own slice.
 """
 

@@ -2,7 +2,7 @@
 
 Adam with warm-up then linear decay (DeepSpeed's ``WarmupDecayLR``), gradient clipping,
 gradient accumulation and a configurable ZeRO stage. bf16 (DeepSpeed's bf16 mode) is used on a
-CUDA device that supports it; on CPU the run is fp32 with the plain torch Adam (DESIGN.md §7).
+CUDA device that supports it; on CPU the run is fp32 with the plain torch Adam (docs/engines.md).
 """
 
 from __future__ import annotations

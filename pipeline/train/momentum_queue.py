@@ -1,4 +1,4 @@
-"""MoCo's momentum queue in the worker loop (papers/002; He et al. 2020).
+"""MoCo's momentum queue in the worker loop (He et al. 2020).
 
 A momentum copy of the entity tower (and its projection) follows the trained one by the EMA
 θ_k ← m·θ_k + (1 − m)·θ_q after every optimizer step (MoCo eq. 2, ``mining.momentum_update``).

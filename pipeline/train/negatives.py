@@ -2,7 +2,7 @@
 
 - :class:`RefreshedNegatives`: the newest published negatives version of the run. Every C steps
   rank 0 reads ``<run>/negatives/CURRENT`` and broadcasts the version number, so all workers
-  switch at the same step without waiting for a refresh (DESIGN.md §5). Until the first version
+  switch at the same step without waiting for a refresh (docs/refresh.md). Until the first version
   is published :attr:`~RefreshedNegatives.current` is None and the trainer draws random
   negatives. The lag of a version is the number of steps between the checkpoint whose model
   mined it and the step that uses it.

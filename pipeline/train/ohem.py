@@ -1,4 +1,4 @@
-"""Online hard-example mining in the worker (OHEM, Shrivastava et al. 2016; papers/002).
+"""Online hard-example mining in the worker (OHEM, Shrivastava et al. 2016).
 
 The index's scores are those of the checkpoint that mined them, steps behind the model being
 trained. OHEM here takes each mention's top ``pool_size`` admissible index candidates (by the

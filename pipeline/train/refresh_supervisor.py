@@ -4,7 +4,7 @@
 alike (this module imports neither DeepSpeed nor Ray Train, so ``hnce refresh`` stays light).
 
 ``hnce.pipeline.train.trainer.run_training`` starts one :class:`hnce.cluster.coordinator.RefreshCoordinator`
-per run beside the Ray Train workers and stops it when training ends (DESIGN.md §5). Every wait
+per run beside the Ray Train workers and stops it when training ends (docs/refresh.md). Every wait
 on the coordinator has a timeout, and a normal end prints no Ray task failure: the loop is asked
 to stop, its task is awaited and read, and only the idle actor is then released.
 """

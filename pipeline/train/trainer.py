@@ -6,7 +6,7 @@ retriever (:func:`run_training`), ``hnce rerank`` the joint reranker. The coordi
 (cluster/coordinator.py) runs alongside on its own CPU (its encoder actors request their own CPUs
 or GPUs, and ``hnce_encoder`` on a launched cluster), watching ``<run>/checkpoints`` and
 publishing index and negatives versions; the trainer workers (one ``hnce_trainer`` slot each on
-a launched cluster) never wait for it (DESIGN.md §5). A worker failure restarts the worker group
+a launched cluster) never wait for it (docs/refresh.md). A worker failure restarts the worker group
 up to ``training.max_failures`` times; the new group resumes from the newest complete checkpoint
 (``FailureConfig`` + the checkpoint pointer each publish reports to Ray Train).
 

@@ -9,12 +9,12 @@ encodings (``all_entities_large.t7``, a [5903527, 1024] float32 tensor, 24 GB) i
 encoding at all: each actor memory-maps the file (``torch.load(mmap=True, weights_only=True)``)
 and copies its shard's rows into FAISS, so no process holds more than one shard of it. Row i of
 the tensor is BLINK's entity i, which is ``entity_id`` i of a catalogue converted from BLINK's
-``entity.jsonl`` (DESIGN.md §6). Without the file, version 0 is encoded from the imported
+``entity.jsonl`` (docs/input-formats.md). Without the file, version 0 is encoded from the imported
 checkpoint.
 
-The train mentions are then mined against version 0 by the same actors (top-N, DESIGN.md §2
+The train mentions are then mined against version 0 by the same actors (top-N, docs/stores.md
 negatives version), so the trainer uses hard negatives from its first step instead of random
-ones (DESIGN.md §5).
+ones (docs/refresh.md).
 """
 
 from __future__ import annotations
