@@ -24,11 +24,17 @@ import ray
 import torch
 from report import write_measures
 
-from hnce.cluster.encoder_pool import EncoderPool, EncoderPoolSettings, ShardTask, encode_entities
-from hnce.cluster.index_build import IndexedModel, ensure_token_store
-from hnce.cluster.sharded_index import IndexSpec
-from hnce.cluster.tables import Entity, write_dataset
-from hnce.cluster.tokens import TokenStore
+from hnce.cluster.compute.encoder_pool import (
+    EncoderPool,
+    EncoderPoolSettings,
+    ShardTask,
+    encode_entities,
+)
+from hnce.cluster.compute.index_build import IndexedModel, ensure_token_store
+from hnce.cluster.stores.sharded_index import IndexSpec
+from hnce.cluster.stores.tables import Entity
+from hnce.cluster.stores.tables_write import write_dataset
+from hnce.cluster.stores.tokens import TokenStore
 from hnce.encoders.biencoder import (
     BiEncoder,
     build_biencoder,

@@ -26,9 +26,9 @@ import numpy as np
 from report import write_measures
 from tqdm import tqdm
 
-from hnce.cluster.index_build import index_parameters
-from hnce.cluster.index_store import BuildParameters, IndexStore
-from hnce.cluster.sharded_index import (
+from hnce.cluster.compute.index_build import index_parameters
+from hnce.cluster.stores.index_store import BuildParameters, IndexStore
+from hnce.cluster.stores.sharded_index import (
     IndexSpec,
     ShardedSearcher,
     build_shard_index,

@@ -15,7 +15,12 @@ import faiss
 import numpy as np
 from report import write_measures
 
-from hnce.cluster.sharded_index import IndexShard, IndexSpec, ShardedSearcher, build_shard_index
+from hnce.cluster.stores.sharded_index import (
+    IndexShard,
+    IndexSpec,
+    ShardedSearcher,
+    build_shard_index,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

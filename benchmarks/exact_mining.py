@@ -1,6 +1,6 @@
 """Throughput of exact mining for the scorers whose query depends on the entity (poly-m, genpoly-m).
 
-One shard holder's work (`hnce.cluster.exact_search.ExactSearcher`) on one CPU thread: a batch of
+One shard holder's work (`hnce.cluster.stores.exact_search.ExactSearcher`) on one CPU thread: a batch of
 mentions' reduced vectors (poly-16: 16 code vectors each) scored against every stored entity
 (poly: one vector each; genpoly-16-4: four) with the scorer's own ``score_reduced``, in chunks,
 top-k kept. Reported: mention-entity pairs per second, and from it the hours one holder needs to
@@ -21,8 +21,8 @@ import faiss
 import torch
 from report import update_benchmarks_md
 
-from hnce.cluster.exact_search import ExactSearcher
-from hnce.cluster.sharded_index import IndexShard, resolve_faiss_device
+from hnce.cluster.stores.exact_search import ExactSearcher
+from hnce.cluster.stores.sharded_index import IndexShard, resolve_faiss_device
 from hnce.encoders.scorers import build_scorer
 
 RESULTS = Path(__file__).resolve().parent / "results" / "exact_mining.md"
@@ -63,7 +63,7 @@ def main() -> int:
         "# Exact mining throughput (poly-m, genpoly-m)",
         "",
         f"One shard holder, one CPU thread: {args.batch} mentions against {args.entities:,} "
-        f"stored entities, d = {args.dim}, top-{args.k} (`hnce.cluster.exact_search`). Command: "
+        f"stored entities, d = {args.dim}, top-{args.k} (`hnce.cluster.stores.exact_search`). Command: "
         "`.venv/bin/python benchmarks/exact_mining.py`.",
         "",
         "| scorer | pairs/s | "

@@ -46,7 +46,7 @@ from process_memory import PeakMemory
 from report import update_benchmarks_md
 from tqdm import tqdm
 
-from hnce.cluster.files import atomic_write_json
+from hnce.cluster.stores.files import atomic_write_json
 from hnce.pipeline.data.kilt_synthetic import (
     AIDA_MENTIONS,
     GENERATOR_FILE,
@@ -272,7 +272,7 @@ def convert(run: Run, log: Path) -> Stage:
 
 
 def converted(run: Run) -> bool:
-    from hnce.cluster.tables import EntityCatalogue
+    from hnce.cluster.stores.tables_read import EntityCatalogue
 
     try:
         return len(EntityCatalogue.open(run.data)) == run.entities
@@ -308,11 +308,11 @@ def write_model(run: Run) -> None:
 
 
 def token_store(run: Run, log: Path) -> Stage:
-    """The catalogue tokenized once (`hnce.cluster.tokens`), as the first refresh would: timed on its
+    """The catalogue tokenized once (`hnce.cluster.stores.tokens`), as the first refresh would: timed on its
     own here so that index v0's rate is the encoders' alone."""
     code = (
         "import sys; from pathlib import Path; from transformers import AutoTokenizer; "
-        "from hnce.cluster.tokens import TokenStore; from hnce.encoders.formatting import register_markers; "
+        "from hnce.cluster.stores.tokens import TokenStore; from hnce.encoders.formatting import register_markers; "
         "t = AutoTokenizer.from_pretrained(sys.argv[2]); register_markers(t); "
         "TokenStore.ensure(Path(sys.argv[1]), t, int(sys.argv[3]))"
     )
@@ -462,7 +462,7 @@ def train(run: Run, log: Path) -> Stage:
 
 
 def trained(run: Run) -> bool:
-    from hnce.cluster.checkpoints import newest_checkpoint
+    from hnce.cluster.stores.checkpoints import newest_checkpoint
 
     newest = newest_checkpoint(run.run_dir) if run.run_dir.is_dir() else None
     steps = run.stages.get("train")

@@ -47,7 +47,8 @@ import torch.distributed as dist
 from report import write_result
 from wordnet_runs import checkpoint_export
 
-from hnce.cluster.tables import EntityCatalogue, Mention, MentionSplit, mention_split_path
+from hnce.cluster.stores.tables import Mention, mention_split_path
+from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.encoders.biencoder import BiEncoder, build_biencoder, load_biencoder, minilm_path
 from hnce.encoders.formatting import register_markers
 from hnce.pipeline.config import Config, load_config

@@ -29,8 +29,8 @@ from pathlib import Path
 import ray
 from report import write_result
 
-from hnce.cluster.index_build import IndexedModel, ensure_token_store
-from hnce.cluster.tables import EntityCatalogue
+from hnce.cluster.compute.index_build import IndexedModel, ensure_token_store
+from hnce.cluster.stores.tables_read import EntityCatalogue
 from hnce.pipeline.config import Config, load_config
 from hnce.pipeline.data.synthetic import generate_synthetic_dataset
 from hnce.pipeline.evaluate import untrained_export

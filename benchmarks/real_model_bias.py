@@ -40,7 +40,8 @@ import matplotlib.pyplot as plt
 from report import write_result
 from wordnet_runs import checkpoint_export, prepare_dataset, recipe
 
-from hnce.cluster.tables import EntityCatalogue, MentionSplit, mention_split_path
+from hnce.cluster.stores.tables import mention_split_path
+from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.encoders.biencoder import BiEncoder, load_biencoder
 from hnce.mining.bias import default_samplers, gradient_bias
 from hnce.mining.samplers import NegativeSampler

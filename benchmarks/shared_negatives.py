@@ -22,7 +22,7 @@ from pathlib import Path
 import ray
 from report import write_result
 
-from hnce.cluster.checkpoints import EXPORT_DIR, newest_checkpoint
+from hnce.cluster.stores.checkpoints import EXPORT_DIR, newest_checkpoint
 from hnce.pipeline.config import Config, config_from_dict, load_config
 from hnce.pipeline.data.wordnet import convert_wordnet
 from hnce.pipeline.demo import write_demo_subset

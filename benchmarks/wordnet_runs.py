@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hnce.cluster.checkpoints import EXPORT_DIR, checkpoint_dir, newest_checkpoint
-from hnce.cluster.tables import MANIFEST_FILE
+from hnce.cluster.stores.checkpoints import EXPORT_DIR, checkpoint_dir, newest_checkpoint
+from hnce.cluster.stores.tables import MANIFEST_FILE
 from hnce.pipeline.config import Config, load_config
 from hnce.pipeline.data.conversion import DatasetOutput
 from hnce.pipeline.data.demo_subset import write_demo_subset

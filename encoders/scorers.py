@@ -23,7 +23,7 @@ entity vectors finds the top-k) and exact for poly, genpoly and the general form
 query depends on the entity: their index shards store each entity's reduced vectors
 (``reduce_entities``) and the shard holders score every stored entity against the mention's
 reduced vectors (``reduce_mentions``) with the scorer itself (:func:`exact_index_scores`,
-``hnce.cluster.exact_search``). Exact poly-16 scoring on one CPU thread runs at about 8e5
+``hnce.cluster.stores.exact_search``). Exact poly-16 scoring on one CPU thread runs at about 8e5
 mention-entity pairs/s (d = 384, ``benchmarks/exact_mining.py``): 10,000 mentions over 100,000
 entities take ~21 min per holder, over 1M ~3.5 h, so exact mining is for small catalogues.
 

@@ -1,8 +1,8 @@
 """The building blocks of hnce's one settings tree (``hnce.pipeline.config.Config``).
 
 Each package declares the settings it consumes where it consumes them (the scorer in
-``hnce.encoders.scorers``, the index in ``hnce.cluster.sharded_index``, the refresh in ``hnce.cluster.refresh``,
-the cluster in ``hnce.cluster.session``) with the :func:`settings` decorator below, and
+``hnce.encoders.scorers``, the index in ``hnce.cluster.stores.sharded_index``, the refresh in ``hnce.cluster.compute.refresh``,
+the cluster in ``hnce.cluster.compute.session``) with the :func:`settings` decorator below, and
 ``hnce.pipeline.config`` composes them into one tree loaded from YAML. A section is a pydantic
 dataclass: constructing it validates every field (types are strict: no ``"8"`` for 8, no
 ``true`` for 1), unknown keys are errors, and ranges are declared on the field, so a bad value is

@@ -13,9 +13,9 @@ model      towers, lengths, pooling, ``scorer``            here; ``scorer`` in h
 negatives  sampler, K, sharing, per-sampler options         here
 loss       contrastive loss and its options                here (built by hnce.mining.losses)
 training   DeepSpeed optimisation under Ray Train          here
-refresh    the asynchronous refresh                        hnce.cluster.refresh
-index      FAISS shards, device, retention                 hnce.cluster.sharded_index
-cluster    where Ray runs                                  hnce.cluster.session
+refresh    the asynchronous refresh                        hnce.cluster.compute.refresh
+index      FAISS shards, device, retention                 hnce.cluster.stores.sharded_index
+cluster    where Ray runs                                  hnce.cluster.compute.session
 eval       recall@k                                        here
 rerank     the joint reranker (its own ``training``)       here
 demo       the WordNet demo subset                         here
@@ -43,10 +43,10 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field, StrictInt, TypeAdapter, ValidationError, field_validator
 
-from hnce.cluster.files import atomic_write_text
-from hnce.cluster.refresh import RefreshSettings
-from hnce.cluster.session import ClusterSettings
-from hnce.cluster.sharded_index import IndexSpec
+from hnce.cluster.compute.refresh import RefreshSettings
+from hnce.cluster.compute.session import ClusterSettings
+from hnce.cluster.stores.files import atomic_write_text
+from hnce.cluster.stores.sharded_index import IndexSpec
 from hnce.encoders.errors import InputError
 from hnce.encoders.scorers import ScorerConfig
 from hnce.encoders.settings import (

@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from hnce.cluster.checkpoints import EXPORT_DIR, newest_checkpoint
-from hnce.cluster.index_build import IndexedModel
-from hnce.cluster.tables import MANIFEST_FILE
+from hnce.cluster.compute.index_build import IndexedModel
+from hnce.cluster.stores.checkpoints import EXPORT_DIR, newest_checkpoint
+from hnce.cluster.stores.tables import MANIFEST_FILE
 from hnce.pipeline.config import Config
 from hnce.pipeline.data.conversion import DatasetOutput
 from hnce.pipeline.data.demo_subset import write_demo_subset

@@ -2,7 +2,7 @@
 
 ``hnce eval`` (:func:`evaluate_checkpoint`) and the demo (:func:`evaluate_export`, for a model's
 export directory) search every mention among every entity with the cluster's encoder actors and
-an index version of the evaluated model held by them (``hnce.cluster.retrieval``): the version the
+an index version of the evaluated model held by them (``hnce.cluster.compute.retrieval``): the version the
 refresh published for that checkpoint when there is one, so evaluating the checkpoint the refresh
 last indexed encodes nothing; else a version built once into ``<run>/eval-index/`` (never into
 the refresh's store, so it cannot become live). The driver gets k candidates per mention and
@@ -27,12 +27,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hnce.cluster.checkpoints import resolve_checkpoint
-from hnce.cluster.files import publish_directory
-from hnce.cluster.index_build import IndexedModel, model_fingerprint
-from hnce.cluster.retrieval import EVAL_INDEX_DIR, retrieve
-from hnce.cluster.session import init_ray
-from hnce.cluster.tables import MentionSplit, mention_split_path
+from hnce.cluster.compute.index_build import IndexedModel, model_fingerprint
+from hnce.cluster.compute.retrieval import EVAL_INDEX_DIR, retrieve
+from hnce.cluster.compute.session import init_ray
+from hnce.cluster.stores.checkpoints import resolve_checkpoint
+from hnce.cluster.stores.files import publish_directory
+from hnce.cluster.stores.tables import mention_split_path
+from hnce.cluster.stores.tables_read import MentionSplit
 from hnce.encoders.biencoder import export_biencoder
 from hnce.pipeline.blink_finetune.kilt_output import SplitResult, link_files
 from hnce.pipeline.config import Config
@@ -165,7 +166,7 @@ def evaluate_model(
     config: Config, model: IndexedModel, name: str, progress: bool = True
 ) -> RecallReport:
     """Recall@``eval.ks`` of ``model`` on ``data.eval_split`` against every entity, through the
-    encoder pool and an index version of the model held by the actors (``hnce.cluster.retrieval``:
+    encoder pool and an index version of the model held by the actors (``hnce.cluster.compute.retrieval``:
     the refresh's own version when it indexed this model, else one built for evaluation)."""
     check_eval_inputs(config)
     init_ray(config.cluster, config.refresh.num_encoders * config.refresh.encoder_cpus)

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModel, BertConfig, PretrainedConfig
 
-from hnce.cluster.tables import EntityCatalogue
+from hnce.cluster.stores.tables_read import EntityCatalogue
 from hnce.encoders.local import load_local
 from hnce.encoders.scorers import ScorerConfig, build_scorer
 from hnce.pipeline.config import Config

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from hnce.cluster.tables import ENTITIES_DIR, DatasetError, DatasetManifest, mention_split_path
+from hnce.cluster.stores.tables import ENTITIES_DIR, DatasetError, mention_split_path
+from hnce.cluster.stores.tables_read import DatasetManifest
 from hnce.encoders.biencoder import SCORER_FILE, minilm_path
 from hnce.encoders.pooling import declared_pooling
 from hnce.pipeline.config import Config

@@ -32,15 +32,16 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from hnce.cluster.checkpoints import resolve_checkpoint
-from hnce.cluster.index_build import IndexedModel
-from hnce.cluster.negatives_store import MinedSplit, NegativesStore, NegativesVersion
-from hnce.cluster.refresh import RefreshPlan
-from hnce.cluster.retrieval import retrieve
-from hnce.cluster.session import init_ray
-from hnce.cluster.tables import EntityCatalogue, Mention, MentionSplit, mention_split_path
-from hnce.cluster.tokens import TokenStore
-from hnce.cluster.versioned_dir import next_version
+from hnce.cluster.compute.index_build import IndexedModel
+from hnce.cluster.compute.refresh import RefreshPlan
+from hnce.cluster.compute.retrieval import retrieve
+from hnce.cluster.compute.session import init_ray
+from hnce.cluster.stores.checkpoints import resolve_checkpoint
+from hnce.cluster.stores.negatives_store import MinedSplit, NegativesStore, NegativesVersion
+from hnce.cluster.stores.tables import Mention, mention_split_path
+from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
+from hnce.cluster.stores.tokens import TokenStore
+from hnce.cluster.stores.versioned_dir import next_version
 from hnce.encoders.blink import export_blink_crossencoder
 from hnce.encoders.precision import autocast
 from hnce.encoders.reranker import JointReranker, load_reranker
@@ -108,7 +109,7 @@ def retrieve_candidates(
     progress: bool = True,
 ) -> SplitCandidates:
     """Top-``k`` candidates of ``mentions`` under ``retriever``, through the cluster: searched in
-    the run's index version of that model, or one built for it (``hnce.cluster.retrieval``)."""
+    the run's index version of that model, or one built for it (``hnce.cluster.compute.retrieval``)."""
     found = retrieve(plan, retriever, mentions, k, progress=progress)
     return SplitCandidates(list(mentions), found.cands, found.scores)
 

@@ -26,12 +26,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hnce.cluster.checkpoints import CHECKPOINTS_DIR, COMPLETE, complete_checkpoints
-from hnce.cluster.index_store import IndexStore
-from hnce.cluster.lock import read_holder
-from hnce.cluster.negatives_store import NegativesVersion
-from hnce.cluster.refresh_log import RefreshRecord, read_records
-from hnce.cluster.versioned_dir import read_current, version_dir_name
+from hnce.cluster.stores.checkpoints import CHECKPOINTS_DIR, COMPLETE, complete_checkpoints
+from hnce.cluster.stores.index_store import IndexStore
+from hnce.cluster.stores.lock_holder import read_holder
+from hnce.cluster.stores.negatives_store import NegativesVersion
+from hnce.cluster.stores.refresh_log import RefreshRecord, read_records
+from hnce.cluster.stores.versioned_dir import read_current, version_dir_name
 from hnce.encoders.errors import InputError
 from hnce.pipeline.train.events import read_events
 from hnce.pipeline.train.refresh_health import STOP_EVENT

@@ -136,7 +136,7 @@ def ray_session() -> Iterator[str]:
     per module cost ~5 s each on 2 cores."""
     import ray
 
-    from hnce.cluster.session import ClusterSettings, init_ray
+    from hnce.cluster.compute.session import ClusterSettings, init_ray
 
     init_ray(ClusterSettings(num_cpus=SESSION_RAY_CPUS))
     _session_ray["address"] = ray.get_runtime_context().gcs_address

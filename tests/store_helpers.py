@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from hnce.cluster.index_store import BuildParameters, IndexStore, IndexVersion
-from hnce.cluster.negatives_store import MinedSplit
-from hnce.cluster.sharded_index import IndexSpec, build_shard_index
+from hnce.cluster.stores.index_store import BuildParameters, IndexStore, IndexVersion
+from hnce.cluster.stores.negatives_store import MinedSplit
+from hnce.cluster.stores.sharded_index import IndexSpec, build_shard_index
 
 
 def index_parameters(checkpoint: int = 1, num_entities: int = 60) -> BuildParameters:

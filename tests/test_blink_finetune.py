@@ -16,13 +16,15 @@ import numpy as np
 import pytest
 import torch
 
-from hnce.cluster.encoder_pool import read_encodings
-from hnce.cluster.index_build import IndexedModel
-from hnce.cluster.index_store import IndexStore
-from hnce.cluster.negatives_store import NegativesStore
-from hnce.cluster.refresh import RefreshPlan, RefreshSettings
-from hnce.cluster.sharded_index import IndexSpec
-from hnce.cluster.tables import MISSING_GOLD, Entity, EntityCatalogue, Mention, write_dataset
+from hnce.cluster.compute.encoder_pool import read_encodings
+from hnce.cluster.compute.index_build import IndexedModel
+from hnce.cluster.compute.refresh import RefreshPlan, RefreshSettings
+from hnce.cluster.stores.index_store import IndexStore
+from hnce.cluster.stores.negatives_store import NegativesStore
+from hnce.cluster.stores.sharded_index import IndexSpec
+from hnce.cluster.stores.tables import MISSING_GOLD, Entity, Mention
+from hnce.cluster.stores.tables_read import EntityCatalogue
+from hnce.cluster.stores.tables_write import write_dataset
 from hnce.encoders.biencoder import build_biencoder, export_biencoder, load_biencoder, minilm_path
 from hnce.encoders.blink import export_blink_biencoder, import_blink_biencoder
 from hnce.encoders.errors import InputError

@@ -11,14 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hnce.cluster.negatives_store import MinedSplit, NegativesStore
-from hnce.cluster.tables import (
-    MISSING_GOLD,
-    EntityCatalogue,
-    Mention,
-    MentionSplit,
-    mention_split_path,
-)
+from hnce.cluster.stores.negatives_store import MinedSplit, NegativesStore
+from hnce.cluster.stores.tables import MISSING_GOLD, Mention, mention_split_path
+from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.pipeline.cli.main import main
 from hnce.pipeline.data.synthetic import generate_synthetic_dataset
 from hnce.pipeline.rerank import SplitCandidates, accuracy_report, format_reports

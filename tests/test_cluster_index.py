@@ -22,11 +22,11 @@ import pytest
 import torch
 from store_helpers import index_parameters, mined_split, publish_index
 
-from hnce.cluster.exact_search import ExactSearcher
-from hnce.cluster.files import sha256_file
-from hnce.cluster.index_store import IndexStore
-from hnce.cluster.negatives_store import MinedSplit, NegativesStore, NegativesVersion
-from hnce.cluster.sharded_index import (
+from hnce.cluster.stores.exact_search import ExactSearcher
+from hnce.cluster.stores.files import sha256_file
+from hnce.cluster.stores.index_store import IndexStore
+from hnce.cluster.stores.negatives_store import MinedSplit, NegativesStore, NegativesVersion
+from hnce.cluster.stores.sharded_index import (
     IndexShard,
     IndexSpec,
     ShardedSearcher,
@@ -34,7 +34,7 @@ from hnce.cluster.sharded_index import (
     merge_entity_lists,
     resolve_faiss_device,
 )
-from hnce.cluster.versioned_dir import ChecksumError, StoreError, confined_path
+from hnce.cluster.stores.versioned_dir import ChecksumError, StoreError, confined_path
 from hnce.encoders.errors import InputError
 from hnce.encoders.scorers import build_scorer
 
@@ -178,7 +178,7 @@ def test_shard_files_are_memory_mapped_not_copied(tmp_path: Path) -> None:
     probe = f"""
 import numpy as np
 from pathlib import Path
-from hnce.cluster.sharded_index import read_index_file
+from hnce.cluster.stores.sharded_index import read_index_file
 
 def anonymous_kib():
     status = Path("/proc/self/status").read_text().splitlines()

@@ -19,24 +19,19 @@ import torch
 from conftest import tiny_bert_config, write_wordpiece_tokenizer
 from training_helpers import assert_exact_top_k, exact_scores
 
-from hnce.cluster.actors import PlacementError, Task, TaskClock, TaskTimeout
-from hnce.cluster.checkpoints import mark_complete
-from hnce.cluster.encoder_pool import EncoderPool, ShardEncoded
-from hnce.cluster.files import sha256_file
-from hnce.cluster.index_build import IndexedModel, ensure_token_store
-from hnce.cluster.index_store import IndexStore
-from hnce.cluster.negatives_store import NegativesStore
-from hnce.cluster.refresh import RefreshPlan, RefreshSettings, run_refresh
-from hnce.cluster.retrieval import EVAL_INDEX_DIR, retrieve
-from hnce.cluster.sharded_index import IndexSpec
-from hnce.cluster.tables import (
-    Entity,
-    EntityCatalogue,
-    Mention,
-    MentionSplit,
-    mention_split_path,
-    write_dataset,
-)
+from hnce.cluster.compute.actors import PlacementError, Task, TaskClock, TaskTimeout
+from hnce.cluster.compute.encoder_pool import EncoderPool, ShardEncoded
+from hnce.cluster.compute.index_build import IndexedModel, ensure_token_store
+from hnce.cluster.compute.refresh import RefreshPlan, RefreshSettings, run_refresh
+from hnce.cluster.compute.retrieval import EVAL_INDEX_DIR, retrieve
+from hnce.cluster.stores.checkpoints import mark_complete
+from hnce.cluster.stores.files import sha256_file
+from hnce.cluster.stores.index_store import IndexStore
+from hnce.cluster.stores.negatives_store import NegativesStore
+from hnce.cluster.stores.sharded_index import IndexSpec
+from hnce.cluster.stores.tables import Entity, Mention, mention_split_path
+from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
+from hnce.cluster.stores.tables_write import write_dataset
 from hnce.encoders.biencoder import build_biencoder, export_biencoder, load_biencoder
 
 pytestmark = pytest.mark.slow

@@ -16,10 +16,9 @@ import numpy as np
 import pytest
 from store_helpers import mined_split, publish_index
 
-from hnce.cluster.checkpoints import EXPORT_DIR, checkpoint_dir, mark_complete
-from hnce.cluster.lock import HOLDER_FILE, RunLock, RunLocked, read_holder
-from hnce.cluster.refresh import RefreshPlan, RefreshSettings
-from hnce.cluster.refresh_job import (
+from hnce.cluster.compute.lock import RunLock, RunLocked
+from hnce.cluster.compute.refresh import RefreshPlan, RefreshSettings
+from hnce.cluster.compute.refresh_job import (
     EXIT_LOCKED,
     EXIT_NO_CHECKPOINT,
     EXIT_OK,
@@ -30,8 +29,11 @@ from hnce.cluster.refresh_job import (
     refresh_every,
     refresh_once,
 )
-from hnce.cluster.refresh_log import LOG_FILE, RefreshRecord, append_record, read_records
-from hnce.cluster.tables import Entity, Mention, write_dataset
+from hnce.cluster.stores.checkpoints import EXPORT_DIR, checkpoint_dir, mark_complete
+from hnce.cluster.stores.lock_holder import HOLDER_FILE, read_holder
+from hnce.cluster.stores.refresh_log import LOG_FILE, RefreshRecord, append_record, read_records
+from hnce.cluster.stores.tables import Entity, Mention
+from hnce.cluster.stores.tables_write import write_dataset
 from hnce.encoders.errors import InputError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,7 +65,7 @@ def test_lock_of_a_killed_holder_is_free_and_its_record_ignored(tmp_path: Path) 
         [
             sys.executable,
             "-c",
-            "import sys, time; from hnce.cluster.lock import RunLock\n"
+            "import sys, time; from hnce.cluster.compute.lock import RunLock\n"
             "with RunLock(sys.argv[1], 'doomed'):\n"
             "    print('held', flush=True); time.sleep(600)",
             str(tmp_path),
@@ -161,7 +163,7 @@ def test_every_keeps_a_fixed_cadence_and_skips_missed_slots(
         clock.now += next(durations)
         return RefreshRecord("published", role, started, clock.now - started)
 
-    monkeypatch.setattr("hnce.cluster.refresh_job.attempt_refresh", fake_attempt)
+    monkeypatch.setattr("hnce.cluster.compute.refresh_job.attempt_refresh", fake_attempt)
     lines: list[str] = []
     code = refresh_every(
         RefreshPlan(tmp_path, tmp_path),
@@ -191,7 +193,7 @@ def test_every_stops_after_max_consecutive_failures(
             "failed", role, clock.now, 1.0, 7, consecutive_failures=failures + 1, message="boom"
         )
 
-    monkeypatch.setattr("hnce.cluster.refresh_job.attempt_refresh", failing)
+    monkeypatch.setattr("hnce.cluster.compute.refresh_job.attempt_refresh", failing)
     plan = RefreshPlan(tmp_path, tmp_path, RefreshSettings(max_consecutive_failures=3))
     with pytest.raises(RefreshesFailing, match=r"3 refreshes in a row failed.*step-7: boom"):
         refresh_every(
@@ -210,7 +212,7 @@ def test_sigterm_between_refreshes_stops_the_schedule_cleanly(
         runs.append(time.time())
         return RefreshRecord("up-to-date", role, time.time())
 
-    monkeypatch.setattr("hnce.cluster.refresh_job.attempt_refresh", fake_attempt)
+    monkeypatch.setattr("hnce.cluster.compute.refresh_job.attempt_refresh", fake_attempt)
     previous = signal.getsignal(signal.SIGTERM)
     stop = StopRequest()
     stop.install()

@@ -25,15 +25,15 @@ import pytest
 import ray
 from test_cluster_refresh import _checkpoint, _dataset, _tiny_export
 
-from hnce.cluster.checkpoints import checkpoint_dir
-from hnce.cluster.coordinator import COORDINATOR_ROLE
-from hnce.cluster.index_store import IndexStore
-from hnce.cluster.lock import LockHolder, read_holder
-from hnce.cluster.negatives_store import NegativesStore
-from hnce.cluster.refresh import RefreshPlan, RefreshSettings, run_refresh
-from hnce.cluster.refresh_job import EXIT_LOCKED, EXIT_OK, JOB_ROLE, attempt_refresh
-from hnce.cluster.refresh_log import read_records
-from hnce.cluster.sharded_index import IndexSpec
+from hnce.cluster.compute.coordinator import COORDINATOR_ROLE
+from hnce.cluster.compute.refresh import RefreshPlan, RefreshSettings, run_refresh
+from hnce.cluster.compute.refresh_job import EXIT_LOCKED, EXIT_OK, JOB_ROLE, attempt_refresh
+from hnce.cluster.stores.checkpoints import checkpoint_dir
+from hnce.cluster.stores.index_store import IndexStore
+from hnce.cluster.stores.lock_holder import LockHolder, read_holder
+from hnce.cluster.stores.negatives_store import NegativesStore
+from hnce.cluster.stores.refresh_log import read_records
+from hnce.cluster.stores.sharded_index import IndexSpec
 from hnce.pipeline.train.refresh_supervisor import start_refresh, stop_refresh
 
 pytestmark = pytest.mark.slow

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hnce.cluster.resources import (
+from hnce.cluster.compute.resources import (
     CUSTOM_RESOURCES,
     ENCODER_RESOURCE,
     TRAINER_RESOURCE,

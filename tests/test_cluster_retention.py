@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hnce.cluster.checkpoints import (
+from hnce.cluster.compute.lock import RunLock
+from hnce.cluster.stores.checkpoints import (
     EXPORT_DIR,
     checkpoint_dir,
     complete_checkpoints,
     mark_complete,
     prune_checkpoints,
 )
-from hnce.cluster.lock import RunLock
 
 
 def _checkpoint(run_dir: Path, step: int, complete: bool = True) -> None:

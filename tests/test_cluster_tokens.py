@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from conftest import write_wordpiece_tokenizer
 
-from hnce.cluster.tables import Entity, write_dataset
-from hnce.cluster.tokens import TOKENS_DIR, TokenStore, TokenStoreError
+from hnce.cluster.stores.tables import Entity
+from hnce.cluster.stores.tables_write import write_dataset
+from hnce.cluster.stores.tokens import TOKENS_DIR, TokenStore, TokenStoreError
 from hnce.encoders.formatting import register_markers, tokenize_entities
 
 LETTERS = list(string.ascii_lowercase)
@@ -43,7 +44,7 @@ def test_rows_equal_a_fresh_tokenization(tmp_path: Path, tokenizer) -> None:
     root = _catalogue(tmp_path / "data", 100)
     store = TokenStore.ensure(root, tokenizer, 16)
     assert len(store) == 100 and store.ids.dtype == np.uint16
-    from hnce.cluster.tables import EntityCatalogue
+    from hnce.cluster.stores.tables_read import EntityCatalogue
 
     catalogue = EntityCatalogue.open(root)
     picked = np.array([97, 3, 3, 50, 0])

@@ -8,13 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hnce.cluster.tables import (
-    MANIFEST_FILE,
-    MISSING_GOLD,
-    EntityCatalogue,
-    MentionSplit,
-    mention_split_path,
-)
+from hnce.cluster.stores.tables import MANIFEST_FILE, MISSING_GOLD, mention_split_path
+from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.pipeline.blink_finetune.kilt_output import read_kilt_inputs
 from hnce.pipeline.cli.main import main
 from hnce.pipeline.data.bad_rows import BadRowError, BadRowPolicy

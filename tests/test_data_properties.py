@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hnce.cluster.tables import MANIFEST_FILE, REJECTS_FILE
+from hnce.cluster.stores.tables import MANIFEST_FILE, REJECTS_FILE
 from hnce.pipeline.data.conversion import DatasetOutput, EmptyCatalogueError
 from hnce.pipeline.data.kilt import convert_kilt
 from hnce.pipeline.data.wordnet import convert_wordnet

@@ -6,7 +6,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from hnce.cluster.tables import EntityCatalogue, MentionSplit, mention_split_path, read_summary
+from hnce.cluster.stores.tables import mention_split_path
+from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit, read_summary
 from hnce.pipeline.cli.main import main
 from hnce.pipeline.data.synthetic import generate_synthetic_dataset
 

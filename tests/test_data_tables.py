@@ -10,25 +10,27 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-import hnce.cluster.tables
-from hnce.cluster.files import sha256_file
-from hnce.cluster.tables import (
+import hnce.cluster.stores.tables
+import hnce.cluster.stores.tables_read
+from hnce.cluster.stores.files import sha256_file
+from hnce.cluster.stores.tables import (
     ENTITY_SCHEMA,
     MANIFEST_FILE,
     MENTION_SCHEMA,
-    DatasetBuilder,
     DatasetError,
     DatasetExistsError,
     Entity,
-    EntityCatalogue,
     Mention,
+    mention_split_path,
+)
+from hnce.cluster.stores.tables_read import (
+    EntityCatalogue,
     MentionSplit,
     catalogue_fingerprint,
-    mention_split_path,
     read_summary,
     verify_dataset,
-    write_dataset,
 )
+from hnce.cluster.stores.tables_write import DatasetBuilder, write_dataset
 
 
 def _entities(count: int) -> list[Entity]:
@@ -86,7 +88,8 @@ def test_catalogue_key_and_title_lookups(tmp_path: Path) -> None:
 def test_lookups_are_exact_when_fingerprints_collide(tmp_path: Path, monkeypatch) -> None:
     write_dataset(tmp_path / "data", _entities(5))
     catalogue = EntityCatalogue.open(tmp_path / "data")
-    monkeypatch.setattr(hnce.cluster.tables, "hash", lambda value: 7, raising=False)
+    monkeypatch.setattr(hnce.cluster.stores.tables_read, "hash", lambda value: 7, raising=False)
+    assert hnce.cluster.stores.tables_read._fingerprints(["key-1", "key-2"]).tolist() == [7, 7]
     assert catalogue.ids_for_keys(["key-3", "nope", "key-0"]).tolist() == [3, -1, 0]
     assert catalogue.ids_for_title("Title 2 é") == [2]
 
@@ -182,12 +185,12 @@ def test_open_checks_sizes_reads_check_pages_verify_checks_hashes(tmp_path: Path
 def test_catalogue_fingerprint_comes_from_the_manifest(tmp_path: Path, monkeypatch) -> None:
     write_dataset(tmp_path / "data", _entities(5), rows_per_file=2)
     files = sorted((tmp_path / "data" / "entities").glob("*.parquet"))
-    expected = hnce.cluster.tables.catalogue_digest((f.name, sha256_file(f)) for f in files)
+    expected = hnce.cluster.stores.tables.catalogue_digest((f.name, sha256_file(f)) for f in files)
 
     def no_hashing(path: Path) -> str:
         raise AssertionError(f"{path} was hashed")
 
-    monkeypatch.setattr(hnce.cluster.tables, "sha256_file", no_hashing)
+    monkeypatch.setattr(hnce.cluster.stores.tables_read, "sha256_file", no_hashing)
     assert catalogue_fingerprint(tmp_path / "data") == expected
 
 

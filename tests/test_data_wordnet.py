@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hnce.cluster.tables import EntityCatalogue, MentionSplit, mention_split_path
+from hnce.cluster.stores.tables import mention_split_path
+from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.pipeline.data.bad_rows import BadRowError
 from hnce.pipeline.data.conversion import DatasetOutput
 from hnce.pipeline.data.wordnet import (

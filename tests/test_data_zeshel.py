@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hnce.cluster.tables import MISSING_GOLD, EntityCatalogue, MentionSplit, mention_split_path
+from hnce.cluster.stores.tables import MISSING_GOLD, mention_split_path
+from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.encoders.errors import InputError
 from hnce.pipeline.data.bad_rows import BadRowError
 from hnce.pipeline.data.conversion import DatasetOutput

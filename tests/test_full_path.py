@@ -30,14 +30,15 @@ import yaml
 from training_helpers import assert_exact_top_k
 from transformers import AutoTokenizer, BertConfig, BertModel
 
-from hnce.cluster.checkpoints import EXPORT_DIR
-from hnce.cluster.index_build import IndexedModel
-from hnce.cluster.index_store import IndexStore
-from hnce.cluster.negatives_store import NegativesVersion
-from hnce.cluster.retrieval import retrieve
-from hnce.cluster.tables import EntityCatalogue, MentionSplit, mention_split_path
-from hnce.cluster.tokens import TOKENS_DIR, TokenStore
-from hnce.cluster.versioned_dir import version_dir_name
+from hnce.cluster.compute.index_build import IndexedModel
+from hnce.cluster.compute.retrieval import retrieve
+from hnce.cluster.stores.checkpoints import EXPORT_DIR
+from hnce.cluster.stores.index_store import IndexStore
+from hnce.cluster.stores.negatives_store import NegativesVersion
+from hnce.cluster.stores.tables import mention_split_path
+from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
+from hnce.cluster.stores.tokens import TOKENS_DIR, TokenStore
+from hnce.cluster.stores.versioned_dir import version_dir_name
 from hnce.encoders.biencoder import load_biencoder, minilm_path
 from hnce.encoders.formatting import register_markers, tokenize_entities
 from hnce.pipeline.cli.main import main as hnce

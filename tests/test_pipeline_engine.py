@@ -19,7 +19,7 @@ from training_helpers import (
     write_syllable_bert,
 )
 
-from hnce.cluster.checkpoints import (
+from hnce.cluster.stores.checkpoints import (
     DEEPSPEED_DIR,
     DEEPSPEED_TAG,
     EXPORT_DIR,
@@ -27,8 +27,9 @@ from hnce.cluster.checkpoints import (
     checkpoint_dir,
     mark_complete,
 )
-from hnce.cluster.negatives_store import MinedSplit, NegativesStore
-from hnce.cluster.tables import EntityCatalogue, MentionSplit, mention_split_path
+from hnce.cluster.stores.negatives_store import MinedSplit, NegativesStore
+from hnce.cluster.stores.tables import mention_split_path
+from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.encoders.biencoder import load_biencoder
 from hnce.mining.losses import NCELoss
 from hnce.mining.samplers import SampledNegatives
@@ -305,7 +306,7 @@ def _parameters(module: torch.nn.Module) -> torch.Tensor:
 def _micro_batches(config: Config, rows: list[list[int]]) -> list[ContrastiveBatch]:
     """Micro-batches of training mentions by row, each mention with the same two negatives
     whatever batch it is in; tokens from the run's stores."""
-    from hnce.cluster.tokens import TokenStore
+    from hnce.cluster.stores.tokens import TokenStore
     from hnce.pipeline.train.batch import MentionTokens
 
     mentions = MentionSplit.open(mention_split_path(Path(config.data.root), "train")).read_all()

@@ -26,12 +26,12 @@ import pytest
 import yaml
 from conftest import write_letter_bert
 
-from hnce.cluster import resources
-from hnce.cluster.checkpoints import checkpoint_dir, newest_checkpoint
-from hnce.cluster.index_store import IndexStore
-from hnce.cluster.negatives_store import NegativesStore
-from hnce.cluster.refresh_log import read_records
-from hnce.cluster.resources import ENCODER_RESOURCE, TRAINER_RESOURCE
+from hnce.cluster.compute import resources
+from hnce.cluster.compute.resources import ENCODER_RESOURCE, TRAINER_RESOURCE
+from hnce.cluster.stores.checkpoints import checkpoint_dir, newest_checkpoint
+from hnce.cluster.stores.index_store import IndexStore
+from hnce.cluster.stores.negatives_store import NegativesStore
+from hnce.cluster.stores.refresh_log import read_records
 from hnce.pipeline.cli.main import main
 from hnce.pipeline.data.synthetic import generate_synthetic_dataset
 

@@ -13,16 +13,11 @@ import pytest
 import torch
 from training_helpers import config_for
 
-from hnce.cluster.lexical import bm25_directory, ensure_bm25, publish_lexical_negatives
-from hnce.cluster.negatives_store import NegativesStore
-from hnce.cluster.tables import (
-    EntityCatalogue,
-    Mention,
-    MentionSplit,
-    catalogue_fingerprint,
-    mention_split_path,
-)
-from hnce.cluster.tokens import TokenStore
+from hnce.cluster.compute.lexical import bm25_directory, ensure_bm25, publish_lexical_negatives
+from hnce.cluster.stores.negatives_store import NegativesStore
+from hnce.cluster.stores.tables import Mention, mention_split_path
+from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit, catalogue_fingerprint
+from hnce.cluster.stores.tokens import TokenStore
 from hnce.encoders.biencoder import build_biencoder
 from hnce.mining.losses import build_loss
 from hnce.mining.samplers import SampledNegatives, SamplingRequest

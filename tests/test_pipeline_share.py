@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from training_helpers import synthetic_config, write_syllable_bert
 
-from hnce.cluster.tables import Mention
+from hnce.cluster.stores.tables import Mention
 from hnce.encoders.biencoder import BiEncoder, build_biencoder
 from hnce.mining.losses import NCELoss, build_loss
 from hnce.mining.samplers import SampledNegatives

@@ -17,9 +17,10 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 from training_helpers import config_for, single_process_group
 
-from hnce.cluster.negatives_store import MinedSplit, NegativesStore
-from hnce.cluster.tables import EntityCatalogue, Mention, MentionSplit, mention_split_path
-from hnce.cluster.tokens import TokenStore
+from hnce.cluster.stores.negatives_store import MinedSplit, NegativesStore
+from hnce.cluster.stores.tables import Mention, mention_split_path
+from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
+from hnce.cluster.stores.tokens import TokenStore
 from hnce.encoders.biencoder import build_biencoder
 from hnce.mining.losses import NCELoss, build_loss
 from hnce.mining.samplers import SampledNegatives

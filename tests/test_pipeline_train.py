@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 from training_helpers import CONFIGS, exact_scores, synthetic_config, write_syllable_bert
 
-from hnce.cluster.checkpoints import EXPORT_DIR, checkpoint_dir, newest_checkpoint
-from hnce.cluster.index_store import IndexStore
-from hnce.cluster.tables import EntityCatalogue, MentionSplit, mention_split_path
+from hnce.cluster.stores.checkpoints import EXPORT_DIR, checkpoint_dir, newest_checkpoint
+from hnce.cluster.stores.index_store import IndexStore
+from hnce.cluster.stores.tables import mention_split_path
+from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.pipeline.config import Config, config_from_dict, load_config
 from hnce.pipeline.data.synthetic import generate_synthetic_dataset
 from hnce.pipeline.demo import write_demo_subset

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from training_helpers import synthetic_config
 
-from hnce.cluster.checkpoints import newest_checkpoint
-from hnce.cluster.index_store import IndexStore
-from hnce.cluster.negatives_store import NegativesStore
+from hnce.cluster.stores.checkpoints import newest_checkpoint
+from hnce.cluster.stores.index_store import IndexStore
+from hnce.cluster.stores.negatives_store import NegativesStore
 from hnce.pipeline.train.events import read_events
 from hnce.pipeline.train.trainer import TrainingSummary, run_training
 

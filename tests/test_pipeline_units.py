@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hnce.cluster.checkpoints import (
+from hnce.cluster.stores.checkpoints import (
     COMPLETE,
     EXPORT_DIR,
     CheckpointIntegrityError,
@@ -22,7 +22,7 @@ from hnce.cluster.checkpoints import (
     resolve_checkpoint,
     verify_checkpoint,
 )
-from hnce.cluster.tables import MANIFEST_FILE
+from hnce.cluster.stores.tables import MANIFEST_FILE
 from hnce.pipeline.config import ConfigError, load_config
 from hnce.pipeline.evaluate import format_table, hits_at, summarise
 from hnce.pipeline.preflight import check_dataset

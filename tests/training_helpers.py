@@ -15,7 +15,8 @@ import torch.distributed as dist
 from conftest import tiny_bert_config, write_wordpiece_tokenizer
 from transformers import BertModel
 
-from hnce.cluster.tables import EntityCatalogue, Mention
+from hnce.cluster.stores.tables import Mention
+from hnce.cluster.stores.tables_read import EntityCatalogue
 from hnce.encoders.biencoder import load_biencoder
 from hnce.pipeline.config import Config, load_config
 from hnce.pipeline.data import synthetic

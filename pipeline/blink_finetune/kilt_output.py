@@ -21,11 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from hnce.cluster.files import AtomicPath
-from hnce.cluster.index_build import IndexedModel
-from hnce.cluster.refresh import RefreshPlan
-from hnce.cluster.retrieval import retrieve
-from hnce.cluster.tables import EntityCatalogue, Mention, MentionSplit, mention_split_path
+from hnce.cluster.compute.index_build import IndexedModel
+from hnce.cluster.compute.refresh import RefreshPlan
+from hnce.cluster.compute.retrieval import retrieve
+from hnce.cluster.stores.files import AtomicPath
+from hnce.cluster.stores.tables import Mention, mention_split_path
+from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.pipeline.data.bad_rows import BadRowPolicy, iter_json_lines
 from hnce.pipeline.data.kilt import aida_input, aida_split_name
 

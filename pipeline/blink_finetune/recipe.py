@@ -14,7 +14,7 @@
 4. Train through ``hnce.pipeline.train`` (DeepSpeed workers under Ray Train, asynchronous refresh)
    over the whole catalogue.
 5. Link every input of every AIDA file against every entity through the cluster
-   (``hnce.cluster.retrieval``), before (with index v0) and after fine-tuning (with the refresh's
+   (``hnce.cluster.compute.retrieval``), before (with index v0) and after fine-tuning (with the refresh's
    version of the final checkpoint when it caught up, else one built for it in
    ``<run>/eval-index/``); accuracy on the labelled files, KILT predictions for every input id.
    The driver never holds the catalogue's vectors.
@@ -29,13 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hnce.cluster.checkpoints import EXPORT_DIR, newest_checkpoint
-from hnce.cluster.index_build import IndexedModel
-from hnce.cluster.session import init_ray
-from hnce.cluster.tables import (
-    MANIFEST_FILE,
-    read_summary,
-)
+from hnce.cluster.compute.index_build import IndexedModel
+from hnce.cluster.compute.session import init_ray
+from hnce.cluster.stores.checkpoints import EXPORT_DIR, newest_checkpoint
+from hnce.cluster.stores.tables import MANIFEST_FILE
+from hnce.cluster.stores.tables_read import read_summary
 from hnce.encoders.biencoder import SCORER_FILE, export_biencoder, load_biencoder
 from hnce.encoders.blink import export_blink_biencoder, import_blink_biencoder
 from hnce.pipeline.blink_finetune.kilt_output import SplitResult, link_files, read_kilt_inputs

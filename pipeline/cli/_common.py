@@ -1,7 +1,7 @@
 """What every command that runs on a recipe shares: ``--config``, repeated ``--set``, and loading.
 
 The recipe is loaded and validated before anything else happens (no Ray, no model), and the
-software and devices this process sees are logged once (``hnce.cluster.session.describe_environment``).
+software and devices this process sees are logged once (``hnce.cluster.compute.session.describe_environment``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def load_recipe(args: argparse.Namespace, *extra_overrides: str) -> Config:
     """The validated recipe of ``--config`` / ``--set`` (then ``extra_overrides``, from a
     command's own flags); raises ConfigError naming the key before any work."""
     config = load_config(args.config, [*args.overrides, *extra_overrides])
-    from hnce.cluster.session import describe_environment
+    from hnce.cluster.compute.session import describe_environment
 
     logger.info("recipe %s; %s", args.config or "(defaults)", describe_environment())
     return config

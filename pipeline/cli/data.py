@@ -135,7 +135,7 @@ def _add_kilt_generator(formats: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.format == "verify":
-        from hnce.cluster.tables import verify_dataset
+        from hnce.cluster.stores.tables_read import verify_dataset
 
         manifest = verify_dataset(args.dataset)
         print(f"{args.dataset}: {len(manifest.files)} files match {manifest.path}")

@@ -6,7 +6,7 @@ shot (cron, ``ray job submit``) or ``--every 6h`` on a fixed cadence; each run p
 line; ``--initial`` builds index and negatives version 0 of the untrained model before
 training. Exit codes: 0 done (or already up to date, or stopped by SIGTERM between refreshes),
 2 a bad recipe or input, 3 no complete checkpoint, 75 another refresh of the run holds the lock,
-143 abandoned on SIGTERM (resumable). The logic lives in ``hnce.cluster.refresh_job``.
+143 abandoned on SIGTERM (resumable). The logic lives in ``hnce.cluster.compute.refresh_job``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from hnce.pipeline.cli._common import add_config_arguments, load_recipe
 
 if TYPE_CHECKING:
-    from hnce.cluster.refresh import RefreshPlan
+    from hnce.cluster.compute.refresh import RefreshPlan
     from hnce.pipeline.config import Config
 
 
@@ -37,8 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = load_recipe(args)
-    from hnce.cluster.refresh_job import StopRequest, parse_interval, refresh_every, refresh_once
-    from hnce.cluster.session import init_ray
+    from hnce.cluster.compute.refresh_job import (
+        StopRequest,
+        parse_interval,
+        refresh_every,
+        refresh_once,
+    )
+    from hnce.cluster.compute.session import init_ray
     from hnce.pipeline.preflight import check_refresh_inputs
     from hnce.pipeline.train.refresh_supervisor import refresh_plan
 
@@ -61,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _initial_version(config: Config, plan: RefreshPlan) -> int:
     """Index and negatives version 0 of the untrained model (kept when the run has them)."""
-    from hnce.cluster.session import init_ray
+    from hnce.cluster.compute.session import init_ray
     from hnce.pipeline.train.version_zero import prepare_initial_negatives
 
     had = plan.negatives_store.current_version() is not None

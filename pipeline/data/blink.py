@@ -16,7 +16,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from hnce.cluster.tables import Entity
+from hnce.cluster.stores.tables import Entity
 from hnce.pipeline.data.bad_rows import BadRowKind, BadRowPolicy, InputRow, iter_json_chunks
 from hnce.pipeline.data.conversion import Conversion
 from hnce.pipeline.data.fields import KeySet, text_field, write_unique_entities

@@ -9,7 +9,7 @@ Every converter (Zeshel, KILT, BLINK, WordNet, the synthetic worlds) runs inside
    ``--rejects`` must not exist yet, must not be or lie inside an input, and must not lie inside
    ``--out`` (which is replaced whole);
 3. checks the output: an ``--out`` that holds anything is refused unless ``--overwrite``
-   (:class:`hnce.cluster.tables.DatasetBuilder`);
+   (:class:`hnce.cluster.stores.tables_write.DatasetBuilder`);
 4. records every input with its SHA-256 for the manifest.
 
 Then the converter writes through :attr:`Conversion.builder` and reports bad rows to
@@ -29,7 +29,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from hnce.cluster.tables import REJECTS_FILE, DatasetBuilder, EntityCatalogue
+from hnce.cluster.stores.tables import REJECTS_FILE
+from hnce.cluster.stores.tables_read import EntityCatalogue
+from hnce.cluster.stores.tables_write import DatasetBuilder
 from hnce.encoders.errors import InputError
 from hnce.pipeline.data.bad_rows import BadRowKind, BadRowMode, BadRowPolicy
 

@@ -17,15 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hnce.cluster.tables import (
-    MANIFEST_FILE,
-    SPLITS,
-    Entity,
-    EntityCatalogue,
-    Mention,
-    MentionSplit,
-    mention_split_path,
-)
+from hnce.cluster.stores.tables import MANIFEST_FILE, SPLITS, Entity, Mention, mention_split_path
+from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.pipeline.data.conversion import Conversion, DatasetOutput
 
 CONVERTER_VERSION = 1

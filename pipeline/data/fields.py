@@ -18,7 +18,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from hnce.cluster.tables import Entity, EntityCatalogueWriter
+from hnce.cluster.stores.tables import Entity
+from hnce.cluster.stores.tables_write import EntityCatalogueWriter
 from hnce.pipeline.data.bad_rows import BadRowKind, BadRowPolicy, InputRow
 
 

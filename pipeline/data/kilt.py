@@ -32,7 +32,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from hnce.cluster.tables import MISSING_GOLD, Entity, EntityCatalogue, Mention
+from hnce.cluster.stores.tables import MISSING_GOLD, Entity, Mention
+from hnce.cluster.stores.tables_read import EntityCatalogue
 from hnce.encoders.errors import InputError
 from hnce.pipeline.data.bad_rows import BadRowKind, BadRowPolicy, InputRow, iter_json_chunks
 from hnce.pipeline.data.blink import DEFAULT_MAX_TEXT_CHARS, convert_blink_entities, truncate_text

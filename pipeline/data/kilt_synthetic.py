@@ -54,7 +54,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from hnce.cluster.files import AtomicPath, atomic_write_json, sha256_file
+from hnce.cluster.stores.files import AtomicPath, atomic_write_json, sha256_file
 from hnce.encoders.errors import InputError
 from hnce.pipeline.data.synthetic import SYLLABLES, syllable_word
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from hnce.cluster.tables import SPLITS, Entity, Mention
+from hnce.cluster.stores.tables import SPLITS, Entity, Mention
 from hnce.encoders.errors import InputError
 from hnce.pipeline.data.bad_rows import BadRowKind, BadRowPolicy, InputRow, chunked, iter_text_lines
 from hnce.pipeline.data.conversion import Conversion, DatasetOutput

@@ -23,7 +23,7 @@ mention against every candidate ([B, C]); what each mention's loss sees is said 
   NCE negative (eq. 5/11). With the default ``nce`` loss log q is never read.
 
 Token ids come from the run's stores, never from Parquet or a tokenizer inside the step: the
-candidates' rows from the catalogue's :class:`~hnce.cluster.tokens.TokenStore`, the mentions' from
+candidates' rows from the catalogue's :class:`~hnce.cluster.stores.tokens.TokenStore`, the mentions' from
 :class:`MentionTokens`, tokenized once per run.
 """
 
@@ -38,8 +38,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from hnce.cluster.tables import Mention
-from hnce.cluster.tokens import TokenStore
+from hnce.cluster.stores.tables import Mention
+from hnce.cluster.stores.tokens import TokenStore
 from hnce.mining.samplers import SampledNegatives
 
 ShareMode = Literal["none", "batch", "global"]

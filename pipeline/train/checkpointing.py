@@ -1,6 +1,6 @@
 """A training run's checkpoints on the DeepSpeed side: publishing ``step-<S>/``, resuming safely.
 
-The layout and its SHA-256 manifest belong to :mod:`hnce.cluster.checkpoints`. Here:
+The layout and its SHA-256 manifest belong to :mod:`hnce.cluster.stores.checkpoints`. Here:
 
 - :func:`publish_checkpoint`: DeepSpeed state on every rank, the Hugging Face export on rank 0
   (under ZeRO-3 from parameters gathered from every rank), then the ``COMPLETE`` manifest and
@@ -35,7 +35,7 @@ from deepspeed.runtime.zero.config import ZeroStageEnum
 from deepspeed.utils.tensor_fragment import fragment_address
 from torch import nn
 
-from hnce.cluster.checkpoints import (
+from hnce.cluster.stores.checkpoints import (
     DEEPSPEED_DIR,
     DEEPSPEED_TAG,
     EXPORT_DIR,
@@ -141,7 +141,7 @@ def publish_checkpoint(
 ) -> None:
     """Write ``step-<S>/`` (S = ``state["step"]``) under ``run_dir``: DeepSpeed state (all
     ranks), the export (rank 0; ZeRO-3 parameters gathered first), ``COMPLETE`` with ``state``
-    last, prune to ``keep`` (:func:`hnce.cluster.checkpoints.prune_checkpoints`; rank 0, which holds
+    last, prune to ``keep`` (:func:`hnce.cluster.stores.checkpoints.prune_checkpoints`; rank 0, which holds
     ``log``)."""
     step = int(state["step"])
     directory = checkpoint_dir(run_dir, step)

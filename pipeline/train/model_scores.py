@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from hnce.cluster.tokens import TokenStore
+from hnce.cluster.stores.tokens import TokenStore
 from hnce.encoders.biencoder import BiEncoder
 from hnce.pipeline.train.batch import MentionTokens
 

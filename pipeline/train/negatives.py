@@ -10,7 +10,7 @@
   paper §6.3 "Training a reranker").
 - :class:`NegativeDrawer`: K negatives per mention from the configured sampler (``mining``) over
   those candidates; a mention's known positives are never its negatives. ``lexical`` draws the
-  top BM25 entities (``hnce.cluster.lexical``) instead of index candidates; ``ohem`` and
+  top BM25 entities (``hnce.cluster.compute.lexical``) instead of index candidates; ``ohem`` and
   ``adversarial`` also read the current model's scores (:mod:`hnce.pipeline.train.ohem`,
   :mod:`hnce.pipeline.train.adversarial`); ``momentum-queue`` draws random negatives here and adds
   its queue in the worker (:mod:`hnce.pipeline.train.momentum_queue`).
@@ -26,10 +26,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from hnce.cluster.lexical import ensure_bm25
-from hnce.cluster.negatives_store import NegativesStore, NegativesVersion
-from hnce.cluster.tables import EntityCatalogue, Mention
-from hnce.cluster.versioned_dir import version_dir_name
+from hnce.cluster.compute.lexical import ensure_bm25
+from hnce.cluster.stores.negatives_store import NegativesStore, NegativesVersion
+from hnce.cluster.stores.tables import Mention
+from hnce.cluster.stores.tables_read import EntityCatalogue
+from hnce.cluster.stores.versioned_dir import version_dir_name
 from hnce.mining.false_negatives import FalseNegativeFilter
 from hnce.mining.samplers import (
     GreedySampler,

@@ -2,7 +2,7 @@
 
 The Ray Train workers run in other processes (other machines on a cluster), so the driver follows
 ``<run>/train_log.jsonl`` (``hnce.pipeline.train.events``) instead of holding the training loop, and
-``<run>/refresh_log.jsonl`` (``hnce.cluster.refresh_log``) for the refreshes: a failed refresh is
+``<run>/refresh_log.jsonl`` (``hnce.cluster.stores.refresh_log``) for the refreshes: a failed refresh is
 printed above the bar the moment it is recorded, and the bar shows the last refresh's outcome.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from hnce.cluster.refresh_log import RefreshRecord, read_records
+from hnce.cluster.stores.refresh_log import RefreshRecord, read_records
 from hnce.pipeline.train.events import read_events
 
 

@@ -1,7 +1,7 @@
 """The trainer's watch over the run's refreshes: failures are loud, and too many stop training.
 
 The refresh coordinator records every refresh it runs in ``<run>/refresh_log.jsonl``
-(:mod:`hnce.cluster.refresh_log`). Whenever the workers look for a newer negatives version, rank 0
+(:mod:`hnce.cluster.stores.refresh_log`). Whenever the workers look for a newer negatives version, rank 0
 also reads the refreshes recorded since it last looked (:class:`RefreshHealth`):
 
 - each failure is written at once to the trainer's event log as a ``refresh_failed`` event
@@ -11,7 +11,7 @@ also reads the refreshes recorded since it last looked (:class:`RefreshHealth`):
   training loop at that same step (the decision is broadcast).
 
 The workers return normally, so Ray Train does not restart them into the same failures: the stop
-is final. The driver then raises :class:`hnce.cluster.refresh_job.RefreshesFailing` with the cause
+is final. The driver then raises :class:`hnce.cluster.compute.refresh_job.RefreshesFailing` with the cause
 (:func:`raise_if_stopped`). Only refreshes that finished after the worker started count, so a
 resumed run is not stopped by the failures of an earlier one.
 """
@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from hnce.cluster.refresh_job import RefreshesFailing
-from hnce.cluster.refresh_log import read_records
+from hnce.cluster.compute.refresh_job import RefreshesFailing
+from hnce.cluster.stores.refresh_log import read_records
 from hnce.pipeline.train.events import EventLog, read_events
 
 STOP_EVENT = "refresh_stop"

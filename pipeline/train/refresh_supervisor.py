@@ -3,7 +3,7 @@
 :func:`refresh_plan` is what a run's refreshes do, for the coordinator and for ``hnce refresh``
 alike (this module imports neither DeepSpeed nor Ray Train, so ``hnce refresh`` stays light).
 
-``hnce.pipeline.train.trainer.run_training`` starts one :class:`hnce.cluster.coordinator.RefreshCoordinator`
+``hnce.pipeline.train.trainer.run_training`` starts one :class:`hnce.cluster.compute.coordinator.RefreshCoordinator`
 per run beside the Ray Train workers and stops it when training ends (docs/refresh.md). Every wait
 on the coordinator has a timeout, and a normal end prints no Ray task failure: the loop is asked
 to stop, its task is awaited and read, and only the idle actor is then released.
@@ -18,9 +18,9 @@ from typing import Any
 
 import ray
 
-from hnce.cluster.coordinator import RefreshCoordinator
-from hnce.cluster.refresh import RefreshPlan
-from hnce.cluster.session import WORKER_ENV
+from hnce.cluster.compute.coordinator import RefreshCoordinator
+from hnce.cluster.compute.refresh import RefreshPlan
+from hnce.cluster.compute.session import WORKER_ENV
 from hnce.pipeline.config import Config
 
 logger = logging.getLogger(__name__)

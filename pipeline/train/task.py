@@ -37,7 +37,7 @@ class TrainingTask:
     """A retriever or reranker training run (see the module docstring).
 
     ``candidates``: the reranker's fixed candidates, a negatives-version Parquet file of the
-    train split (``hnce.cluster.negatives_store``); None for the retriever.
+    train split (``hnce.cluster.stores.negatives_store``); None for the retriever.
     """
 
     kind: TaskKind

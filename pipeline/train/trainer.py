@@ -26,9 +26,9 @@ import ray
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
-from hnce.cluster.checkpoints import newest_checkpoint
-from hnce.cluster.resources import TRAINER_RESOURCE, custom_resource_request
-from hnce.cluster.session import init_ray
+from hnce.cluster.compute.resources import TRAINER_RESOURCE, custom_resource_request
+from hnce.cluster.compute.session import init_ray
+from hnce.cluster.stores.checkpoints import newest_checkpoint
 from hnce.pipeline.config import Config, dump_config
 from hnce.pipeline.preflight import check_training_inputs
 from hnce.pipeline.train.events import read_events

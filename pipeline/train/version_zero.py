@@ -1,9 +1,9 @@
 """Negatives version 0 of a run: what it trains on before the first refresh.
 
 ``hnce train`` publishes it as ``negatives.initial`` says (:func:`prepare_initial_negatives`):
-BM25's candidates (``lexical``, ``hnce.cluster.lexical``) or the starting model's (``model``: the
+BM25's candidates (``lexical``, ``hnce.cluster.compute.lexical``) or the starting model's (``model``: the
 recipe's untrained model), ``finetune-blink`` always from the imported BLINK checkpoint. The
-starting model's index version 0 is built like every index (`hnce.cluster.index_build`), into the run's own store
+starting model's index version 0 is built like every index (`hnce.cluster.compute.index_build`), into the run's own store
 `<run>/index/v0` (checkpoint step 0), by the encoder actors. With BLINK's precomputed entity
 encodings (``all_entities_large.t7``, a [5903527, 1024] float32 tensor, 24 GB) it needs no
 encoding at all: each actor memory-maps the file (``torch.load(mmap=True, weights_only=True)``)
@@ -22,19 +22,20 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from hnce.cluster.encoder_pool import EncoderPool, read_encodings
-from hnce.cluster.index_build import IndexedModel, build_parameters, index_entities, start_pool
-from hnce.cluster.index_store import IndexBuilder, IndexVersion
-from hnce.cluster.lexical import publish_lexical_negatives
-from hnce.cluster.miner import mine_split
-from hnce.cluster.refresh import RefreshPlan
-from hnce.cluster.tables import (
-    EntityCatalogue,
-    MentionSplit,
-    catalogue_fingerprint,
-    mention_split_path,
+from hnce.cluster.compute.encoder_pool import EncoderPool, read_encodings
+from hnce.cluster.compute.index_build import (
+    IndexedModel,
+    build_parameters,
+    index_entities,
+    start_pool,
 )
-from hnce.cluster.tokens import TokenStore
+from hnce.cluster.compute.lexical import publish_lexical_negatives
+from hnce.cluster.compute.miner import mine_split
+from hnce.cluster.compute.refresh import RefreshPlan
+from hnce.cluster.stores.index_store import IndexBuilder, IndexVersion
+from hnce.cluster.stores.tables import mention_split_path
+from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit, catalogue_fingerprint
+from hnce.cluster.stores.tokens import TokenStore
 from hnce.encoders.errors import InputError
 from hnce.pipeline.config import Config
 from hnce.pipeline.evaluate import untrained_export

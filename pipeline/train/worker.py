@@ -26,8 +26,9 @@ import ray.train
 import torch
 from torch import nn
 
-from hnce.cluster.tables import EntityCatalogue, Mention, MentionSplit, mention_split_path
-from hnce.cluster.tokens import TokenStore
+from hnce.cluster.stores.tables import Mention, mention_split_path
+from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
+from hnce.cluster.stores.tokens import TokenStore
 from hnce.encoders.biencoder import BiEncoder
 from hnce.encoders.reranker import JointReranker
 from hnce.mining.losses import build_loss

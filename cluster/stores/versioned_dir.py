@@ -3,7 +3,7 @@ publication, and the manifests that make a published version verifiable.
 
 A version is built in a hidden `.building-v<N>/` directory, renamed to `v<N>/` when complete (a
 rename is atomic on one file system), and then named live by `CURRENT`, which is replaced through
-the one atomic write of `hnce.cluster.files`. A reader that follows `CURRENT` therefore only ever sees
+the one atomic write of `hnce.cluster.stores.files`. A reader that follows `CURRENT` therefore only ever sees
 complete versions.
 
 Every version holds a `manifest.json`, written last, that records its version number and the
@@ -24,7 +24,7 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import Field, TypeAdapter, ValidationError
 
-from hnce.cluster.files import atomic_write_text, publish_directory, sha256_file
+from hnce.cluster.stores.files import atomic_write_text, publish_directory, sha256_file
 from hnce.encoders.errors import InputError
 
 MANIFEST_FILE = "manifest.json"

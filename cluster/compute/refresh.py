@@ -1,22 +1,22 @@
 """The asynchronous refresh: newest checkpoint → encode → index → mine → publish (docs/refresh.md).
 
 `run_refresh` does one refresh, orchestrating an `EncoderPool` of Ray actors that do the work;
-`hnce.cluster.coordinator.RefreshCoordinator` is the Ray actor the trainer starts to keep refreshing
-as checkpoints appear, and `hnce.cluster.refresh_job` runs it as a scheduled job. The ``refresh``
+`hnce.cluster.compute.coordinator.RefreshCoordinator` is the Ray actor the trainer starts to keep refreshing
+as checkpoints appear, and `hnce.cluster.compute.refresh_job` runs it as a scheduled job. The ``refresh``
 section of a recipe is :class:`RefreshSettings`. A refresh:
 
 1. picks the newest complete checkpoint `<run>/checkpoints/step-<S>/` (with its `COMPLETE`
    marker, verified), skipping older ones not yet refreshed (stale);
 2. makes sure the catalogue's token store exists for the model's tokenizer (built once, reused
    by every later refresh, the trainer and evaluation);
-3. has the encoder actors index the catalogue shard by shard (`hnce.cluster.index_build`); each
+3. has the encoder actors index the catalogue shard by shard (`hnce.cluster.compute.index_build`); each
    finished shard is recorded, so a restarted refresh resumes; the version is published when
    every shard is in (a rename, then `CURRENT`);
 4. spreads the new version's shards over the same actors, mines the mention splits against them
-   (`hnce.cluster.miner`) and publishes the negatives version of the same number.
+   (`hnce.cluster.compute.miner`) and publishes the negatives version of the same number.
 
 This process only orchestrates: it never holds the catalogue's vectors (the actors write and
-hold the shards) and every wait on an actor has a deadline (`hnce.cluster.actors`). The summary line
+hold the shards) and every wait on an actor has a deadline (`hnce.cluster.compute.actors`). The summary line
 gives the time of each stage.
 
 Example::
@@ -37,14 +37,15 @@ from typing import Literal
 
 from pydantic import Field
 
-from hnce.cluster.checkpoints import checkpoints_root, complete_checkpoints
-from hnce.cluster.encoder_pool import EncoderPool, EncoderPoolSettings, ShardEncoded
-from hnce.cluster.index_build import IndexedModel, build_version, start_pool, timed
-from hnce.cluster.index_store import IndexStore, IndexVersion
-from hnce.cluster.miner import mine_split
-from hnce.cluster.negatives_store import NegativesStore
-from hnce.cluster.sharded_index import IndexSpec
-from hnce.cluster.tables import MentionSplit, mention_split_path
+from hnce.cluster.compute.encoder_pool import EncoderPool, EncoderPoolSettings, ShardEncoded
+from hnce.cluster.compute.index_build import IndexedModel, build_version, start_pool, timed
+from hnce.cluster.compute.miner import mine_split
+from hnce.cluster.stores.checkpoints import checkpoints_root, complete_checkpoints
+from hnce.cluster.stores.index_store import IndexStore, IndexVersion
+from hnce.cluster.stores.negatives_store import NegativesStore
+from hnce.cluster.stores.sharded_index import IndexSpec
+from hnce.cluster.stores.tables import mention_split_path
+from hnce.cluster.stores.tables_read import MentionSplit
 from hnce.encoders.errors import InputError
 from hnce.encoders.settings import Flag, NonNegativeInt, PositiveInt, PositiveReal, Text, settings
 

@@ -45,8 +45,8 @@ import torch
 from pydantic import ConfigDict, Field, TypeAdapter
 from pydantic.dataclasses import dataclass as record
 
-from hnce.cluster.files import AtomicPath, atomic_write_text, sha256_file
-from hnce.cluster.versioned_dir import (
+from hnce.cluster.stores.files import AtomicPath, atomic_write_text, sha256_file
+from hnce.cluster.stores.versioned_dir import (
     MANIFEST_FILE,
     Sha256,
     StoreError,

@@ -1,11 +1,11 @@
 """Index shards held where the compute is: in the encoder actors (docs/refresh.md).
 
 Mining and evaluation never load an index version into the process that orchestrates them. The
-version's shards are spread over the encoder actors (`hnce.cluster.encoder_pool`), which on a GPU
-cluster hold the GPUs (FAISS fp16 flat shards there, `hnce.cluster.sharded_index.resolve_faiss_device`)
+version's shards are spread over the encoder actors (`hnce.cluster.compute.encoder_pool`), which on a GPU
+cluster hold the GPUs (FAISS fp16 flat shards there, `hnce.cluster.stores.sharded_index.resolve_faiss_device`)
 and on a CPU cluster hold CPU shards, memory-mapped. A version of a scorer mined exactly (poly-m,
 genpoly-m, general) is held on the CPU and scored by the holder's own model on its device
-(`hnce.cluster.exact_search`). A batch of query vectors goes to every
+(`hnce.cluster.stores.exact_search`). A batch of query vectors goes to every
 holder (as one Ray object, never through the orchestrating process when it comes from an encoder
 actor); each returns the exact top-k entities of its shards and the orchestrator merges the lists
 (`merge_entity_lists`), which is exact because every entity lies in exactly one shard. The
@@ -27,10 +27,10 @@ import numpy as np
 import ray
 from tqdm import tqdm
 
-from hnce.cluster.actors import Task, TaskClock
-from hnce.cluster.exact_search import ExactSearcher
-from hnce.cluster.index_store import IndexVersion
-from hnce.cluster.sharded_index import (
+from hnce.cluster.compute.actors import Task, TaskClock
+from hnce.cluster.stores.exact_search import ExactSearcher
+from hnce.cluster.stores.index_store import IndexVersion
+from hnce.cluster.stores.sharded_index import (
     DeviceRequest,
     ShardedSearcher,
     merge_entity_lists,
@@ -74,7 +74,7 @@ class HeldShards:
 
 class ShardHolder:
     """What an actor that holds index shards does (a base of `EntityEncoderActor`, whose
-    `model` scores the shards of a version mined exactly, `hnce.cluster.exact_search`)."""
+    `model` scores the shards of a version mined exactly, `hnce.cluster.stores.exact_search`)."""
 
     model: BiEncoder
     _held: ShardedSearcher | ExactSearcher | None = None

@@ -32,13 +32,9 @@ Example::
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-import os
-import socket
-import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -46,46 +42,13 @@ from typing import Any
 import ray
 from filelock import FileLock, Timeout
 
-from hnce.cluster.files import atomic_write_json
+from hnce.cluster.stores.files import atomic_write_json
+from hnce.cluster.stores.lock_holder import HOLDER_FILE, LOCK_FILE, LockHolder, read_holder
 
 logger = logging.getLogger(__name__)
 
-LOCK_FILE = "refresh.lock"
-HOLDER_FILE = "refresh.lock.json"
 NAMESPACE = "hnce"
 _HOLDER_QUERY_SECONDS = 10.0
-
-
-@dataclass(frozen=True)
-class LockHolder:
-    """Who holds a run's lock, and what it is doing."""
-
-    role: str
-    pid: int
-    host: str
-    since: float
-    checkpoint: int | None = None
-
-    @classmethod
-    def this_process(cls, role: str) -> LockHolder:
-        return cls(role=role, pid=os.getpid(), host=socket.gethostname(), since=time.time())
-
-    def describe(self) -> str:
-        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.since))
-        doing = f", encoding step-{self.checkpoint}" if self.checkpoint is not None else ""
-        return f"{self.role} (pid {self.pid} on {self.host} since {since}{doing})"
-
-    def is_stale(self) -> bool:
-        """True when the holder provably died: it ran on this host and its pid is gone."""
-        if self.host != socket.gethostname():
-            return False
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-        return False
 
 
 class RunLocked(RuntimeError):
@@ -97,23 +60,6 @@ class RunLocked(RuntimeError):
         super().__init__(
             f"another refresh of {run_dir} is running: {named}; lock {Path(run_dir) / LOCK_FILE}"
         )
-
-
-def read_holder(run_dir: Path) -> LockHolder | None:
-    """The recorded holder of ``run_dir``'s lock; None when free or when the holder provably
-    died without releasing it (a killed process leaves its record behind)."""
-    path = Path(run_dir) / HOLDER_FILE
-    try:
-        holder = LockHolder(**json.loads(path.read_text(encoding="utf-8")))
-    except FileNotFoundError:
-        return None
-    return None if holder.is_stale() else holder
-
-
-def encoding_checkpoint(run_dir: Path) -> int | None:
-    """The checkpoint step a refresh holding ``run_dir``'s lock is encoding, if any."""
-    holder = read_holder(run_dir)
-    return None if holder is None else holder.checkpoint
 
 
 def cluster_lock_name(run_dir: Path) -> str:

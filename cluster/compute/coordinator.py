@@ -2,7 +2,7 @@
 
 The trainer starts one per run (``hnce.pipeline.train.refresh_supervisor``); its loop asks every
 ``refresh.poll_seconds`` whether the newest complete checkpoint is live, and if not refreshes it
-through :func:`hnce.cluster.refresh_job.attempt_refresh`, under the same run lock as ``hnce
+through :func:`hnce.cluster.compute.refresh_job.attempt_refresh`, under the same run lock as ``hnce
 refresh`` (a lagging refresh therefore always jumps to the newest checkpoint, skipping stale
 ones). A refresh held off by another holder of the lock waits for the next poll; a failed one is
 logged at once and recorded in the run's refresh log, where the trainer sees it
@@ -27,9 +27,9 @@ import threading
 
 import ray
 
-from hnce.cluster.refresh import RefreshPlan
-from hnce.cluster.refresh_job import attempt_refresh
-from hnce.cluster.refresh_log import RefreshRecord
+from hnce.cluster.compute.refresh import RefreshPlan
+from hnce.cluster.compute.refresh_job import attempt_refresh
+from hnce.cluster.stores.refresh_log import RefreshRecord
 
 logger = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from hnce.cluster.files import atomic_write_json, sha256_file
-from hnce.cluster.lock import encoding_checkpoint
+from hnce.cluster.stores.files import atomic_write_json, sha256_file
+from hnce.cluster.stores.lock_holder import encoding_checkpoint
 from hnce.encoders.errors import InputError
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -160,7 +160,7 @@ def prune_checkpoints(run_dir: Path, keep: int) -> list[int]:
     the others, and unfinished ones older than the newest complete (left by a crash).
 
     The checkpoint being encoded is the one the holder of the run's refresh lock records
-    (:func:`hnce.cluster.lock.encoding_checkpoint`); a refresh that lags behind therefore pins one
+    (:func:`hnce.cluster.stores.lock_holder.encoding_checkpoint`); a refresh that lags behind therefore pins one
     checkpoint at most, and its next attempt jumps to the newest. Disk stays bounded at
     ``keep + 1`` checkpoints. Returns the steps deleted, oldest first.
     """

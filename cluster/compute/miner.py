@@ -2,7 +2,7 @@
 
 The mentions are encoded by the mention tower of the model the index version was built from (in
 the encoder actors), their query vectors go straight to the shard holders, and the per-holder
-top-N lists are merged here (`hnce.cluster.shard_holders`). Nothing is excluded: the gold, aliases and
+top-N lists are merged here (`hnce.cluster.compute.shard_holders`). Nothing is excluded: the gold, aliases and
 known positives stay in the list and the sampler (mining/) filters them with the false-negative
 filter, which sees every positive.
 """
@@ -14,10 +14,11 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from hnce.cluster.encoder_pool import EncoderPool
-from hnce.cluster.negatives_store import MinedSplit
-from hnce.cluster.shard_holders import HeldIndex
-from hnce.cluster.tables import Mention, MentionSplit
+from hnce.cluster.compute.encoder_pool import EncoderPool
+from hnce.cluster.compute.shard_holders import HeldIndex
+from hnce.cluster.stores.negatives_store import MinedSplit
+from hnce.cluster.stores.tables import Mention
+from hnce.cluster.stores.tables_read import MentionSplit
 
 
 def gold_ranks(cands: np.ndarray, gold: np.ndarray) -> np.ndarray:

@@ -9,11 +9,11 @@ Layout, under the dataset directory (beside ``tokens/``)::
 The index depends on no model or tokenizer (``bm25s`` tokenizes words), only on the catalogue
 and BM25's k1 and b, so every run and every worker of a dataset shares it. :func:`ensure_bm25`
 builds it the first time it is asked for (under a file lock, into a temporary sibling published
-by rename, ``hnce.cluster.files.publish_directory``) and loads it afterwards.
+by rename, ``hnce.cluster.stores.files.publish_directory``) and loads it afterwards.
 
 :func:`publish_lexical_negatives` mines the top-N BM25 entities of a split's mentions (the
 mention string is the query) and publishes them as negatives version 0 of a run (checkpoint
-step 0) through :class:`~hnce.cluster.negatives_store.NegativesStore`: DPR's BM25 negatives, which
+step 0) through :class:`~hnce.cluster.stores.negatives_store.NegativesStore`: DPR's BM25 negatives, which
 the trainer polls like any refreshed version until the first dense refresh publishes v1.
 
 Example::
@@ -32,15 +32,11 @@ from pathlib import Path
 import numpy as np
 from filelock import FileLock
 
-from hnce.cluster.files import atomic_write_json, publish_directory
-from hnce.cluster.miner import gold_ranks
-from hnce.cluster.negatives_store import MinedSplit, NegativesStore
-from hnce.cluster.tables import (
-    EntityCatalogue,
-    MentionSplit,
-    catalogue_fingerprint,
-    mention_split_path,
-)
+from hnce.cluster.compute.miner import gold_ranks
+from hnce.cluster.stores.files import atomic_write_json, publish_directory
+from hnce.cluster.stores.negatives_store import MinedSplit, NegativesStore
+from hnce.cluster.stores.tables import mention_split_path
+from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit, catalogue_fingerprint
 from hnce.mining.samplers import LexicalSampler
 
 logger = logging.getLogger(__name__)

@@ -2,14 +2,14 @@
 the reranker's retriever (docs/refresh.md).
 
 The mentions are encoded by the model's mention tower in the encoder actors and searched in an
-index version of the *same* model held by those actors (`hnce.cluster.shard_holders`); this process
+index version of the *same* model held by those actors (`hnce.cluster.compute.shard_holders`); this process
 gets k candidates per mention, never the catalogue's vectors. The version is found, in order:
 
 1. in the run's refresh store `<run>/index/` (read only): a published version whose model and
    catalogue fingerprints and index parameters match (`IndexStore.find`) — evaluating the
    checkpoint the refresh last indexed costs no encoding at all;
 2. in the run's evaluation store `<run>/eval-index/`, built by an earlier evaluation;
-3. otherwise it is built now into `<run>/eval-index/` (`hnce.cluster.index_build`), once.
+3. otherwise it is built now into `<run>/eval-index/` (`hnce.cluster.compute.index_build`), once.
 
 Why a separate store for versions built to evaluate: the trainer, the refresh coordinator and
 `hnce refresh` only ever follow `<run>/index/CURRENT` and pair index vN with negatives vN, so a
@@ -36,19 +36,20 @@ import pyarrow.compute as pc
 from filelock import FileLock
 from tqdm import tqdm
 
-from hnce.cluster.encoder_pool import EncoderPool
-from hnce.cluster.index_build import (
+from hnce.cluster.compute.encoder_pool import EncoderPool
+from hnce.cluster.compute.index_build import (
     IndexedModel,
     build_version,
     index_parameters,
     start_pool,
     timed,
 )
-from hnce.cluster.index_store import IndexStore, IndexVersion
-from hnce.cluster.miner import search_mentions
-from hnce.cluster.refresh import RefreshPlan
-from hnce.cluster.shard_holders import HeldIndex
-from hnce.cluster.tables import EntityCatalogue, Mention, catalogue_fingerprint
+from hnce.cluster.compute.miner import search_mentions
+from hnce.cluster.compute.refresh import RefreshPlan
+from hnce.cluster.compute.shard_holders import HeldIndex
+from hnce.cluster.stores.index_store import IndexStore, IndexVersion
+from hnce.cluster.stores.tables import Mention
+from hnce.cluster.stores.tables_read import EntityCatalogue, catalogue_fingerprint
 
 logger = logging.getLogger(__name__)
 

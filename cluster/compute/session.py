@@ -17,7 +17,7 @@ import ray
 import torch
 from pydantic import ValidationInfo, field_validator
 
-from hnce.cluster.sharded_index import faiss_gpu_count
+from hnce.cluster.stores.sharded_index import faiss_gpu_count
 from hnce.encoders.settings import Flag, NonNegativeInt, Text, settings
 
 logger = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from hnce.cluster.sharded_index import IndexShard, merge_entity_lists
+from hnce.cluster.stores.sharded_index import IndexShard, merge_entity_lists
 from hnce.encoders.errors import InputError
 from hnce.encoders.scorers import Scorer, exact_index_scores
 

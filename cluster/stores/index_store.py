@@ -13,8 +13,8 @@ Layout::
                                         shards, so a restarted build resumes
 
 `model` is the SHA-256 fingerprint of the exported model the vectors were encoded with
-(`hnce.cluster.index_build.model_fingerprint`) and `catalogue` the catalogue's
-(`hnce.cluster.tables.catalogue_fingerprint`), so a version can be found again for the same model and
+(`hnce.cluster.compute.index_build.model_fingerprint`) and `catalogue` the catalogue's
+(`hnce.cluster.stores.tables_read.catalogue_fingerprint`), so a version can be found again for the same model and
 catalogue. Shard i covers the contiguous entity range `entities` = [start, stop) and holds every
 vector of those entities.
 
@@ -50,16 +50,16 @@ import torch
 from pydantic import ConfigDict, Field, TypeAdapter
 from pydantic.dataclasses import dataclass
 
-from hnce.cluster.exact_search import ExactSearcher
-from hnce.cluster.files import AtomicPath, atomic_write_text, sha256_file
-from hnce.cluster.sharded_index import (
+from hnce.cluster.stores.exact_search import ExactSearcher
+from hnce.cluster.stores.files import AtomicPath, atomic_write_text, sha256_file
+from hnce.cluster.stores.sharded_index import (
     FaissDevice,
     IndexShard,
     ShardedSearcher,
     read_index_file,
     resolve_faiss_device,
 )
-from hnce.cluster.versioned_dir import (
+from hnce.cluster.stores.versioned_dir import (
     MANIFEST_FILE,
     Sha256,
     StoreError,
@@ -423,7 +423,7 @@ class IndexVersion:
 
 class IndexStore:
     """The versions under `root` (`<run>/index` for the refresh; `<run>/eval-index` for versions
-    built only to evaluate, see `hnce.cluster.retrieval`).
+    built only to evaluate, see `hnce.cluster.compute.retrieval`).
 
     Args:
         root: store directory (created when building).

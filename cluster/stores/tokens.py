@@ -38,8 +38,8 @@ from filelock import FileLock
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from hnce.cluster.files import atomic_write_json, publish_directory, sha256_file
-from hnce.cluster.tables import EntityCatalogue, catalogue_fingerprint
+from hnce.cluster.stores.files import atomic_write_json, publish_directory, sha256_file
+from hnce.cluster.stores.tables_read import EntityCatalogue, catalogue_fingerprint
 from hnce.encoders.errors import InputError
 from hnce.encoders.formatting import tokenize_entities, tokenizer_fingerprint
 

@@ -5,19 +5,19 @@ Each `EntityEncoderActor` loads the bi-encoder from an `export/` directory once,
 (so weights reach an actor once per refresh, not once per batch), takes a GPU when the cluster
 has them and the CPU otherwise, and runs every forward pass under `hnce.encoders.precision.autocast`
 (bf16 on a GPU). For a shard of the catalogue it reads the entities' token rows from the
-catalogue's token store (`hnce.cluster.tokens`: tokenized once per tokenizer and length, memory-mapped,
+catalogue's token store (`hnce.cluster.stores.tokens`: tokenized once per tokenizer and length, memory-mapped,
 so nothing is tokenized per refresh), groups entities of similar length into batches
 (`length_sorted_batches`) to cut padding, builds the shard's FAISS index and writes it straight
-into the version being built (`hnce.cluster.index_store.write_shard`): the orchestrating process
+into the version being built (`hnce.cluster.stores.index_store.write_shard`): the orchestrating process
 never sees the vectors. Precomputed vectors (BLINK's ``.t7``) are indexed the same way, read
 memory-mapped. Once a version is published the same actors hold its shards and search them
-(`hnce.cluster.shard_holders`).
+(`hnce.cluster.compute.shard_holders`).
 
 Actors are restarted by Ray when they die (`max_restarts`) and their queued and running calls are
 retried (`max_task_retries`). A shard is a pure function of the checkpoint, the shard's token rows
 and the batching, so a retried shard writes the same bytes as a clean run. Starting a pool the
 cluster cannot place, and every wait on an actor, fail with a clear error instead of hanging
-(`hnce.cluster.actors`).
+(`hnce.cluster.compute.actors`).
 
 Example::
 
@@ -42,12 +42,18 @@ import numpy as np
 import ray
 import torch
 
-from hnce.cluster.actors import PlacementError, Task, TaskClock, actor_request, check_placeable
-from hnce.cluster.index_store import IndexVersion, ShardRecord, write_shard
-from hnce.cluster.resources import ENCODER_RESOURCE, custom_resource_request
-from hnce.cluster.shard_holders import HeldIndex, ShardHolder
-from hnce.cluster.sharded_index import DeviceRequest, IndexSpec, build_shard_index
-from hnce.cluster.tokens import TokenStore
+from hnce.cluster.compute.actors import (
+    PlacementError,
+    Task,
+    TaskClock,
+    actor_request,
+    check_placeable,
+)
+from hnce.cluster.compute.resources import ENCODER_RESOURCE, custom_resource_request
+from hnce.cluster.compute.shard_holders import HeldIndex, ShardHolder
+from hnce.cluster.stores.index_store import IndexVersion, ShardRecord, write_shard
+from hnce.cluster.stores.sharded_index import DeviceRequest, IndexSpec, build_shard_index
+from hnce.cluster.stores.tokens import TokenStore
 from hnce.encoders.biencoder import BiEncoder, load_biencoder
 from hnce.encoders.errors import InputError
 from hnce.encoders.formatting import length_sorted_batches, tokenizer_fingerprint
@@ -258,7 +264,7 @@ class EncoderPoolSettings:
 
     `num_encoders` 0 means one per `hnce_encoder` slot when the cluster advertises them, else one
     per GPU, or 1 without GPUs. `wait_floor_seconds` is the least time any wait on an actor may
-    take before it is reported as hung (`hnce.cluster.actors.TaskClock`).
+    take before it is reported as hung (`hnce.cluster.compute.actors.TaskClock`).
     """
 
     num_encoders: int = 0
@@ -386,7 +392,7 @@ class EncoderPool:
             yield actor.encode_mentions.remote(left, mention, right)
 
     def hold(self, version: IndexVersion, candidate_depth: int, progress: bool = True) -> HeldIndex:
-        """Spread `version`'s shards over the actors (see `hnce.cluster.shard_holders`)."""
+        """Spread `version`'s shards over the actors (see `hnce.cluster.compute.shard_holders`)."""
         return HeldIndex.start(
             version,
             list(zip(self.actors, self.names, strict=True)),

@@ -7,7 +7,7 @@ rank its own entities exactly and a search is a merge of per-shard entity top-k 
 (:func:`merge_entity_lists`): the same merge joins the shards one process holds
 (:class:`ShardedSearcher`, searched one after another: on a 2-core machine threaded
 `IndexShards` is slower than sequential search, docs/engines.md) and the lists of several shard-holder
-actors (`hnce.cluster.shard_holders`).
+actors (`hnce.cluster.compute.shard_holders`).
 
 Score functions (docs/math.md, eq. 9 of Zhang & Stratos 2021), per shard:
 
@@ -24,7 +24,7 @@ Score functions (docs/math.md, eq. 9 of Zhang & Stratos 2021), per shard:
 
 Because every entity lives in one shard, merging per-shard top-k lists by score is exact. Scorers
 whose query depends on the entity (poly-m, genpoly-m, general) are not searched here: their flat
-shards store reduced entity vectors scored by the scorer itself (`hnce.cluster.exact_search`).
+shards store reduced entity vectors scored by the scorer itself (`hnce.cluster.stores.exact_search`).
 
 The device is chosen in one place, `resolve_faiss_device`: FAISS GPU shards (fp16 flat) when faiss
 has GPU support and the process sees a GPU (sharded over several with faiss's own multi-GPU

@@ -1,12 +1,12 @@
 """The one way an index version is made (docs/stores.md, docs/refresh.md): a model's export and a catalogue in,
 shards indexed by the encoder actors, a verified version published into a store.
 
-Every index in hnce is built here, whatever asks for it: the refresh (`hnce.cluster.refresh`, into
-the run's `index/` store), evaluation and prediction (`hnce.cluster.retrieval`, into the run's
+Every index in hnce is built here, whatever asks for it: the refresh (`hnce.cluster.compute.refresh`, into
+the run's `index/` store), evaluation and prediction (`hnce.cluster.compute.retrieval`, into the run's
 `eval-index/` store when no published version holds the model), and index version 0 of a BLINK
 fine-tuning run (from BLINK's precomputed encodings or from the imported model); and for every
 scorer: vectors of an inner-product index for dual, multi-m and som, each entity's reduced
-vectors for the scorers mined exactly (poly-m, genpoly-m, general; `hnce.cluster.exact_search`). The shards are
+vectors for the scorers mined exactly (poly-m, genpoly-m, general; `hnce.cluster.stores.exact_search`). The shards are
 contiguous entity ranges of ``refresh.shard_size``; each is encoded from the catalogue's token
 store (or read from precomputed vectors) and written by an encoder actor
 (`EntityEncoderActor.index_shard`), recorded in the build's `progress.json` so an interrupted
@@ -38,12 +38,17 @@ from typing import Any
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
-from hnce.cluster.checkpoints import EXPORT_DIR, verify_checkpoint
-from hnce.cluster.encoder_pool import EncoderPool, EncoderPoolSettings, ShardEncoded, ShardTask
-from hnce.cluster.files import sha256_file
-from hnce.cluster.index_store import BuildParameters, IndexBuilder, IndexStore, IndexVersion
-from hnce.cluster.sharded_index import IndexSpec
-from hnce.cluster.tokens import TokenStore
+from hnce.cluster.compute.encoder_pool import (
+    EncoderPool,
+    EncoderPoolSettings,
+    ShardEncoded,
+    ShardTask,
+)
+from hnce.cluster.stores.checkpoints import EXPORT_DIR, verify_checkpoint
+from hnce.cluster.stores.files import sha256_file
+from hnce.cluster.stores.index_store import BuildParameters, IndexBuilder, IndexStore, IndexVersion
+from hnce.cluster.stores.sharded_index import IndexSpec
+from hnce.cluster.stores.tokens import TokenStore
 from hnce.encoders.biencoder import SCORER_FILE
 from hnce.encoders.errors import InputError
 from hnce.encoders.formatting import register_markers
@@ -165,7 +170,7 @@ def build_parameters(
     """What a version of `model` over the catalogue (fingerprint `catalogue`) is built from.
 
     A scorer mined exactly stores its reduced entity vectors, which only a flat index keeps
-    exactly (`hnce.cluster.exact_search`)."""
+    exactly (`hnce.cluster.stores.exact_search`)."""
     scorer = ScorerConfig.from_dict(model.description["scorer"])
     if scorer.mining == "exact" and spec.kind != "flat":
         raise InputError(

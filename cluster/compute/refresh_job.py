@@ -3,8 +3,8 @@
 :func:`attempt_refresh` is the one way a refresh runs, for the stand-alone ``hnce refresh`` and
 for the coordinator inside training alike: it looks, without the lock and without Ray, whether
 the live index and negatives already come from the checkpoint (then it starts nothing), takes
-the run's cluster-wide :class:`hnce.cluster.lock.RunLock`, looks again under it, runs
-:func:`hnce.cluster.refresh.run_refresh`, and returns a :class:`hnce.cluster.refresh_log.RefreshRecord`
+the run's cluster-wide :class:`hnce.cluster.compute.lock.RunLock`, looks again under it, runs
+:func:`hnce.cluster.compute.refresh.run_refresh`, and returns a :class:`hnce.cluster.stores.refresh_log.RefreshRecord`
 (appended to the run's refresh log when it ran).
 
 :func:`refresh_every` keeps a fixed cadence: slot k starts at ``first + k * interval``; a refresh
@@ -31,11 +31,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 
-from hnce.cluster.checkpoints import checkpoints_root, complete_checkpoints
-from hnce.cluster.encoder_pool import EncoderPool, ShardEncoded
-from hnce.cluster.lock import RunLock, RunLocked
-from hnce.cluster.refresh import NoCheckpointError, RefreshPlan, run_refresh
-from hnce.cluster.refresh_log import RefreshRecord, append_record
+from hnce.cluster.compute.encoder_pool import EncoderPool, ShardEncoded
+from hnce.cluster.compute.lock import RunLock, RunLocked
+from hnce.cluster.compute.refresh import NoCheckpointError, RefreshPlan, run_refresh
+from hnce.cluster.stores.checkpoints import checkpoints_root, complete_checkpoints
+from hnce.cluster.stores.refresh_log import RefreshRecord, append_record
 from hnce.encoders.errors import InputError
 
 logger = logging.getLogger(__name__)
