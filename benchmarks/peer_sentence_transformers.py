@@ -53,7 +53,8 @@ from hnce.encoders.biencoder import BiEncoder, build_biencoder, load_biencoder, 
 from hnce.encoders.formatting import register_markers
 from hnce.pipeline.config import Config, load_config
 from hnce.pipeline.demo import demo_dataset
-from hnce.pipeline.evaluate import evaluate_export, hits_at, summarise
+from hnce.pipeline.evaluate import evaluate_export
+from hnce.pipeline.metrics import hits_at, summarise
 from hnce.pipeline.train.events import read_events
 from hnce.pipeline.train.task import TrainingTask
 from hnce.pipeline.train.trainer import run_training

@@ -55,9 +55,7 @@ def as_section(markdown: str) -> str:
     """One heading level down, so every result file becomes a section of BENCHMARKS.md, with its
     relative links (plots beside the result file) made relative to the repository root."""
     results = RESULTS.relative_to(ROOT).as_posix()
-    lines = (
-        "#" + line if line.startswith("#") else line for line in markdown.strip().splitlines()
-    )
+    lines = ("#" + line if line.startswith("#") else line for line in markdown.strip().splitlines())
     return _RELATIVE_LINK.sub(lambda link: f"]({results}/{link.group(1)})", "\n".join(lines))
 
 

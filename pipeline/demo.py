@@ -25,14 +25,9 @@ from hnce.pipeline.config import Config
 from hnce.pipeline.data.conversion import DatasetOutput
 from hnce.pipeline.data.demo_subset import write_demo_subset
 from hnce.pipeline.data.wordnet import convert_wordnet
-from hnce.pipeline.evaluate import (
-    RecallReport,
-    evaluate_export,
-    evaluate_model,
-    format_table,
-    untrained_export,
-    write_reports,
-)
+from hnce.pipeline.evaluate import evaluate_export, evaluate_model
+from hnce.pipeline.metrics import RecallReport, format_table, write_reports
+from hnce.pipeline.train.model import untrained_export
 from hnce.pipeline.train.trainer import TrainingSummary, run_training
 
 

@@ -16,150 +16,26 @@ domains (the mean of per-domain figures).
 
 from __future__ import annotations
 
-import json
 import logging
-import shutil
-import tempfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
-import torch
-
-from hnce.cluster.compute.index_build import IndexedModel, model_fingerprint
-from hnce.cluster.compute.retrieval import EVAL_INDEX_DIR, retrieve
+from hnce.cluster.compute.index_build import IndexedModel
+from hnce.cluster.compute.retrieval import retrieve
 from hnce.cluster.compute.session import init_ray
 from hnce.cluster.stores.checkpoints import resolve_checkpoint
-from hnce.cluster.stores.files import publish_directory
 from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import MentionSplit
-from hnce.encoders.biencoder import export_biencoder
-from hnce.pipeline.blink_finetune.kilt_output import SplitResult, link_files
 from hnce.pipeline.config import Config
+from hnce.pipeline.data.kilt_predictions import SplitResult, link_files
+from hnce.pipeline.metrics import RecallReport, hits_at, summarise
 from hnce.pipeline.preflight import check_eval_inputs
-from hnce.pipeline.train.model import build_model
+from hnce.pipeline.train.model import untrained_export
 from hnce.pipeline.train.refresh_supervisor import refresh_plan
 
 logger = logging.getLogger(__name__)
 
 PREDICTIONS_DIR = "predictions"
-
-
-@dataclass
-class RecallReport:
-    """Recall@k micro (over mentions) and macro (over domains), with per-domain figures."""
-
-    name: str
-    num_mentions: int
-    num_entities: int
-    recall: dict[int, float]
-    macro_recall: dict[int, float]
-    per_domain: dict[str, dict[str, float]] = field(default_factory=dict)
-    index: str = ""  # the index version searched
-
-    @property
-    def accuracy(self) -> float:
-        return self.recall[1] if 1 in self.recall else float("nan")
-
-    @property
-    def macro_accuracy(self) -> float:
-        return self.macro_recall[1] if 1 in self.macro_recall else float("nan")
-
-    def to_json(self) -> dict[str, object]:
-        payload = asdict(self)
-        payload["accuracy"] = self.accuracy
-        payload["macro_accuracy"] = self.macro_accuracy
-        return payload
-
-
-def hits_at(
-    candidates: np.ndarray, golds: Sequence[Sequence[int]], ks: Sequence[int]
-) -> np.ndarray:
-    """Bool [M, len(ks)]: does row i hold a correct entity among its first k candidates?"""
-    first_hit = np.full(len(golds), np.iinfo(np.int64).max, dtype=np.int64)
-    for row, correct in enumerate(golds):
-        positions = np.flatnonzero(np.isin(candidates[row], np.asarray(correct, np.int64)))
-        if positions.size:
-            first_hit[row] = positions[0]
-    return np.stack([first_hit < k for k in ks], axis=1)
-
-
-def summarise(
-    name: str,
-    hits: np.ndarray,
-    domains: Sequence[str],
-    ks: Sequence[int],
-    num_entities: int,
-) -> RecallReport:
-    """Micro and macro (over domains) recall from a hit matrix."""
-    recall = {k: float(hits[:, j].mean()) if len(hits) else 0.0 for j, k in enumerate(ks)}
-    domain_array = np.asarray(domains)
-    per_domain: dict[str, dict[str, float]] = {}
-    for domain in sorted(set(domains)):
-        rows = domain_array == domain
-        per_domain[domain] = {"mentions": float(rows.sum())}
-        per_domain[domain].update(
-            {f"recall@{k}": float(hits[rows, j].mean()) for j, k in enumerate(ks)}
-        )
-    macro = {
-        k: float(np.mean([figures[f"recall@{k}"] for figures in per_domain.values()]))
-        if per_domain
-        else 0.0
-        for k in ks
-    }
-    return RecallReport(name, len(hits), num_entities, recall, macro, per_domain)
-
-
-def format_table(reports: Sequence[RecallReport], ks: Sequence[int] | None = None) -> str:
-    """A plain-text table: one row per report, micro recall@k and macro accuracy."""
-    ks = list(ks or sorted(reports[0].recall)) if reports else []
-    headers = ["model", "mentions", "entities", *[f"R@{k}" for k in ks], "macro acc"]
-    rows = [
-        [
-            report.name,
-            str(report.num_mentions),
-            str(report.num_entities),
-            *[f"{report.recall[k]:.3f}" for k in ks],
-            f"{report.macro_accuracy:.3f}",
-        ]
-        for report in reports
-    ]
-    widths = [max(len(row[i]) for row in [headers, *rows]) for i in range(len(headers))]
-    lines = [
-        " | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
-        for row in [headers, *rows]
-    ]
-    lines.insert(1, "-+-".join("-" * width for width in widths))
-    return "\n".join(lines)
-
-
-def write_reports(reports: Sequence[RecallReport], path: Path) -> None:
-    """JSON: a list of reports (micro, macro and per-domain figures)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps([report.to_json() for report in reports], indent=2) + "\n")
-
-
-def untrained_export(config: Config) -> Path:
-    """``model.path`` with the recipe's scorer, exported once under
-    ``<run>/eval-index/models/<fingerprint>/`` so the encoder actors can load it and an index
-    built for it is found again (the fingerprint is of the exported files). Weights the
-    model directory does not give (e.g. poly codes) are drawn from ``run.seed``, as the training
-    workers draw them, so this is the model a run starts from."""
-    with torch.random.fork_rng():
-        torch.manual_seed(config.run.seed)
-        model = build_model(config)
-    root = config.run_dir / EVAL_INDEX_DIR / "models"
-    root.mkdir(parents=True, exist_ok=True)
-    building = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
-    try:
-        export_biencoder(model, building)
-        target = root / model_fingerprint(building)[:16]
-        if not target.exists():
-            publish_directory(building, target)
-    finally:
-        shutil.rmtree(building, ignore_errors=True)
-    return target
 
 
 def evaluate_model(

@@ -21,7 +21,6 @@ negatives the retriever's top non-positive candidates, token ids from the catalo
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 from collections.abc import Sequence
@@ -46,6 +45,15 @@ from hnce.encoders.blink import export_blink_crossencoder
 from hnce.encoders.precision import autocast
 from hnce.encoders.reranker import JointReranker, load_reranker
 from hnce.pipeline.config import Config
+from hnce.pipeline.metrics import (
+    NOT_FOUND,
+    by_domain,
+    correct_sets,
+    first_correct_rank,
+    macro_average,
+    text_table,
+    write_json_report,
+)
 from hnce.pipeline.preflight import check_rerank_inputs
 from hnce.pipeline.train.batch import MentionTokens
 from hnce.pipeline.train.refresh_supervisor import refresh_plan
@@ -112,11 +120,6 @@ def retrieve_candidates(
     the run's index version of that model, or one built for it (``hnce.cluster.compute.retrieval``)."""
     found = retrieve(plan, retriever, mentions, k, progress=progress)
     return SplitCandidates(list(mentions), found.cands, found.scores)
-
-
-def correct_sets(mentions: Sequence[Mention]) -> list[set[int]]:
-    """Correct entity ids of each mention (``golds``, or ``gold``); empty when the gold is missing."""
-    return [{g for g in (m.golds or (m.gold,)) if g >= 0} for m in mentions]
 
 
 @torch.inference_mode()
@@ -220,11 +223,7 @@ class RerankReport:
     @property
     def macro(self) -> dict[str, float]:
         """Mean over domains of each per-domain figure (the paper's macro-averaged accuracy)."""
-        domains = list(self.per_domain.values())
-        return {
-            name: float(np.mean([getattr(d, name) for d in domains])) if domains else 0.0
-            for name in MACRO_FIELDS
-        }
+        return macro_average(self.per_domain, getattr, MACRO_FIELDS)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -237,22 +236,14 @@ class RerankReport:
 
 
 def _figures(
-    mentions: Sequence[Mention], retrieved: np.ndarray, reranked: np.ndarray, rows: np.ndarray
+    correct: list[set[int]], retrieved_rank: np.ndarray, reranked_rank: np.ndarray
 ) -> AccuracyFigures:
-    correct = correct_sets(mentions)
-    hit_any = missing = first = rerank_first = 0
-    for row in rows:
-        golds = correct[row]
-        hit_any += int(any(int(c) in golds for c in retrieved[row] if c >= 0))
-        first += int(retrieved[row, 0] >= 0 and int(retrieved[row, 0]) in golds)
-        rerank_first += int(reranked[row, 0] >= 0 and int(reranked[row, 0]) in golds)
-        missing += int(not golds)
     return AccuracyFigures(
-        mentions=len(rows),
-        missing_gold=missing,
-        retrieved=hit_any,
-        retriever_correct=first,
-        reranker_correct=rerank_first,
+        mentions=len(correct),
+        missing_gold=sum(1 for golds in correct if not golds),
+        retrieved=int((retrieved_rank != NOT_FOUND).sum()),
+        retriever_correct=int((retrieved_rank == 0).sum()),
+        reranker_correct=int((reranked_rank == 0).sum()),
     )
 
 
@@ -261,14 +252,22 @@ def accuracy_report(
 ) -> RerankReport:
     """Normalized / unnormalized accuracy of the reranker (and of the retriever alone) on the
     top-``num_candidates``, per domain and macro-averaged."""
-    retrieved = split.cands[:, :num_candidates]
-    domains = np.asarray([m.domain for m in split.mentions])
+    golds = [m.golds or (m.gold,) for m in split.mentions]
+    correct = correct_sets(golds)
+    retrieved_rank = first_correct_rank(split.cands[:, :num_candidates], golds)
+    reranked_rank = first_correct_rank(reranked, golds)
     per_domain = {
-        domain: _figures(split.mentions, retrieved, reranked, np.flatnonzero(domains == domain))
-        for domain in sorted(set(domains.tolist()))
+        domain: _figures([correct[row] for row in rows], retrieved_rank[rows], reranked_rank[rows])
+        for domain, rows in by_domain([m.domain for m in split.mentions]).items()
     }
-    overall = _figures(split.mentions, retrieved, reranked, np.arange(len(split.mentions)))
+    overall = _figures(correct, retrieved_rank, reranked_rank)
     return RerankReport(split_name, num_candidates, overall, per_domain)
+
+
+def _figure_cells(figures: AccuracyFigures | dict[str, float]) -> list[str]:
+    value = figures.get if isinstance(figures, dict) else lambda name: getattr(figures, name)
+    names = ("recall", "retriever_unnormalized", "normalized", "unnormalized")
+    return [f"{value(name):.4f}" for name in names]
 
 
 def format_reports(reports: Sequence[RerankReport]) -> str:
@@ -276,48 +275,21 @@ def format_reports(reports: Sequence[RerankReport]) -> str:
     depth = reports[0].num_candidates if reports else NUM_CANDIDATES
     headers = ["split", "domain", "mentions", "missing gold", f"R@{depth}", "retriever acc"]
     headers += ["normalized acc", "unnormalized acc"]
-    lines = []
+    rows = []
     for report in reports:
-        rows = [(name, f) for name, f in report.per_domain.items() if len(report.per_domain) > 1]
-        for name, figures in [*rows, ("(micro)", report.overall)]:
-            lines.append(
-                [
-                    report.split,
-                    name or "(all)",
-                    str(figures.mentions),
-                    str(figures.missing_gold),
-                    f"{figures.recall:.4f}",
-                    f"{figures.retriever_unnormalized:.4f}",
-                    f"{figures.normalized:.4f}",
-                    f"{figures.unnormalized:.4f}",
-                ]
-            )
-        macro = report.macro
-        lines.append(
-            [
-                report.split,
-                "(macro)",
-                "",
-                "",
-                f"{macro['recall']:.4f}",
-                f"{macro['retriever_unnormalized']:.4f}",
-                f"{macro['normalized']:.4f}",
-                f"{macro['unnormalized']:.4f}",
-            ]
-        )
-    widths = [max(len(row[i]) for row in [headers, *lines]) for i in range(len(headers))]
-    text = [" | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in lines]
-    head = " | ".join(c.ljust(w) for c, w in zip(headers, widths, strict=True))
-    return "\n".join([head, "-+-".join("-" * w for w in widths), *text])
+        domains = [(n, f) for n, f in report.per_domain.items() if len(report.per_domain) > 1]
+        for name, figures in [*domains, ("(micro)", report.overall)]:
+            counts = [str(figures.mentions), str(figures.missing_gold)]
+            rows.append([report.split, name or "(all)", *counts, *_figure_cells(figures)])
+        rows.append([report.split, "(macro)", "", "", *_figure_cells(report.macro)])
+    return text_table(headers, rows)
 
 
 def write_reports(reports: Sequence[RerankReport], training: TrainingSummary, path: Path) -> None:
     """JSON with every split's report and what the training run did."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     summary = asdict(training)
     summary["run_dir"] = str(training.run_dir)
-    payload = {"training": summary, "splits": [r.to_json() for r in reports]}
-    path.write_text(json.dumps(payload, indent=2) + "\n")
+    write_json_report(path, {"training": summary, "splits": [r.to_json() for r in reports]})
 
 
 def _split_candidates(

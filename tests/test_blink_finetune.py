@@ -29,14 +29,14 @@ from hnce.encoders.biencoder import build_biencoder, export_biencoder, load_bien
 from hnce.encoders.blink import export_blink_biencoder, import_blink_biencoder
 from hnce.encoders.errors import InputError
 from hnce.encoders.scorers import ScorerConfig
-from hnce.pipeline.blink_finetune.kilt_output import (
+from hnce.pipeline.cli.main import main
+from hnce.pipeline.data.bad_rows import BadRowError
+from hnce.pipeline.data.kilt import convert_kilt
+from hnce.pipeline.data.kilt_predictions import (
     linking_accuracy,
     read_kilt_inputs,
     write_kilt_predictions,
 )
-from hnce.pipeline.cli.main import main
-from hnce.pipeline.data.bad_rows import BadRowError
-from hnce.pipeline.data.kilt import convert_kilt
 from hnce.pipeline.train.version_zero import check_encodings, prepare_version_zero
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

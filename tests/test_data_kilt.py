@@ -10,11 +10,11 @@ import pytest
 
 from hnce.cluster.stores.tables import MANIFEST_FILE, MISSING_GOLD, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
-from hnce.pipeline.blink_finetune.kilt_output import read_kilt_inputs
 from hnce.pipeline.cli.main import main
 from hnce.pipeline.data.bad_rows import BadRowError, BadRowPolicy
 from hnce.pipeline.data.conversion import ConversionInputError, DatasetOutput, EmptyCatalogueError
 from hnce.pipeline.data.kilt import aida_split_name, convert_kilt
+from hnce.pipeline.data.kilt_predictions import read_kilt_inputs
 
 PAGES = [
     {

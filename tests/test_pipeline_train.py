@@ -25,7 +25,8 @@ from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.pipeline.config import Config, config_from_dict, load_config
 from hnce.pipeline.data.synthetic import generate_synthetic_dataset
 from hnce.pipeline.demo import write_demo_subset
-from hnce.pipeline.evaluate import evaluate_checkpoint, evaluate_export, hits_at
+from hnce.pipeline.evaluate import evaluate_checkpoint, evaluate_export
+from hnce.pipeline.metrics import hits_at
 from hnce.pipeline.train.events import read_events
 from hnce.pipeline.train.trainer import run_training
 

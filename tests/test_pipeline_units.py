@@ -24,7 +24,7 @@ from hnce.cluster.stores.checkpoints import (
 )
 from hnce.cluster.stores.tables import MANIFEST_FILE
 from hnce.pipeline.config import ConfigError, load_config
-from hnce.pipeline.evaluate import format_table, hits_at, summarise
+from hnce.pipeline.metrics import format_table, hits_at, summarise
 from hnce.pipeline.preflight import check_dataset
 from hnce.pipeline.train.data_order import MentionOrder
 

@@ -36,11 +36,11 @@ from hnce.cluster.stores.tables import MANIFEST_FILE
 from hnce.cluster.stores.tables_read import read_summary
 from hnce.encoders.biencoder import SCORER_FILE, export_biencoder, load_biencoder
 from hnce.encoders.blink import export_blink_biencoder, import_blink_biencoder
-from hnce.pipeline.blink_finetune.kilt_output import SplitResult, link_files, read_kilt_inputs
 from hnce.pipeline.config import BlinkSettings, Config, config_from_dict
 from hnce.pipeline.data.bad_rows import BadRowKind
 from hnce.pipeline.data.conversion import DatasetOutput
 from hnce.pipeline.data.kilt import convert_kilt
+from hnce.pipeline.data.kilt_predictions import SplitResult, link_files, read_kilt_inputs
 from hnce.pipeline.preflight import check_blink_inputs
 from hnce.pipeline.train.refresh_supervisor import refresh_plan
 from hnce.pipeline.train.trainer import run_training

@@ -31,12 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = load_recipe(args)
-    from hnce.pipeline.evaluate import (
-        evaluate_checkpoint,
-        format_table,
-        predict_checkpoint,
-        write_reports,
-    )
+    from hnce.pipeline.evaluate import evaluate_checkpoint, predict_checkpoint
+    from hnce.pipeline.metrics import format_table, write_reports
 
     if args.kilt_predictions:
         files = predict_checkpoint(

@@ -7,10 +7,16 @@ checkpoint's ``export/`` directory.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 
+import torch
 from torch import nn
 
+from hnce.cluster.compute.index_build import model_fingerprint
+from hnce.cluster.compute.retrieval import EVAL_INDEX_DIR
+from hnce.cluster.stores.files import publish_directory
 from hnce.encoders.biencoder import (
     SCORER_FILE,
     BiEncoder,
@@ -88,3 +94,25 @@ def export_trainable(model: nn.Module, directory: Path) -> None:
         export_reranker(model, directory)
     else:
         raise TypeError(f"cannot export a {type(model).__name__}")
+
+
+def untrained_export(config: Config) -> Path:
+    """``model.path`` with the recipe's scorer, exported once under
+    ``<run>/eval-index/models/<fingerprint>/`` so the encoder actors can load it and an index
+    built for it is found again (the fingerprint is of the exported files). Weights the
+    model directory does not give (e.g. poly codes) are drawn from ``run.seed``, as the training
+    workers draw them, so this is the model a run starts from."""
+    with torch.random.fork_rng():
+        torch.manual_seed(config.run.seed)
+        model = build_model(config)
+    root = config.run_dir / EVAL_INDEX_DIR / "models"
+    root.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
+    try:
+        export_biencoder(model, building)
+        target = root / model_fingerprint(building)[:16]
+        if not target.exists():
+            publish_directory(building, target)
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return target

@@ -38,7 +38,7 @@ from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit, catal
 from hnce.cluster.stores.tokens import TokenStore
 from hnce.encoders.errors import InputError
 from hnce.pipeline.config import Config
-from hnce.pipeline.evaluate import untrained_export
+from hnce.pipeline.train.model import untrained_export
 from hnce.pipeline.train.refresh_supervisor import refresh_plan
 
 INITIAL_VERSION = 0
