@@ -22,8 +22,10 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from hnce.mining.samplers import HardSampler, MixedSampler, NegativeSampler, RandomSampler
-from hnce.mining.samplers.base import SamplingRequest
+from hnce.mining.samplers.base import NegativeSampler, SamplingRequest
+from hnce.mining.samplers.hard import HardSampler
+from hnce.mining.samplers.mixed import MixedSampler
+from hnce.mining.samplers.random import RandomSampler
 
 
 def default_samplers(hard_fraction: float = 0.5) -> dict[str, NegativeSampler]:

@@ -51,7 +51,6 @@ from hnce.encoders.errors import InputError
 from hnce.encoders.scorers import ScorerConfig
 from hnce.encoders.settings import (
     Flag,
-    Fraction,
     NonNegativeInt,
     NonNegativeReal,
     PositiveInt,
@@ -60,25 +59,7 @@ from hnce.encoders.settings import (
     settings,
 )
 from hnce.mining.losses import build_loss
-
-# Samplers that draw from the candidates of a refreshed index version (docs/math.md).
-SAMPLERS_FROM_INDEX = frozenset({"hard", "greedy", "mixed", "ance", "ohem", "adversarial"})
-# Samplers that give the loss extra columns beside the sampled ones (one vector per entity).
-SAMPLERS_WITH_QUEUE = frozenset({"momentum-queue"})
-# Samplers that score candidates with the model being trained, outside DeepSpeed's forward.
-SAMPLERS_SCORING_ONLINE = frozenset({"ohem", "adversarial", "momentum-queue"})
-SamplerName = Literal[
-    "random",
-    "hard",
-    "greedy",
-    "mixed",
-    "in-batch",
-    "ance",
-    "ohem",
-    "lexical",
-    "momentum-queue",
-    "adversarial",
-]
+from hnce.mining.samplers import SAMPLER_SPECS
 
 
 class ConfigError(InputError):
@@ -136,91 +117,46 @@ class ModelSettings:
     scorer: ScorerConfig = field(default_factory=ScorerConfig)
 
 
-@settings
-class HardOptions:
-    """hard / greedy (eq. 8): draw ∝ exp(s / temperature) without replacement."""
-
-    temperature: PositiveReal = 1.0
-
-
-@settings
-class MixedOptions:
-    """mixed-p: a share ``hard_fraction`` of the K negatives are hard, the rest random."""
-
-    hard_fraction: Fraction = 0.5
-
-
-@settings
-class AdversarialOptions:
-    """ACE (Bose et al. 2018): λ = ``mix`` of the slots from the fixed sampler, the rest from the
-    generator; entropy floor log(``entropy_k``), false-negative penalty, optimiser step size."""
-
-    mix: Fraction = 0.5
-    entropy_k: PositiveInt = 4
-    entropy_weight: NonNegativeReal = 1.0
-    false_negative_penalty: NonNegativeReal = 10.0
-    self_critical: Flag = True
-    off_policy: Flag = False
-    learning_rate: PositiveReal = 1e-2
-
-
-@settings
-class MomentumQueueOptions:
-    """MoCo (He et al. 2020): a FIFO queue of ``size`` entity vectors, encoded by a copy of the
-    entity tower that follows it by θ_k ← m·θ_k + (1 − m)·θ_q with m = ``momentum``; the queue
-    holds size × d × 4 bytes per worker. The K sampled negatives of each mention are random."""
-
-    size: PositiveInt = 4096
-    momentum: Fraction = 0.999
-
-
-@settings
-class OhemOptions:
-    """Online hard-example mining: rescore each mention's top ``pool_size`` index candidates
-    with the current model and keep the K it scores highest."""
-
-    pool_size: PositiveInt = 32
-
-
-@settings
-class LexicalOptions:
-    """BM25 over entity titles and texts (``bm25s``), built once per dataset and (k1, b); the
-    mention string is the query and ``top_n`` entities are searched per mention before the
-    positives and entities outside the training domains are dropped."""
-
-    k1: PositiveReal = 1.5
-    b: Fraction = 0.75
-    top_n: PositiveInt = 64
-
-
-@settings
-class NegativesSettings:
-    """Negative sampling (docs/math.md): K negatives per mention from ``sampler``.
+_NEGATIVES_DOC = """Negative sampling (docs/math.md): K negatives per mention from ``sampler``.
 
     ``source: index`` mines candidates from the newest refreshed index version (the asynchronous
-    refresh of §5); ``source: none`` uses only samplers that need no candidates. Before the first
-    refresh the trainer draws from negatives version 0 as ``initial`` says: ``random`` (no
-    version 0), ``lexical`` (BM25 candidates, DPR's BM25 negatives) or ``model`` (mined with the
-    starting model through the encoder actors). With ``refresh.enabled: false`` version 0 is
-    all the run trains on: negatives mined once (sentence-transformers' ``mine_hard_negatives``).
-    ``share``: score each mention against its own candidates (none), every candidate of the
-    micro-batch but its known positives (batch), or of every worker's micro-batch (global:
-    indexable scorers only; the retriever only, the reranker always scores its own candidates).
-    Each sampler reads its own options group.
+    refresh of docs/refresh.md); ``source: none`` uses only samplers that need no candidates.
+    Before the first refresh the trainer draws from negatives version 0 as ``initial`` says:
+    ``random`` (no version 0), ``lexical`` (BM25 candidates, DPR's BM25 negatives) or ``model``
+    (mined with the starting model through the encoder actors). With ``refresh.enabled: false``
+    version 0 is all the run trains on: negatives mined once (sentence-transformers'
+    ``mine_hard_negatives``). ``share``: score each mention against its own candidates (none),
+    every candidate of the micro-batch but its known positives (batch), or of every worker's
+    micro-batch (global: indexable scorers only; the retriever only, the reranker always scores
+    its own candidates). Each sampler with options reads its own group, ``negatives.<name>``
+    (declared beside the sampler, :data:`hnce.mining.samplers.SAMPLER_SPECS`).
     """
 
-    sampler: SamplerName = "mixed"
-    num_negatives: PositiveInt = 8
-    source: Literal["index", "none"] = "index"
-    share: Literal["none", "batch", "global"] = "none"
-    initial: Literal["random", "lexical", "model"] = "random"
-    filter_false_negatives: Flag = True
-    hard: HardOptions = field(default_factory=HardOptions)
-    mixed: MixedOptions = field(default_factory=MixedOptions)
-    adversarial: AdversarialOptions = field(default_factory=AdversarialOptions)
-    momentum_queue: MomentumQueueOptions = field(default_factory=MomentumQueueOptions)
-    ohem: OhemOptions = field(default_factory=OhemOptions)
-    lexical: LexicalOptions = field(default_factory=LexicalOptions)
+
+def _negatives_section() -> type:
+    """:class:`NegativesSettings`: the fixed keys, then one option group per sampler that has
+    options, from the samplers' specs."""
+    groups = [
+        (spec.group, spec.options, field(default_factory=spec.options))
+        for spec in SAMPLER_SPECS.values()
+        if spec.options is not None
+    ]
+    fields = [
+        ("sampler", Literal[tuple(SAMPLER_SPECS)], "mixed"),
+        ("num_negatives", PositiveInt, 8),
+        ("source", Literal["index", "none"], "index"),
+        ("share", Literal["none", "batch", "global"], "none"),
+        ("initial", Literal["random", "lexical", "model"], "random"),
+        ("filter_false_negatives", Flag, True),
+        *groups,
+    ]
+    section = dataclasses.make_dataclass(
+        "NegativesSettings", fields, namespace={"__doc__": _NEGATIVES_DOC, "__module__": __name__}
+    )
+    return settings(section)
+
+
+NegativesSettings = _negatives_section()
 
 
 @settings
@@ -516,20 +452,6 @@ def validate(config: Config) -> Config:
             f"a mention side and an entity side (not indexable, docs/math.md); use share 'batch' "
             f"or 'none', or a dual, multi or som scorer",
         )
-    if negatives.sampler in SAMPLERS_FROM_INDEX and negatives.source != "index":
-        raise config.error(
-            "negatives.sampler",
-            f"{negatives.sampler!r} mines from an index but 'negatives.source' is "
-            f"{negatives.source!r}",
-        )
-    if negatives.sampler in SAMPLERS_FROM_INDEX and not (
-        refresh.enabled or negatives.initial != "random"
-    ):
-        raise config.error(
-            "negatives.sampler",
-            f"{negatives.sampler!r} needs mined negatives but 'refresh.enabled' is false and "
-            f"'negatives.initial' is random",
-        )
     _validate_samplers(config)
     if refresh.mode == "sync" and (negatives.source != "index" or not refresh.enabled):
         raise config.error(
@@ -560,12 +482,25 @@ def validate(config: Config) -> Config:
 
 
 def _validate_samplers(config: Config) -> None:
-    """What the lexical, momentum-queue and online samplers ask of the rest of the recipe."""
+    """What the chosen sampler's spec asks of the rest of the recipe."""
     negatives = config.negatives
-    if negatives.sampler == "lexical" and negatives.source != "none":
+    spec = SAMPLER_SPECS[negatives.sampler]
+    name = negatives.sampler
+    if spec.candidates == "index" and negatives.source != "index":
         raise config.error(
             "negatives.sampler",
-            f"is lexical, which needs no index, but 'negatives.source' is {negatives.source!r}: "
+            f"{name!r} mines from an index but 'negatives.source' is {negatives.source!r}",
+        )
+    if spec.candidates == "index" and not (config.refresh.enabled or negatives.initial != "random"):
+        raise config.error(
+            "negatives.sampler",
+            f"{name!r} needs mined negatives but 'refresh.enabled' is false and "
+            f"'negatives.initial' is random",
+        )
+    if spec.candidates == "lexical" and negatives.source != "none":
+        raise config.error(
+            "negatives.sampler",
+            f"is {name}, which needs no index, but 'negatives.source' is {negatives.source!r}: "
             f"set it to none, or start an index run from BM25 with 'negatives.initial: lexical'",
         )
     if negatives.initial != "random" and negatives.source != "index":
@@ -573,24 +508,22 @@ def _validate_samplers(config: Config) -> None:
             "negatives.initial",
             f"is {negatives.initial} (negatives version 0) but 'negatives.source' is none",
         )
-    if negatives.lexical.top_n < negatives.num_negatives:
-        raise config.error(
-            "negatives.lexical.top_n",
-            f"({negatives.lexical.top_n}) must be at least 'negatives.num_negatives' "
-            f"({negatives.num_negatives})",
-        )
+    for check in (group.check for group in SAMPLER_SPECS.values() if group.check is not None):
+        problem = check(negatives)
+        if problem is not None:
+            raise config.error(*problem)
     scorer = config.model.scorer
-    if negatives.sampler in SAMPLERS_WITH_QUEUE and scorer.name != "dual":
+    if spec.loss_columns is not None and scorer.name != "dual":
         raise config.error(
             "model.scorer.name",
-            f"is {scorer.name!r}; the {negatives.sampler!r} queue holds one vector per entity, "
+            f"is {scorer.name!r}; the {name!r} sampler adds one vector per entity to the loss, "
             f"which only the dual scorer reads",
         )
-    if negatives.sampler in SAMPLERS_SCORING_ONLINE and config.training.zero_stage == 3:
+    if spec.scores_online and config.training.zero_stage == 3:
         raise config.error(
             "training.zero_stage",
             f"is 3, whose partitioned weights cannot score outside the engine's forward, which "
-            f"{negatives.sampler!r} does; use 0, 1 or 2",
+            f"{name!r} does; use 0, 1 or 2",
         )
 
 

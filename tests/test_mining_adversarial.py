@@ -7,9 +7,9 @@ import math
 
 import torch
 
-from hnce.mining.adversarial import AdversarialSampler, pairwise_reward
 from hnce.mining.losses import NCELoss
 from hnce.mining.samplers import SamplingRequest, build_sampler
+from hnce.mining.samplers.adversarial import AdversarialSampler, pairwise_reward
 
 
 def _request(

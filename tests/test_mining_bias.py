@@ -14,7 +14,8 @@ from hnce.mining.bias import (
     run_synthetic_experiment,
 )
 from hnce.mining.losses import NCELoss
-from hnce.mining.samplers import HardSampler, SamplingRequest
+from hnce.mining.samplers import SamplingRequest
+from hnce.mining.samplers.hard import HardSampler
 
 SMALL = SyntheticBiasConfig(num_labels=100, input_dim=8, num_contexts=10, hidden_dim=16)
 
@@ -59,7 +60,7 @@ def test_hard_bias_far_below_random_at_the_optimum() -> None:
     assert bias["random"] > bias["mixed"] > bias["hard"]
 
 
-def test_synthetic_experiment_small_run_shape() -> None:
+def test_a_small_bias_experiment_measures_every_loss_and_its_divergence_falls() -> None:
     config = SyntheticBiasConfig(**{**SMALL.__dict__, "updates": 40, "measure_every": 20})
     result = run_synthetic_experiment(config, progress=False)
     assert result.updates == [0, 20, 39]

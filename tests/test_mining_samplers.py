@@ -3,29 +3,29 @@ no sampler returns the gold, a known positive or a duplicate among its valid ent
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import math
+import sys
 from dataclasses import replace
+from pathlib import Path
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hnce.mining.false_negatives import FalseNegativeFilter
-from hnce.mining.samplers import (
-    AnceSampler,
-    GreedySampler,
-    HardSampler,
-    InBatchSampler,
-    LexicalSampler,
-    MixedSampler,
-    MomentumQueue,
-    OhemSampler,
-    RandomSampler,
-    SamplingRequest,
-    build_sampler,
-    hard_count,
-)
+from hnce.mining.samplers import SAMPLER_SPECS, SamplingRequest, build_sampler
+from hnce.mining.samplers.ance import AnceSampler
+from hnce.mining.samplers.greedy import GreedySampler
+from hnce.mining.samplers.hard import HardSampler
+from hnce.mining.samplers.in_batch import InBatchSampler
+from hnce.mining.samplers.lexical import Bm25Index
+from hnce.mining.samplers.mixed import MixedSampler, hard_count
+from hnce.mining.samplers.momentum_queue import MomentumQueue
+from hnce.mining.samplers.ohem import OhemSampler
+from hnce.mining.samplers.random import RandomSampler
 
 
 def exact_inclusion(scores: list[float], k: int) -> list[float]:
@@ -178,17 +178,23 @@ def test_too_few_admissible_entities_are_marked_invalid() -> None:
     assert sorted(out.ids[0, :2].tolist()) == [2, 3] and out.ids[0, 2:].tolist() == [-1] * 3
 
 
-def test_lexical_sampler_uses_bm25_and_skips_positives() -> None:
-    sampler = LexicalSampler(
+def test_lexical_negatives_are_the_best_bm25_candidates_that_are_not_positives() -> None:
+    index = Bm25Index(
         ["paris capital of france", "paris texas city", "paris hilton", "london city", "rome"]
     )
-    out = sampler.sample(
+    ids, scores = index.search(["paris", "london city"], k=4)
+    assert set(ids[0].tolist()) == {0, 1, 2, -1} and set(ids[1].tolist()) == {3, 1, -1}
+    assert torch.isinf(scores[ids < 0]).all() and torch.isfinite(scores[ids >= 0]).all()
+    lexical = SAMPLER_SPECS["lexical"]
+    assert lexical.candidates == "lexical"
+    out = lexical.sampler().sample(
         SamplingRequest(
             gold=torch.tensor([0, 3]),
             positives=[{0, 2}, {3}],
             num_entities=5,
             num_negatives=2,
-            mention_texts=["paris", "london city"],
+            candidate_ids=ids,
+            candidate_scores=scores,
         )
     )
     assert out.ids[0].tolist() == [1, -1] and out.valid[0].tolist() == [True, False]
@@ -225,7 +231,7 @@ def test_momentum_queue_negatives_and_update() -> None:
     with torch.no_grad():
         target.weight.fill_(1.0)
         source.weight.fill_(0.0)
-    from hnce.mining.samplers import momentum_update
+    from hnce.mining.samplers.momentum_queue import momentum_update
 
     momentum_update(target, source, momentum=0.9)
     assert torch.allclose(target.weight, torch.tensor([[0.9]]))
@@ -377,3 +383,53 @@ def test_ance_draws_uniformly_from_the_top_n_admissible_candidates() -> None:
         frequency = (out.ids == entity).any(dim=1).double().mean().item()
         assert abs(frequency - k / 3) <= 5 * math.sqrt((2 / 9) / n), (entity, frequency)
     assert torch.allclose(out.log_q, torch.full((n, k), -math.log(3)))
+
+
+def _as_the_trainer_draws(name: str, request: SamplingRequest):
+    """The trainer's sampler of ``name`` (its spec's ``build`` over the recipe's defaults) drawing
+    for ``request``; samplers that read the current model get scores that prefer high ids."""
+    from hnce.pipeline.config import NegativesSettings
+
+    sampler = SAMPLER_SPECS[name].build(NegativesSettings(), request.num_entities)
+    if hasattr(sampler, "sample_scored"):
+        return sampler.sample_scored(request, lambda ids: ids.double())
+    return sampler.sample(request)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(request=requests())
+def test_every_declared_sampler_as_the_trainer_builds_it_keeps_the_contract(
+    request: SamplingRequest,
+) -> None:
+    """Whatever a sampler module declares in its SPEC, the sampler the trainer builds from it
+    returns [B, K] ids, never the gold, a known positive, a repeat or an id outside the
+    catalogue among its valid entries, and -1 where invalid."""
+    for name in SAMPLER_SPECS:
+        out = _as_the_trainer_draws(name, request)
+        k = request.num_negatives
+        assert out.ids.shape == (request.batch_size, k) == out.valid.shape, name
+        for row in range(request.batch_size):
+            chosen = out.ids[row][out.valid[row]].tolist()
+            forbidden = request.positives[row] | {int(request.gold[row])}
+            assert not forbidden & set(chosen), (name, chosen, forbidden)
+            assert len(chosen) == len(set(chosen)), (name, chosen)
+            assert all(0 <= e < request.num_entities for e in chosen), (name, chosen)
+            assert (out.ids[row][~out.valid[row]] == -1).all(), name
+
+
+def test_a_sampler_module_without_a_spec_is_refused_at_import(tmp_path, monkeypatch) -> None:
+    """The registry is the package's modules: one that forgets its SPEC fails loudly."""
+    import shutil
+
+    import hnce.mining.samplers as samplers
+
+    copy = tmp_path / "samplers_copy"
+    shutil.copytree(Path(samplers.__file__).parent, copy)
+    (copy / "forgotten.py").write_text('"""A sampler whose author forgot SPEC."""\n')
+    spec = importlib.util.spec_from_file_location(
+        "hnce.mining.samplers_copy", copy / "__init__.py", submodule_search_locations=[str(copy)]
+    )
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "hnce.mining.samplers_copy", module)
+    with pytest.raises(TypeError, match=r"forgotten\.py: a sampler module must end with SPEC"):
+        spec.loader.exec_module(module)

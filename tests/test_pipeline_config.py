@@ -204,3 +204,24 @@ def test_yaml_is_loaded_safely(tmp_path: Path) -> None:
     path = write(tmp_path, "run:\n  dir: !!python/object/apply:os.system ['echo pwned']\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(path)
+
+
+def test_each_sampler_declares_its_option_group_in_the_recipe_schema() -> None:
+    """A sampler's spec is all the recipe needs: its name is a valid ``negatives.sampler`` and
+    its options class is the group ``negatives.<name>``, set like any other key."""
+    from hnce.mining.samplers import SAMPLER_SPECS
+
+    defaults = load_config(None).negatives
+    for name, spec in SAMPLER_SPECS.items():
+        overrides = [f"negatives.sampler={name}", "negatives.initial=model"]
+        if spec.candidates != "index":
+            overrides = [f"negatives.sampler={name}", "negatives.source=none"]
+        assert load_config(None, overrides).negatives.sampler == name
+        if spec.options is None:
+            continue
+        assert isinstance(getattr(defaults, spec.group), spec.options)
+        field = next(iter(spec.options.__dataclass_fields__))
+        with pytest.raises(ConfigError, match=rf"'negatives\.{spec.group}\.{field}'"):
+            load_config(None, [f"negatives.{spec.group}.{field}=not-a-number"])
+    with pytest.raises(ConfigError, match=r"unknown key 'negatives\.nope'"):
+        load_config(None, ["negatives.nope.size=1"])

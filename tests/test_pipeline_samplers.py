@@ -21,13 +21,14 @@ from hnce.cluster.stores.tokens import TokenStore
 from hnce.encoders.biencoder import build_biencoder
 from hnce.mining.losses import build_loss
 from hnce.mining.samplers import SampledNegatives, SamplingRequest
-from hnce.pipeline.config import AdversarialOptions, ConfigError
-from hnce.pipeline.train.adversarial import AdversarialTraining
+from hnce.mining.samplers.adversarial import AdversarialOptions, AdversarialTraining
+from hnce.mining.samplers.greedy import GreedySampler
+from hnce.mining.samplers.momentum_queue import MomentumEntityQueue, entity_side
+from hnce.mining.samplers.ohem import OhemSampler
+from hnce.pipeline.config import ConfigError
 from hnce.pipeline.train.batch import ContrastiveBatch, MentionTokens, assemble_batch
 from hnce.pipeline.train.model_scores import CurrentModelScores
-from hnce.pipeline.train.momentum_queue import MomentumEntityQueue, entity_side
 from hnce.pipeline.train.negatives import NegativeDrawer
-from hnce.pipeline.train.ohem import OnlineHardExamples
 from hnce.pipeline.train.step import contrastive_loss
 
 
@@ -105,7 +106,7 @@ def test_ohem_picks_the_current_models_top_non_gold_candidates() -> None:
         seen.append(ids[0].tolist())
         return current[ids]
 
-    drawn = OnlineHardExamples(pool_size=6).sample_scored(request, scores)
+    drawn = OhemSampler(pool_size=6, base=GreedySampler()).sample_scored(request, scores)
     # The pool is the index's top 6 non-positives (1, 2, 4, 5, 6, 7): 8 and 9 score higher now
     # but lie outside the bounded pool; of the pool, the current model ranks 5, 7, 1 highest.
     assert sorted(seen[0]) == [1, 2, 4, 5, 6, 7]
@@ -209,11 +210,15 @@ def test_momentum_queue_feeds_the_step_and_follows_the_ema_rule(
     negatives = SampledNegatives(ids=torch.tensor([[5], [6]]), valid=torch.ones(2, 1, dtype=bool))
     batch = assemble_batch(mentions, np.arange(2), tokens, negatives, store)
     assert len(batch.entity_ids) == 4
-    queue.enqueue(batch)  # golds and 5, 6: four vectors fill the queue
+    candidates = batch.candidates
+    # golds and 5, 6: four vectors fill the queue
+    queue.observe(batch.entity_ids, candidates["input_ids"], candidates["attention_mask"])
     gold = mentions[0].gold
-    attached = queue.attach(batch, [{m.gold} for m in mentions])
+    queue_vectors, queue_valid = queue.columns(
+        batch.entity_ids[batch.gold], [{m.gold} for m in mentions]
+    )
     queued = queue.queue.ids[queue.queue.newest_first()]
-    assert attached.queue_valid.tolist() == [
+    assert queue_valid.tolist() == [
         [int(e) != gold for e in queued],
         [int(e) != mentions[1].gold for e in queued],
     ]
@@ -221,24 +226,24 @@ def test_momentum_queue_feeds_the_step_and_follows_the_ema_rule(
     model.eval()
     with torch.no_grad():
         hidden, _ = model.encode_entities(**store.batch(queued.numpy()))
-    torch.testing.assert_close(attached.queue_vectors[:, 0], hidden[:, 0])
+    torch.testing.assert_close(queue_vectors[:, 0], hidden[:, 0])
 
     # Scores of the step: the queue's columns follow the candidates', no gradient through them.
     model.train()
-    scores = model.score_matrix(batch.mentions, batch.candidates, None, 0, attached.queue_vectors)
+    scores = model.score_matrix(batch.mentions, batch.candidates, None, 0, queue_vectors)
     assert scores.shape == (2, len(batch.entity_ids) + 4)
     model.eval()
     with torch.no_grad():
         mention_cls = model.encode_mentions(**batch.mentions)[0][:, 0]
-        expected_queue = mention_cls @ attached.queue_vectors[:, 0].T
-        got = model.score_matrix(batch.mentions, batch.candidates, None, 0, attached.queue_vectors)
+        expected_queue = mention_cls @ queue_vectors[:, 0].T
+        got = model.score_matrix(batch.mentions, batch.candidates, None, 0, queue_vectors)
     torch.testing.assert_close(got[:, -4:], expected_queue)
 
     old = [p.detach().clone() for p in queue.tower.parameters()]
     with torch.no_grad():
         for parameter in entity_side(model).parameters():
             parameter.add_(0.5)
-    queue.follow()
+    queue.after_step()
     for kept, moved, trained in zip(
         old, queue.tower.parameters(), entity_side(model).parameters(), strict=True
     ):

@@ -95,5 +95,6 @@ def test_momentum_queue_trains_and_states_its_memory(
         "negatives.momentum_queue.size=32",
         "negatives.momentum_queue.momentum=0.9",
     )
-    (queue,) = read_events(run_dir, "momentum_queue")
-    assert queue["size"] == 32 and queue["bytes"] == 32 * 32 * 4  # the tiny BERT's d = 32
+    (queue,) = read_events(run_dir, "loss_columns")
+    assert queue["sampler"] == "momentum-queue"
+    assert queue["bytes"] == 32 * 32 * 4  # 32 vectors of the tiny BERT's d = 32

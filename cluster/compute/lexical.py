@@ -37,7 +37,7 @@ from hnce.cluster.stores.files import atomic_write_json, publish_directory
 from hnce.cluster.stores.negatives_store import MinedSplit, NegativesStore
 from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit, catalogue_fingerprint
-from hnce.mining.samplers import LexicalSampler
+from hnce.mining.samplers.lexical import Bm25Index
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def bm25_directory(data_root: Path, k1: float, b: float, catalogue: str) -> Path
     return Path(data_root) / LEXICAL_DIR / f"bm25-k1={k1:g}-b={b:g}-{catalogue[:16]}"
 
 
-def ensure_bm25(data_root: Path, k1: float, b: float) -> LexicalSampler:
+def ensure_bm25(data_root: Path, k1: float, b: float) -> Bm25Index:
     """The BM25 index of the catalogue of ``data_root`` (titles and texts) for ``k1``, ``b``,
     built on first use; concurrent callers serialise on a file lock."""
     catalogue = catalogue_fingerprint(data_root)
@@ -62,7 +62,7 @@ def ensure_bm25(data_root: Path, k1: float, b: float) -> LexicalSampler:
     with FileLock(str(directory) + ".lock"):
         if not directory.is_dir():
             _build(directory, data_root, k1, b, catalogue)
-    return LexicalSampler.load(directory, STOPWORDS)
+    return Bm25Index.load(directory, STOPWORDS)
 
 
 def _build(directory: Path, data_root: Path, k1: float, b: float, catalogue: str) -> None:
@@ -73,13 +73,13 @@ def _build(directory: Path, data_root: Path, k1: float, b: float, catalogue: str
     logger.info("BM25 (k1=%g, b=%g) over %d entities into %s", k1, b, len(texts), directory)
     building = directory.with_name(f".building-{directory.name}-{os.getpid()}")
     shutil.rmtree(building, ignore_errors=True)
-    LexicalSampler(texts, stopwords=STOPWORDS, k1=k1, b=b).save(building)
+    Bm25Index(texts, stopwords=STOPWORDS, k1=k1, b=b).save(building)
     manifest = {"k1": k1, "b": b, "stopwords": STOPWORDS, "catalogue": catalogue}
     atomic_write_json(building / "manifest.json", {**manifest, "entities": len(texts)})
     publish_directory(building, directory)
 
 
-def mine_lexical(bm25: LexicalSampler, split: MentionSplit, top_n: int) -> MinedSplit:
+def mine_lexical(bm25: Bm25Index, split: MentionSplit, top_n: int) -> MinedSplit:
     """The top-``top_n`` BM25 entities of every mention of ``split`` (entities sharing no term
     with the mention are left out of its row)."""
     mention_ids: list[str] = []
@@ -90,7 +90,7 @@ def mine_lexical(bm25: LexicalSampler, split: MentionSplit, top_n: int) -> Mined
         golds += [m.gold for m in mentions]
         ids, bm25_scores = bm25.search([m.mention for m in mentions], top_n)
         cands.append(ids.numpy())
-        scores.append(np.where(ids.numpy() >= 0, bm25_scores.numpy(), -np.inf).astype(np.float32))
+        scores.append(bm25_scores.numpy())
     width = min(top_n, bm25.num_entities)
     cand_matrix = np.concatenate(cands) if cands else np.zeros((0, width), np.int64)
     score_matrix = np.concatenate(scores) if scores else np.zeros((0, width), np.float32)

@@ -1,69 +1,67 @@
-"""Negative samplers behind one interface (docs/math.md).
+"""Negative samplers behind one interface (docs/math.md, "Negatives"), each declared once.
 
-``build_sampler(name, **options)`` builds any of them by name; each lives in its own module.
+Every sampler module here ends with a ``SPEC`` (:class:`~hnce.mining.samplers.spec.SamplerSpec`);
+:data:`SAMPLER_SPECS` collects them by name when the package is imported, so a new sampler is a
+new module and nothing else. ``build_sampler(name, **options)`` builds a sampler by name with its
+constructor's arguments, for use outside a recipe.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+import pkgutil
 from typing import Any
 
 from hnce.mining.registry import build_by_name
-from hnce.mining.samplers.ance import AnceSampler
 from hnce.mining.samplers.base import NegativeSampler, SampledNegatives, SamplingRequest
-from hnce.mining.samplers.greedy import GreedySampler
-from hnce.mining.samplers.hard import HardSampler
-from hnce.mining.samplers.in_batch import InBatchSampler
-from hnce.mining.samplers.lexical import LexicalSampler
-from hnce.mining.samplers.mixed import MixedSampler, hard_count
-from hnce.mining.samplers.momentum_queue import MomentumQueue, momentum_update
-from hnce.mining.samplers.ohem import OhemSampler
-from hnce.mining.samplers.random import RandomSampler
+from hnce.mining.samplers.spec import (
+    LocalScores,
+    LossColumns,
+    ModelScoredSampler,
+    SamplerSpec,
+    TrainerSampler,
+)
 
-SAMPLERS: dict[str, Callable[..., NegativeSampler]] = {
-    "random": RandomSampler,
-    "hard": HardSampler,
-    "greedy": GreedySampler,
-    "mixed": MixedSampler,
-    "in-batch": InBatchSampler,
-    "ance": AnceSampler,
-    "lexical": LexicalSampler,
-    "ohem": OhemSampler,
-    "momentum-queue": MomentumQueue,
-}
+_NOT_SAMPLERS = {"base", "spec"}
 
 
-def _adversarial(**options: Any) -> NegativeSampler:
-    from hnce.mining.adversarial import AdversarialSampler
+def _collect_specs() -> dict[str, SamplerSpec]:
+    specs: dict[str, SamplerSpec] = {}
+    for module_info in pkgutil.iter_modules(__path__):
+        if module_info.name in _NOT_SAMPLERS:
+            continue
+        module = importlib.import_module(f"{__name__}.{module_info.name}")
+        spec = getattr(module, "SPEC", None)
+        if not isinstance(spec, SamplerSpec):
+            raise TypeError(
+                f"{module.__file__}: a sampler module must end with SPEC = SamplerSpec(...)"
+            )
+        if spec.name in specs:
+            raise TypeError(f"{module.__file__}: sampler {spec.name!r} is declared twice")
+        specs[spec.name] = spec
+    return dict(sorted(specs.items()))
 
-    return AdversarialSampler(**options)
+
+SAMPLER_SPECS: dict[str, SamplerSpec] = _collect_specs()
 
 
-SAMPLERS["adversarial"] = _adversarial
-
-
-def build_sampler(name: str, **options: Any) -> NegativeSampler:
-    """A sampler by name: random | hard | greedy | mixed | in-batch | ance | lexical | ohem |
-    momentum-queue | adversarial. ``options`` are the sampler's constructor arguments (e.g.
+def build_sampler(name: str, **options: Any) -> TrainerSampler:
+    """A sampler by name with its constructor's ``options`` (e.g.
     ``build_sampler("mixed", hard_fraction=0.5)``)."""
-    return build_by_name("sampler", SAMPLERS, name, options)
+    return build_by_name(
+        "sampler", {name: spec.sampler for name, spec in SAMPLER_SPECS.items()}, name, options
+    )
 
 
 __all__ = [
-    "SAMPLERS",
-    "AnceSampler",
-    "GreedySampler",
-    "HardSampler",
-    "InBatchSampler",
-    "LexicalSampler",
-    "MixedSampler",
-    "MomentumQueue",
+    "SAMPLER_SPECS",
+    "LocalScores",
+    "LossColumns",
+    "ModelScoredSampler",
     "NegativeSampler",
-    "OhemSampler",
-    "RandomSampler",
     "SampledNegatives",
+    "SamplerSpec",
     "SamplingRequest",
+    "TrainerSampler",
     "build_sampler",
-    "hard_count",
-    "momentum_update",
 ]

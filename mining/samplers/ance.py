@@ -13,6 +13,7 @@ from hnce.mining.samplers.base import (
     candidates_of,
     gumbel_top_k,
 )
+from hnce.mining.samplers.spec import SamplerSpec
 
 
 @dataclass
@@ -41,3 +42,11 @@ class AnceSampler:
         count = keep.sum(dim=1, keepdim=True).clamp_min(1).double()
         log_q = (-count.log()).float().expand_as(out).masked_fill(~valid, 0.0)
         return SampledNegatives(ids=out, valid=valid, log_q=log_q)
+
+
+SPEC = SamplerSpec(
+    name="ance",
+    sampler=AnceSampler,
+    candidates="index",
+    build=lambda negatives, num_entities: AnceSampler(),
+)

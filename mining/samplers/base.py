@@ -8,7 +8,6 @@ repeat. Losses in :mod:`hnce.mining.losses` drop entries with ``valid=False``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -34,7 +33,6 @@ class SamplingRequest:
             marks a masked candidate). With ``candidate_ids=None`` and N = M, the scores are
             taken to cover the whole catalogue in id order (exact sampling over all entities).
         generator: the torch random generator all randomness is drawn from (seeded draws).
-        mention_texts: mention strings, for the lexical sampler only.
     """
 
     gold: Tensor
@@ -44,7 +42,6 @@ class SamplingRequest:
     candidate_ids: Tensor | None = None
     candidate_scores: Tensor | None = None
     generator: torch.Generator | None = None
-    mention_texts: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         if self.gold.dim() != 1:

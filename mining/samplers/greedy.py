@@ -11,6 +11,7 @@ from hnce.mining.samplers.base import (
     candidates_of,
     gumbel_top_k,
 )
+from hnce.mining.samplers.spec import SamplerSpec
 
 
 @dataclass
@@ -27,3 +28,11 @@ class GreedySampler:
         logits = scores.double().masked_fill(~keep, float("-inf"))
         columns, valid = gumbel_top_k(logits, request.num_negatives, None, noise=False)
         return SampledNegatives(ids=ids.gather(1, columns).masked_fill(~valid, -1), valid=valid)
+
+
+SPEC = SamplerSpec(
+    name="greedy",
+    sampler=GreedySampler,
+    candidates="index",
+    build=lambda negatives, num_entities: GreedySampler(),
+)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hnce.encoders.settings import PositiveReal, settings
 from hnce.mining.samplers.base import (
     SampledNegatives,
     SamplingRequest,
@@ -13,6 +14,7 @@ from hnce.mining.samplers.base import (
     candidates_of,
     gumbel_top_k,
 )
+from hnce.mining.samplers.spec import SamplerSpec
 
 
 @dataclass
@@ -50,3 +52,19 @@ class HardSampler:
         log_probs = torch.log_softmax(logits, dim=1).nan_to_num(nan=0.0, neginf=0.0)
         log_q = log_probs.gather(1, columns).float().masked_fill(~valid, 0.0)
         return SampledNegatives(ids=out, valid=valid, log_q=log_q)
+
+
+@settings
+class HardOptions:
+    """``negatives.hard``: τ of eq. 8 (also the hard part of ``mixed``)."""
+
+    temperature: PositiveReal = 1.0
+
+
+SPEC = SamplerSpec(
+    name="hard",
+    sampler=HardSampler,
+    options=HardOptions,
+    candidates="index",
+    build=lambda negatives, num_entities: HardSampler(negatives.hard.temperature),
+)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from hnce.mining.samplers.base import SampledNegatives, SamplingRequest, admissible, take_first
+from hnce.mining.samplers.spec import SamplerSpec
 
 
 @dataclass
@@ -27,3 +28,10 @@ class InBatchSampler:
         keep = admissible(request, shuffled)
         ids, valid, _ = take_first(shuffled, keep, request.num_negatives)
         return SampledNegatives(ids=ids, valid=valid)
+
+
+SPEC = SamplerSpec(
+    name="in-batch",
+    sampler=InBatchSampler,
+    build=lambda negatives, num_entities: InBatchSampler(),
+)

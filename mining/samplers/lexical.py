@@ -1,4 +1,20 @@
-"""Lexical negatives: BM25 top-k entities for the mention text (Gillick et al. 2019)."""
+"""Lexical negatives: the entities BM25 ranks highest for the mention string (BM25 negatives,
+as in DPR and Gillick et al. 2019; docs/math.md, eq. (35)).
+
+:class:`Bm25Index` is BM25 over the catalogue's entity texts, built with the maintained ``bm25s``
+library; its :meth:`~Bm25Index.search` gives each mention's candidates (the catalogue index is
+built once per dataset and cached on disk by ``hnce.cluster.compute.lexical``). The ``lexical``
+sampler takes the K highest-scoring admissible candidates of that list (greedy over the BM25
+scores): deterministic, so ``log_q`` is None.
+
+Example::
+
+    index = Bm25Index(["paris france capital", "paris texas city", "london"])
+    ids, scores = index.search(["paris"], k=2)            # [[0, 1]] or [[1, 0]], BM25 scores
+    GreedySampler().sample(SamplingRequest(gold=torch.tensor([0]), positives=[{0}],
+                                           num_entities=3, num_negatives=1,
+                                           candidate_ids=ids, candidate_scores=scores))  # [[1]]
+"""
 
 from __future__ import annotations
 
@@ -9,28 +25,18 @@ import bm25s
 import numpy as np
 import torch
 
-from hnce.mining.samplers.base import SampledNegatives, SamplingRequest, admissible, take_first
+from hnce.encoders.settings import Fraction, PositiveInt, PositiveReal, settings
+from hnce.mining.samplers.greedy import GreedySampler
+from hnce.mining.samplers.spec import SamplerSpec
 
 
-class LexicalSampler:
-    """The K highest-BM25 entities for each mention that are not positives (BM25 negatives, as in DPR and Gillick et al. 2019).
-
-    Built once over the entity texts (``entity_texts[i]`` is entity i, e.g. title + description)
-    with the maintained ``bm25s`` library; ``sample`` reads ``SamplingRequest.mention_texts``.
-    Only entities sharing at least one term with the mention (BM25 score > 0) are eligible; a
-    mention with fewer than K such non-positive entities gets id -1 / ``valid=False`` for the
-    rest. Deterministic, so ``log_q`` is None.
+class Bm25Index:
+    """BM25 over one text per entity (``entity_texts[i]`` is entity i, e.g. title + text).
 
     Args:
         entity_texts: one string per entity id 0..M-1.
         stopwords: bm25s stopword list name ("en") or None.
         k1, b: BM25 parameters.
-
-    Example::
-
-        sampler = LexicalSampler(["paris france capital", "paris texas city", "london"])
-        sampler.sample(SamplingRequest(gold=torch.tensor([0]), positives=[{0}], num_entities=3,
-                                       num_negatives=1, mention_texts=["paris"]))  # ids [[1]]
     """
 
     def __init__(
@@ -41,7 +47,7 @@ class LexicalSampler:
         b: float = 0.75,
     ) -> None:
         if len(entity_texts) == 0:
-            raise ValueError(f"{__file__}: LexicalSampler needs at least one entity text")
+            raise ValueError(f"{__file__}: a BM25 index needs at least one entity text")
         self.num_entities = len(entity_texts)
         self.stopwords = stopwords
         self.retriever = bm25s.BM25(k1=k1, b=b)
@@ -49,21 +55,21 @@ class LexicalSampler:
         self.retriever.index(tokens, show_progress=False)
 
     def save(self, directory: Path) -> None:
-        """Write the BM25 index (``bm25s``' own files) into ``directory``."""
+        """Write the index (``bm25s``' own files) into ``directory``."""
         self.retriever.save(str(directory), show_progress=False)
 
     @classmethod
-    def load(cls, directory: Path, stopwords: str | None = "en") -> LexicalSampler:
-        """The sampler of an index :meth:`save` wrote (tokenize queries with the same
-        ``stopwords`` it was built with)."""
-        sampler = cls.__new__(cls)
-        sampler.retriever = bm25s.BM25.load(str(directory))
-        sampler.num_entities = int(sampler.retriever.scores["num_docs"])
-        sampler.stopwords = stopwords
-        return sampler
+    def load(cls, directory: Path, stopwords: str | None = "en") -> Bm25Index:
+        """The index :meth:`save` wrote (queries are tokenized with the same ``stopwords``)."""
+        index = cls.__new__(cls)
+        index.retriever = bm25s.BM25.load(str(directory))
+        index.num_entities = int(index.retriever.scores["num_docs"])
+        index.stopwords = stopwords
+        return index
 
     def search(self, mention_texts: Sequence[str], k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(entity ids [B, k'], BM25 scores [B, k']) with k' = min(k, M); id -1 where score 0."""
+        """(entity ids [B, k'], BM25 scores [B, k']) with k' = min(k, M), best first; id -1 and
+        score ``-inf`` where an entity shares no term with the mention (score 0)."""
         k = min(k, self.num_entities)
         queries = bm25s.tokenize(
             list(mention_texts), stopwords=self.stopwords, return_ids=False, show_progress=False
@@ -71,22 +77,36 @@ class LexicalSampler:
         ids, scores = self.retriever.retrieve(queries, k=k, show_progress=False, n_threads=1)
         ids_t = torch.from_numpy(np.asarray(ids, dtype=np.int64))
         scores_t = torch.from_numpy(np.asarray(scores, dtype=np.float32))
-        return ids_t.masked_fill(scores_t <= 0, -1), scores_t
+        unshared = scores_t <= 0
+        return ids_t.masked_fill(unshared, -1), scores_t.masked_fill(unshared, float("-inf"))
 
-    def sample(self, request: SamplingRequest) -> SampledNegatives:
-        texts = request.mention_texts
-        if texts is None or len(texts) != request.batch_size:
-            raise ValueError(
-                f"{__file__}: the lexical sampler needs mention_texts, one per mention "
-                f"({request.batch_size}), got {None if texts is None else len(texts)}"
-            )
-        if request.num_entities != self.num_entities:
-            raise ValueError(
-                f"{__file__}: sampler built over {self.num_entities} entities, request has "
-                f"{request.num_entities}"
-            )
-        widest = max(len(e) for e in request.exclusions())
-        ids, _ = self.search(texts, request.num_negatives + widest)
-        keep = admissible(request, ids)
-        out, valid, _ = take_first(ids, keep, request.num_negatives)
-        return SampledNegatives(ids=out, valid=valid)
+
+@settings
+class LexicalOptions:
+    """``negatives.lexical``: BM25's k1 and b over entity titles and texts (the index is built
+    once per dataset and (k1, b)), and how many entities ``top_n`` are searched per mention
+    before positives and entities outside the training domains are dropped."""
+
+    k1: PositiveReal = 1.5
+    b: Fraction = 0.75
+    top_n: PositiveInt = 64
+
+
+def _depth_covers_k(negatives) -> tuple[str, str] | None:
+    if negatives.lexical.top_n < negatives.num_negatives:
+        return (
+            "negatives.lexical.top_n",
+            f"({negatives.lexical.top_n}) must be at least 'negatives.num_negatives' "
+            f"({negatives.num_negatives})",
+        )
+    return None
+
+
+SPEC = SamplerSpec(
+    name="lexical",
+    sampler=GreedySampler,
+    options=LexicalOptions,
+    candidates="lexical",
+    build=lambda negatives, num_entities: GreedySampler(),
+    check=_depth_covers_k,
+)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from hnce.encoders.settings import Fraction, settings
 from hnce.mining.samplers.base import (
     SampledNegatives,
     SamplingRequest,
@@ -16,6 +17,7 @@ from hnce.mining.samplers.base import (
 )
 from hnce.mining.samplers.hard import HardSampler
 from hnce.mining.samplers.random import uniform_distinct
+from hnce.mining.samplers.spec import SamplerSpec
 
 
 def hard_count(hard_fraction: float, num_negatives: int) -> int:
@@ -114,3 +116,22 @@ class MixedSampler:
                 q_hard = (match.double() * probs.unsqueeze(1)).sum(dim=2)
         mixture = (k_hard * q_hard + (k - k_hard) * q_random) / k
         return mixture.clamp_min(1e-300).log().float().masked_fill(~valid, 0.0)
+
+
+@settings
+class MixedOptions:
+    """``negatives.mixed``: a share ``hard_fraction`` of the K negatives are hard (at
+    ``negatives.hard.temperature``), the rest random."""
+
+    hard_fraction: Fraction = 0.5
+
+
+SPEC = SamplerSpec(
+    name="mixed",
+    sampler=MixedSampler,
+    options=MixedOptions,
+    candidates="index",
+    build=lambda negatives, num_entities: MixedSampler(
+        hard_fraction=negatives.mixed.hard_fraction, temperature=negatives.hard.temperature
+    ),
+)

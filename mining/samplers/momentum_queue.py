@@ -1,11 +1,37 @@
-"""MoCo momentum queue: recent entity embeddings reused as extra negatives (“Hard Negative Mining in NLP”, 2020)."""
+"""MoCo's momentum queue (He et al. 2020): recent entity vectors reused as extra negatives
+(docs/math.md, eqs. (37)–(38)).
+
+:class:`MomentumQueue` is the FIFO of vectors itself. :class:`MomentumEntityQueue` is what the
+trainer runs with ``negatives.sampler: momentum-queue``: a momentum copy of the entity tower
+(and its projection) follows the trained one by the EMA θ_k ← m·θ_k + (1 − m)·θ_q after every
+optimizer step (MoCo eq. 2, :func:`momentum_update`); after each micro-batch it encodes the
+batch's candidate entities (no gradient, eval mode) and pushes their vectors into the queue;
+before each micro-batch the queue's vectors join the step's candidates as extra negative columns
+(:meth:`MomentumEntityQueue.columns`): a queued entity is a negative of every mention for which
+it is not a known positive, and its column carries no gradient. The NCE of eq. 5/11 is then over
+the sampled negatives (random) and the queue.
+
+Memory per worker: the queue's keys, ``size × d × 4`` bytes (float32; 4096 × 384 × 4 = 6 MiB
+for MiniLM), its ids (``size × 8`` bytes), and one copy of the entity tower. One vector per
+entity: the dual scorer only. The queue and the momentum tower are not checkpointed: a resumed
+run restarts the tower from the checkpoint's entity tower with an empty queue.
+"""
 
 from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
+from hnce.encoders.settings import Fraction, PositiveInt, settings
 from hnce.mining.samplers.base import SampledNegatives, SamplingRequest, admissible, take_first
+from hnce.mining.samplers.random import RandomSampler
+from hnce.mining.samplers.spec import SamplerSpec
+
+if TYPE_CHECKING:  # a type only: importing samplers must not pull in transformers
+    from hnce.encoders.biencoder import BiEncoder
 
 
 class MomentumQueue:
@@ -73,3 +99,74 @@ def momentum_update(target: nn.Module, source: nn.Module, momentum: float = 0.99
     """MoCo key-encoder update θ_k ← m·θ_k + (1 − m)·θ_q (parameters matched by order)."""
     for key_param, query_param in zip(target.parameters(), source.parameters(), strict=True):
         key_param.mul_(momentum).add_(query_param.detach(), alpha=1.0 - momentum)
+
+
+def entity_side(model: BiEncoder) -> nn.ModuleList:
+    """The modules that make an entity vector: the entity tower and its projection, if any."""
+    projection = [model.entity_projection] if model.entity_projection is not None else []
+    return nn.ModuleList([model.entity_tower, *projection])
+
+
+class MomentumEntityQueue:
+    """A momentum entity tower and the queue of vectors it fills (the trainer's
+    :class:`~hnce.mining.samplers.spec.LossColumns` for ``momentum-queue``; module docstring)."""
+
+    def __init__(self, model: BiEncoder, size: int, momentum: float, num_entities: int) -> None:
+        self.model = model
+        self.num_entities = num_entities
+        self.momentum = momentum
+        self.tower = copy.deepcopy(entity_side(model)).eval().requires_grad_(False)
+        self.queue = MomentumQueue(model.output_size, size)
+
+    @property
+    def memory_bytes(self) -> int:
+        """The queue's float32 keys: size × d × 4 bytes."""
+        return self.queue.embeddings.numel() * 4
+
+    def columns(self, gold: Tensor, positives: list[set[int]]) -> tuple[Tensor, Tensor]:
+        """The queue's vectors [Q, 1, d] and valid [B, Q]: where the queued entity is not one
+        of the mention's ``positives`` (catalogue ids) nor its ``gold``."""
+        request = SamplingRequest(
+            gold=gold.cpu(),
+            positives=[set(p) for p in positives],
+            num_entities=self.num_entities,
+            num_negatives=0,
+        )
+        keys, _, valid = self.queue.negatives(request)
+        return keys[:, None, :], valid
+
+    @torch.no_grad()
+    def observe(self, entity_ids: Tensor, input_ids: Tensor, attention_mask: Tensor) -> None:
+        """Encode a micro-batch's candidates with the momentum tower and push them."""
+        tower, *projection = self.tower
+        hidden, mask = self.model.encode_with(
+            tower, projection[0] if projection else None, input_ids, attention_mask
+        )
+        vectors, _ = self.model.scorer.reduce_entities(hidden, mask)
+        self.queue.enqueue(entity_ids.cpu(), vectors[:, 0].float().cpu())
+
+    def after_step(self) -> None:
+        """The EMA step of the momentum tower toward the trained entity side."""
+        momentum_update(self.tower, entity_side(self.model), self.momentum)
+
+
+@settings
+class MomentumQueueOptions:
+    """``negatives.momentum_queue``: a FIFO queue of ``size`` entity vectors from a momentum copy
+    of the entity tower (momentum m = ``momentum``); size × d × 4 bytes per worker. The K
+    sampled negatives of each mention are random."""
+
+    size: PositiveInt = 4096
+    momentum: Fraction = 0.999
+
+
+SPEC = SamplerSpec(
+    name="momentum-queue",
+    sampler=MomentumQueue,
+    options=MomentumQueueOptions,
+    build=lambda negatives, num_entities: RandomSampler(),
+    loss_columns=lambda model, negatives, num_entities: MomentumEntityQueue(
+        model, negatives.momentum_queue.size, negatives.momentum_queue.momentum, num_entities
+    ),
+    resumes_exactly=False,
+)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor
 
+from hnce.encoders.settings import PositiveInt, settings
 from hnce.mining.samplers.ance import AnceSampler
 from hnce.mining.samplers.base import (
     NegativeSampler,
@@ -16,6 +17,8 @@ from hnce.mining.samplers.base import (
     candidates_of,
     gumbel_top_k,
 )
+from hnce.mining.samplers.greedy import GreedySampler
+from hnce.mining.samplers.spec import LocalScores, SamplerSpec
 
 ScoreFn = Callable[[Tensor, Tensor], Tensor]
 """(gold [B], negative ids [B, P]) -> current-model scores s(x, y) [B, P]."""
@@ -58,6 +61,11 @@ class OhemSampler:
             ids=pool.ids.gather(1, columns).masked_fill(~valid, -1), valid=valid
         )
 
+    def sample_scored(self, request: SamplingRequest, scores: LocalScores) -> SampledNegatives:
+        """:meth:`sample` with the current model's ``scores`` of the pool (in the trainer, where
+        the index's scores are those of an older checkpoint)."""
+        return replace(self, score_fn=lambda _gold, ids: scores(ids)).sample(request)
+
     @staticmethod
     def _index_scores(request: SamplingRequest, ids: Tensor) -> Tensor:
         cand_ids, cand_scores = candidates_of(request, "ohem")
@@ -65,3 +73,23 @@ class OhemSampler:
         found = match.any(dim=2)
         picked = torch.where(match, cand_scores.double().unsqueeze(1), float("-inf")).amax(dim=2)
         return picked.masked_fill(~found, float("-inf"))
+
+
+@settings
+class OhemOptions:
+    """``negatives.ohem``: rescore each mention's top ``pool_size`` index candidates with the
+    current model and keep the K it scores highest (the negatives with the highest loss now)."""
+
+    pool_size: PositiveInt = 32
+
+
+SPEC = SamplerSpec(
+    name="ohem",
+    sampler=OhemSampler,
+    options=OhemOptions,
+    candidates="index",
+    scores_online=True,
+    build=lambda negatives, num_entities: OhemSampler(
+        pool_size=negatives.ohem.pool_size, base=GreedySampler()
+    ),
+)

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from hnce.mining.samplers.base import SampledNegatives, SamplingRequest, take_first
+from hnce.mining.samplers.spec import SamplerSpec
 
 # Below this many entities an exact draw (one key per entity) is cheaper than rejection.
 EXACT_DRAW_MAX_ENTITIES = 1 << 16
@@ -119,3 +120,10 @@ class RandomSampler:
         log_q = -_log_eligible(request.num_entities, exclusions)
         log_q = log_q.unsqueeze(1).expand(-1, request.num_negatives).clone()
         return SampledNegatives(ids=ids, valid=valid, log_q=log_q.masked_fill(~valid, 0.0))
+
+
+SPEC = SamplerSpec(
+    name="random",
+    sampler=RandomSampler,
+    build=lambda negatives, num_entities: RandomSampler(),
+)

@@ -8,19 +8,17 @@
   mined it and the step that uses it.
 - :class:`FixedNegatives`: one version for the whole run (the reranker's retriever candidates,
   paper §6.3 "Training a reranker").
-- :class:`NegativeDrawer`: K negatives per mention from the configured sampler (``mining``) over
-  those candidates; a mention's known positives are never its negatives. ``lexical`` draws the
-  top BM25 entities (``hnce.cluster.compute.lexical``) instead of index candidates; ``ohem`` and
-  ``adversarial`` also read the current model's scores (:mod:`hnce.pipeline.train.ohem`,
-  :mod:`hnce.pipeline.train.adversarial`); ``momentum-queue`` draws random negatives here and adds
-  its queue in the worker (:mod:`hnce.pipeline.train.momentum_queue`).
+- :class:`NegativeDrawer`: K negatives per mention from the configured sampler over those
+  candidates, as its spec says (:data:`hnce.mining.samplers.SAMPLER_SPECS`: where its
+  candidates come from, index or BM25 (``hnce.cluster.compute.lexical``), and whether it reads
+  the current model's scores); a mention's known positives are never its negatives.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -33,18 +31,18 @@ from hnce.cluster.stores.tables_read import EntityCatalogue
 from hnce.cluster.stores.versioned_dir import version_dir_name
 from hnce.mining.false_negatives import FalseNegativeFilter
 from hnce.mining.samplers import (
-    GreedySampler,
-    LexicalSampler,
+    SAMPLER_SPECS,
+    LocalScores,
     NegativeSampler,
     SampledNegatives,
     SamplingRequest,
+    TrainerSampler,
     build_sampler,
 )
-from hnce.pipeline.config import Config, NegativesSettings
-from hnce.pipeline.train.adversarial import AdversarialTraining
+from hnce.mining.samplers.lexical import Bm25Index
+from hnce.pipeline.config import Config
 from hnce.pipeline.train.distributed import Collectives
 from hnce.pipeline.train.model_scores import EntityScores
-from hnce.pipeline.train.ohem import LocalScores, OnlineHardExamples
 
 
 class CandidateSource(Protocol):
@@ -58,12 +56,6 @@ class CandidateSource(Protocol):
     def lag(self, step: int) -> int | None: ...
 
     def poll(self) -> bool: ...
-
-
-class ModelScoredSampler(Protocol):
-    """A sampler that also reads the current model's scores of the entities it considers."""
-
-    def sample_scored(self, request: SamplingRequest, scores: LocalScores) -> SampledNegatives: ...
 
 
 class RefreshedNegatives:
@@ -131,35 +123,6 @@ def training_entities(catalogue: EntityCatalogue, mentions: Sequence[Mention]) -
     return np.flatnonzero(np.isin(domains, training_domains)).astype(np.int64)
 
 
-def sampler_options(negatives: NegativesSettings) -> dict[str, Any]:
-    """The constructor options of ``negatives.sampler`` from its option group."""
-    if negatives.sampler == "mixed":
-        return {
-            "hard_fraction": negatives.mixed.hard_fraction,
-            "temperature": negatives.hard.temperature,
-        }
-    if negatives.sampler == "hard":
-        return {"temperature": negatives.hard.temperature}
-    return {}
-
-
-def trainer_sampler(
-    negatives: NegativesSettings, num_entities: int
-) -> NegativeSampler | ModelScoredSampler:
-    """What the trainer draws ``negatives.sampler`` with, over ``num_entities`` entities: the
-    lexical sampler is greedy over BM25 candidates, momentum-queue random (its queue is added
-    in the worker), ohem and adversarial read the current model's scores."""
-    if negatives.sampler == "lexical":
-        return GreedySampler()
-    if negatives.sampler == "momentum-queue":
-        return build_sampler("random")
-    if negatives.sampler == "ohem":
-        return OnlineHardExamples(negatives.ohem.pool_size)
-    if negatives.sampler == "adversarial":
-        return AdversarialTraining(num_entities, negatives.adversarial)
-    return build_sampler(negatives.sampler, **sampler_options(negatives))
-
-
 class NegativeDrawer:
     """K negatives per mention from ``sampler`` over a :class:`CandidateSource` (``random``
     while a refreshed source has no version yet), within an entity space.
@@ -173,14 +136,14 @@ class NegativeDrawer:
 
     def __init__(
         self,
-        sampler: NegativeSampler | ModelScoredSampler,
+        sampler: TrainerSampler,
         num_negatives: int,
         entity_ids: np.ndarray,
         num_catalogue: int,
         mentions: Sequence[Mention],
         filter_false_negatives: bool,
         draws_candidates: bool,
-        lexical: LexicalSampler | None = None,
+        lexical: Bm25Index | None = None,
         lexical_top_n: int = 0,
     ) -> None:
         self.sampler = sampler
@@ -203,13 +166,14 @@ class NegativeDrawer:
         """``hnce train``: the configured sampler over the refreshed index candidates, within
         the training mentions' domains."""
         negatives = config.negatives
+        spec = SAMPLER_SPECS[negatives.sampler]
         entity_ids = training_entities(catalogue, mentions)
         lexical = None
-        if negatives.sampler == "lexical":
+        if spec.candidates == "lexical":
             options = negatives.lexical
             lexical = ensure_bm25(Path(config.data.root), options.k1, options.b)
         return cls(
-            trainer_sampler(negatives, len(entity_ids)),
+            spec.build(negatives, len(entity_ids)),
             negatives.num_negatives,
             entity_ids,
             len(catalogue),
@@ -279,7 +243,6 @@ class NegativeDrawer:
         elif self.lexical is not None:
             queries = [m.mention for m in mentions]
             global_ids, candidate_scores = self.lexical.search(queries, self.lexical_top_n)
-            candidate_scores = candidate_scores.masked_fill(global_ids < 0, float("-inf"))
             candidate_ids = self._local(global_ids)
         request = SamplingRequest(
             gold=gold,

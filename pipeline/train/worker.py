@@ -13,6 +13,7 @@ uninterrupted run would have done: every random draw (negatives, dropout) is a f
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -32,6 +33,7 @@ from hnce.cluster.stores.tokens import TokenStore
 from hnce.encoders.biencoder import BiEncoder
 from hnce.encoders.reranker import JointReranker
 from hnce.mining.losses import build_loss
+from hnce.mining.samplers import SAMPLER_SPECS, LossColumns
 from hnce.pipeline.config import Config, TrainingSettings, config_from_dict
 from hnce.pipeline.train.batch import ContrastiveBatch, MentionTokens, assemble_batch
 from hnce.pipeline.train.checkpointing import (
@@ -48,7 +50,6 @@ from hnce.pipeline.train.distributed import Collectives, worker_device
 from hnce.pipeline.train.events import EventLog
 from hnce.pipeline.train.model import build_trainable
 from hnce.pipeline.train.model_scores import CurrentModelScores
-from hnce.pipeline.train.momentum_queue import MomentumEntityQueue
 from hnce.pipeline.train.negatives import (
     CandidateSource,
     FixedNegatives,
@@ -89,7 +90,7 @@ class TrainingData:
     drawer: NegativeDrawer
     source: CandidateSource
     scores: CurrentModelScores | None = None  # for the samplers that read the current model
-    queue: MomentumEntityQueue | None = None  # negatives.sampler: momentum-queue
+    loss_columns: LossColumns | None = None  # for the samplers that add columns to the loss
 
 
 def load_training_data(
@@ -226,7 +227,7 @@ class WorkerRun:
         )
         run = cls(config, task, collectives, model, engine, data, report)
         run.resume(reported_step, world_size, skipped)
-        run.start_momentum_queue()
+        run.start_loss_columns()
         return run
 
     def resume(self, reported_step: int | None, world_size: int, skipped: int) -> None:
@@ -257,25 +258,23 @@ class WorkerRun:
             self.engine.bfloat16_enabled(),
         )
 
-    def start_momentum_queue(self) -> None:
-        """With ``negatives.sampler: momentum-queue``: the momentum tower, copied from the
-        (resumed) model, and an empty queue, whose memory is logged."""
-        if self.task.kind != "retriever" or self.config.negatives.sampler != "momentum-queue":
+    def start_loss_columns(self) -> None:
+        """When the retriever's sampler adds columns to the loss (its spec's ``loss_columns``,
+        e.g. the momentum queue): start them from the (resumed) model, logging their memory."""
+        spec = SAMPLER_SPECS[self.config.negatives.sampler]
+        if self.task.kind != "retriever" or spec.loss_columns is None:
             return
         assert isinstance(self.model, BiEncoder)
-        options = self.config.negatives.momentum_queue
-        queue = MomentumEntityQueue(
-            self.model, options.size, options.momentum, len(self.data.store)
-        )
-        self.data.queue = queue
+        columns = spec.loss_columns(self.model, self.config.negatives, len(self.data.store))
+        self.data.loss_columns = columns
         logger.info(
-            "rank %d: momentum queue of %d entity vectors: %.1f MiB",
+            "rank %d: %s adds loss columns: %.1f MiB",
             self.rank,
-            options.size,
-            queue.memory_bytes / 2**20,
+            spec.name,
+            columns.memory_bytes / 2**20,
         )
         if self.log is not None:
-            self.log.write("momentum_queue", size=options.size, bytes=queue.memory_bytes)
+            self.log.write("loss_columns", sampler=spec.name, bytes=columns.memory_bytes)
 
     def train(self) -> None:
         """Steps from the resume point to ``steps``: poll, micro-batches, log, checkpoint."""
@@ -292,10 +291,13 @@ class WorkerRun:
                 mention_ids += batch.mention_ids
                 batch = batch.to(self.device)
                 losses.append(train_micro_batch(self.engine, batch, self.loss))
-                if self.data.queue is not None:
-                    self.data.queue.enqueue(batch)
-            if self.data.queue is not None:
-                self.data.queue.follow()
+                if self.data.loss_columns is not None:
+                    candidates = batch.candidates
+                    self.data.loss_columns.observe(
+                        batch.entity_ids, candidates["input_ids"], candidates["attention_mask"]
+                    )
+            if self.data.loss_columns is not None:
+                self.data.loss_columns.after_step()
             loss = sum(losses) / len(losses)
             done = step + 1
             self.log_step(done, loss, time.perf_counter() - started, mention_ids)
@@ -366,8 +368,9 @@ class WorkerRun:
         positives = [data.drawer.known_positives(m) for m in mentions]
         share = self.task.share(self.config)
         batch = assemble_batch(mentions, rows, data.tokens, negatives, data.store, positives, share)
-        if data.queue is not None:
-            batch = data.queue.attach(batch, positives)
+        if data.loss_columns is not None:
+            vectors, valid = data.loss_columns.columns(batch.entity_ids[batch.gold], positives)
+            batch = dataclasses.replace(batch, queue_vectors=vectors, queue_valid=valid)
         return batch
 
     def publishes_at(self, step: int) -> bool:

@@ -6,6 +6,15 @@ current index version's top-N candidates (not over millions of entities). The ge
 trained by REINFORCE (eq. 6) with the discriminator's loss as reward, a self-critical baseline
 (§2.6), an entropy regulariser (eq. 8, §2.4), a penalty for false negatives (§2.5) and optional
 off-policy importance weights on the fixed sampler's draws (§2.7).
+
+In the trainer (:class:`AdversarialTraining`) the generator learns from the model being trained:
+right after each draw the discriminator (the current bi-encoder's scores, no gradient) scores the
+gold, the drawn negatives and the generator's greedy choice y*; the generator then takes one
+optimiser step on the REINFORCE loss of eq. 6 with the pairwise reward softplus(s(x, y⁻) −
+s(x, y⁺)), the self-critical baseline, the entropy floor log k and the false-negative penalty
+(docs/math.md, eqs. (40)–(46)). The generator (a sharpness and one bias per entity of the
+sampler's space) and its optimiser live on the worker's CPU and are not checkpointed: a resumed
+run restarts the generator from its initial state.
 """
 
 from __future__ import annotations
@@ -17,6 +26,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hnce.encoders.settings import (
+    Flag,
+    Fraction,
+    NonNegativeReal,
+    PositiveInt,
+    PositiveReal,
+    settings,
+)
 from hnce.mining.samplers.base import (
     NegativeSampler,
     SampledNegatives,
@@ -28,6 +45,7 @@ from hnce.mining.samplers.base import (
     take_first,
 )
 from hnce.mining.samplers.random import RandomSampler
+from hnce.mining.samplers.spec import LocalScores, SamplerSpec
 
 
 class CandidateGenerator(nn.Module):
@@ -42,9 +60,11 @@ class CandidateGenerator(nn.Module):
         nn.init.zeros_(self.entity_bias.weight)
 
     def forward(self, candidate_ids: Tensor, candidate_scores: Tensor) -> Tensor:
-        """Logits [B, N] (finite everywhere; masking is the sampler's job)."""
+        """Logits [B, N] (finite everywhere; masking empty slots and ids outside the catalogue
+        is the sampler's job, so they only need an in-range row of the bias here)."""
         scores = candidate_scores.nan_to_num(neginf=0.0, posinf=0.0).float()
-        return self.scale * scores + self.entity_bias(candidate_ids.clamp_min(0)).squeeze(-1)
+        rows = candidate_ids.clamp(0, self.entity_bias.num_embeddings - 1)
+        return self.scale * scores + self.entity_bias(rows).squeeze(-1)
 
 
 @dataclass
@@ -229,3 +249,74 @@ def _lookup(ids: Tensor, candidate_ids: Tensor, values: Tensor) -> Tensor:
         match, values.unsqueeze(1), torch.full_like(values.unsqueeze(1), float("-inf"))
     )
     return picked.amax(dim=2)
+
+
+@settings
+class AdversarialOptions:
+    """``negatives.adversarial``: λ = ``mix`` of the slots from the fixed sampler, the rest from
+    the generator; entropy floor log(``entropy_k``), false-negative penalty, optimiser step size."""
+
+    mix: Fraction = 0.5
+    entropy_k: PositiveInt = 4
+    entropy_weight: NonNegativeReal = 1.0
+    false_negative_penalty: NonNegativeReal = 10.0
+    self_critical: Flag = True
+    off_policy: Flag = False
+    learning_rate: PositiveReal = 1e-2
+
+
+class AdversarialTraining:
+    """ACE's sampler and the optimiser of its generator, as the trainer runs them (module
+    docstring)."""
+
+    def __init__(self, num_entities: int, options: AdversarialOptions) -> None:
+        self.sampler = AdversarialSampler(
+            num_entities,
+            mix=options.mix,
+            entropy_k=options.entropy_k,
+            entropy_weight=options.entropy_weight,
+            false_negative_penalty=options.false_negative_penalty,
+            self_critical=options.self_critical,
+            off_policy=options.off_policy,
+        )
+        self.optimizer = torch.optim.Adam(self.sampler.parameters(), lr=options.learning_rate)
+
+    def sample_scored(self, request: SamplingRequest, scores: LocalScores) -> SampledNegatives:
+        """Draw from the mixture, then update the generator on the discriminator's scores."""
+        draw = self.sampler.sample(request)
+        self.update(request, draw, scores)
+        return SampledNegatives(ids=draw.ids, valid=draw.valid, log_q=draw.log_q)
+
+    def update(
+        self, request: SamplingRequest, draw: AdversarialNegatives, scores: LocalScores
+    ) -> float:
+        """One generator step (eq. 6 + eq. 8 + §2.5) on ``draw``; returns the generator loss."""
+        assert draw.greedy_ids is not None
+        gold = request.gold.cpu()[:, None]
+        # Empty and false-negative slots (id -1) score column 0: a false negative's reward is
+        # the penalty and an empty slot's is masked, whatever is scored there.
+        ids = torch.cat([gold, draw.ids.cpu(), draw.greedy_ids.cpu()[:, None]], dim=1)
+        scored = scores(ids.clamp_min(0)).float().cpu()
+        positive, negatives, greedy = scored[:, 0], scored[:, 1:-1], scored[:, -1:]
+        rewards = pairwise_reward(positive, negatives)
+        baseline = None
+        if self.sampler.self_critical:
+            baseline = pairwise_reward(positive, greedy)[:, 0].masked_fill(
+                draw.greedy_ids.cpu() < 0, 0.0
+            )
+        loss = self.sampler.generator_loss(request, draw, rewards, baseline)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        return float(loss.detach())
+
+
+SPEC = SamplerSpec(
+    name="adversarial",
+    sampler=AdversarialSampler,
+    options=AdversarialOptions,
+    candidates="index",
+    scores_online=True,
+    resumes_exactly=False,
+    build=lambda negatives, num_entities: AdversarialTraining(num_entities, negatives.adversarial),
+)
