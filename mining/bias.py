@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
-from tqdm import tqdm
 
+from hnce.encoders.progress import progress_bar
 from hnce.mining.samplers.base import NegativeSampler, SamplingRequest
 from hnce.mining.samplers.hard import HardSampler
 from hnce.mining.samplers.mixed import MixedSampler
@@ -224,9 +224,7 @@ def feed_forward(config: SyntheticBiasConfig) -> nn.Module:
     )
 
 
-def run_synthetic_experiment(
-    config: SyntheticBiasConfig | None = None, progress: bool = True
-) -> SyntheticBiasResult:
+def run_synthetic_experiment(config: SyntheticBiasConfig | None = None) -> SyntheticBiasResult:
     """Train the feed-forward model by exact cross entropy and, every ``measure_every``
     updates, record CE, the Monte Carlo NCE loss and the gradient-bias norm of random, hard
     and mixed negatives on that update's batch (Zhang & Stratos (2021) §6.4, Figure 1)."""
@@ -240,7 +238,7 @@ def run_synthetic_experiment(
     result = SyntheticBiasResult(config, population.entropy())
     result.loss = {"ce": [], **{name: [] for name in samplers}}
     result.bias_norm = {name: [] for name in samplers}
-    for update in tqdm(range(config.updates), desc="bias (§6.4)", disable=not progress):
+    for update in progress_bar(range(config.updates), desc="bias (§6.4)"):
         inputs, labels = population.sample(config.batch_size, generator)
         if update % config.measure_every == 0 or update == config.updates - 1:
             estimate = gradient_bias(

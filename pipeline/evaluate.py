@@ -38,9 +38,7 @@ logger = logging.getLogger(__name__)
 PREDICTIONS_DIR = "predictions"
 
 
-def evaluate_model(
-    config: Config, model: IndexedModel, name: str, progress: bool = True
-) -> RecallReport:
+def evaluate_model(config: Config, model: IndexedModel, name: str) -> RecallReport:
     """Recall@``eval.ks`` of ``model`` on ``data.eval_split`` against every entity, through the
     encoder pool and an index version of the model held by the actors (``hnce.cluster.compute.retrieval``:
     the refresh's own version when it indexed this model, else one built for evaluation)."""
@@ -57,7 +55,6 @@ def evaluate_model(
         max(config.eval.ks),
         per_domain=config.eval.per_domain_catalogue,
         batch_size=config.eval.batch_size,
-        progress=progress,
     )
     version = retrieved.index_version
     logger.info(
@@ -77,12 +74,10 @@ def evaluate_model(
     return report
 
 
-def evaluate_export(
-    config: Config, export_dir: Path, name: str | None = None, progress: bool = True
-) -> RecallReport:
+def evaluate_export(config: Config, export_dir: Path, name: str | None = None) -> RecallReport:
     """Recall of the bi-encoder exported in ``export_dir`` (e.g. a checkpoint's ``export/``)."""
     model = IndexedModel.from_export(Path(export_dir))
-    return evaluate_model(config, model, name or str(export_dir), progress)
+    return evaluate_model(config, model, name or str(export_dir))
 
 
 def resolve_model(config: Config, checkpoint: str) -> tuple[IndexedModel, str]:
@@ -95,16 +90,14 @@ def resolve_model(config: Config, checkpoint: str) -> tuple[IndexedModel, str]:
     return IndexedModel.from_checkpoint(export.parent, step), str(export.parent)
 
 
-def evaluate_checkpoint(config: Config, checkpoint: str, progress: bool = True) -> RecallReport:
+def evaluate_checkpoint(config: Config, checkpoint: str) -> RecallReport:
     """Recall of a run's checkpoint (:func:`resolve_model`) on ``data.eval_split``."""
     check_eval_inputs(config)
     model, name = resolve_model(config, checkpoint)
-    return evaluate_model(config, model, name, progress)
+    return evaluate_model(config, model, name)
 
 
-def predict_checkpoint(
-    config: Config, checkpoint: str, aida: Sequence[Path], progress: bool = True
-) -> list[SplitResult]:
+def predict_checkpoint(config: Config, checkpoint: str, aida: Sequence[Path]) -> list[SplitResult]:
     """KILT predictions of a run's checkpoint (:func:`resolve_model`) for every input line of the
     ``aida`` files, into ``<run>/predictions/<file name>``, through the cluster like
     :func:`evaluate_model` (accuracy for the files with a labelled split of ``data.root``)."""
@@ -113,4 +106,4 @@ def predict_checkpoint(
     init_ray(config.cluster, config.refresh.num_encoders * config.refresh.encoder_cpus)
     k = max(config.eval.ks)
     predictions = config.run_dir / PREDICTIONS_DIR
-    return link_files(refresh_plan(config), model, aida, k, predictions, progress)
+    return link_files(refresh_plan(config), model, aida, k, predictions)

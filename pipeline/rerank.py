@@ -29,7 +29,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from hnce.cluster.compute.index_build import IndexedModel
 from hnce.cluster.compute.refresh import RefreshPlan
@@ -43,6 +42,7 @@ from hnce.cluster.stores.tokens import TokenStore
 from hnce.cluster.stores.versioned_dir import next_version
 from hnce.encoders.blink import export_blink_crossencoder
 from hnce.encoders.precision import autocast
+from hnce.encoders.progress import progress_bar
 from hnce.encoders.reranker import JointReranker, load_reranker
 from hnce.pipeline.config import Config
 from hnce.pipeline.metrics import (
@@ -114,11 +114,10 @@ def retrieve_candidates(
     retriever: IndexedModel,
     mentions: Sequence[Mention],
     k: int,
-    progress: bool = True,
 ) -> SplitCandidates:
     """Top-``k`` candidates of ``mentions`` under ``retriever``, through the cluster: searched in
     the run's index version of that model, or one built for it (``hnce.cluster.compute.retrieval``)."""
-    found = retrieve(plan, retriever, mentions, k, progress=progress)
+    found = retrieve(plan, retriever, mentions, k)
     return SplitCandidates(list(mentions), found.cands, found.scores)
 
 
@@ -129,7 +128,6 @@ def rerank(
     split: SplitCandidates,
     num_candidates: int = NUM_CANDIDATES,
     batch_size: int = 4,
-    progress: bool = True,
 ) -> np.ndarray:
     """Candidate ids [M, num_candidates] reordered by the reranker's scores (-1 stays last);
     entity tokens from the catalogue's token ``store``, bf16 autocast on a GPU."""
@@ -139,9 +137,7 @@ def rerank(
     tokens = MentionTokens.tokenize(reranker, split.mentions)
     cands = split.cands[:, :num_candidates]
     out = np.full_like(cands, -1)
-    for start in tqdm(
-        range(0, len(cands), batch_size), desc="rerank", unit="batch", disable=not progress
-    ):
+    for start in progress_bar(range(0, len(cands), batch_size), desc="rerank", unit="batch"):
         block = cands[start : start + batch_size]
         present = block >= 0
         entities = store.batch(np.where(present, block, 0).reshape(-1))
@@ -293,7 +289,7 @@ def write_reports(reports: Sequence[RerankReport], training: TrainingSummary, pa
 
 
 def _split_candidates(
-    config: Config, split: str, limit: int, retriever: IndexedModel | None, progress: bool
+    config: Config, split: str, limit: int, retriever: IndexedModel | None
 ) -> SplitCandidates:
     mentions = MentionSplit.open(mention_split_path(Path(config.data.root), split)).read_all()
     mentions = mentions[:limit] if limit > 0 else mentions
@@ -301,7 +297,7 @@ def _split_candidates(
         negatives = config.run_dir / "negatives"
         return candidates_from_negatives(latest_negatives(negatives, split), mentions)
     return retrieve_candidates(
-        refresh_plan(config), retriever, mentions, config.rerank.num_candidates, progress
+        refresh_plan(config), retriever, mentions, config.rerank.num_candidates
     )
 
 
@@ -309,14 +305,13 @@ def training_candidates_file(
     config: Config,
     out: Path,
     retriever: IndexedModel | None,
-    progress: bool,
 ) -> Path:
     """The negatives-version file the reranker's workers read the train split's candidates from:
     the run's newest version, or the retriever's top-N published under ``out/candidates``."""
     split = config.data.train_split
     if retriever is None:
         return latest_negatives(config.run_dir / "negatives", split).path
-    found = _split_candidates(config, split, config.rerank.max_train_mentions, retriever, progress)
+    found = _split_candidates(config, split, config.rerank.max_train_mentions, retriever)
     store = NegativesStore(out / "candidates")
     directory = store.publish(
         next_version(store.root),
@@ -328,9 +323,7 @@ def training_candidates_file(
     return directory / f"{split}.parquet"
 
 
-def run_rerank_job(
-    config: Config, progress: bool = True
-) -> tuple[list[RerankReport], TrainingSummary, Path]:
+def run_rerank_job(config: Config) -> tuple[list[RerankReport], TrainingSummary, Path]:
     """Train the joint reranker on the train split's candidates (the shared driver, under
     ``<run>/rerank``, resuming from its newest checkpoint), rerank every eval split, write
     ``<run>/rerank/reranker/`` (HF export), ``crossencoder_blink.bin`` (BLINK's cross-encoder
@@ -343,19 +336,17 @@ def run_rerank_job(
         step, export = resolve_checkpoint(config.run_dir, settings.retriever)
         retriever = IndexedModel.from_checkpoint(export.parent, step)
         init_ray(config.cluster, config.refresh.num_encoders * config.refresh.encoder_cpus)
-    candidates = training_candidates_file(config, rerank_run_dir(config), retriever, progress)
+    candidates = training_candidates_file(config, rerank_run_dir(config), retriever)
     task = TrainingTask.reranker(config, candidates)
-    summary = run_task(config, task, progress)
+    summary = run_task(config, task)
     _, export = resolve_checkpoint(task.run_dir, "newest")
     reranker = load_reranker(export)
     store = TokenStore.ensure(Path(config.data.root), reranker.tokenizer, reranker.entity_length)
     reports = []
     for split in settings.eval_splits:
-        candidates = _split_candidates(
-            config, split, settings.max_eval_mentions, retriever, progress
-        )
+        candidates = _split_candidates(config, split, settings.max_eval_mentions, retriever)
         reranked = rerank(
-            reranker, store, candidates, settings.num_candidates, settings.eval_batch_size, progress
+            reranker, store, candidates, settings.num_candidates, settings.eval_batch_size
         )
         reports.append(accuracy_report(split, candidates, reranked, settings.num_candidates))
     out = task.run_dir

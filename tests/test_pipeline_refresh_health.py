@@ -4,6 +4,7 @@ BERT; slow)."""
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -16,6 +17,7 @@ from conftest import write_letter_bert
 from hnce.cluster.compute.refresh_job import RefreshesFailing
 from hnce.cluster.stores.refresh_log import RefreshRecord, append_record, read_records
 from hnce.cluster.stores.tables import mention_split_path
+from hnce.encoders import progress
 from hnce.pipeline.config import load_config
 from hnce.pipeline.data.synthetic import generate_synthetic_dataset
 from hnce.pipeline.train.events import EventLog, read_events
@@ -67,26 +69,35 @@ def test_failures_are_logged_at_once_and_the_limit_stops_training(tmp_path: Path
     raise_if_stopped(tmp_path, since=time.time() + 1)  # a later driver: not its stop
 
 
-def test_a_failed_refresh_shows_on_the_progress_line_when_it_is_recorded(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+def test_a_failed_refresh_is_reported_when_it_is_recorded(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Off a terminal (a job's log): the failure is a warning at once, and the progress line
+    written when training ends carries it."""
+    monkeypatch.setattr(progress, "_shown", True)
     done = threading.Event()
     follower = threading.Thread(target=follow_progress, args=(tmp_path, 10, done))
-    follower.start()
-    try:
-        EventLog(tmp_path).write("step", step=3, loss=1.5, negatives_version=-1)
-        time.sleep(0.2)
-        append_record(tmp_path, _failure(4, 1, time.time()))
-        deadline = time.monotonic() + 10
-        seen = ""
-        while "refresh=failed x1" not in seen and time.monotonic() < deadline:
+    with caplog.at_level(logging.INFO):
+        follower.start()
+        try:
+            EventLog(tmp_path).write("step", step=3, loss=1.5, negatives_version=-1)
             time.sleep(0.2)
-            seen += capfd.readouterr().err
-    finally:
-        done.set()
-        follower.join()
-    assert "refresh of step-4 failed (1 in a row): OSError: disk full at step-4" in seen
-    assert "refresh=failed x1" in seen
+            append_record(tmp_path, _failure(4, 1, time.time()))
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not _warnings(caplog):
+                time.sleep(0.2)
+        finally:
+            done.set()
+            follower.join()
+    assert _warnings(caplog) == [
+        "refresh of step-4 failed (1 in a row): OSError: disk full at step-4"
+    ]
+    lines = [r.getMessage() for r in caplog.records if r.name == "hnce.progress"]
+    assert "refresh=failed x1" in lines[-1]
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
 
 
 @pytest.mark.slow
@@ -121,7 +132,7 @@ def test_training_stops_with_the_cause_when_every_refresh_fails(
         ],
     )
     with pytest.raises(RefreshesFailing) as raised:
-        run_training(config, progress=False)
+        run_training(config)
     run_dir = config.run_dir
     stop = read_events(run_dir, STOP_EVENT)
     assert len(stop) == 1 and stop[0]["step"] < steps

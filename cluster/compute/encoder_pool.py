@@ -391,7 +391,7 @@ class EncoderPool:
             actor = self.actors[number % len(self.actors)]
             yield actor.encode_mentions.remote(left, mention, right)
 
-    def hold(self, version: IndexVersion, candidate_depth: int, progress: bool = True) -> HeldIndex:
+    def hold(self, version: IndexVersion, candidate_depth: int) -> HeldIndex:
         """Spread `version`'s shards over the actors (see `hnce.cluster.compute.shard_holders`)."""
         return HeldIndex.start(
             version,
@@ -399,7 +399,6 @@ class EncoderPool:
             self.settings.faiss_device,
             candidate_depth,
             self.clock("index search"),
-            progress,
         )
 
     def shutdown(self) -> None:

@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
 from transformers import AutoTokenizer
 
 from hnce.cluster.compute.encoder_pool import (
@@ -53,6 +52,7 @@ from hnce.encoders.biencoder import SCORER_FILE
 from hnce.encoders.errors import InputError
 from hnce.encoders.formatting import register_markers
 from hnce.encoders.local import load_local
+from hnce.encoders.progress import progress_bar
 from hnce.encoders.scorers import ScorerConfig
 
 logger = logging.getLogger(__name__)
@@ -127,13 +127,13 @@ def timed(seconds: dict[str, float], stage: str) -> Iterator[None]:
         seconds[stage] = seconds.get(stage, 0.0) + time.perf_counter() - started
 
 
-def ensure_token_store(data_dir: Path, model: IndexedModel, progress: bool = True) -> TokenStore:
+def ensure_token_store(data_dir: Path, model: IndexedModel) -> TokenStore:
     """The catalogue's token store for `model`'s tokenizer and entity length, built the first
     time any refresh, evaluation or trainer asks (`TokenStore.ensure`). Only the tokenizer is
     loaded here, exactly as `load_biencoder` loads it (the actors check its fingerprint)."""
     tokenizer = load_local(AutoTokenizer, model.export_dir / "mention")
     register_markers(tokenizer)
-    return TokenStore.ensure(data_dir, tokenizer, model.description["entity_length"], progress)
+    return TokenStore.ensure(data_dir, tokenizer, model.description["entity_length"])
 
 
 def start_pool(
@@ -141,14 +141,13 @@ def start_pool(
     settings: EncoderPoolSettings,
     encode_catalogue: Path | None,
     seconds: dict[str, float],
-    progress: bool = True,
 ) -> tuple[EncoderPool, TokenStore | None]:
     """The encoder pool of `model` (stage ``start``); when it is to encode the catalogue of
     dataset `encode_catalogue`, that catalogue's token store first (stage ``tokens``)."""
     tokens = None
     if encode_catalogue is not None:
         with timed(seconds, "tokens"):
-            tokens = ensure_token_store(encode_catalogue, model, progress)
+            tokens = ensure_token_store(encode_catalogue, model)
     with timed(seconds, "start"):
         directory = None if tokens is None else tokens.directory
         return EncoderPool(model.export_dir, settings, directory), tokens
@@ -213,7 +212,6 @@ def index_entities(
     shard_size: int,
     encodings: Path | None = None,
     on_shard: Callable[[ShardEncoded, EncoderPool], None] | None = None,
-    progress: bool = True,
 ) -> BuildReport:
     """Index every unfinished shard of `builder`'s version through `pool`, then publish it.
 
@@ -229,12 +227,11 @@ def index_entities(
     ]
     finished = builder.finished_shards
     started = time.perf_counter()
-    bar = tqdm(
+    bar = progress_bar(
         total=num_entities,
         desc=f"indexing v{builder.version}",
         unit="entities",
         unit_scale=True,
-        disable=not progress,
     )
     bar.update(
         sum(finished[number].entities[1] - finished[number].entities[0] for number in finished)
@@ -273,12 +270,9 @@ def build_version(
     spec: IndexSpec,
     shard_size: int,
     on_shard: Callable[[ShardEncoded, EncoderPool], None] | None = None,
-    progress: bool = True,
 ) -> BuildReport:
     """A new version of `store`: the whole catalogue of `tokens` encoded with `model` (resuming
     an unfinished build of the same parameters)."""
     catalogue = tokens.manifest["catalogue"]
     parameters = build_parameters(model, catalogue, len(tokens), spec, shard_size)
-    return index_entities(
-        pool, store.begin(parameters), spec, shard_size, on_shard=on_shard, progress=progress
-    )
+    return index_entities(pool, store.begin(parameters), spec, shard_size, on_shard=on_shard)

@@ -19,6 +19,7 @@ from hnce.cluster.compute.shard_holders import HeldIndex
 from hnce.cluster.stores.negatives_store import MinedSplit
 from hnce.cluster.stores.tables import Mention
 from hnce.cluster.stores.tables_read import MentionSplit
+from hnce.encoders.progress import progress_bar
 
 
 def gold_ranks(cands: np.ndarray, gold: np.ndarray) -> np.ndarray:
@@ -57,7 +58,6 @@ def mine_split(
     top_n: int,
     batch_size: int = 256,
     description: str = "mining",
-    progress: bool = True,
 ) -> MinedSplit:
     """Top-`top_n` entities of every mention of `split` under the held index version."""
     mention_ids: list[str] = []
@@ -69,9 +69,7 @@ def mine_split(
             golds.extend(m.gold for m in mentions)
             yield mentions
 
-    with tqdm(
-        total=len(split), desc=description, unit="mentions", unit_scale=True, disable=not progress
-    ) as bar:
+    with progress_bar(total=len(split), desc=description, unit="mentions", unit_scale=True) as bar:
         cands, scores = search_mentions(pool, held, batches(), top_n, bar=bar)
     return MinedSplit(
         mention_ids=mention_ids,

@@ -177,7 +177,6 @@ def run_refresh(
     plan: RefreshPlan,
     step: int | None = None,
     on_shard: Callable[[ShardEncoded, EncoderPool], None] | None = None,
-    progress: bool = True,
 ) -> RefreshSummary:
     """One refresh from checkpoint `step` (default: the newest complete one).
 
@@ -198,7 +197,7 @@ def run_refresh(
     summary = RefreshSummary(step, -1, -1, skipped_checkpoints=skipped)
     model = IndexedModel.from_checkpoint(directory, step)
     encode = plan.data_dir if live is None else None
-    pool, tokens = start_pool(model, plan.pool_settings, encode, summary.seconds, progress)
+    pool, tokens = start_pool(model, plan.pool_settings, encode, summary.seconds)
     with pool:
         if tokens is not None:
             with timed(summary.seconds, "index"):
@@ -210,11 +209,10 @@ def run_refresh(
                     plan.index,
                     plan.refresh.shard_size,
                     on_shard,
-                    progress,
                 )
             live = report.version
             summary.num_shards, summary.resumed_shards = report.num_shards, report.resumed_shards
-        _mine(plan, pool, live, summary, progress)
+        _mine(plan, pool, live, summary)
     summary.seconds["total"] = time.perf_counter() - started
     logger.info(summary.line())
     return summary
@@ -244,13 +242,12 @@ def _mine(
     pool: EncoderPool,
     version: IndexVersion,
     summary: RefreshSummary,
-    progress: bool,
 ) -> None:
     """Hold `version` in the pool, mine every split, publish the negatives version."""
     summary.index_version = summary.negatives_version = version.version
     summary.num_entities, summary.num_vectors = version.num_entities, version.num_vectors
     with timed(summary.seconds, "hold"):
-        held = pool.hold(version, plan.index.candidate_depth, progress)
+        held = pool.hold(version, plan.index.candidate_depth)
     summary.num_holders = len(held.holders)
     mined = {}
     with timed(summary.seconds, "mine"):
@@ -263,7 +260,6 @@ def _mine(
                 plan.refresh.top_n,
                 plan.refresh.mention_batch_size,
                 description=f"mining {split}",
-                progress=progress,
             )
             ranks = mined[split].gold_ranks
             summary.recall[split] = float((ranks >= 0).mean()) if len(ranks) else 0.0

@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow.compute as pc
 from filelock import FileLock
-from tqdm import tqdm
 
 from hnce.cluster.compute.encoder_pool import EncoderPool
 from hnce.cluster.compute.index_build import (
@@ -50,6 +49,7 @@ from hnce.cluster.compute.shard_holders import HeldIndex
 from hnce.cluster.stores.index_store import IndexStore, IndexVersion
 from hnce.cluster.stores.tables import Mention
 from hnce.cluster.stores.tables_read import EntityCatalogue, catalogue_fingerprint
+from hnce.encoders.progress import progress_bar
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,6 @@ def retrieve(
     k: int,
     per_domain: bool = False,
     batch_size: int = 256,
-    progress: bool = True,
 ) -> Retrieved:
     """Top-`k` entities of `mentions` under `model` (module docstring for which index).
 
@@ -99,7 +98,7 @@ def retrieve(
             )
             version = plan.index_store.find(*wanted) or store.find(*wanted)
         encode = plan.data_dir if version is None else None
-        pool, tokens = start_pool(model, plan.pool_settings, encode, seconds, progress)
+        pool, tokens = start_pool(model, plan.pool_settings, encode, seconds)
         with pool:
             built = tokens is not None
             if tokens is not None:
@@ -111,16 +110,13 @@ def retrieve(
                         tokens,
                         plan.index,
                         plan.refresh.shard_size,
-                        progress=progress,
                     ).version
             assert version is not None
             logger.info("searching index v%d in %s", version.version, version.path.parent)
             with timed(seconds, "hold"):
-                held = pool.hold(version, plan.index.candidate_depth, progress)
+                held = pool.hold(version, plan.index.candidate_depth)
             with timed(seconds, "search"):
-                cands, scores = _search(
-                    plan, pool, held, mentions, k, per_domain, batch_size, progress
-                )
+                cands, scores = _search(plan, pool, held, mentions, k, per_domain, batch_size)
     return Retrieved(cands, scores, version, built, seconds)
 
 
@@ -132,7 +128,6 @@ def _search(
     k: int,
     per_domain: bool,
     batch_size: int,
-    progress: bool,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Search every mention (per domain: each group restricted to its domain's entities)."""
     cands = np.full((len(mentions), k), -1, dtype=np.int64)
@@ -140,7 +135,7 @@ def _search(
     groups: list[tuple[np.ndarray, np.ndarray | None]] = [(np.arange(len(mentions)), None)]
     if per_domain:
         groups = list(_domain_groups(plan, mentions))
-    with tqdm(total=len(mentions), desc="retrieve", unit="mentions", disable=not progress) as bar:
+    with progress_bar(total=len(mentions), desc="retrieve", unit="mentions") as bar:
         for rows, allowed in groups:
             batches = (
                 [mentions[row] for row in rows[start : start + batch_size]]

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import ray
-from tqdm import tqdm
 
 from hnce.cluster.compute.actors import Task, TaskClock
 from hnce.cluster.stores.exact_search import ExactSearcher
@@ -37,6 +36,7 @@ from hnce.cluster.stores.sharded_index import (
     resolve_faiss_device,
 )
 from hnce.encoders.biencoder import BiEncoder
+from hnce.encoders.progress import progress_bar
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +142,6 @@ class HeldIndex:
         device: DeviceRequest,
         candidate_depth: int,
         clock: TaskClock,
-        progress: bool = True,
     ) -> HeldIndex:
         """Spread `version`'s shards round-robin over `actors` and wait until each has loaded
         its share (actors left without a shard hold nothing and are not searched)."""
@@ -156,11 +155,10 @@ class HeldIndex:
             pending[actor.hold.remote(holders[-1][2])] = Task(
                 f"loading shards {spec.shard_numbers}", name
             )
-        with tqdm(
+        with progress_bar(
             total=num_shards,
             desc=f"loading index v{version.version}",
             unit="shards",
-            disable=not progress,
         ) as bar:
             while pending:
                 done = clock.wait_next(pending)

@@ -35,13 +35,13 @@ from typing import Any
 import numpy as np
 import torch
 from filelock import FileLock
-from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from hnce.cluster.stores.files import atomic_write_json, publish_directory, sha256_file
 from hnce.cluster.stores.tables_read import EntityCatalogue, catalogue_fingerprint
 from hnce.encoders.errors import InputError
 from hnce.encoders.formatting import tokenize_entities, tokenizer_fingerprint
+from hnce.encoders.progress import progress_bar
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +119,6 @@ class TokenStore:
         data_root: Path,
         tokenizer: PreTrainedTokenizerBase,
         entity_length: int,
-        progress: bool = False,
     ) -> TokenStore:
         """The store of this catalogue for ``tokenizer`` at ``entity_length``, built on first use.
 
@@ -132,9 +131,7 @@ class TokenStore:
         directory.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(directory) + ".lock"):
             if not directory.is_dir():
-                _build(
-                    directory, data_root, tokenizer, entity_length, fingerprint, catalogue, progress
-                )
+                _build(directory, data_root, tokenizer, entity_length, fingerprint, catalogue)
         return cls.open(directory, fingerprint, catalogue)
 
     def rows(self, entity_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -162,7 +159,6 @@ def _build(
     entity_length: int,
     fingerprint: str,
     catalogue_digest: str,
-    progress: bool,
 ) -> None:
     """Tokenize the catalogue into a temporary sibling of ``directory``, then publish it."""
     catalogue = EntityCatalogue.open(data_root)
@@ -177,7 +173,7 @@ def _build(
     logger.info("tokenizing %d entities into %s", rows, directory)
     columns = ["entity_id", "title", "text"]
     start = 0
-    with tqdm(total=rows, desc="token store", unit="entities", disable=not progress) as bar:
+    with progress_bar(total=rows, desc="token store", unit="entities") as bar:
         for record_batch in catalogue.iter_batches(_BUILD_BATCH, columns):
             tokens = tokenize_entities(
                 tokenizer,

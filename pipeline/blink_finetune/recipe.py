@@ -150,7 +150,7 @@ def with_model_path(config: Config, export_dir: Path) -> Config:
     return config_from_dict(tree)
 
 
-def finetune_blink(config: Config, progress: bool = True) -> FinetuneReport:
+def finetune_blink(config: Config) -> FinetuneReport:
     """The whole recipe; every stage is skipped when a previous run of ``run.dir`` finished it,
     and training resumes from the newest checkpoint."""
     check_blink_inputs(config)
@@ -168,17 +168,17 @@ def finetune_blink(config: Config, progress: bool = True) -> FinetuneReport:
     plan = refresh_plan(config)
     initial = IndexedModel.from_export(run_dir / INITIAL_EXPORT)
     encodings = None if inputs.encodings is None else Path(inputs.encodings)
-    prepare_version_zero(plan, initial, config.data.train_split, encodings, progress)
+    prepare_version_zero(plan, initial, config.data.train_split, encodings)
     aida, k = list(map(Path, inputs.aida)), max(config.eval.ks)
-    before = link_files(plan, initial, aida, k, None, progress)
+    before = link_files(plan, initial, aida, k, None)
 
-    summary = run_training(config, progress=progress)
+    summary = run_training(config)
     newest = newest_checkpoint(run_dir)
     if newest is None:
         raise RuntimeError(f"{run_dir}: training published no checkpoint")
     step, checkpoint = newest
     final = IndexedModel.from_checkpoint(checkpoint, step)
-    after = link_files(plan, final, aida, k, run_dir / "predictions", progress)
+    after = link_files(plan, final, aida, k, run_dir / "predictions")
     for result, initial_result in zip(after, before, strict=True):
         result.before = initial_result.after
     hf_export = run_dir / HF_EXPORT

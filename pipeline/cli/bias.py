@@ -19,7 +19,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", type=Path, default=Path("runs/bias"), help="output directory (default runs/bias)"
     )
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
     defaults = SyntheticBiasConfig()
     for item in fields(SyntheticBiasConfig):
         default = getattr(defaults, item.name)
@@ -35,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     config = SyntheticBiasConfig(
         **{f.name: getattr(args, f.name) for f in fields(SyntheticBiasConfig)}
     )
-    result = run_synthetic_experiment(config, progress=not args.quiet)
+    result = run_synthetic_experiment(config)
     png, json_path = args.out / "bias.png", args.out / "bias.json"
     plot_figure1(result, png)
     result.to_json(json_path)

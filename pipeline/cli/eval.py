@@ -26,7 +26,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="instead of recall: KILT predictions for every input id of these KILT files "
         "(<run>/predictions/<file name>)",
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,14 +34,12 @@ def run(args: argparse.Namespace) -> int:
     from hnce.pipeline.metrics import format_table, write_reports
 
     if args.kilt_predictions:
-        files = predict_checkpoint(
-            config, args.checkpoint, args.kilt_predictions, progress=not args.no_progress
-        )
+        files = predict_checkpoint(config, args.checkpoint, args.kilt_predictions)
         for result in files:
             accuracy = "" if result.after is None else f", accuracy {result.after.accuracy:.4f}"
             print(f"{result.file}: {result.inputs} predictions{accuracy} -> {result.predictions}")
         return 0
-    report = evaluate_checkpoint(config, args.checkpoint, progress=not args.no_progress)
+    report = evaluate_checkpoint(config, args.checkpoint)
     out = args.out or config.run_dir / f"eval-{config.data.eval_split}.json"
     write_reports([report], out)
     print(format_table([report], config.eval.ks))

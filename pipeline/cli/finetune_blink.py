@@ -40,7 +40,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--aida", nargs="+", help="aidayago2-{train,dev,test_without_answers}-kilt.jsonl"
     )
-    parser.add_argument("--no-progress", action="store_true")
 
 
 def input_overrides(args: argparse.Namespace) -> list[str]:
@@ -59,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_recipe(args, *input_overrides(args))
     from hnce.pipeline.blink_finetune.recipe import finetune_blink
 
-    report = finetune_blink(config, progress=not args.no_progress)
+    report = finetune_blink(config)
     print("\n".join(report.lines()))
     print(f"report: {report.run_dir / 'finetune_report.json'}")
     return 0

@@ -19,6 +19,7 @@ import logging
 import sys
 
 from hnce.encoders.errors import InputError
+from hnce.encoders.progress import quiet
 
 EXIT_INPUT_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -66,6 +67,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in COMMANDS.items():
         sub = subparsers.add_parser(name, help=help_text, description=help_text)
+        sub.add_argument(
+            "--no-progress",
+            "--quiet",
+            action="store_true",
+            help="no progress bars (and no periodic progress lines in logs)",
+        )
         if name == command:
             importlib.import_module(module_name).add_arguments(sub)
     return parser
@@ -106,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.debug)
     try:
         module = importlib.import_module(COMMANDS[args.command][0])
-        return int(module.run(args) or 0)
+        with quiet(args.no_progress):
+            return int(module.run(args) or 0)
     except KeyboardInterrupt:
         print(f"hnce {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -16,14 +16,13 @@ from hnce.pipeline.cli._common import add_config_arguments, load_recipe
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
-    parser.add_argument("--no-progress", action="store_true")
 
 
 def run(args: argparse.Namespace) -> int:
     config = load_recipe(args)
     from hnce.pipeline.rerank import format_reports, run_rerank_job
 
-    reports, summary, out = run_rerank_job(config, progress=not args.no_progress)
+    reports, summary, out = run_rerank_job(config)
     print(
         f"{summary.line()}; {summary.mentions} training mentions "
         f"({summary.skipped_missing_gold} without a gold in the catalogue left out)"

@@ -10,14 +10,13 @@ from hnce.pipeline.cli._common import add_config_arguments, load_recipe
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
     config = load_recipe(args)
     from hnce.pipeline.train.trainer import run_training
 
-    summary = run_training(config, progress=not args.no_progress)
+    summary = run_training(config)
     print(summary.line())
     if summary.refresh_error:
         print(f"refresh error: {summary.refresh_error}", file=sys.stderr)

@@ -178,14 +178,13 @@ def link_files(
     aida: Sequence[Path],
     k: int,
     predictions_dir: Path | None,
-    progress: bool = True,
 ) -> list[SplitResult]:
     """Top-``k`` entities of every input of every file under ``model``, in one search through
     the cluster; predictions (top 1) written to ``predictions_dir/<file name>``; accuracy for the
     files with a labelled Parquet split."""
     files = [(Path(path), read_kilt_inputs(Path(path))) for path in aida]
     mentions = [mention for _, inputs in files for mention in as_mentions(inputs)]
-    retrieved = retrieve(plan, model, mentions, k, progress=progress)
+    retrieved = retrieve(plan, model, mentions, k)
     catalogue = EntityCatalogue.open(plan.data_dir)
     results, offset = [], 0
     for path, inputs in files:

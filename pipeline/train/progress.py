@@ -8,6 +8,7 @@ printed above the bar the moment it is recorded, and the bar shows the last refr
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
@@ -16,14 +17,17 @@ from pathlib import Path
 from tqdm import tqdm
 
 from hnce.cluster.stores.refresh_log import RefreshRecord, read_records
+from hnce.encoders.progress import progress_bar
 from hnce.pipeline.train.events import read_events
+
+logger = logging.getLogger(__name__)
 
 
 def follow_progress(run_dir: Path, steps: int, done: threading.Event) -> None:
     """A progress bar fed by the run's logs (the workers run in other processes)."""
     since, offset = time.time(), 0
     refresh = "none yet"
-    with tqdm(total=steps, desc="training", unit="step") as bar:
+    with progress_bar(total=steps, desc="training", unit="step") as bar:
         while not done.is_set():
             records, offset = read_records(run_dir, offset)
             for record in records:
@@ -47,13 +51,17 @@ def follow_progress(run_dir: Path, steps: int, done: threading.Event) -> None:
 
 
 def _refresh_news(record: RefreshRecord, bar: tqdm) -> str:
-    """The bar's refresh field for ``record``; a failure is also printed above the bar."""
+    """The bar's refresh field for ``record``; a failure is also reported at once: printed above
+    a bar on a terminal, else logged as a warning (a job's log, ``--no-progress``)."""
     if record.outcome == "failed":
-        bar.write(
+        message = (
             f"refresh of step-{record.checkpoint} failed ({record.consecutive_failures} in a "
-            f"row): {record.message}",
-            file=sys.stderr,  # where the bar is
+            f"row): {record.message}"
         )
+        if bar.disable or not sys.stderr.isatty():
+            logger.warning("%s", message)
+        else:
+            bar.write(message, file=sys.stderr)  # where the bar is
         return f"failed x{record.consecutive_failures}"
     if record.outcome == "published":
         return f"v{record.index_version} from step-{record.checkpoint}"

@@ -82,12 +82,12 @@ def _worker_config(config: Config, task: TrainingTask) -> dict[str, Any]:
     return {"config": tree, "task": task.to_dict()}
 
 
-def run_training(config: Config, progress: bool = True) -> TrainingSummary:
+def run_training(config: Config) -> TrainingSummary:
     """``hnce train``: train the retriever to ``training.steps`` (resuming from a checkpoint in
     ``run.dir``), on negatives version 0 as ``negatives.initial`` says and the refresh when the
     recipe asks for it."""
     check_training_inputs(config)
-    return run_task(config, TrainingTask.retriever(config), progress)
+    return run_task(config, TrainingTask.retriever(config))
 
 
 def _trainer(config: Config, task: TrainingTask) -> TorchTrainer:
@@ -113,7 +113,7 @@ def _trainer(config: Config, task: TrainingTask) -> TorchTrainer:
     )
 
 
-def run_task(config: Config, task: TrainingTask, progress: bool = True) -> TrainingSummary:
+def run_task(config: Config, task: TrainingTask) -> TrainingSummary:
     """Train ``task`` to its ``steps`` through Ray Train (resuming from the newest checkpoint in
     its run directory); returns what the run did, read back from its event log."""
     settings = task.settings(config)
@@ -126,7 +126,7 @@ def run_task(config: Config, task: TrainingTask, progress: bool = True) -> Train
         config.refresh.num_encoders * config.refresh.encoder_cpus if encoders else 0
     )
     init_ray(config.cluster, cpus_needed)
-    prepare_initial_negatives(config, initial, progress)
+    prepare_initial_negatives(config, initial)
     trainer = _trainer(config, task)
     coordinator = watch = None
     if with_refresh:
@@ -136,14 +136,12 @@ def run_task(config: Config, task: TrainingTask, progress: bool = True) -> Train
         target=follow_progress, args=(task.run_dir, settings.steps, done), daemon=True
     )
     started, since = time.perf_counter(), time.time()
-    if progress:
-        follower.start()
+    follower.start()
     try:
         trainer.fit()
     finally:
         done.set()
-        if progress:
-            follower.join()
+        follower.join()
         status: dict[str, Any] = {}
         if coordinator is not None:
             status = stop_refresh(coordinator, watch)

@@ -74,7 +74,6 @@ def prepare_version_zero(
     model: IndexedModel,
     train_split: str,
     encodings: Path | None = None,
-    progress: bool = True,
 ) -> IndexVersion | None:
     """Index and train negatives version 0 of the imported `model` (kept when the run already
     has them); None when a resumed run's retention has already removed version 0."""
@@ -86,18 +85,16 @@ def prepare_version_zero(
     if encodings is not None:
         check_encodings(encodings, model, len(EntityCatalogue.open(plan.data_dir)))
     encode = plan.data_dir if encodings is None else None
-    pool, tokens = start_pool(model, plan.pool_settings, encode, {}, progress)
+    pool, tokens = start_pool(model, plan.pool_settings, encode, {})
     with pool:
         if versions:
             version = store.open(INITIAL_VERSION)
         else:
-            version = _build_version_zero(plan, pool, model, tokens, encodings, progress)
+            version = _build_version_zero(plan, pool, model, tokens, encodings)
         if negatives.current_version() is None:
-            held = pool.hold(version, plan.index.candidate_depth, progress)
+            held = pool.hold(version, plan.index.candidate_depth)
             split = MentionSplit.open(mention_split_path(plan.data_dir, train_split))
-            mined = mine_split(
-                pool, held, split, plan.refresh.top_n, description="mining v0", progress=progress
-            )
+            mined = mine_split(pool, held, split, plan.refresh.top_n, description="mining v0")
             negatives.publish(
                 INITIAL_VERSION,
                 {train_split: mined},
@@ -114,7 +111,6 @@ def _build_version_zero(
     model: IndexedModel,
     tokens: TokenStore | None,
     encodings: Path | None,
-    progress: bool,
 ) -> IndexVersion:
     """Version 0 (whatever the store's next number), from `encodings` or from `tokens`."""
     if tokens is not None:
@@ -125,12 +121,10 @@ def _build_version_zero(
     shard_size = plan.refresh.shard_size
     parameters = build_parameters(model, catalogue, num_entities, plan.index, shard_size, encodings)
     builder = IndexBuilder(plan.index_store, INITIAL_VERSION, parameters)
-    return index_entities(
-        pool, builder, plan.index, shard_size, encodings, progress=progress
-    ).version
+    return index_entities(pool, builder, plan.index, shard_size, encodings).version
 
 
-def prepare_initial_negatives(config: Config, initial: str, progress: bool = True) -> None:
+def prepare_initial_negatives(config: Config, initial: str) -> None:
     """Negatives version 0 of a retriever run from ``initial`` (``negatives.initial``, as the
     task resolves it): nothing for random, BM25's top-N for lexical, the starting model's top-N
     (index version 0 built by the encoder actors) for model. A run that has it keeps it."""
@@ -147,4 +141,4 @@ def prepare_initial_negatives(config: Config, initial: str, progress: bool = Tru
         )
     elif initial == "model":
         starting_model = IndexedModel.from_export(untrained_export(config))
-        prepare_version_zero(plan, starting_model, config.data.train_split, progress=progress)
+        prepare_version_zero(plan, starting_model, config.data.train_split)

@@ -31,6 +31,7 @@ from hnce.cluster.stores.tables import Mention, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.cluster.stores.tokens import TokenStore
 from hnce.encoders.biencoder import BiEncoder
+from hnce.encoders.progress import quiet
 from hnce.encoders.reranker import JointReranker
 from hnce.mining.losses import build_loss
 from hnce.mining.samplers import SAMPLER_SPECS, LossColumns
@@ -118,9 +119,8 @@ def load_training_data(
         assert task.candidates is not None
         drawer = NegativeDrawer.for_reranker(config, len(catalogue), mentions)
         source = FixedNegatives(task.candidates)
-    store = TokenStore.ensure(
-        data_root, model.tokenizer, model.entity_length, progress=collectives.rank == 0
-    )
+    with quiet(collectives.rank != 0):  # whichever rank builds it, rank 0 reports
+        store = TokenStore.ensure(data_root, model.tokenizer, model.entity_length)
     data = TrainingData(
         mentions=mentions,
         tokens=MentionTokens.tokenize(model, mentions),

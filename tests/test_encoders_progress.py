@@ -1,0 +1,40 @@
+"""Progress is decided once per process: a bar on a terminal, log lines elsewhere, nothing when
+quiet; nothing threads a flag through the calls."""
+
+from __future__ import annotations
+
+import io
+import logging
+
+import pytest
+
+from hnce.encoders import progress
+from hnce.encoders.progress import progress_bar, quiet
+
+
+def test_off_a_terminal_progress_is_log_lines_not_a_redrawn_bar(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(progress, "_shown", True)
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+    with caplog.at_level(logging.INFO, logger="hnce.progress"):
+        for _ in progress_bar(range(1000), desc="encode", unit="entities"):
+            pass
+    lines = [record.getMessage() for record in caplog.records]
+    assert lines and all("\r" not in line for line in lines)
+    assert lines[-1].startswith("encode: 1000/1000 entities")
+    assert len(lines) <= 2  # the first line and the last, not one per update
+
+
+def test_quiet_silences_every_bar_of_the_process_and_nests(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(progress, "_shown", True)
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+    with caplog.at_level(logging.INFO, logger="hnce.progress"):
+        with quiet():
+            with quiet(False):  # an inner "not quiet" does not undo an outer quiet
+                assert progress_bar(range(3), desc="inner").disable
+            list(progress_bar(range(3), desc="silent"))
+        assert not progress_bar(range(3), desc="after").disable
+    assert not [r for r in caplog.records if "silent" in r.getMessage()]
