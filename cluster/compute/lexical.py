@@ -25,15 +25,13 @@ Example::
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 from filelock import FileLock
 
 from hnce.cluster.compute.miner import gold_ranks
-from hnce.cluster.stores.files import atomic_write_json, publish_directory
+from hnce.cluster.stores.files import atomic_write_json, publish_directory, staging
 from hnce.cluster.stores.negatives_store import MinedSplit, NegativesStore
 from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit, catalogue_fingerprint
@@ -71,12 +69,11 @@ def _build(directory: Path, data_root: Path, k1: float, b: float, catalogue: str
         titles, bodies = batch.column("title").to_pylist(), batch.column("text").to_pylist()
         texts += [f"{title} {body}" for title, body in zip(titles, bodies, strict=True)]
     logger.info("BM25 (k1=%g, b=%g) over %d entities into %s", k1, b, len(texts), directory)
-    building = directory.with_name(f".building-{directory.name}-{os.getpid()}")
-    shutil.rmtree(building, ignore_errors=True)
-    Bm25Index(texts, stopwords=STOPWORDS, k1=k1, b=b).save(building)
-    manifest = {"k1": k1, "b": b, "stopwords": STOPWORDS, "catalogue": catalogue}
-    atomic_write_json(building / "manifest.json", {**manifest, "entities": len(texts)})
-    publish_directory(building, directory)
+    with staging(directory) as building:
+        Bm25Index(texts, stopwords=STOPWORDS, k1=k1, b=b).save(building)
+        manifest = {"k1": k1, "b": b, "stopwords": STOPWORDS, "catalogue": catalogue}
+        atomic_write_json(building / "manifest.json", {**manifest, "entities": len(texts)})
+        publish_directory(building, directory)
 
 
 def mine_lexical(bm25: Bm25Index, split: MentionSplit, top_n: int) -> MinedSplit:

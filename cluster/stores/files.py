@@ -4,8 +4,10 @@ Every store, checkpoint, dataset and report goes through :class:`AtomicPath` (or
 ``atomic_write_*`` wrappers around it), under one rule: write the temporary file, ``fsync`` it,
 ``rename`` it over the target, ``fsync`` the directory. A reader therefore sees the old file or the
 whole new one, and a crash never leaves a half-written file under the target's name. Directories
-(index, negatives and dataset versions) are published by :func:`publish_directory`: a rename of
-a complete directory followed by an ``fsync`` of its parent.
+(datasets, token stores, index and negatives versions, exported models) are built in a hidden
+staging sibling (:func:`staging_directory`, named ``.building-<name>-…``) and published by
+:func:`publish_directory`: a rename of the complete directory followed by an ``fsync`` of its
+parent.
 
 Example::
 
@@ -20,12 +22,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 _TEMPORARY_PREFIX = ".tmp-"
+#: Every directory being built starts with this (and is never read as a published one).
+STAGING_PREFIX = ".building-"
 
 
 def fsync_directory(directory: Path) -> None:
@@ -113,6 +120,28 @@ def publish_directory(building: Path, final: Path) -> Path:
     os.rename(building, final)
     fsync_directory(final.parent)
     return final
+
+
+def staging_directory(final: Path) -> Path:
+    """A new, empty hidden sibling of ``final`` to build it in, unique to this process and call:
+    ``.building-<final name>-<pid>-<token>``."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    building = final.parent / f"{STAGING_PREFIX}{final.name}-{token}"
+    building.mkdir()
+    return building
+
+
+@contextmanager
+def staging(final: Path) -> Iterator[Path]:
+    """:func:`staging_directory` of ``final`` for the block; whatever is left of it (everything,
+    unless the block published it by :func:`publish_directory`) is removed on leaving."""
+    building = staging_directory(final)
+    try:
+        yield building
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
 
 
 def sha256_file(path: Path, chunk_bytes: int = 1 << 22) -> str:

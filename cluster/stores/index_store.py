@@ -47,8 +47,7 @@ from typing import Annotated, Any, Literal
 import faiss
 import numpy as np
 import torch
-from pydantic import ConfigDict, Field, TypeAdapter
-from pydantic.dataclasses import dataclass
+from pydantic import Field, TypeAdapter
 
 from hnce.cluster.stores.exact_search import ExactSearcher
 from hnce.cluster.stores.files import AtomicPath, atomic_write_text, sha256_file
@@ -61,6 +60,8 @@ from hnce.cluster.stores.sharded_index import (
 )
 from hnce.cluster.stores.versioned_dir import (
     MANIFEST_FILE,
+    Count,
+    Positive,
     Sha256,
     StoreError,
     building_dir_name,
@@ -69,6 +70,7 @@ from hnce.cluster.stores.versioned_dir import (
     confined_path,
     created_at,
     manifest_json,
+    manifest_record,
     next_version,
     publish_version,
     published_versions,
@@ -83,12 +85,9 @@ logger = logging.getLogger(__name__)
 
 FORMAT = 1
 PROGRESS_FILE = "progress.json"
-_RECORD = ConfigDict(extra="forbid", strict=True, frozen=True)
-Count = Annotated[int, Field(ge=0)]
-Positive = Annotated[int, Field(gt=0)]
 
 
-@dataclass(config=_RECORD)
+@manifest_record
 class ShardRecord:
     """One shard of a version, as recorded in the manifest: its files, their SHA-256, its vector
     count and the entity range [start, stop) it covers."""
@@ -101,7 +100,7 @@ class ShardRecord:
     entities: tuple[Count, Count]
 
 
-@dataclass(config=_RECORD)
+@manifest_record
 class BuildParameters:
     """What a version is built from; a resumed build must match these exactly.
 
@@ -122,7 +121,7 @@ class BuildParameters:
     index: dict[str, Any]
 
 
-@dataclass(config=_RECORD)
+@manifest_record
 class IndexManifest(BuildParameters):
     """`manifest.json` of a published version (docs/stores.md)."""
 
@@ -136,7 +135,7 @@ class IndexManifest(BuildParameters):
         return sum(shard.count for shard in self.shards)
 
 
-@dataclass(config=_RECORD)
+@manifest_record
 class BuildProgress:
     """`progress.json` of an unfinished build: its parameters and the shards already written."""
 

@@ -42,18 +42,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
-from pydantic import ConfigDict, Field, TypeAdapter
-from pydantic.dataclasses import dataclass as record
+from pydantic import Field, TypeAdapter
 
 from hnce.cluster.stores.files import AtomicPath, atomic_write_text, sha256_file
 from hnce.cluster.stores.versioned_dir import (
     MANIFEST_FILE,
+    Count,
+    Positive,
     Sha256,
     StoreError,
     building_dir_name,
     check_version,
     created_at,
     manifest_json,
+    manifest_record,
     publish_version,
     read_current,
     read_manifest,
@@ -72,12 +74,9 @@ NEGATIVES_SCHEMA = pa.schema(
         pa.field("gold_rank", pa.int32(), nullable=False),
     ]
 )
-_RECORD = ConfigDict(extra="forbid", strict=True, frozen=True)
-Count = Annotated[int, Field(ge=0)]
-Positive = Annotated[int, Field(gt=0)]
 
 
-@record(config=_RECORD)
+@manifest_record
 class SplitRecord:
     """One split's file in a negatives version."""
 
@@ -86,7 +85,7 @@ class SplitRecord:
     rows: Count
 
 
-@record(config=_RECORD)
+@manifest_record
 class NegativesManifest:
     """`manifest.json` of a negatives version."""
 

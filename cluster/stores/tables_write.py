@@ -17,7 +17,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hnce.cluster.stores.files import atomic_write_json, publish_directory, sha256_file
+from hnce.cluster.stores.files import (
+    atomic_write_json,
+    publish_directory,
+    sha256_file,
+    staging_directory,
+)
 from hnce.cluster.stores.tables import (
     ENTITIES_DIR,
     ENTITY_SCHEMA,
@@ -229,11 +234,7 @@ class DatasetBuilder:
         check_output(self.out, overwrite)
         self.converter = {"name": converter, "version": converter_version}
         self.dataset_id = uuid.uuid4().hex
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        self.root = (
-            self.out.parent / f".building-{self.out.name}-{os.getpid()}-{self.dataset_id[:8]}"
-        )
-        self.root.mkdir()
+        self.root = staging_directory(self.out)
         self.published: DatasetManifest | None = None
         self._inputs: list[dict[str, Any]] = []
         self._entities: EntityCatalogueWriter | None = None

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +35,12 @@ import torch
 from filelock import FileLock
 from transformers import PreTrainedTokenizerBase
 
-from hnce.cluster.stores.files import atomic_write_json, publish_directory, sha256_file
+from hnce.cluster.stores.files import (
+    atomic_write_json,
+    publish_directory,
+    sha256_file,
+    staging,
+)
 from hnce.cluster.stores.tables_read import EntityCatalogue, catalogue_fingerprint
 from hnce.encoders.errors import InputError
 from hnce.encoders.formatting import tokenize_entities, tokenizer_fingerprint
@@ -160,21 +163,41 @@ def _build(
     fingerprint: str,
     catalogue_digest: str,
 ) -> None:
-    """Tokenize the catalogue into a temporary sibling of ``directory``, then publish it."""
+    """Tokenize the catalogue into a staging sibling of ``directory``, then publish it."""
+    dtype = np.uint16 if len(tokenizer) <= np.iinfo(np.uint16).max else np.int32
+    with staging(directory) as building:
+        rows = _tokenize_into(building, data_root, tokenizer, entity_length, dtype)
+        manifest = {
+            "format": FORMAT,
+            "tokenizer": fingerprint,
+            "entity_length": entity_length,
+            "catalogue": catalogue_digest,
+            "pad_id": int(tokenizer.pad_token_id),
+            "rows": rows,
+            "dtype": np.dtype(dtype).name,
+            "sha256": {name: sha256_file(building / f"{name}.npy") for name in ARRAYS},
+        }
+        atomic_write_json(building / MANIFEST_FILE, manifest)
+        publish_directory(building, directory)
+
+
+def _tokenize_into(
+    building: Path,
+    data_root: Path,
+    tokenizer: PreTrainedTokenizerBase,
+    entity_length: int,
+    dtype: type,
+) -> int:
+    """The catalogue's token arrays, written into ``building``; returns the row count."""
     catalogue = EntityCatalogue.open(data_root)
     rows = len(catalogue)
-    dtype = np.uint16 if len(tokenizer) <= np.iinfo(np.uint16).max else np.int32
-    building = directory.with_name(f".building-{directory.name}-{os.getpid()}")
-    shutil.rmtree(building, ignore_errors=True)
-    building.mkdir(parents=True)
     ids = np.lib.format.open_memmap(building / "ids.npy", "w+", dtype, (rows, entity_length))
     lengths = np.lib.format.open_memmap(building / "lengths.npy", "w+", np.uint16, (rows,))
     entity_ids = np.lib.format.open_memmap(building / "entity_ids.npy", "w+", np.int64, (rows,))
-    logger.info("tokenizing %d entities into %s", rows, directory)
-    columns = ["entity_id", "title", "text"]
+    logger.info("tokenizing %d entities into %s", rows, building.parent)
     start = 0
     with progress_bar(total=rows, desc="token store", unit="entities") as bar:
-        for record_batch in catalogue.iter_batches(_BUILD_BATCH, columns):
+        for record_batch in catalogue.iter_batches(_BUILD_BATCH, ["entity_id", "title", "text"]):
             tokens = tokenize_entities(
                 tokenizer,
                 record_batch.column("title").to_pylist(),
@@ -192,16 +215,4 @@ def _build(
         raise TokenStoreError(f"{data_root}: entity ids are not dense 0..{rows - 1} in file order")
     for array in (ids, lengths, entity_ids):
         array.flush()
-    del ids, lengths, entity_ids
-    manifest = {
-        "format": FORMAT,
-        "tokenizer": fingerprint,
-        "entity_length": entity_length,
-        "catalogue": catalogue_digest,
-        "pad_id": int(tokenizer.pad_token_id),
-        "rows": rows,
-        "dtype": np.dtype(dtype).name,
-        "sha256": {name: sha256_file(building / f"{name}.npy") for name in ARRAYS},
-    }
-    atomic_write_json(building / MANIFEST_FILE, manifest)
-    publish_directory(building, directory)
+    return rows

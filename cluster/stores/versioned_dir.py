@@ -22,13 +22,21 @@ import time
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
-from pydantic import Field, TypeAdapter, ValidationError
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic.dataclasses import dataclass
 
-from hnce.cluster.stores.files import atomic_write_text, publish_directory, sha256_file
+from hnce.cluster.stores.files import (
+    STAGING_PREFIX,
+    atomic_write_text,
+    publish_directory,
+    sha256_file,
+)
 from hnce.encoders.errors import InputError
 
 MANIFEST_FILE = "manifest.json"
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+Count = Annotated[int, Field(ge=0)]
+Positive = Annotated[int, Field(gt=0)]
 Record = TypeVar("Record")
 
 
@@ -49,12 +57,20 @@ BUILDING_PATTERN = re.compile(r"^\.building-v(\d+)$")
 CURRENT_FILE = "CURRENT"
 
 
+def manifest_record(cls: type) -> type:
+    """A record of a store's manifest (a shard, a split, the manifest itself): a frozen pydantic
+    dataclass that refuses unknown keys and coerces nothing, so reading a manifest checks it."""
+    return dataclass(config=ConfigDict(extra="forbid", strict=True, frozen=True))(cls)
+
+
 def version_dir_name(version: int) -> str:
     return f"v{version}"
 
 
 def building_dir_name(version: int) -> str:
-    return f".building-v{version}"
+    """The version's staging directory: named by its number (not by its builder), so a build
+    that stopped is resumed by the next one."""
+    return f"{STAGING_PREFIX}v{version}"
 
 
 def published_versions(root: Path) -> list[int]:

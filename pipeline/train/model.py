@@ -7,8 +7,6 @@ checkpoint's ``export/`` directory.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -16,7 +14,7 @@ from torch import nn
 
 from hnce.cluster.compute.index_build import model_fingerprint
 from hnce.cluster.compute.retrieval import EVAL_INDEX_DIR
-from hnce.cluster.stores.files import publish_directory
+from hnce.cluster.stores.files import publish_directory, staging
 from hnce.encoders.biencoder import (
     SCORER_FILE,
     BiEncoder,
@@ -107,12 +105,9 @@ def untrained_export(config: Config) -> Path:
         model = build_model(config)
     root = config.run_dir / EVAL_INDEX_DIR / "models"
     root.mkdir(parents=True, exist_ok=True)
-    building = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
-    try:
+    with staging(root / "model") as building:
         export_biencoder(model, building)
         target = root / model_fingerprint(building)[:16]
         if not target.exists():
             publish_directory(building, target)
-    finally:
-        shutil.rmtree(building, ignore_errors=True)
     return target
