@@ -48,21 +48,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_converters(formats: Any) -> None:
-    """One subcommand per input format, each with the options of a published dataset (a flat
-    list of argparse declarations, kept together so every format reads alike)."""
+    """One subcommand per input format, each with the options of a published dataset."""
+    converters = [
+        _add_zeshel(formats),
+        *_add_kilt_and_blink(formats),
+        _add_wordnet(formats),
+        _add_synthetic(formats),
+    ]
+    for sub in converters:
+        sub.add_argument(
+            "--out",
+            type=Path,
+            default=None,
+            help="dataset directory to publish (default: runs/data/<format>)",
+        )
+        sub.add_argument(
+            "--overwrite",
+            action="store_true",
+            help="replace the dataset already in --out, all of it (without: refuse a non-empty "
+            "--out)",
+        )
+        add_bad_row_arguments(sub)
+
+
+def _add_zeshel(formats: Any) -> argparse.ArgumentParser:
     zeshel = formats.add_parser(
         "zeshel", help="Zeshel documents/ and mentions/ (one domain per world)"
     )
     zeshel.add_argument("zeshel_dir", type=Path, help="directory holding documents/ and mentions/")
     zeshel.add_argument("--keep-missing-gold", action="store_true", help=KEEP_MISSING_GOLD_HELP)
+    return zeshel
 
-    blink_and_kilt = []
+
+def _add_kilt_and_blink(formats: Any) -> list[argparse.ArgumentParser]:
+    converters = []
     for name, source_flag, source_help in (
         ("kilt", "--knowledge-source", "kilt_knowledgesource.json (one Wikipedia page per line)"),
         ("blink", "--entities", "BLINK entity.jsonl (entity_id = row = BLINK's entity id)"),
     ):
         sub = formats.add_parser(name, help=f"KILT AIDA mentions against {source_help}")
-        blink_and_kilt.append(sub)
+        converters.append(sub)
         sub.add_argument(
             source_flag, dest="catalogue_source", type=Path, required=True, help=source_help
         )
@@ -80,7 +105,10 @@ def _add_converters(formats: Any) -> None:
             default=DEFAULT_MAX_TEXT_CHARS,
             help="cut entity text at this many characters (the encoder reads 128 tokens)",
         )
+    return converters
 
+
+def _add_wordnet(formats: Any) -> argparse.ArgumentParser:
     wordnet = formats.add_parser(
         "wordnet", help="WordNet synsets as entities, own-lemma example sentences as mentions"
     )
@@ -88,27 +116,16 @@ def _add_converters(formats: Any) -> None:
     wordnet.add_argument(
         "--seed", type=at_least(0), default=0, help="seed of the lemma-disjoint split"
     )
+    return wordnet
 
+
+def _add_synthetic(formats: Any) -> argparse.ArgumentParser:
     synthetic = formats.add_parser("synthetic", help="seeded Zeshel-like worlds with shared names")
     synthetic.add_argument("--worlds", type=at_least(1), default=5)
     synthetic.add_argument("--entities-per-world", type=at_least(2), default=200)
     synthetic.add_argument("--mentions-per-entity", type=at_least(0), default=4)
     synthetic.add_argument("--seed", type=at_least(0), default=0)
-
-    for sub in (zeshel, *blink_and_kilt, wordnet, synthetic):
-        sub.add_argument(
-            "--out",
-            type=Path,
-            default=None,
-            help="dataset directory to publish (default: runs/data/<format>)",
-        )
-        sub.add_argument(
-            "--overwrite",
-            action="store_true",
-            help="replace the dataset already in --out, all of it (without: refuse a non-empty "
-            "--out)",
-        )
-        add_bad_row_arguments(sub)
+    return synthetic
 
 
 def _add_kilt_generator(formats: Any) -> None:
