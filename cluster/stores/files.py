@@ -24,11 +24,12 @@ import json
 import os
 import shutil
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 _TEMPORARY_PREFIX = ".tmp-"
 #: Every directory being built starts with this (and is never read as a published one).
@@ -93,6 +94,20 @@ class AtomicPath:
             self.commit()
         else:
             self.abort()
+
+
+class ClosedOnExit(ABC):
+    """Mixin: a ``with`` block over the object calls its ``close()`` on leaving (a writer)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Finish what the object writes; called once more is harmless."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 def atomic_write_bytes(path: Path, payload: bytes) -> Path:

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hnce.cluster.stores.files import (
+    ClosedOnExit,
     atomic_write_json,
     publish_directory,
     sha256_file,
@@ -75,7 +76,7 @@ class _BatchedParquetWriter:
         self._writer.close()
 
 
-class EntityCatalogueWriter:
+class EntityCatalogueWriter(ClosedOnExit):
     """Writes ``entities/part-NNNNN.parquet`` of a dataset being built, in record batches.
 
     Made by :meth:`DatasetBuilder.entities`. ``entity_id`` must be dense ``0..N-1`` in write
@@ -125,19 +126,8 @@ class EntityCatalogueWriter:
             self._current = None
         self.closed = True
 
-    def __enter__(self) -> EntityCatalogueWriter:
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-class MentionWriter:
+class MentionWriter(ClosedOnExit):
     """Writes ``mentions/<split>.parquet`` of a dataset being built (made by
     :meth:`DatasetBuilder.mentions`, once per split)."""
 
@@ -167,17 +157,6 @@ class MentionWriter:
         if not self.closed:
             self._writer.close()
             self.closed = True
-
-    def __enter__(self) -> MentionWriter:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def _is_dataset(directory: Path) -> bool:

@@ -6,12 +6,12 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from hnce.mining.losses.masking import check_inputs
+from hnce.mining.losses.base import ContrastiveLoss, ScoredNegatives
 
 
-class BinaryNCELoss(nn.Module):
+class BinaryNCELoss(ContrastiveLoss):
     """Logistic discrimination of the gold against k noise samples (Dyer 2014, the NCE objective):
 
     p(D=1 | x, y) = σ(s(x,y) − log(k·q(y)))
@@ -31,17 +31,9 @@ class BinaryNCELoss(nn.Module):
         super().__init__()
         self.num_entities = num_entities
 
-    def forward(
-        self,
-        positive_scores: Tensor,
-        negative_scores: Tensor,
-        valid: Tensor | None = None,
-        log_q: Tensor | None = None,
-    ) -> Tensor:
-        check_inputs(positive_scores, negative_scores, valid, log_q)
-        if valid is None:
-            valid = torch.ones_like(negative_scores, dtype=torch.bool)
-        weights = valid.to(negative_scores.dtype)
+    def loss(self, scored: ScoredNegatives) -> Tensor:
+        positive_scores, negative_scores, log_q = scored.positive, scored.negative, scored.log_q
+        weights = scored.weights
         k = weights.sum(dim=1).clamp_min(1.0)
         if self.num_entities is not None:
             log_q = torch.full_like(negative_scores, -math.log(self.num_entities))

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from hnce.mining.losses.masking import check_inputs, gold_first_logits
+from hnce.mining.losses.base import ContrastiveLoss, ScoredNegatives, gold_log_softmax
 
 
-class FocalLoss(nn.Module):
+class FocalLoss(ContrastiveLoss):
     """J = −(1 − p)^γ log p with p = exp s(x,y) / (exp s(x,y) + Σ_k exp s(x,y_k)) (eq. 5's
     softmax). γ = 0 is exactly hard-negative NCE; γ > 0 down-weights mentions already ranked
     confidently, focusing on the hard ones (“Hard Negative Mining in NLP”, 2020). Invalid negatives leave the softmax.
@@ -20,16 +19,7 @@ class FocalLoss(nn.Module):
         self.gamma = gamma
         self.temperature = temperature
 
-    def forward(
-        self,
-        positive_scores: Tensor,
-        negative_scores: Tensor,
-        valid: Tensor | None = None,
-        log_q: Tensor | None = None,
-    ) -> Tensor:
-        check_inputs(positive_scores, negative_scores, valid, log_q)
-        logits = gold_first_logits(
-            positive_scores, negative_scores / self.temperature, valid, self.temperature
-        )
-        log_p = logits[:, 0] - torch.logsumexp(logits, dim=1)
+    def loss(self, scored: ScoredNegatives) -> Tensor:
+        positive, negative = scored.positive / self.temperature, scored.negative / self.temperature
+        log_p = gold_log_softmax(positive, negative, scored.valid)
         return (-((1.0 - log_p.exp()) ** self.gamma) * log_p).mean()

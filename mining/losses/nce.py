@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from hnce.mining.losses.masking import check_inputs, gold_first_logits
+from hnce.mining.losses.base import ContrastiveLoss, ScoredNegatives, gold_log_softmax
 
 
-class NCELoss(nn.Module):
+class NCELoss(ContrastiveLoss):
     """J = −log exp s(x,y) / (exp s(x,y) + Σ_k exp s(x,y_k)), averaged over the batch.
 
     Paper 000 eq. 5 (population form) and eq. 11 (the per-example estimate used in training);
@@ -36,15 +35,6 @@ class NCELoss(nn.Module):
         super().__init__()
         self.temperature = temperature
 
-    def forward(
-        self,
-        positive_scores: Tensor,
-        negative_scores: Tensor,
-        valid: Tensor | None = None,
-        log_q: Tensor | None = None,
-    ) -> Tensor:
-        check_inputs(positive_scores, negative_scores, valid, log_q)
-        logits = gold_first_logits(
-            positive_scores, negative_scores / self.temperature, valid, self.temperature
-        )
-        return (torch.logsumexp(logits, dim=1) - logits[:, 0]).mean()
+    def loss(self, scored: ScoredNegatives) -> Tensor:
+        positive, negative = scored.positive / self.temperature, scored.negative / self.temperature
+        return -gold_log_softmax(positive, negative, scored.valid).mean()

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from hnce.mining.losses.masking import check_inputs
+from hnce.mining.losses.base import ContrastiveLoss, ScoredNegatives
 
 
-class NegativeSamplingLoss(nn.Module):
+class NegativeSamplingLoss(ContrastiveLoss):
     """J = −log σ(s(x,y)) − Σ_j log σ(−s(x,y_j)), over the valid negatives.
 
     Binary NCE with k·q(y) replaced by 1 (Dyer 2014): cheaper and not consistent for the
@@ -17,15 +16,6 @@ class NegativeSamplingLoss(nn.Module):
     ``log_q`` is ignored.
     """
 
-    def forward(
-        self,
-        positive_scores: Tensor,
-        negative_scores: Tensor,
-        valid: Tensor | None = None,
-        log_q: Tensor | None = None,
-    ) -> Tensor:
-        check_inputs(positive_scores, negative_scores, valid, log_q)
-        if valid is None:
-            valid = torch.ones_like(negative_scores, dtype=torch.bool)
-        negative_terms = F.logsigmoid(-negative_scores) * valid.to(negative_scores.dtype)
-        return (-F.logsigmoid(positive_scores) - negative_terms.sum(dim=1)).mean()
+    def loss(self, scored: ScoredNegatives) -> Tensor:
+        negative_terms = F.logsigmoid(-scored.negative) * scored.weights
+        return (-F.logsigmoid(scored.positive) - negative_terms.sum(dim=1)).mean()

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from hnce.mining.losses.masking import check_inputs, gold_first_logits
+from hnce.mining.losses.base import ContrastiveLoss, ScoredNegatives, gold_log_softmax
 
 
-class SampledSoftmaxLoss(nn.Module):
+class SampledSoftmaxLoss(ContrastiveLoss):
     """Softmax over the gold and K negatives with each negative's score corrected by −log q:
 
     J = −log exp s(x,y) / (exp s(x,y) + Σ_k exp(s(x,y_k) − log q(y_k|x)))
@@ -34,26 +33,15 @@ class SampledSoftmaxLoss(nn.Module):
         self.temperature = temperature
         self.sample_size_correction = sample_size_correction
 
-    def forward(
-        self,
-        positive_scores: Tensor,
-        negative_scores: Tensor,
-        valid: Tensor | None = None,
-        log_q: Tensor | None = None,
-    ) -> Tensor:
-        check_inputs(positive_scores, negative_scores, valid, log_q)
-        if log_q is None:
+    def loss(self, scored: ScoredNegatives) -> Tensor:
+        if scored.log_q is None:
             raise ValueError(
                 f"{__file__}: sampled-softmax needs log_q from a sampler that reports its "
                 f"proposal (random, hard, mixed, ance); got None"
             )
-        negatives = negative_scores / self.temperature - log_q.to(negative_scores.dtype)
+        negatives = scored.negative / self.temperature - scored.log_q.to(scored.negative.dtype)
         if self.sample_size_correction:
-            count = (
-                valid.sum(dim=1, keepdim=True)
-                if valid is not None
-                else torch.full_like(positive_scores, negative_scores.shape[1]).unsqueeze(1)
-            )
-            negatives = negatives - count.clamp_min(1).to(negatives.dtype).log()
-        logits = gold_first_logits(positive_scores, negatives, valid, self.temperature)
-        return (torch.logsumexp(logits, dim=1) - logits[:, 0]).mean()
+            count = scored.valid.sum(dim=1, keepdim=True).clamp_min(1)
+            negatives = negatives - count.to(negatives.dtype).log()
+        positive = scored.positive / self.temperature
+        return -gold_log_softmax(positive, negatives, scored.valid).mean()

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from torch import Tensor, nn
+from torch import Tensor
 
-from hnce.mining.losses.masking import check_inputs
+from hnce.mining.losses.base import ContrastiveLoss, ScoredNegatives
 
 
-class TripletLoss(nn.Module):
+class TripletLoss(ContrastiveLoss):
     """J = mean over valid (mention, negative) pairs of max(0, margin − s(x,y) + s(x,y_k)).
 
     The pairwise hinge used with hard negatives by ANCE/DPR-style retrievers; zero once every
@@ -19,16 +19,7 @@ class TripletLoss(nn.Module):
         super().__init__()
         self.margin = margin
 
-    def forward(
-        self,
-        positive_scores: Tensor,
-        negative_scores: Tensor,
-        valid: Tensor | None = None,
-        log_q: Tensor | None = None,
-    ) -> Tensor:
-        check_inputs(positive_scores, negative_scores, valid, log_q)
-        hinge = (self.margin - positive_scores.unsqueeze(1) + negative_scores).clamp_min(0.0)
-        if valid is None:
-            return hinge.mean()
-        weights = valid.to(hinge.dtype)
-        return (hinge * weights).sum() / weights.sum().clamp_min(1.0)
+    def loss(self, scored: ScoredNegatives) -> Tensor:
+        margin = self.margin - scored.positive.unsqueeze(1) + scored.negative
+        weights = scored.weights
+        return (margin.clamp_min(0.0) * weights).sum() / weights.sum().clamp_min(1.0)

@@ -7,19 +7,8 @@ them: the recipe's schema (``negatives.sampler`` and one option group per sample
 trainer (where its candidates come from, what it reads of the current model, what it adds to the
 loss). Adding a sampler is one module with its ``SPEC``, plus its tests.
 
-Example (a sampler with options; the group is ``negatives.<name>`` in a recipe)::
-
-    @settings
-    class HardOptions:
-        temperature: PositiveReal = 1.0
-
-    SPEC = SamplerSpec(
-        name="hard",
-        sampler=HardSampler,
-        options=HardOptions,
-        candidates="index",
-        build=lambda negatives, space: HardSampler(negatives.hard.temperature),
-    )
+A sampler with options declares them as a settings section beside its class and names it in
+its spec (``mining/samplers/hard.py`` is the shortest example: ``HardOptions`` and ``SPEC``).
 """
 
 from __future__ import annotations

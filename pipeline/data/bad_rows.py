@@ -17,9 +17,9 @@ from collections import Counter
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from enum import StrEnum
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any, Literal, TypeVar
 
+from hnce.cluster.stores.files import ClosedOnExit
 from hnce.encoders.errors import InputError
 
 T = TypeVar("T")
@@ -53,7 +53,7 @@ class BadRowError(InputError):
         self.detail = detail
 
 
-class BadRowPolicy:
+class BadRowPolicy(ClosedOnExit):
     """Decides what happens to a bad row and keeps the per-kind counts.
 
     Args:
@@ -117,17 +117,6 @@ class BadRowPolicy:
         if self._rejects is not None:
             self._rejects.close()
             self._rejects = None
-
-    def __enter__(self) -> BadRowPolicy:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 class InputRow:
