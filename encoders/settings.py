@@ -6,7 +6,8 @@ the cluster in ``hnce.cluster.compute.session``) with the :func:`settings` decor
 ``hnce.pipeline.config`` composes them into one tree loaded from YAML. A section is a pydantic
 dataclass: constructing it validates every field (types are strict: no ``"8"`` for 8, no
 ``true`` for 1), unknown keys are errors, and ranges are declared on the field, so a bad value is
-reported with its dotted key (and, from a recipe, its file and line).
+reported with its dotted key (and, from a recipe, its file and line). Real-valued settings are
+finite: ``.inf`` and ``.nan`` are refused.
 """
 
 from __future__ import annotations
@@ -30,10 +31,13 @@ def settings(cls: type) -> type:
 
 PositiveInt = Annotated[StrictInt, Field(gt=0)]
 NonNegativeInt = Annotated[StrictInt, Field(ge=0)]
-Real = Annotated[float, BeforeValidator(_reject_bool)]
-PositiveReal = Annotated[float, BeforeValidator(_reject_bool), Field(gt=0)]
-NonNegativeReal = Annotated[float, BeforeValidator(_reject_bool), Field(ge=0)]
-Fraction = Annotated[float, BeforeValidator(_reject_bool), Field(ge=0, le=1)]
+# Every real setting is finite: a YAML ``.inf`` or ``.nan`` is refused at load, where it is named.
+Real = Annotated[float, BeforeValidator(_reject_bool), Field(allow_inf_nan=False)]
+PositiveReal = Annotated[float, BeforeValidator(_reject_bool), Field(gt=0, allow_inf_nan=False)]
+NonNegativeReal = Annotated[
+    float, BeforeValidator(_reject_bool), Field(ge=0, allow_inf_nan=False)
+]
+Fraction = Annotated[float, BeforeValidator(_reject_bool), Field(ge=0, le=1, allow_inf_nan=False)]
 Flag = StrictBool
 Text = StrictStr
 

@@ -35,6 +35,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import field
 from pathlib import Path, PurePath
@@ -322,16 +323,26 @@ _CONFIG = TypeAdapter(Config)
 # Loading
 
 
+#: A recipe expands to at most this many YAML nodes (aliases counted at every use): far above any
+#: real recipe, far below what an alias bomb (a few hundred bytes, billions of nodes) expands to.
+MAX_RECIPE_NODES = 100_000
+
+
 class _RecipeLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (naming both lines)."""
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (naming both lines) and
+    a key that is not a plain scalar (a list or mapping as key)."""
 
     source = "config"
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         first_line: dict[Any, int] = {}
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise ConfigError(
+                    f"{self.source}:{line}: a key must be a plain name, not a {key_node.id}"
+                )
+            key = self.construct_object(key_node, deep=True)
             if key in first_line:
                 raise ConfigError(
                     f"{self.source}:{line}: duplicate key {key!r} (first given at line "
@@ -339,6 +350,42 @@ class _RecipeLoader(yaml.SafeLoader):
                 )
             first_line[key] = line
         return super().construct_mapping(node, deep=deep)
+
+
+def _check_expansion(root: yaml.Node, source: Path) -> None:
+    """Refuse a document whose aliases refer to themselves or expand it beyond
+    :data:`MAX_RECIPE_NODES` nodes (counted once per distinct node, so this is linear)."""
+    sizes: dict[int, int] = {}
+    pending: list[tuple[yaml.Node, bool]] = [(root, False)]
+    open_nodes: set[int] = set()
+    while pending:
+        node, children_done = pending.pop()
+        children = _children(node)
+        if children_done:
+            open_nodes.discard(id(node))
+            sizes[id(node)] = 1 + sum(sizes[id(child)] for child in children)
+            if sizes[id(node)] > MAX_RECIPE_NODES:
+                line = node.start_mark.line + 1
+                raise ConfigError(
+                    f"{source}:{line}: the recipe expands to more than {MAX_RECIPE_NODES:,} "
+                    f"values through its aliases; a recipe is a few dozen settings"
+                )
+            continue
+        if id(node) in sizes:
+            continue
+        if id(node) in open_nodes:
+            raise ConfigError(f"{source}:{node.start_mark.line + 1}: an alias refers to itself")
+        open_nodes.add(id(node))
+        pending.append((node, True))
+        pending.extend((child, False) for child in children if id(child) not in sizes)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
 
 
 def _yaml_lines(node: yaml.Node | None, prefix: str = "") -> dict[str, int]:
@@ -352,17 +399,38 @@ def _yaml_lines(node: yaml.Node | None, prefix: str = "") -> dict[str, int]:
     return lines
 
 
-def _read_recipe(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
-    """The recipe's tree and the origin (``file:line``) of each dotted key."""
+def _recipe_text(path: Path) -> str:
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
-    loader = _RecipeLoader(path.read_text(encoding="utf-8"))
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text (byte {error.start})") from None
+
+
+def _yaml_error(path: Path, error: yaml.YAMLError) -> ConfigError:
+    """``file:line: problem`` for a YAML error (the line of its mark, when it has one)."""
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+    problem = getattr(error, "problem", None) or str(error)
+    return ConfigError(f"{where}: not valid YAML: {problem}")
+
+
+def _read_recipe(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """The recipe's tree and the origin (``file:line``) of each dotted key."""
+    loader = _RecipeLoader(_recipe_text(path))
     loader.source = str(path)
     try:
         node = loader.get_single_node()
+        if node is not None:
+            _check_expansion(node, path)
         loaded = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML: {error}") from error
+        raise _yaml_error(path, error) from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a recipe") from None
     finally:
         loader.dispose()
     if loaded is not None and not isinstance(loaded, dict):
@@ -527,9 +595,31 @@ def _validate_samplers(config: Config) -> None:
         )
 
 
+def _non_finite(tree: Any, key: str = "") -> str | None:
+    """The dotted key of the first non-finite number in ``tree`` (typed settings refuse them
+    themselves; this also covers free-form groups such as ``loss.options``)."""
+    if isinstance(tree, float) and not math.isfinite(tree):
+        return key
+    children = (
+        tree.items()
+        if isinstance(tree, Mapping)
+        else enumerate(tree)
+        if isinstance(tree, list)
+        else ()
+    )
+    for name, value in children:
+        found = _non_finite(value, f"{key}.{name}" if key else str(name))
+        if found is not None:
+            return found
+    return None
+
+
 def config_from_dict(tree: Mapping[str, Any], origins: Mapping[str, str] | None = None) -> Config:
     """Build and validate a :class:`Config` from a nested mapping."""
     origins = dict(origins or {})
+    bad = _non_finite(tree)
+    if bad is not None:
+        raise ConfigError(f"{_where(bad, origins)}: '{bad}' must be a finite number")
     try:
         config = _CONFIG.validate_python(dict(tree))
     except ValidationError as error:

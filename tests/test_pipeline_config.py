@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from hnce.pipeline.config import ConfigError, config_from_dict, load_config
@@ -225,3 +227,62 @@ def test_each_sampler_declares_its_option_group_in_the_recipe_schema() -> None:
             load_config(None, [f"negatives.{spec.group}.{field}=not-a-number"])
     with pytest.raises(ConfigError, match=r"unknown key 'negatives\.nope'"):
         load_config(None, ["negatives.nope.size=1"])
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("training.learning_rate=.inf", "training.learning_rate"),
+        ("negatives.hard.temperature=.nan", "negatives.hard.temperature"),
+        ("refresh.poll_seconds=.inf", "refresh.poll_seconds"),
+        ("loss.options={temperature: .nan}", "loss.options.temperature"),
+        ("eval.ks=[1, .inf]", "eval.ks"),
+    ],
+)
+def test_a_non_finite_setting_is_refused_at_load_with_its_key(override: str, key: str) -> None:
+    with pytest.raises(ConfigError, match=rf"--set {re.escape(override)}: '{re.escape(key)}"):
+        load_config(None, [override])
+
+
+def test_no_warm_up_trains_at_the_full_learning_rate_from_the_first_step() -> None:
+    from deepspeed.runtime.lr_schedules import WarmupDecayLR
+
+    from hnce.pipeline.train.deepspeed_config import build_deepspeed_config
+
+    settings = load_config(None, ["training.warmup_steps=0", "training.steps=4"]).training
+    schedule = build_deepspeed_config(settings, torch.device("cpu"))["scheduler"]["params"]
+    model = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=settings.learning_rate)
+    scheduler = WarmupDecayLR(optimizer, **schedule)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(settings.learning_rate)
+    optimizer.step()
+    scheduler.step()
+    assert optimizer.param_groups[0]["lr"] <= settings.learning_rate
+
+
+HOSTILE_RECIPES = {
+    "self_alias": (b"a: &a [*a]\n", r"self_alias\.yaml:1: an alias refers to itself"),
+    "complex_key": (b"? [a, b]\n: 1\n", r"complex_key\.yaml:1: a key must be a plain name"),
+    "latin1": (b'run:\n  dir: "caf\xe9"\n', r"latin1\.yaml:2: not UTF-8 text"),
+    "broken": (b"training:\n  steps: [1\n", r"broken\.yaml:3: not valid YAML"),
+    "deep": (b"run: " + b"[" * 5000 + b"]" * 5000 + b"\n", r"deep\.yaml: nested too deeply"),
+    "alias_bomb": (
+        b"a: &a ["
+        + b",".join([b'"lol"'] * 9)
+        + b"]\n"
+        + b"".join(
+            f"{c}: &{c} [{','.join(['*' + p] * 9)}]\n".encode()
+            for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+        ),
+        r"alias_bomb\.yaml:\d+: the recipe expands to more than 100,000 values",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_RECIPES))
+def test_a_hostile_recipe_is_one_error_naming_its_file_and_line(tmp_path: Path, name: str) -> None:
+    content, message = HOSTILE_RECIPES[name]
+    recipe = tmp_path / f"{name}.yaml"
+    recipe.write_bytes(content)
+    with pytest.raises(ConfigError, match=message):
+        load_config(recipe)

@@ -34,7 +34,10 @@ def build_deepspeed_config(settings: TrainingSettings, device: torch.device) -> 
     ``settings.steps`` counts optimizer steps; each takes ``gradient_accumulation`` micro-steps
     of ``batch_size`` mentions per worker.
     """
+    # DeepSpeed's schedule needs at least one warm-up step; "no warm-up" is one step that
+    # already starts at the full learning rate.
     warmup = min(settings.warmup_steps, max(settings.steps - 1, 0))
+    start_lr = settings.learning_rate if warmup == 0 else 0.0
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": settings.batch_size,
         "gradient_accumulation_steps": settings.gradient_accumulation,
@@ -54,9 +57,9 @@ def build_deepspeed_config(settings: TrainingSettings, device: torch.device) -> 
             "type": "WarmupDecayLR",
             "params": {
                 "total_num_steps": max(settings.steps, 1),
-                "warmup_min_lr": 0.0,
+                "warmup_min_lr": start_lr,
                 "warmup_max_lr": settings.learning_rate,
-                "warmup_num_steps": warmup,
+                "warmup_num_steps": max(warmup, 1),
                 "warmup_type": "linear",
             },
         },
