@@ -1,4 +1,5 @@
-"""Shared test helpers: tiny WordPiece tokenizers and BERT configs built offline in temp dirs.
+"""Shared test helpers: tiny WordPiece tokenizers and BERT configs built offline in temp dirs,
+JSON-lines input files, and a free local port.
 
 Test modules import the functions (`from conftest import tiny_bert_config`); pytest puts
 `tests/` on the path.
@@ -6,7 +7,10 @@ Test modules import the functions (`from conftest import tiny_bert_config`); pyt
 
 from __future__ import annotations
 
+import json
 import os
+import socket
+import string
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -55,6 +59,27 @@ TINY_WORDS = (
     "big",
 )
 
+#: the lower-case letters and their word-piece continuations: every lower-case word tokenizes
+LETTER_PIECES = (*string.ascii_lowercase, *(f"##{c}" for c in string.ascii_lowercase))
+
+
+def write_jsonl(path: Path, rows: Iterable[object], extra: str | None = None) -> Path:
+    """``rows`` as JSON lines (UTF-8, non-ASCII kept as is), then ``extra`` as it is (a raw
+    line, e.g. a malformed one), in ``path`` (its directories made); returns ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps(row, ensure_ascii=False) for row in rows]
+    if extra is not None:
+        lines.append(extra)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that was free a moment ago (bound to port 0, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
 
 def write_wordpiece_tokenizer(directory: Path, tokens: Iterable[str]) -> BertTokenizerFast:
     """A tokenizer whose vocab is the special tokens then ``tokens`` (deduplicated, in order),
@@ -68,11 +93,11 @@ def write_wordpiece_tokenizer(directory: Path, tokens: Iterable[str]) -> BertTok
     return tokenizer
 
 
-def tiny_bert_config(vocab_size: int) -> BertConfig:
-    """A 2-layer, 32-wide BERT: milliseconds per batch on a CPU."""
+def tiny_bert_config(vocab_size: int, hidden_size: int = 32) -> BertConfig:
+    """A 2-layer, 32-wide (unless ``hidden_size``) BERT: milliseconds per batch on a CPU."""
     return BertConfig(
         vocab_size=vocab_size,
-        hidden_size=32,
+        hidden_size=hidden_size,
         num_hidden_layers=2,
         num_attention_heads=2,
         intermediate_size=64,
@@ -82,10 +107,7 @@ def tiny_bert_config(vocab_size: int) -> BertConfig:
 def write_letter_bert(directory: Path) -> Path:
     """A tiny random BERT whose WordPiece vocabulary is the letters (every lower-case word
     tokenizes), saved in ``directory`` like a Hugging Face model: a ``model.path`` for training."""
-    letters = [chr(code) for code in range(ord("a"), ord("z") + 1)]
-    tokenizer = write_wordpiece_tokenizer(
-        directory, [".", ",", *letters, *[f"##{c}" for c in letters]]
-    )
+    tokenizer = write_wordpiece_tokenizer(directory, [".", ",", *LETTER_PIECES])
     torch.manual_seed(0)
     BertModel(tiny_bert_config(len(tokenizer))).save_pretrained(directory)
     return directory
@@ -161,3 +183,12 @@ def ray_left_as_found() -> Iterator[None]:
     while ray.available_resources().get("CPU", 0) < SESSION_RAY_CPUS:
         assert time.monotonic() < deadline, f"CPUs still held: {ray.available_resources()}"
         time.sleep(0.2)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_progress_output() -> Iterator[None]:
+    """Tests show no progress bars, as ``hnce --no-progress`` would."""
+    from hnce.encoders.progress import quiet
+
+    with quiet():
+        yield

@@ -1,12 +1,65 @@
-"""Small, real store versions for tests: an index version of given vectors, a negatives split."""
+"""Small, real store versions for tests: training checkpoints, an index version of given vectors,
+a negatives split, and a dataset of random words."""
 
 from __future__ import annotations
 
+import random
+import shutil
+import string
+from pathlib import Path
+
 import numpy as np
 
+from hnce.cluster.stores.checkpoints import DEEPSPEED_DIR, EXPORT_DIR, checkpoint_dir, mark_complete
 from hnce.cluster.stores.index_store import BuildParameters, IndexStore, IndexVersion
 from hnce.cluster.stores.negatives_store import MinedSplit
 from hnce.cluster.stores.sharded_index import IndexSpec, build_shard_index
+from hnce.cluster.stores.tables import Entity, Mention
+from hnce.cluster.stores.tables_write import write_dataset
+
+#: what a placeholder export's ``weights.bin`` holds (tests that tamper with it write other bytes)
+PLACEHOLDER_WEIGHTS = b"w" * 64
+#: the one DeepSpeed state file a checkpoint gets with ``deepspeed_state=True``
+DEEPSPEED_STATE_FILE = "mp_rank_00_model_states.pt"
+
+
+def write_checkpoint(
+    run_dir: Path,
+    step: int,
+    export: Path | None = None,
+    *,
+    deepspeed_state: bool = False,
+    complete: bool = True,
+) -> Path:
+    """Write checkpoint ``step`` of the run in ``run_dir``, the way the trainer lays it out, and
+    return its ``step-<S>/`` directory.
+
+    The directory and its ``export/`` come from :mod:`hnce.cluster.stores.checkpoints`
+    (``checkpoint_dir``, ``EXPORT_DIR``, ``DEEPSPEED_DIR``), and completing it is the package's
+    own ``mark_complete`` (``training_state.json`` with ``{"step": step}``, then the ``COMPLETE``
+    manifest over every file), so loaders verify it like a trained one.
+
+    - ``export``: a real export directory (``export_biencoder``) copied in as ``export/``, for a
+      checkpoint that a refresh or an evaluation loads; without it, ``export/`` holds a
+      placeholder ``weights.bin`` (:data:`PLACEHOLDER_WEIGHTS`), enough for code that only
+      lists, resolves, verifies or prunes checkpoints.
+    - ``deepspeed_state``: also write ``deepspeed/mp_rank_00_model_states.pt`` (placeholder
+      bytes), for tests of the manifest over the DeepSpeed state.
+    - ``complete=False``: no marker, as a checkpoint still being written or left half-written
+      by a crash.
+    """
+    directory = checkpoint_dir(run_dir, step)
+    if export is None:
+        (directory / EXPORT_DIR).mkdir(parents=True)
+        (directory / EXPORT_DIR / "weights.bin").write_bytes(PLACEHOLDER_WEIGHTS)
+    else:
+        shutil.copytree(export, directory / EXPORT_DIR)
+    if deepspeed_state:
+        (directory / DEEPSPEED_DIR).mkdir()
+        (directory / DEEPSPEED_DIR / DEEPSPEED_STATE_FILE).write_bytes(b"state")
+    if complete:
+        mark_complete(directory, {"step": step})
+    return directory
 
 
 def index_parameters(checkpoint: int = 1, num_entities: int = 60) -> BuildParameters:
@@ -44,3 +97,29 @@ def mined_split() -> MinedSplit:
         scores=np.array([[3, 2, 1], [5, -np.inf, -np.inf], [1, 0.5, 0]], dtype=np.float32),
         gold_ranks=np.array([1, -1, 0]),
     )
+
+
+def random_word_dataset(root: Path, num_entities: int = 48, mentions: int = 30) -> Path:
+    """A dataset of random lower-case words (seeded): ``num_entities`` entities alternating
+    between domains "even" and "odd", and ``mentions`` train mentions, each taking its gold's
+    domain."""
+    rng = random.Random(0)
+
+    def word() -> str:
+        return "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 7)))
+
+    def domain(entity_id: int) -> str:
+        return ("even", "odd")[entity_id % 2]
+
+    entities = []
+    for entity_id in range(num_entities):
+        text = " ".join(word() for _ in range(rng.randint(1, 12)))
+        entities.append(Entity(entity_id, f"k{entity_id}", word(), text, domain(entity_id)))
+    train = []
+    for number in range(mentions):
+        gold = rng.randrange(num_entities)
+        train.append(
+            Mention(f"m{number}", word(), word(), word(), gold, domain(gold), golds=(gold,))
+        )
+    write_dataset(root, entities, {"train": train})
+    return root

@@ -15,10 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import write_jsonl
 
 from hnce.cluster.compute.encoder_pool import read_encodings
 from hnce.cluster.compute.index_build import IndexedModel
 from hnce.cluster.compute.refresh import RefreshPlan, RefreshSettings
+from hnce.cluster.stores.checkpoints import EXPORT_DIR, checkpoint_dir
 from hnce.cluster.stores.index_store import IndexStore
 from hnce.cluster.stores.negatives_store import NegativesStore
 from hnce.cluster.stores.sharded_index import IndexSpec
@@ -79,11 +81,6 @@ def aida_line(
         provenance = [{"wikipedia_id": str(answer[0]), "title": answer[1]}]
         line["output"] = [{"answer": answer[1], "provenance": provenance}]
     return line
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +193,9 @@ def test_missing_gold_counts_as_error() -> None:
     assert accuracy.recall_at_k == pytest.approx(0.75)
 
 
-def test_t7_must_match_catalogue_and_scorer(inputs: dict[str, Path], tmp_path: Path) -> None:
+def test_t7_encodings_must_match_the_catalogue_size_and_a_one_vector_scorer(
+    inputs: dict[str, Path], tmp_path: Path
+) -> None:
     model = IndexedModel.from_export(inputs["export"])
     check_encodings(inputs["encodings"], model, 10)
     with pytest.raises(InputError, match="10 encodings but the catalogue has 11"):
@@ -209,57 +208,82 @@ def test_t7_must_match_catalogue_and_scorer(inputs: dict[str, Path], tmp_path: P
         check_encodings(inputs["encodings"], IndexedModel.from_export(tmp_path / "multi"), 10)
 
 
-@pytest.mark.slow
-def test_finetune_blink_end_to_end(
-    inputs: dict[str, Path], tmp_path: Path, ray_session: str
-) -> None:
-    run_dir, data_dir = tmp_path / "run", tmp_path / "data"
-    code = main(
-        [
-            "finetune-blink",
-            "--config",
-            str(CONFIGS / "aida-blink-test.yaml"),
-            "--set",
-            f"run.dir={run_dir}",
-            "--set",
-            f"data.root={data_dir}",
-            "--set",
-            "index.keep_versions=5",
-            "--set",
-            "training.learning_rate=1.0e-4",
-            "--blink-checkpoint",
-            str(inputs["checkpoint"]),
-            "--base-model",
-            str(inputs["base"]),
-            "--entities",
-            str(inputs["entities"]),
-            "--encodings",
-            str(inputs["encodings"]),
-            "--aida",
-            str(inputs["train"]),
-            str(inputs["dev"]),
-            str(inputs["test"]),
-            "--set",
-            "refresh.shard_size=4",
-            "--no-progress",
-        ]
-    )
-    assert code == 0
-    report = json.loads((run_dir / "finetune_report.json").read_text())
+def _finetune_arguments(inputs: dict[str, Path], run_dir: Path, data_dir: Path) -> list[str]:
+    """``hnce finetune-blink`` on the fixture files, with the test recipe."""
+    return [
+        "finetune-blink",
+        "--config",
+        str(CONFIGS / "aida-blink-test.yaml"),
+        "--set",
+        f"run.dir={run_dir}",
+        "--set",
+        f"data.root={data_dir}",
+        "--set",
+        "index.keep_versions=5",
+        "--set",
+        "training.learning_rate=1.0e-4",
+        "--blink-checkpoint",
+        str(inputs["checkpoint"]),
+        "--base-model",
+        str(inputs["base"]),
+        "--entities",
+        str(inputs["entities"]),
+        "--encodings",
+        str(inputs["encodings"]),
+        "--aida",
+        str(inputs["train"]),
+        str(inputs["dev"]),
+        str(inputs["test"]),
+        "--set",
+        "refresh.shard_size=4",
+        "--no-progress",
+    ]
 
+
+@pytest.fixture(scope="module")
+def finetuned(
+    inputs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, ray_session: str
+) -> tuple[Path, dict]:
+    """One ``hnce finetune-blink`` run end to end, shared by the tests below: its run directory
+    and its ``finetune_report.json``."""
+    root = tmp_path_factory.mktemp("finetune")
+    run_dir, data_dir = root / "run", root / "data"
+    code = main(_finetune_arguments(inputs, run_dir, data_dir))
+    assert code == 0
+    return run_dir, json.loads((run_dir / "finetune_report.json").read_text())
+
+
+@pytest.mark.slow
+def test_finetune_blink_skips_a_missing_gold_and_publishes_blinks_encodings_as_version_zero(
+    inputs: dict[str, Path], finetuned: tuple[Path, dict]
+) -> None:
+    run_dir, report = finetuned
     # the converter skipped (and counted) the train mention whose gold is not in the catalogue
     assert report["data"]["train_rejected"] == 1 and report["data"]["mentions"]["train"] == 20
     # version 0 is BLINK's own encodings, published as a proper version with a manifest
     zero = IndexStore(run_dir / "index").open(0)
     assert zero.checkpoint == 0 and zero.num_entities == 10
     assert zero.manifest.source == f"encodings {inputs['encodings']}"
+
+
+@pytest.mark.slow
+def test_finetune_blink_evaluates_the_final_model_through_its_own_index(
+    finetuned: tuple[Path, dict],
+) -> None:
+    run_dir, report = finetuned
     # the final model is evaluated through an index of that model over every catalogue entity
     (searched,) = {split["index"] for split in report["splits"]}
     final = IndexStore(Path(searched).parent).open(int(Path(searched).name[1:]))
-    final_export = run_dir / "checkpoints" / f"step-{report['final_step']}" / "export"
+    final_export = checkpoint_dir(run_dir, report["final_step"]) / EXPORT_DIR
     assert final.manifest.model == IndexedModel.from_export(final_export).fingerprint
     assert final.num_entities == 10 and final.num_vectors == 10
 
+
+@pytest.mark.slow
+def test_finetune_blink_links_every_dev_mention_whose_gold_is_in_the_catalogue(
+    finetuned: tuple[Path, dict],
+) -> None:
+    _, report = finetuned
     splits = {s["file"]: s for s in report["splits"]}
     dev = splits["aidayago2-dev-kilt.jsonl"]
     for figures in (dev["before"], dev["after"]):
@@ -268,6 +292,12 @@ def test_finetune_blink_end_to_end(
     assert dev["after"]["correct"] == 10 > dev["before"]["correct"], (dev["before"], dev["after"])
     assert splits["aidayago2-test_without_answers-kilt.jsonl"]["after"] is None
 
+
+@pytest.mark.slow
+def test_finetune_blink_predicts_one_kilt_line_per_input_line_of_every_split(
+    inputs: dict[str, Path], finetuned: tuple[Path, dict]
+) -> None:
+    run_dir, _ = finetuned
     for name, source in (
         ("aidayago2-dev-kilt.jsonl", inputs["dev"]),
         ("aidayago2-test_without_answers-kilt.jsonl", inputs["test"]),
@@ -284,6 +314,12 @@ def test_finetune_blink_end_to_end(
             assert int(provenance["wikipedia_id"]) in {curid(i) for i in range(len(CITIES))}
             assert output["answer"] == provenance["title"]
 
+
+@pytest.mark.slow
+def test_finetune_blinks_export_equals_its_hugging_face_export_and_was_trained(
+    inputs: dict[str, Path], finetuned: tuple[Path, dict]
+) -> None:
+    run_dir, _ = finetuned
     # the BLINK export loads back with outputs identical to the Hugging Face export
     hf = load_biencoder(run_dir / "export" / "hf")
     blink = import_blink_biencoder(
@@ -353,7 +389,7 @@ def test_index_version_zero_holds_the_models_vectors_and_is_mined(
         expected = expected * 2
         encodings = tmp_path / "scaled.t7"
         torch.save(torch.from_numpy(expected), encodings)
-    version = prepare_version_zero(plan, model, "train", encodings, progress=False)
+    version = prepare_version_zero(plan, model, "train", encodings)
     assert version.version == 0 and plan.index_store.current_version() == 0
     assert version.checkpoint == 0 and version.num_entities == 10
     assert [shard.count for shard in version.manifest.shards] == [3, 3, 3, 1]

@@ -287,32 +287,33 @@ def test_shard_count_must_match_its_entity_range(tmp_path: Path) -> None:
         store.open(1)
 
 
-def _replace_ids(directory: Path, shard: int, ids: np.ndarray) -> None:
-    """Swap a shard's id file and record its new checksum: only the id check can object."""
+def _published_with_shard_ids(root: Path, shard: int, ids: np.ndarray) -> IndexStore:
+    """A store under ``root`` holding version 1 of 60 entities in 3 shards, whose shard
+    ``shard`` lists ``ids`` instead, with its checksum recorded: only the id check can object."""
+    store = IndexStore(root / "index")
+    publish_index(store, 1, _vectors(60))
+    directory = root / "index" / "v1"
     path = directory / f"shard-{shard:05d}.ids.npy"
     np.save(path, ids, allow_pickle=False)
     _edit_manifest(
         directory / "manifest.json",
         lambda m: m["shards"][shard].update(ids_sha256=sha256_file(path)),
     )
+    return store
 
 
 def test_shard_ids_outside_their_range_are_refused(tmp_path: Path) -> None:
-    store = IndexStore(tmp_path / "index")
-    publish_index(store, 1, _vectors(60))
     ids = np.arange(20, 40)
     ids[-1] = 60  # beyond the catalogue
-    _replace_ids(tmp_path / "index/v1", 1, ids)
+    store = _published_with_shard_ids(tmp_path, 1, ids)
     with pytest.raises(StoreError, match=r"shard-00001\.ids\.npy: entity ids 20\.\.60 outside"):
         store.open(1).load()
 
 
 def test_dual_shard_listing_an_entity_twice_is_refused(tmp_path: Path) -> None:
-    store = IndexStore(tmp_path / "index")
-    publish_index(store, 1, _vectors(60))
     ids = np.arange(20, 40)
     ids[5] = ids[4]  # entity 24 twice, entity 25 never
-    _replace_ids(tmp_path / "index/v1", 1, ids)
+    store = _published_with_shard_ids(tmp_path, 1, ids)
     with pytest.raises(StoreError, match=r"each entity of 20\.\.39 exactly 1 time"):
         store.open(1).load()
 

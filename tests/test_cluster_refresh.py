@@ -4,9 +4,6 @@ memory."""
 
 from __future__ import annotations
 
-import random
-import shutil
-import string
 import time
 import tracemalloc
 from pathlib import Path
@@ -16,82 +13,38 @@ import numpy as np
 import pytest
 import ray
 import torch
-from conftest import tiny_bert_config, write_wordpiece_tokenizer
-from training_helpers import assert_exact_top_k, exact_scores
+from store_helpers import random_word_dataset, write_checkpoint
+from training_helpers import assert_exact_top_k, exact_scores, write_letter_export
 
 from hnce.cluster.compute.actors import PlacementError, Task, TaskClock, TaskTimeout
 from hnce.cluster.compute.encoder_pool import EncoderPool, ShardEncoded
 from hnce.cluster.compute.index_build import IndexedModel, ensure_token_store
 from hnce.cluster.compute.refresh import RefreshPlan, RefreshSettings, run_refresh
 from hnce.cluster.compute.retrieval import EVAL_INDEX_DIR, retrieve
-from hnce.cluster.stores.checkpoints import mark_complete
+from hnce.cluster.stores.checkpoints import checkpoint_dir
 from hnce.cluster.stores.files import sha256_file
 from hnce.cluster.stores.index_store import IndexStore
 from hnce.cluster.stores.negatives_store import NegativesStore
 from hnce.cluster.stores.sharded_index import IndexSpec
-from hnce.cluster.stores.tables import Entity, Mention, mention_split_path
+from hnce.cluster.stores.tables import Mention, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
-from hnce.cluster.stores.tables_write import write_dataset
-from hnce.encoders.biencoder import build_biencoder, export_biencoder, load_biencoder
+from hnce.encoders.biencoder import load_biencoder
 
 pytestmark = pytest.mark.slow
 
 NUM_ENTITIES = 48
 
 
-def _tiny_export(directory: Path, scorer: str) -> Path:
-    letters = list(string.ascii_lowercase)
-    tokenizer = write_wordpiece_tokenizer(directory, [*letters, *[f"##{c}" for c in letters]])
-    torch.manual_seed(0)
-    config = tiny_bert_config(len(tokenizer))
-    model = build_biencoder(config, scorer, tokenizer=tokenizer, entity_length=24)
-    export_dir = directory / "export"
-    export_biencoder(model, export_dir)
-    return export_dir
-
-
-def _dataset(root: Path, num_entities: int = NUM_ENTITIES, mentions: int = 30) -> Path:
-    """Random words; entities alternate between domains "even" and "odd" (a mention takes its
-    gold's)."""
-    rng = random.Random(0)
-
-    def word() -> str:
-        return "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 7)))
-
-    def domain(entity_id: int) -> str:
-        return ("even", "odd")[entity_id % 2]
-
-    entities = []
-    for entity_id in range(num_entities):
-        text = " ".join(word() for _ in range(rng.randint(1, 12)))
-        entities.append(Entity(entity_id, f"k{entity_id}", word(), text, domain(entity_id)))
-    train = []
-    for number in range(mentions):
-        gold = rng.randrange(num_entities)
-        train.append(
-            Mention(f"m{number}", word(), word(), word(), gold, domain(gold), golds=(gold,))
-        )
-    write_dataset(root, entities, {"train": train})
-    return root
-
-
-def _checkpoint(run_dir: Path, step: int, export_dir: Path) -> Path:
-    directory = run_dir / "checkpoints" / f"step-{step}"
-    shutil.copytree(export_dir, directory / "export")
-    mark_complete(directory, {"step": step})
-    return directory
-
-
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("refresh")
     return {
-        "data": _dataset(root / "data"),
-        "dual": _tiny_export(root / "dual", "dual"),
-        "multi": _tiny_export(root / "multi", "multi-3"),
-        "som": _tiny_export(root / "som", "som"),
-        "poly-16": _tiny_export(root / "poly-16", "poly-16"),
-        "genpoly-4-2": _tiny_export(root / "genpoly-4-2", "genpoly-4-2"),
+        "data": random_word_dataset(root / "data", NUM_ENTITIES),
+        "dual": write_letter_export(root / "dual", "dual"),
+        "multi": write_letter_export(root / "multi", "multi-3"),
+        "som": write_letter_export(root / "som", "som"),
+        "poly-16": write_letter_export(root / "poly-16", "poly-16"),
+        "genpoly-4-2": write_letter_export(root / "genpoly-4-2", "genpoly-4-2"),
         "root": root,
     }
 
@@ -106,7 +59,7 @@ def _config(run_dir: Path, data: Path, depth: int = 256, **overrides) -> Refresh
 def _clean_run(assets) -> Path:
     run_dir = assets["root"] / "clean"
     if not (run_dir / "index" / "CURRENT").exists():
-        _checkpoint(run_dir, 1, assets["dual"])
+        write_checkpoint(run_dir, 1, assets["dual"])
         run_refresh(_config(run_dir, assets["data"]))
     return run_dir
 
@@ -152,7 +105,7 @@ def test_refresh_publishes_exact_index_and_negatives(ray_session, assets) -> Non
 
 def test_mining_through_three_shard_holders_equals_exact_search(ray_session, assets) -> None:
     run_dir = assets["root"] / "holders"
-    _checkpoint(run_dir, 1, assets["dual"])
+    write_checkpoint(run_dir, 1, assets["dual"])
     summary = run_refresh(_config(run_dir, assets["data"], num_encoders=3))
     assert summary.num_shards == 6 and summary.num_holders == 3
     _assert_negatives_are_exact(run_dir, assets["dual"], assets["data"])
@@ -161,7 +114,7 @@ def test_mining_through_three_shard_holders_equals_exact_search(ray_session, ass
 def test_killed_encoder_mid_refresh_publishes_identical_index(ray_session, assets) -> None:
     clean = IndexStore(_clean_run(assets) / "index").current()
     run_dir = assets["root"] / "killed"
-    _checkpoint(run_dir, 1, assets["dual"])
+    write_checkpoint(run_dir, 1, assets["dual"])
     pids: list[int] = []
 
     def kill_after_first_shard(encoded: ShardEncoded, pool: EncoderPool) -> None:
@@ -180,8 +133,8 @@ def test_killed_encoder_mid_refresh_publishes_identical_index(ray_session, asset
 def test_stale_checkpoints_are_skipped(ray_session, assets) -> None:
     run_dir = assets["root"] / "stale"
     for step in (10, 20, 30):
-        _checkpoint(run_dir, step, assets["dual"])
-    (run_dir / "checkpoints" / "step-40").mkdir()  # incomplete: no COMPLETE marker
+        write_checkpoint(run_dir, step, assets["dual"])
+    write_checkpoint(run_dir, 40, complete=False)  # incomplete: no COMPLETE marker
     summary = run_refresh(_config(run_dir, assets["data"], shard_size=100))
     assert summary.checkpoint == 30 and summary.skipped_checkpoints == [10, 20]
     assert NegativesStore(run_dir / "negatives").latest().checkpoint_step == 30
@@ -190,7 +143,7 @@ def test_stale_checkpoints_are_skipped(ray_session, assets) -> None:
 def test_interrupted_refresh_resumes_finished_shards(ray_session, assets) -> None:
     clean = IndexStore(_clean_run(assets) / "index").current()
     run_dir = assets["root"] / "resumed"
-    _checkpoint(run_dir, 1, assets["dual"])
+    write_checkpoint(run_dir, 1, assets["dual"])
     indexed: list[int] = []
 
     def crash_after_two_shards(encoded: ShardEncoded, pool: EncoderPool) -> None:
@@ -209,7 +162,7 @@ def test_interrupted_refresh_resumes_finished_shards(ray_session, assets) -> Non
 
 def test_multi_vector_refresh_mines_the_scorers_top_n(ray_session, assets) -> None:
     run_dir = assets["root"] / "multi"
-    _checkpoint(run_dir, 1, assets["multi"])
+    write_checkpoint(run_dir, 1, assets["multi"])
     run_refresh(_config(run_dir, assets["data"], num_encoders=2))
     version = IndexStore(run_dir / "index").current()
     assert version.vectors_per_entity == 3 and version.num_vectors == 3 * NUM_ENTITIES
@@ -221,7 +174,7 @@ def test_sum_of_max_refresh_mines_the_scorers_top_n(ray_session, assets) -> None
     """Sum-of-max through two shard holders: token-level candidates `index.candidate_depth` deep,
     rescored exactly within each shard, equal the scorer's own top-N (s = Σ_i max_j ⟨x_i, y_j⟩)."""
     run_dir = assets["root"] / "som"
-    _checkpoint(run_dir, 1, assets["som"])
+    write_checkpoint(run_dir, 1, assets["som"])
     run_refresh(_config(run_dir, assets["data"], depth=10_000, shard_size=16, num_encoders=2))
     version = IndexStore(run_dir / "index").current()
     assert version.vectors_per_entity is None and version.num_vectors > NUM_ENTITIES
@@ -236,7 +189,7 @@ def test_exact_refresh_and_evaluation_of_entity_dependent_scorers(
     vectors, every held entity is scored exactly (in chunks) and the merged top-N equals scoring
     every entity with the model; evaluation searches the same version, per domain too."""
     run_dir = assets["root"] / scorer
-    _checkpoint(run_dir, 1, assets[scorer])
+    checkpoint = write_checkpoint(run_dir, 1, assets[scorer])
     plan = _config(run_dir, assets["data"], shard_size=16, num_encoders=2)
     summary = run_refresh(plan)
     version = IndexStore(run_dir / "index").current()
@@ -244,7 +197,7 @@ def test_exact_refresh_and_evaluation_of_entity_dependent_scorers(
     assert version.num_vectors == NUM_ENTITIES * (1 if scorer == "poly-16" else 2)
     _assert_negatives_are_exact(run_dir, assets[scorer], assets["data"])
     mentions = _train_mentions(assets["data"])
-    model = IndexedModel.from_checkpoint(run_dir / "checkpoints" / "step-1", 1)
+    model = IndexedModel.from_checkpoint(checkpoint, 1)
     retrieved = retrieve(plan, model, mentions, 5, per_domain=True)
     assert not retrieved.built and retrieved.index_version.path == version.path
     exact = exact_scores(assets[scorer], assets["data"], mentions)
@@ -259,7 +212,7 @@ def test_exact_refresh_and_evaluation_of_entity_dependent_scorers(
 
 def test_more_encoders_than_the_cluster_can_place_fail_in_seconds(ray_session, assets) -> None:
     run_dir = assets["root"] / "too-many"
-    _checkpoint(run_dir, 1, assets["dual"])
+    write_checkpoint(run_dir, 1, assets["dual"])
     started = time.monotonic()
     with pytest.raises(PlacementError, match=r"5 encoder actor\(s\) asking \{CPU: 1\}.*CPU 4"):
         run_refresh(_config(run_dir, assets["data"], num_encoders=5))
@@ -305,13 +258,13 @@ def test_coordinator_never_holds_the_catalogues_vectors(ray_session, assets, mon
     monkeypatch.setattr(sha256_file, "__defaults__", (1 << 14,))
     peaks = []
     for number, size in enumerate((100, 100, 2000)):
-        data = _dataset(assets["root"] / f"data-{number}", num_entities=size)
+        data = random_word_dataset(assets["root"] / f"data-{number}", num_entities=size)
         run_dir = assets["root"] / f"memory-{number}"
-        _checkpoint(run_dir, 1, assets["dual"])
-        ensure_token_store(data, IndexedModel.from_export(assets["dual"]), progress=False)
+        write_checkpoint(run_dir, 1, assets["dual"])
+        ensure_token_store(data, IndexedModel.from_export(assets["dual"]))
         tracemalloc.start()
         plan = _config(run_dir, data, shard_size=size // 2, num_encoders=2)
-        run_refresh(plan, progress=False)
+        run_refresh(plan)
         peaks.append(tracemalloc.get_traced_memory()[1])
         tracemalloc.stop()
         assert IndexStore(run_dir / "index").current().num_vectors == size
@@ -322,7 +275,7 @@ def test_coordinator_never_holds_the_catalogues_vectors(ray_session, assets, mon
 def test_evaluation_reuses_the_published_index_and_equals_re_encoding(ray_session, assets) -> None:
     run_dir = _clean_run(assets)
     mentions = _train_mentions(assets["data"])
-    checkpoint = run_dir / "checkpoints" / "step-1"
+    checkpoint = checkpoint_dir(run_dir, 1)
     published = retrieve(
         _config(run_dir, assets["data"]), IndexedModel.from_checkpoint(checkpoint, 1), mentions, 10
     )

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 import ray
-from test_cluster_refresh import _checkpoint, _dataset, _tiny_export
+from store_helpers import random_word_dataset, write_checkpoint
+from training_helpers import write_letter_export
 
 from hnce.cluster.compute.coordinator import COORDINATOR_ROLE
 from hnce.cluster.compute.refresh import RefreshPlan, RefreshSettings, run_refresh
@@ -44,7 +45,10 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("lock")
-    return {"data": _dataset(root / "data"), "dual": _tiny_export(root / "dual", "dual")}
+    return {
+        "data": random_word_dataset(root / "data"),
+        "dual": write_letter_export(root / "dual", "dual"),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +57,7 @@ def clean_checksums(
 ) -> list[str]:
     """Shard checksums of an undisturbed refresh of the same checkpoint."""
     run_dir = tmp_path_factory.mktemp("clean") / "run"
-    _checkpoint(run_dir, 1, assets["dual"])
+    write_checkpoint(run_dir, 1, assets["dual"])
     run_refresh(_plan(run_dir, assets["data"]))
     return IndexStore(run_dir / "index").current().shard_checksums
 
@@ -151,7 +155,7 @@ def test_cli_refresh_and_training_coordinator_never_overlap(
     ray_session: str, assets: dict[str, Path], tmp_path: Path
 ) -> None:
     run_dir, data = tmp_path / "run", assets["data"]
-    _checkpoint(run_dir, 1, assets["dual"])
+    write_checkpoint(run_dir, 1, assets["dual"])
     reader = PublishedReader(run_dir)
     reader.start()
     environment = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -166,7 +170,7 @@ def test_cli_refresh_and_training_coordinator_never_overlap(
     assert cli.returncode == EXIT_OK
     assert json.loads(output.splitlines()[-1])["outcome"] == "published"
     # 2. The coordinator holds the lock (refreshing a new checkpoint) while a CLI starts.
-    _checkpoint(run_dir, 2, assets["dual"])
+    write_checkpoint(run_dir, 2, assets["dual"])
     with frozen_holder(run_dir, COORDINATOR_ROLE) as holder:
         refused = subprocess.run(
             command, cwd=REPO, env=environment, capture_output=True, text=True, timeout=120
@@ -196,11 +200,11 @@ def test_coordinator_follows_new_checkpoints_and_records_them(
     ray_session: str, assets: dict[str, Path], tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
-    _checkpoint(run_dir, 1, assets["dual"])
+    write_checkpoint(run_dir, 1, assets["dual"])
     coordinator, watch = start_refresh(_plan(run_dir, assets["data"], shard_size=100))
     negatives = NegativesStore(run_dir / "negatives")
     _wait_for(lambda: negatives.current_version() == 1)
-    _checkpoint(run_dir, 2, assets["dual"])
+    write_checkpoint(run_dir, 2, assets["dual"])
     _wait_for(lambda: negatives.current_version() == 2)
     status = stop_refresh(coordinator, watch)
     assert status["refreshes"] == 2 and status["error"] is None
@@ -216,7 +220,7 @@ def test_abandoned_refresh_publishes_nothing_and_the_next_resumes_it(
     ray_session: str, assets: dict[str, Path], tmp_path: Path, clean_checksums: list[str]
 ) -> None:
     run_dir = tmp_path / "run"
-    _checkpoint(run_dir, 1, assets["dual"])
+    write_checkpoint(run_dir, 1, assets["dual"])
     plan = _plan(run_dir, assets["data"])
     abandoned = attempt_refresh(plan, JOB_ROLE, stopping=lambda: True)
     assert abandoned.outcome == "abandoned" and "stopped after shard" in abandoned.message
@@ -231,7 +235,7 @@ def test_checkpoint_deleted_under_a_refresh_finishes_from_what_it_loaded(
     ray_session: str, assets: dict[str, Path], tmp_path: Path, clean_checksums: list[str]
 ) -> None:
     run_dir = tmp_path / "run"
-    _checkpoint(run_dir, 1, assets["dual"])
+    write_checkpoint(run_dir, 1, assets["dual"])
 
     def delete_the_checkpoint(encoded: object, pool: object) -> None:
         shutil.rmtree(checkpoint_dir(run_dir, 1), ignore_errors=True)

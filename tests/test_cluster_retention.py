@@ -4,35 +4,28 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from store_helpers import write_checkpoint
+
 from hnce.cluster.compute.lock import RunLock
 from hnce.cluster.stores.checkpoints import (
-    EXPORT_DIR,
-    checkpoint_dir,
+    checkpoint_step,
+    checkpoints_root,
     complete_checkpoints,
-    mark_complete,
     prune_checkpoints,
 )
 
 
-def _checkpoint(run_dir: Path, step: int, complete: bool = True) -> None:
-    directory = checkpoint_dir(run_dir, step)
-    (directory / EXPORT_DIR).mkdir(parents=True)
-    (directory / EXPORT_DIR / "weights.bin").write_bytes(b"w" * 64)
-    if complete:
-        mark_complete(directory, {"step": step})
-
-
 def _on_disk(run_dir: Path) -> list[int]:
-    return sorted(int(path.name.split("-")[1]) for path in (run_dir / "checkpoints").iterdir())
+    return sorted(checkpoint_step(path) for path in checkpoints_root(run_dir).iterdir())
 
 
 def test_a_lagging_refresh_pins_one_checkpoint_and_disk_stays_bounded(tmp_path: Path) -> None:
     keep = 3
-    _checkpoint(tmp_path, 1)
+    write_checkpoint(tmp_path, 1)
     with RunLock(tmp_path, "slow refresh") as lock:
         lock.encoding(1)
         for step in range(2, 41):  # training goes on while the refresh of step-1 lags behind
-            _checkpoint(tmp_path, step)
+            write_checkpoint(tmp_path, step)
             prune_checkpoints(tmp_path, keep)
             assert len(_on_disk(tmp_path)) <= keep + 1
         assert _on_disk(tmp_path) == [1, 38, 39, 40]
@@ -43,8 +36,8 @@ def test_a_lagging_refresh_pins_one_checkpoint_and_disk_stays_bounded(tmp_path: 
 
 def test_pruning_removes_unfinished_leftovers_but_not_the_one_being_written(tmp_path: Path) -> None:
     for step in (10, 20, 30):
-        _checkpoint(tmp_path, step)
-    _checkpoint(tmp_path, 15, complete=False)  # a crash left it half-written
-    _checkpoint(tmp_path, 40, complete=False)  # being written now
+        write_checkpoint(tmp_path, step)
+    write_checkpoint(tmp_path, 15, complete=False)  # a crash left it half-written
+    write_checkpoint(tmp_path, 40, complete=False)  # being written now
     assert prune_checkpoints(tmp_path, keep=2) == [10, 15]
     assert _on_disk(tmp_path) == [20, 30, 40]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import write_wordpiece_tokenizer
+from conftest import LETTER_PIECES, write_wordpiece_tokenizer
 
 from hnce.cluster.stores.tables import Entity
 from hnce.cluster.stores.tables_write import write_dataset
@@ -35,7 +35,7 @@ def _catalogue(root: Path, count: int, seed: int = 0) -> Path:
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory):
     directory = tmp_path_factory.mktemp("vocab")
-    tokenizer = write_wordpiece_tokenizer(directory, [*LETTERS, *[f"##{c}" for c in LETTERS]])
+    tokenizer = write_wordpiece_tokenizer(directory, LETTER_PIECES)
     register_markers(tokenizer)
     return tokenizer
 

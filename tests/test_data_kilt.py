@@ -1,5 +1,7 @@
-"""KILT knowledge source, BLINK entity.jsonl and AIDA on hand-written fixture files, and one test
-per numbered finding of issue 11 about them (each failed before its fix)."""
+"""KILT knowledge source, BLINK entity.jsonl and AIDA on hand-written fixture files: field by
+field, bad rows under both policies, and the converter's guarantees (reconverting replaces a
+dataset whole, several files per split, where rejects may go, every input checked first, entity
+markers and keys as written, an empty catalogue, numeric flags)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import write_jsonl
 
 from hnce.cluster.stores.tables import MANIFEST_FILE, MISSING_GOLD, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
@@ -117,16 +120,9 @@ def _skip(out: Path, tmp_path: Path) -> DatasetOutput:
     return DatasetOutput(out, on_bad_row="skip", rejects=tmp_path / "rejects.jsonl")
 
 
-def _write(path: Path, rows: list, extra: str | None = None) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lines = [json.dumps(row, ensure_ascii=False) for row in rows] + ([extra] if extra else [])
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
-
-
 def test_knowledge_source_and_aida_field_by_field(tmp_path: Path) -> None:
-    source = _write(tmp_path / "kilt_knowledgesource.json", PAGES)
-    aida = _write(tmp_path / "aidayago2-train-kilt.jsonl", AIDA)
+    source = write_jsonl(tmp_path / "kilt_knowledgesource.json", PAGES)
+    aida = write_jsonl(tmp_path / "aidayago2-train-kilt.jsonl", AIDA)
     summary = convert_kilt(tmp_path / "out", [aida], knowledge_source=source)
     catalogue = EntityCatalogue.open(tmp_path / "out")
     zurich = catalogue.get(0)
@@ -155,8 +151,8 @@ def test_knowledge_source_and_aida_field_by_field(tmp_path: Path) -> None:
 
 
 def test_blink_catalogue_keeps_entity_id_equal_to_blink_row(tmp_path: Path) -> None:
-    entities = _write(tmp_path / "entity.jsonl", BLINK)
-    aida = _write(tmp_path / "aidayago2-dev-kilt.jsonl", AIDA[:2])
+    entities = write_jsonl(tmp_path / "entity.jsonl", BLINK)
+    aida = write_jsonl(tmp_path / "aidayago2-dev-kilt.jsonl", AIDA[:2])
     summary = convert_kilt(tmp_path / "out", [aida], blink_entities=entities)
     catalogue = EntityCatalogue.open(tmp_path / "out")
     for row, entry in enumerate(BLINK):
@@ -172,9 +168,11 @@ def test_blink_catalogue_keeps_entity_id_equal_to_blink_row(tmp_path: Path) -> N
     assert [m.gold for m in dev] == [0, 2]
 
 
-def test_missing_gold_strict_skip_and_kept(tmp_path: Path) -> None:
-    source = _write(tmp_path / "kilt_knowledgesource.json", PAGES)
-    aida = _write(tmp_path / "aidayago2-test-kilt.jsonl", AIDA, json.dumps(MISSING))
+def test_a_gold_missing_from_the_catalogue_fails_strict_mode_is_skipped_or_kept(
+    tmp_path: Path,
+) -> None:
+    source = write_jsonl(tmp_path / "kilt_knowledgesource.json", PAGES)
+    aida = write_jsonl(tmp_path / "aidayago2-test-kilt.jsonl", AIDA, json.dumps(MISSING))
     with pytest.raises(BadRowError, match=rf"{aida}:5: gold_not_in_catalogue"):
         convert_kilt(tmp_path / "strict", [aida], knowledge_source=source)
     skipped = convert_kilt(_skip(tmp_path / "skip", tmp_path), [aida], knowledge_source=source)
@@ -188,15 +186,15 @@ def test_missing_gold_strict_skip_and_kept(tmp_path: Path) -> None:
 
 
 def test_test_without_answers_converts_unlabelled(tmp_path: Path) -> None:
-    source = _write(tmp_path / "kilt_knowledgesource.json", PAGES)
+    source = write_jsonl(tmp_path / "kilt_knowledgesource.json", PAGES)
     rows = [{key: value for key, value in row.items() if key != "output"} for row in AIDA]
-    aida = _write(tmp_path / "aidayago2-test_without_answers-kilt.jsonl", rows)
+    aida = write_jsonl(tmp_path / "aidayago2-test_without_answers-kilt.jsonl", rows)
     summary = convert_kilt(tmp_path / "out", [aida], knowledge_source=source)
     test = MentionSplit.open(mention_split_path(tmp_path / "out", "test")).read_all()
     assert [m.mention_id for m in test] == [row["id"] for row in AIDA]
     assert {m.gold for m in test} == {MISSING_GOLD}
     assert summary["mentions"] == {"test": len(AIDA)}
-    labelled = _write(tmp_path / "aidayago2-test-kilt.jsonl", rows)
+    labelled = write_jsonl(tmp_path / "aidayago2-test-kilt.jsonl", rows)
     with pytest.raises(BadRowError, match=rf"{labelled}:1: missing_field"):
         convert_kilt(tmp_path / "strict", [labelled], knowledge_source=source)
 
@@ -213,9 +211,11 @@ BAD_PAGES = {
 
 
 @pytest.mark.parametrize("kind", sorted(BAD_PAGES))
-def test_knowledge_source_bad_rows(tmp_path: Path, kind: str) -> None:
-    source = _write(tmp_path / "kilt_knowledgesource.json", PAGES, BAD_PAGES[kind])
-    aida = _write(tmp_path / "aidayago2-train-kilt.jsonl", AIDA)
+def test_a_bad_knowledge_source_row_fails_strict_mode_and_is_rejected_in_skip_mode(
+    tmp_path: Path, kind: str
+) -> None:
+    source = write_jsonl(tmp_path / "kilt_knowledgesource.json", PAGES, BAD_PAGES[kind])
+    aida = write_jsonl(tmp_path / "aidayago2-train-kilt.jsonl", AIDA)
     with pytest.raises(BadRowError, match=rf"{source}:4: {kind}"):
         convert_kilt(tmp_path / "strict", [aida], knowledge_source=source)
     summary = convert_kilt(_skip(tmp_path / "skip", tmp_path), [aida], knowledge_source=source)
@@ -235,9 +235,11 @@ def test_knowledge_source_bad_rows(tmp_path: Path, kind: str) -> None:
         ("missing_field", json.dumps({"input": "x"})),
     ],
 )
-def test_aida_bad_rows(tmp_path: Path, kind: str, line: str) -> None:
-    entities = _write(tmp_path / "entity.jsonl", BLINK)
-    aida = _write(tmp_path / "aidayago2-train-kilt.jsonl", AIDA, line)
+def test_a_bad_aida_row_fails_strict_mode_and_is_rejected_in_skip_mode(
+    tmp_path: Path, kind: str, line: str
+) -> None:
+    entities = write_jsonl(tmp_path / "entity.jsonl", BLINK)
+    aida = write_jsonl(tmp_path / "aidayago2-train-kilt.jsonl", AIDA, line)
     with pytest.raises(BadRowError, match=rf"{aida}:5: {kind}"):
         convert_kilt(tmp_path / "strict", [aida], blink_entities=entities)
     summary = convert_kilt(_skip(tmp_path / "skip", tmp_path), [aida], blink_entities=entities)
@@ -247,14 +249,14 @@ def test_aida_bad_rows(tmp_path: Path, kind: str, line: str) -> None:
 
 def test_blink_rejected_row_breaks_alignment_flag(tmp_path: Path) -> None:
     bad = json.dumps({"text": "x", "idx": "https://en.wikipedia.org/wiki?title=Nope", "title": "N"})
-    entities = _write(tmp_path / "entity.jsonl", BLINK, bad)
+    entities = write_jsonl(tmp_path / "entity.jsonl", BLINK, bad)
     with pytest.raises(BadRowError, match=rf"{entities}:4: empty_key"):
         convert_kilt(tmp_path / "strict", [], blink_entities=entities)
     summary = convert_kilt(_skip(tmp_path / "skip", tmp_path), [], blink_entities=entities)
     assert summary["catalogue"]["entity_id_is_blink_row"] is False
 
 
-def test_aida_split_names() -> None:
+def test_an_aida_file_name_gives_its_split() -> None:
     assert aida_split_name(Path("aidayago2-train-kilt.jsonl")) == "train"
     assert aida_split_name(Path("aidayago2-test_without_answers-kilt.jsonl")) == "test"
 
@@ -263,12 +265,10 @@ def _files(root: Path) -> list[str]:
     return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
 
 
-def test_finding_1_reconverting_replaces_the_whole_dataset_or_refuses(
-    tmp_path: Path, capsys
-) -> None:
-    source = _write(tmp_path / "kilt_knowledgesource.json", PAGES)
-    train = _write(tmp_path / "aidayago2-train-kilt.jsonl", AIDA)
-    dev = _write(tmp_path / "aidayago2-dev-kilt.jsonl", AIDA[:2])
+def test_reconverting_replaces_the_whole_dataset_or_refuses(tmp_path: Path, capsys) -> None:
+    source = write_jsonl(tmp_path / "kilt_knowledgesource.json", PAGES)
+    train = write_jsonl(tmp_path / "aidayago2-train-kilt.jsonl", AIDA)
+    dev = write_jsonl(tmp_path / "aidayago2-dev-kilt.jsonl", AIDA[:2])
     out = tmp_path / "out"
     kilt = ["data", "kilt", "--knowledge-source", str(source), "--out", str(out)]
     assert main([*kilt, "--aida", str(train), str(dev)]) == 0
@@ -278,7 +278,7 @@ def test_finding_1_reconverting_replaces_the_whole_dataset_or_refuses(
     assert "already holds a dataset" in capsys.readouterr().err
     assert {name: (out / name).read_bytes() for name in _files(out)} == old
     # a failed conversion with --overwrite leaves the old dataset as it was, and nothing else
-    bad = _write(tmp_path / "aidayago2-test-kilt.jsonl", AIDA, "{broken")
+    bad = write_jsonl(tmp_path / "aidayago2-test-kilt.jsonl", AIDA, "{broken")
     assert main([*kilt, "--overwrite", "--aida", str(bad)]) == 2
     assert {name: (out / name).read_bytes() for name in _files(out)} == old
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
@@ -298,10 +298,10 @@ def test_finding_1_reconverting_replaces_the_whole_dataset_or_refuses(
     assert survivors == [] and not mention_split_path(out, "dev").exists()
 
 
-def test_finding_2_several_files_of_a_split_are_concatenated_and_counted(tmp_path: Path) -> None:
-    source = _write(tmp_path / "kilt_knowledgesource.json", PAGES)
-    first = _write(tmp_path / "aidayago2-train-kilt.jsonl", AIDA[:2])
-    second = _write(tmp_path / "aidayago2-train_b-kilt.jsonl", AIDA[2:])
+def test_several_files_of_a_split_are_concatenated_and_counted(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "kilt_knowledgesource.json", PAGES)
+    first = write_jsonl(tmp_path / "aidayago2-train-kilt.jsonl", AIDA[:2])
+    second = write_jsonl(tmp_path / "aidayago2-train_b-kilt.jsonl", AIDA[2:])
     summary = convert_kilt(tmp_path / "out", [first, second], knowledge_source=source)
     train = MentionSplit.open(mention_split_path(tmp_path / "out", "train")).read_all()
     assert [m.mention_id for m in train] == ["a1", "a2", "a3", "a4"]
@@ -309,14 +309,14 @@ def test_finding_2_several_files_of_a_split_are_concatenated_and_counted(tmp_pat
     assert summary["mention_files"] == {
         "train": [{"file": str(first), "mentions": 2}, {"file": str(second), "mentions": 2}]
     }
-    unlabelled = _write(tmp_path / "aidayago2-train_without_answers-kilt.jsonl", AIDA[:1])
+    unlabelled = write_jsonl(tmp_path / "aidayago2-train_without_answers-kilt.jsonl", AIDA[:1])
     with pytest.raises(ValueError, match="mix labelled and unlabelled"):
         convert_kilt(tmp_path / "mixed", [first, unlabelled], knowledge_source=source)
 
 
-def test_finding_3_rejects_never_overwrite_an_input_or_any_file(tmp_path: Path) -> None:
-    source = _write(tmp_path / "kilt_knowledgesource.json", PAGES, "{broken")
-    aida = _write(tmp_path / "aidayago2-train-kilt.jsonl", AIDA)
+def test_the_rejects_file_never_overwrites_an_input_or_any_other_file(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "kilt_knowledgesource.json", PAGES, "{broken")
+    aida = write_jsonl(tmp_path / "aidayago2-train-kilt.jsonl", AIDA)
     before = aida.read_bytes()
     for rejects in (aida, tmp_path / "notes.txt"):
         rejects.write_bytes(rejects.read_bytes() if rejects.exists() else b"mine")
@@ -336,13 +336,13 @@ def test_finding_3_rejects_never_overwrite_an_input_or_any_file(tmp_path: Path) 
     assert json.loads((tmp_path / "out" / "rejects.jsonl").read_text())["line"] == 4
 
 
-def test_finding_5_invalid_utf8_is_a_bad_row_with_file_and_line(tmp_path: Path) -> None:
+def test_invalid_utf8_is_a_bad_row_with_file_and_line(tmp_path: Path) -> None:
     source = tmp_path / "kilt_knowledgesource.json"
-    _write(source, PAGES)
+    write_jsonl(source, PAGES)
     source.write_bytes(source.read_bytes() + b'{"wikipedia_id": "9\xff"}\n')
     lone = json.dumps({**PAGES[1], "wikipedia_id": "90", "wikipedia_title": "\ud800"})
     source.write_bytes(source.read_bytes() + lone.encode() + b"\n")
-    aida = _write(tmp_path / "aidayago2-train-kilt.jsonl", AIDA)
+    aida = write_jsonl(tmp_path / "aidayago2-train-kilt.jsonl", AIDA)
     with pytest.raises(BadRowError, match=rf"{source}:4: invalid_utf8"):
         convert_kilt(tmp_path / "strict", [aida], knowledge_source=source)
     summary = convert_kilt(_skip(tmp_path / "skip", tmp_path), [aida], knowledge_source=source)
@@ -350,26 +350,26 @@ def test_finding_5_invalid_utf8_is_a_bad_row_with_file_and_line(tmp_path: Path) 
     assert summary["entities"] == 3 and summary["mentions"] == {"train": 4}
 
 
-def test_finding_9_every_input_is_checked_before_any_work(tmp_path: Path) -> None:
+def test_every_input_is_checked_before_any_work(tmp_path: Path) -> None:
     # the knowledge source would fail at its fourth line in strict mode: the missing AIDA file
     # must be reported first, before a single page is read
-    source = _write(tmp_path / "kilt_knowledgesource.json", PAGES, "{broken")
-    present = _write(tmp_path / "aidayago2-train-kilt.jsonl", AIDA)
+    source = write_jsonl(tmp_path / "kilt_knowledgesource.json", PAGES, "{broken")
+    present = write_jsonl(tmp_path / "aidayago2-train-kilt.jsonl", AIDA)
     missing = tmp_path / "aidayago2-dev-kilt.jsonl"
     with pytest.raises(ConversionInputError, match=rf"input not found: aida {missing}"):
         convert_kilt(tmp_path / "out", [present, missing], knowledge_source=source)
     assert not (tmp_path / "out").exists()
 
 
-def test_finding_10_markers_exactly_once(tmp_path: Path) -> None:
-    entities = _write(tmp_path / "entity.jsonl", BLINK)
+def test_an_aida_input_needs_its_entity_markers_exactly_once(tmp_path: Path) -> None:
+    entities = write_jsonl(tmp_path / "entity.jsonl", BLINK)
     doubled = {
         "id": "d1",
         "input": "in [START_ENT] [START_ENT] Germany [END_ENT] today",
         "output": [{"answer": "Germany", "provenance": [{"wikipedia_id": "34"}]}],
     }
     in_meta = _aida("d2", "in [START_ENT]", "Germany", "today", [{"wikipedia_id": "34"}], "x")
-    aida = _write(tmp_path / "aidayago2-dev-kilt.jsonl", [doubled, in_meta, *AIDA])
+    aida = write_jsonl(tmp_path / "aidayago2-dev-kilt.jsonl", [doubled, in_meta, *AIDA])
     with pytest.raises(BadRowError, match=rf"{aida}:1: offsets_outside_context"):
         convert_kilt(tmp_path / "strict", [aida], blink_entities=entities)
     summary = convert_kilt(_skip(tmp_path / "skip", tmp_path), [aida], blink_entities=entities)
@@ -378,14 +378,14 @@ def test_finding_10_markers_exactly_once(tmp_path: Path) -> None:
     assert not any("ENT]" in m.context_left + m.mention + m.context_right for m in dev)
 
 
-def test_finding_10_keys_as_written_and_typed(tmp_path: Path) -> None:
+def test_keys_are_matched_as_written_and_only_strings_or_integers_are_keys(tmp_path: Path) -> None:
     pages = [
         {**PAGES[0], "wikipedia_id": 100},
         {**PAGES[1], "wikipedia_id": "0100"},
         {**PAGES[2], "wikipedia_id": "١٠٠"},
         {**PAGES[1], "wikipedia_id": " 7 ", "wikipedia_title": "Seven"},
     ]
-    source = _write(
+    source = write_jsonl(
         tmp_path / "kilt_knowledgesource.json",
         pages,
         json.dumps({**PAGES[1], "wikipedia_id": True}),
@@ -396,7 +396,9 @@ def test_finding_10_keys_as_written_and_typed(tmp_path: Path) -> None:
         _aida("k3", "a", "Seven", "b", [{"wikipedia_id": 7}], "-"),
         _aida("k4", "a", "Seven", "b", [{"wikipedia_id": "7 "}], "-"),
     ]
-    aida = _write(tmp_path / "aidayago2-train-kilt.jsonl", rows, json.dumps({**rows[0], "id": 1.5}))
+    aida = write_jsonl(
+        tmp_path / "aidayago2-train-kilt.jsonl", rows, json.dumps({**rows[0], "id": 1.5})
+    )
     with pytest.raises(BadRowError, match=rf"{source}:5: invalid_key: wikipedia_id is a bool"):
         convert_kilt(tmp_path / "strict", [aida], knowledge_source=source)
     summary = convert_kilt(_skip(tmp_path / "skip", tmp_path), [aida], knowledge_source=source)
@@ -410,9 +412,11 @@ def test_finding_10_keys_as_written_and_typed(tmp_path: Path) -> None:
     assert [m.gold for m in train] == [0, 1, 3, 3]
 
 
-def test_finding_10_an_empty_catalogue_is_an_error_in_both_modes(tmp_path: Path) -> None:
-    source = _write(tmp_path / "kilt_knowledgesource.json", [], json.dumps({"wikipedia_id": 1}))
-    aida = _write(tmp_path / "aidayago2-train-kilt.jsonl", AIDA)
+def test_an_empty_catalogue_is_an_error_in_both_modes(tmp_path: Path) -> None:
+    source = write_jsonl(
+        tmp_path / "kilt_knowledgesource.json", [], json.dumps({"wikipedia_id": 1})
+    )
+    aida = write_jsonl(tmp_path / "aidayago2-train-kilt.jsonl", AIDA)
     with pytest.raises(BadRowError, match=rf"{source}:1: missing_field"):
         convert_kilt(tmp_path / "strict", [aida], knowledge_source=source)
     with pytest.raises(EmptyCatalogueError, match=r"no entity was converted.*missing_field.: 1"):
@@ -424,8 +428,8 @@ def test_finding_10_an_empty_catalogue_is_an_error_in_both_modes(tmp_path: Path)
     assert not (tmp_path / "rejects.jsonl").exists()
 
 
-def test_finding_10_numeric_flags_are_validated(tmp_path: Path, capsys) -> None:
-    source = _write(tmp_path / "kilt_knowledgesource.json", PAGES)
+def test_numeric_flags_below_one_are_refused(tmp_path: Path, capsys) -> None:
+    source = write_jsonl(tmp_path / "kilt_knowledgesource.json", PAGES)
     for flag, value in (("--max-text-chars", "-5"), ("--max-text-chars", "0")):
         with pytest.raises(SystemExit) as exit_status:
             main(["data", "kilt", "--knowledge-source", str(source), flag, value])
@@ -448,8 +452,10 @@ BAD_BLINK = {
 
 
 @pytest.mark.parametrize("kind", sorted(BAD_BLINK))
-def test_blink_bad_rows(tmp_path: Path, kind: str) -> None:
-    entities = _write(tmp_path / "entity.jsonl", BLINK)
+def test_a_bad_blink_entity_row_fails_strict_mode_and_breaks_row_alignment_in_skip_mode(
+    tmp_path: Path, kind: str
+) -> None:
+    entities = write_jsonl(tmp_path / "entity.jsonl", BLINK)
     entities.write_bytes(entities.read_bytes() + BAD_BLINK[kind] + b"\n")
     with pytest.raises(BadRowError, match=rf"{entities}:4: {kind}"):
         convert_kilt(tmp_path / "strict", [], blink_entities=entities)
@@ -462,7 +468,7 @@ def test_blink_bad_rows(tmp_path: Path, kind: str) -> None:
 
 
 def test_kilt_inputs_follow_the_bad_row_policy(tmp_path: Path) -> None:
-    path = _write(tmp_path / "aidayago2-test-kilt.jsonl", AIDA, json.dumps({"id": "z"}))
+    path = write_jsonl(tmp_path / "aidayago2-test-kilt.jsonl", AIDA, json.dumps({"id": "z"}))
     with pytest.raises(BadRowError, match=rf"{path}:5: offsets_outside_context"):
         read_kilt_inputs(path)
     with BadRowPolicy("skip", tmp_path / "rejects.jsonl") as policy:

@@ -47,7 +47,9 @@ def _contents(directory: Path) -> dict[str, bytes]:
     }
 
 
-def test_kilt_formats_and_conversion(tmp_path: Path) -> None:
+def test_generated_kilt_files_follow_the_formats_and_convert_without_rejects(
+    tmp_path: Path,
+) -> None:
     _generate(tmp_path / "raw")
     pages = [json.loads(line) for line in (tmp_path / "raw" / KNOWLEDGE_SOURCE).open()]
     assert len(pages) == 300

@@ -20,7 +20,7 @@ def _all_mentions(root: Path) -> list:
     ]
 
 
-def test_sizes_domains_and_world_split(tmp_path: Path) -> None:
+def test_each_world_is_a_domain_and_whole_worlds_make_the_splits(tmp_path: Path) -> None:
     summary = generate_synthetic_dataset(
         tmp_path, num_worlds=4, entities_per_world=30, mentions_per_entity=3, seed=7
     )
@@ -58,7 +58,7 @@ def test_names_share_tokens_so_string_matching_is_not_enough(tmp_path: Path) -> 
         assert set(mention.mention.split()) <= set(titles[mention.gold].split())
 
 
-def test_seeded(tmp_path: Path) -> None:
+def test_the_same_seed_gives_the_same_mentions_and_another_seed_others(tmp_path: Path) -> None:
     a = generate_synthetic_dataset(tmp_path / "a", 2, 10, 2, seed=3)
     b = generate_synthetic_dataset(tmp_path / "b", 2, 10, 2, seed=3)
     c = generate_synthetic_dataset(tmp_path / "c", 2, 10, 2, seed=4)
@@ -90,7 +90,9 @@ def test_cli_data_synthetic_and_skip_mode(tmp_path: Path, capsys) -> None:
     assert json.loads((out / "rejects.jsonl").read_text())["line"] == 2
 
 
-def test_cli_data_verify(tmp_path: Path, capsys) -> None:
+def test_data_verify_passes_an_intact_dataset_and_names_a_changed_file(
+    tmp_path: Path, capsys
+) -> None:
     out = tmp_path / "synthetic"
     assert (
         main(["data", "synthetic", "--worlds", "3", "--entities-per-world", "5", "--out", str(out)])

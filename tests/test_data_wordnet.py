@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hnce.cluster.stores.tables import mention_split_path
+from hnce.cluster.stores.tables import Mention, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.pipeline.data.bad_rows import BadRowError
 from hnce.pipeline.data.conversion import DatasetOutput
@@ -49,7 +49,7 @@ def wordnet_dir(tmp_path: Path) -> Path:
     return root
 
 
-def test_parse_data_line() -> None:
+def test_a_data_line_gives_the_synsets_key_lemmas_title_definition_and_examples() -> None:
     synset = parse_data_line(NOUN.splitlines()[0], "n", "noun")
     assert synset.key == "n.02084071"
     assert synset.lemmas == ("dog", "domestic dog", "Canis familiaris")
@@ -60,7 +60,7 @@ def test_parse_data_line() -> None:
     assert parse_data_line(ADJ, "a", "adj").lemmas == ("able",)
 
 
-def test_inflections() -> None:
+def test_lemma_forms_add_regular_inflections_and_listed_exceptions() -> None:
     assert {"dogs", "dog"} <= lemma_forms("dog", "noun", {})
     assert "domestic dogs" in lemma_forms("domestic dog", "noun", {})
     assert {"dogged", "dogging", "dogs"} <= lemma_forms("dog", "verb", {})
@@ -69,9 +69,26 @@ def test_inflections() -> None:
     assert "abler" in lemma_forms("able", "adj", {})
 
 
-def test_conversion_field_by_field(wordnet_dir: Path, tmp_path: Path) -> None:
+@pytest.fixture
+def converted(
+    wordnet_dir: Path, tmp_path: Path
+) -> tuple[dict, EntityCatalogue, dict[str, Mention]]:
+    """The hand-written files converted (seed 0): the summary, the catalogue, and every split's
+    mentions by id."""
     summary = convert_wordnet(tmp_path / "out", wordnet_dir, seed=0)
     catalogue = EntityCatalogue.open(tmp_path / "out")
+    mentions = {
+        m.mention_id: m
+        for split in ("train", "dev", "test")
+        for m in MentionSplit.open(mention_split_path(tmp_path / "out", split)).read_all()
+    }
+    return summary, catalogue, mentions
+
+
+def test_every_synset_becomes_an_entity_whose_text_leaves_out_the_examples(
+    converted: tuple[dict, EntityCatalogue, dict[str, Mention]],
+) -> None:
+    summary, catalogue, _ = converted
     assert len(catalogue) == summary["entities"] == 6
     assert [e.key for e in catalogue.get_many(range(6))] == [
         "n.02084071",
@@ -84,11 +101,12 @@ def test_conversion_field_by_field(wordnet_dir: Path, tmp_path: Path) -> None:
     frump = catalogue.get(1)
     assert (frump.title, frump.text) == ("dog", "dog: a dull unattractive unpleasant girl or woman")
     assert "frump" not in frump.text  # examples never go into the entity text
-    mentions = {
-        m.mention_id: m
-        for split in ("train", "dev", "test")
-        for m in MentionSplit.open(mention_split_path(tmp_path / "out", split)).read_all()
-    }
+
+
+def test_an_example_is_a_mention_of_the_form_of_its_synsets_lemma_it_contains(
+    converted: tuple[dict, EntityCatalogue, dict[str, Mention]],
+) -> None:
+    summary, _, mentions = converted
     # "frump" does not contain the synset's lemma: not a mention, but counted
     assert summary["examples"] == 8
     assert summary["examples_without_lemma"] == 1
@@ -125,6 +143,12 @@ def test_conversion_field_by_field(wordnet_dir: Path, tmp_path: Path) -> None:
     assert mentions["v.01950798.1"].mention == "ran"
     assert (mentions["v.02000868.0"].mention, mentions["v.02000868.0"].gold) == ("dogged", 4)
     assert mentions["a.00001740.0"].mention == "abler"
+
+
+def test_ambiguity_is_counted_within_a_part_of_speech_and_across_them(
+    converted: tuple[dict, EntityCatalogue, dict[str, Mention]],
+) -> None:
+    summary, _, _ = converted
     # "dog" names 2 noun synsets: the two noun-dog mentions are ambiguous within their POS; the
     # verb "dog" mention is ambiguous only across parts of speech
     assert summary["ambiguous_total"] == 1
@@ -142,7 +166,9 @@ def test_split_keeps_lemmas_apart_and_is_seeded() -> None:
 
 
 @pytest.mark.slow
-def test_real_wordnet_counts(real_wordnet: tuple[Path, dict]) -> None:
+def test_real_wordnet_converts_every_synset_and_over_a_thousand_mentions_per_split(
+    real_wordnet: tuple[Path, dict],
+) -> None:
     root, summary = real_wordnet
     assert summary["entities"] == 117_659
     assert summary["mentions_total"] >= 45_000
@@ -160,7 +186,9 @@ BAD_WORDNET_LINES = {
 
 
 @pytest.mark.parametrize("kind", sorted(BAD_WORDNET_LINES))
-def test_wordnet_bad_rows(wordnet_dir: Path, tmp_path: Path, kind: str) -> None:
+def test_a_bad_wordnet_line_fails_strict_mode_and_is_rejected_in_skip_mode(
+    wordnet_dir: Path, tmp_path: Path, kind: str
+) -> None:
     data_noun = wordnet_dir / "data.noun"
     data_noun.write_bytes(data_noun.read_bytes() + BAD_WORDNET_LINES[kind])
     with pytest.raises(BadRowError, match=rf"{data_noun}:6: {kind}"):

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import write_jsonl
 
 from hnce.cluster.stores.tables import MISSING_GOLD, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
@@ -51,21 +52,13 @@ TRAIN = [
 VAL = [_mention("m4", "A1", "star_trek", 5, 6, "the Enterprise", "A2")]
 
 
-def _write_lines(path: Path, rows: list, extra: str | None = None) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lines = [json.dumps(row, ensure_ascii=False) for row in rows]
-    if extra is not None:
-        lines.append(extra)
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-
-
 def write_fixture(
     root: Path, bad_document: str | None = None, bad_mention: str | None = None
 ) -> Path:
-    _write_lines(root / "documents" / "star_trek.json", STAR_TREK, bad_document)
-    _write_lines(root / "documents" / "café.json", CAFE)
-    _write_lines(root / "mentions" / "train.json", TRAIN, bad_mention)
-    _write_lines(root / "mentions" / "val.json", VAL)
+    write_jsonl(root / "documents" / "star_trek.json", STAR_TREK, bad_document)
+    write_jsonl(root / "documents" / "café.json", CAFE)
+    write_jsonl(root / "mentions" / "train.json", TRAIN, bad_mention)
+    write_jsonl(root / "mentions" / "val.json", VAL)
     return root
 
 
@@ -133,14 +126,21 @@ BAD_ROWS = {
 }
 
 
-@pytest.mark.parametrize("kind", sorted(BAD_ROWS))
-def test_bad_row_strict_names_file_and_line(tmp_path: Path, kind: str) -> None:
+def _fixture_with_bad_row(root: Path, kind: str) -> Path:
+    """The fixture with the bad row of ``kind`` (BAD_ROWS) last in star_trek.json (a document)
+    or in train.json (a mention)."""
     where, line = BAD_ROWS[kind]
-    source = write_fixture(
-        tmp_path / "zeshel",
+    return write_fixture(
+        root,
         bad_document=line if where == "document" else None,
         bad_mention=line if where == "mention" else None,
     )
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_ROWS))
+def test_bad_row_strict_names_file_and_line(tmp_path: Path, kind: str) -> None:
+    where, _ = BAD_ROWS[kind]
+    source = _fixture_with_bad_row(tmp_path / "zeshel", kind)
     bad_file = (
         source / "documents" / "star_trek.json"
         if where == "document"
@@ -156,11 +156,7 @@ def test_bad_row_strict_names_file_and_line(tmp_path: Path, kind: str) -> None:
 @pytest.mark.parametrize("kind", sorted(BAD_ROWS))
 def test_bad_row_skip_counts_and_rejects(tmp_path: Path, kind: str) -> None:
     where, line = BAD_ROWS[kind]
-    source = write_fixture(
-        tmp_path / "zeshel",
-        bad_document=line if where == "document" else None,
-        bad_mention=line if where == "mention" else None,
-    )
+    source = _fixture_with_bad_row(tmp_path / "zeshel", kind)
     rejects = tmp_path / "rejects.jsonl"
     summary = convert_zeshel(
         source, DatasetOutput(tmp_path / "out", on_bad_row="skip", rejects=rejects)
@@ -186,9 +182,9 @@ def test_keep_missing_gold_keeps_mention_with_gold_minus_one(tmp_path: Path) -> 
     assert summary["bad_rows"]["rejected_total"] == 0
 
 
-def test_finding_2_val_and_valid_are_an_error_naming_both(tmp_path: Path) -> None:
+def test_val_and_valid_together_are_an_error_naming_both(tmp_path: Path) -> None:
     source = write_fixture(tmp_path / "zeshel")
-    _write_lines(source / "mentions" / "valid.json", VAL)
+    write_jsonl(source / "mentions" / "valid.json", VAL)
     with pytest.raises(InputError, match=r"val\.json and .*valid\.json are both the 'dev' split"):
         convert_zeshel(source, tmp_path / "out")
     assert not (tmp_path / "out").exists()
@@ -197,13 +193,13 @@ def test_finding_2_val_and_valid_are_an_error_naming_both(tmp_path: Path) -> Non
 def test_ids_are_compared_as_written_on_both_sides(tmp_path: Path) -> None:
     source = write_fixture(tmp_path / "zeshel")
     numbered = [{"document_id": 7, "title": "Seven", "text": "Seven is a number"}]
-    _write_lines(source / "documents" / "numbers.json", numbered)
+    write_jsonl(source / "documents" / "numbers.json", numbered)
     mentions = [
         _mention("n1", " 7", "numbers", 0, 0, "Seven", "A1"),  # int key 7 as " 7"
         {**_mention("n2", "A1", "star_trek", 0, 0, "Kirk", "A1"), "label_document_id": 7},
         {**_mention("n3", "A1", "star_trek", 0, 0, "Kirk", "A1"), "label_document_id": True},
     ]
-    _write_lines(source / "mentions" / "test.json", mentions)
+    write_jsonl(source / "mentions" / "test.json", mentions)
     summary = convert_zeshel(
         source, DatasetOutput(tmp_path / "out", on_bad_row="skip", rejects=tmp_path / "r.jsonl")
     )

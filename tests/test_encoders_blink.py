@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_bert_config
 from torch import nn
 from transformers import BertConfig, BertModel
 
@@ -17,16 +18,6 @@ from hnce.encoders.blink import (
     import_blink_crossencoder,
 )
 from hnce.encoders.reranker import build_reranker
-
-
-def tiny_config(tokenizer, hidden_size: int = 32) -> BertConfig:
-    return BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-    )
 
 
 class BlinkBertEncoder(nn.Module):
@@ -71,7 +62,7 @@ def test_blink_biencoder_loads_gives_same_embeddings_and_round_trips(
     output_size: int | None, tiny_tokenizer, tmp_path: Path
 ) -> None:
     torch.manual_seed(0)
-    config = tiny_config(tiny_tokenizer)
+    config = tiny_bert_config(len(tiny_tokenizer))
     blink = BlinkBiEncoderModule(config, output_size).eval()
     checkpoint = tmp_path / "biencoder.bin"
     torch.save(blink.state_dict(), checkpoint)
@@ -98,7 +89,7 @@ def test_blink_biencoder_loads_gives_same_embeddings_and_round_trips(
 
 
 def test_truncated_checkpoint_names_missing_keys(tiny_tokenizer, tmp_path: Path) -> None:
-    config = tiny_config(tiny_tokenizer)
+    config = tiny_bert_config(len(tiny_tokenizer))
     state = BlinkBiEncoderModule(config, None).state_dict()
     dropped = [k for k in state if k.startswith("cand_encoder.bert_model.encoder.layer.1.")]
     for key in dropped:
@@ -111,7 +102,7 @@ def test_truncated_checkpoint_names_missing_keys(tiny_tokenizer, tmp_path: Path)
 
 
 def test_mismatched_checkpoint_names_unexpected_keys(tiny_tokenizer, tmp_path: Path) -> None:
-    config = tiny_config(tiny_tokenizer)
+    config = tiny_bert_config(len(tiny_tokenizer))
     cross_state = BlinkCrossEncoderModule(config).state_dict()
     path = tmp_path / "cross.bin"
     torch.save(cross_state, path)
@@ -125,18 +116,26 @@ def test_mismatched_checkpoint_names_unexpected_keys(tiny_tokenizer, tmp_path: P
 
 
 def test_wrong_size_checkpoint_and_broken_file_are_errors(tiny_tokenizer, tmp_path: Path) -> None:
-    state = BlinkBiEncoderModule(tiny_config(tiny_tokenizer, hidden_size=48), None).state_dict()
+    state = BlinkBiEncoderModule(
+        tiny_bert_config(len(tiny_tokenizer), hidden_size=48), None
+    ).state_dict()
     with pytest.raises(ValueError, match="shapes do not match"):
-        import_blink_biencoder(state, tiny_config(tiny_tokenizer), tokenizer=tiny_tokenizer)
+        import_blink_biencoder(
+            state, tiny_bert_config(len(tiny_tokenizer)), tokenizer=tiny_tokenizer
+        )
     broken = tmp_path / "broken.bin"
-    torch.save(BlinkBiEncoderModule(tiny_config(tiny_tokenizer), None).state_dict(), broken)
+    torch.save(
+        BlinkBiEncoderModule(tiny_bert_config(len(tiny_tokenizer)), None).state_dict(), broken
+    )
     broken.write_bytes(broken.read_bytes()[:1000])
     with pytest.raises(ValueError, match=r"broken\.bin"):
-        import_blink_biencoder(broken, tiny_config(tiny_tokenizer), tokenizer=tiny_tokenizer)
+        import_blink_biencoder(
+            broken, tiny_bert_config(len(tiny_tokenizer)), tokenizer=tiny_tokenizer
+        )
 
 
 def test_legacy_layer_norm_names_are_accepted(tiny_tokenizer) -> None:
-    config = tiny_config(tiny_tokenizer)
+    config = tiny_bert_config(len(tiny_tokenizer))
     state = BlinkBiEncoderModule(config, None).state_dict()
     legacy = {
         k.replace("LayerNorm.weight", "LayerNorm.gamma").replace(
@@ -153,7 +152,7 @@ def test_legacy_layer_norm_names_are_accepted(tiny_tokenizer) -> None:
 
 def test_blink_crossencoder_scores_match_and_round_trip(tiny_tokenizer, tmp_path: Path) -> None:
     torch.manual_seed(1)
-    config = tiny_config(tiny_tokenizer)
+    config = tiny_bert_config(len(tiny_tokenizer))
     blink = BlinkCrossEncoderModule(config).eval()
     checkpoint = tmp_path / "crossencoder.bin"
     torch.save(blink.state_dict(), checkpoint)
@@ -194,7 +193,7 @@ def test_reranker_scores_only_the_pairs_the_loss_reads(chunk_size: int, tiny_tok
     ``score_candidates`` scores it, 0 elsewhere, and the same loss and gradients whether the
     pairs run in chunks recomputed in the backward pass or all at once."""
     torch.manual_seed(2)
-    config = tiny_config(tiny_tokenizer)
+    config = tiny_bert_config(len(tiny_tokenizer))
     config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
     reranker = build_reranker(config, tiny_tokenizer, mention_length=12, entity_length=10)
     reranker.dropout.p = 0.0

@@ -31,6 +31,19 @@ def tensors() -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return mention_hidden, _masks([5, 3, 2], 5), entity_hidden, _masks([6, 2, 4, 1], 6)
 
 
+def _random_batch(
+    seed: int, mention_lengths: list[int], num_entities: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Random float32 token states of mentions (5 positions, ``mention_lengths`` real) and of
+    ``num_entities`` entities (7 positions, 1 to 7 real, drawn), with their masks."""
+    generator = torch.Generator().manual_seed(seed)
+    mention_hidden = torch.randn(len(mention_lengths), 5, D, generator=generator)
+    mention_mask = _masks(mention_lengths, 5)
+    entity_hidden = torch.randn(num_entities, 7, D, generator=generator)
+    entity_mask = _masks(torch.randint(1, 8, (num_entities,), generator=generator).tolist(), 7)
+    return mention_hidden, mention_mask, entity_hidden, entity_mask
+
+
 def _real(hidden: Tensor, mask: Tensor, row: int) -> Tensor:
     return hidden[row, : int(mask[row].sum())]
 
@@ -178,11 +191,9 @@ def test_dual_and_multi_hard_and_soft_agree_when_one_key() -> None:
 
 @pytest.mark.parametrize("spec", ["dual", "multi-3", "som"])
 def test_index_search_ranks_entities_as_the_pairwise_scorer(spec: str) -> None:
-    generator = torch.Generator().manual_seed(3)
-    mention_hidden = torch.randn(6, 5, D, generator=generator)
-    mention_mask = _masks([5, 4, 3, 2, 5, 1], 5)
-    entity_hidden = torch.randn(40, 7, D, generator=generator)
-    entity_mask = _masks(torch.randint(1, 8, (40,), generator=generator).tolist(), 7)
+    mention_hidden, mention_mask, entity_hidden, entity_mask = _random_batch(
+        3, [5, 4, 3, 2, 5, 1], 40
+    )
     scorer = build_scorer(spec, D)
     pairwise = scorer.score(mention_hidden, mention_mask, entity_hidden, entity_mask)
     vectors, owners = scorer.entity_index_vectors(entity_hidden, entity_mask)
@@ -214,11 +225,9 @@ def test_index_search_ranks_entities_as_the_pairwise_scorer(spec: str) -> None:
 def test_exact_scoring_of_stored_entity_vectors_equals_the_pairwise_scorer(spec) -> None:
     """Scorers mined exactly: the stored reduced vectors, grouped back per entity and scored
     against the mention's zero-padded reduced vectors, give ``score`` (padding on both sides)."""
-    generator = torch.Generator().manual_seed(4)
-    mention_hidden = torch.randn(6, 5, D, generator=generator)
-    mention_mask = _masks([5, 4, 3, 1, 5, 2], 5)
-    entity_hidden = torch.randn(30, 7, D, generator=generator)
-    entity_mask = _masks(torch.randint(1, 8, (30,), generator=generator).tolist(), 7)
+    mention_hidden, mention_mask, entity_hidden, entity_mask = _random_batch(
+        4, [5, 4, 3, 1, 5, 2], 30
+    )
     scorer = build_scorer(spec, D)
     assert not scorer.indexable and scorer.config.mining == "exact"
     pairwise = scorer.score(mention_hidden, mention_mask, entity_hidden, entity_mask)

@@ -243,8 +243,8 @@ def test_evaluation_through_the_published_index_equals_re_encoding(
     mentions = MentionSplit.open(mention_split_path(full_path / "data", "test")).read_all()
     config = config_of(full_path)
     fresh = config_of(full_path, tmp_path / "fresh-run")
-    reused = retrieve(refresh_plan(config), model, mentions, 100, progress=False)
-    encoded = retrieve(refresh_plan(fresh), model, mentions, 100, progress=False)
+    reused = retrieve(refresh_plan(config), model, mentions, 100)
+    encoded = retrieve(refresh_plan(fresh), model, mentions, 100)
     assert not reused.built and reused.index_version.path == published.path
     assert encoded.built and encoded.index_version.path.is_relative_to(tmp_path)
     np.testing.assert_array_equal(reused.cands, encoded.cands)

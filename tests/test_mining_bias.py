@@ -62,7 +62,7 @@ def test_hard_bias_far_below_random_at_the_optimum() -> None:
 
 def test_a_small_bias_experiment_measures_every_loss_and_its_divergence_falls() -> None:
     config = SyntheticBiasConfig(**{**SMALL.__dict__, "updates": 40, "measure_every": 20})
-    result = run_synthetic_experiment(config, progress=False)
+    result = run_synthetic_experiment(config)
     assert result.updates == [0, 20, 39]
     assert set(result.loss) == {"ce", "random", "hard", "mixed"}
     assert result.population_entropy < 1.5

@@ -4,20 +4,9 @@ for, and the jobs it is for run on a real multi-node Ray cluster started on this
 from __future__ import annotations
 
 import ast
-import contextlib
-import ctypes
 import json
-import os
 import re
-import secrets
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import write_letter_bert
+from ray_cluster_helpers import BUILTIN_RESOURCES, LocalRayCluster
 
 from hnce.cluster.compute import resources
 from hnce.cluster.compute.resources import ENCODER_RESOURCE, TRAINER_RESOURCE
@@ -36,11 +26,8 @@ from hnce.pipeline.cli.main import main
 from hnce.pipeline.data.synthetic import generate_synthetic_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
-MARKER_VARIABLE = "HNCE_TEST_CLUSTER"
 TRAINED_STEPS = 12
 RAY_ALARMS = re.compile(r"Task \S+ failed|killed by `ray\.kill`|Unhandled error|RayActorError")
-PR_SET_PDEATHSIG = 1
-BUILTIN = {"CPU", "GPU", "memory", "object_store_memory"}
 REQUIRED = (
     "cluster_name",
     "max_workers",
@@ -79,7 +66,7 @@ def requested_resources() -> set[str]:
     return found
 
 
-def test_required_fields_and_ray_schema() -> None:
+def test_the_launcher_config_has_the_required_fields_and_passes_rays_schema() -> None:
     from ray.autoscaler._private.util import validate_config
 
     config = launcher_config()
@@ -89,7 +76,7 @@ def test_required_fields_and_ray_schema() -> None:
     validate_config(config)  # Ray's own JSON schema + consistency checks
 
 
-def test_gpu_encoder_and_trainer_nodes() -> None:
+def test_the_encoder_and_trainer_node_types_each_have_a_gpu() -> None:
     node_types = launcher_config()["available_node_types"]
     by_resource = {name: node for node in node_types.values() for name in node.get("resources", {})}
     assert by_resource[resources.ENCODER_RESOURCE]["resources"].get("GPU", 0) >= 1
@@ -98,7 +85,8 @@ def test_gpu_encoder_and_trainer_nodes() -> None:
 
 def test_custom_resources_are_exactly_those_requested() -> None:
     node_types = launcher_config()["available_node_types"].values()
-    advertised = {name for node in node_types for name in node.get("resources", {})} - BUILTIN
+    advertised = {name for node in node_types for name in node.get("resources", {})}
+    advertised -= BUILTIN_RESOURCES
     assert advertised == set(resources.CUSTOM_RESOURCES)
     assert requested_resources() == set(resources.CUSTOM_RESOURCES)
 
@@ -126,168 +114,9 @@ def test_onprem_variant_is_valid_and_each_host_declares_its_role() -> None:
         assert f'{{"{name}": ' in text
 
 
-# --------------------------------------------------------------------------------------------
-# A real multi-node Ray cluster on this machine: one node per node type of ray_cluster.yaml,
-# started with `ray start` (no GPUs; the node types' custom resources), jobs through the job
-# server, torn down by terminating exactly the processes the test started.
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _die_with_the_test() -> None:
-    """In the child: SIGTERM when the test process dies, so a killed test leaves no Ray node."""
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-
-
-class LocalRayCluster:
-    """Ray nodes started with ``ray start --block`` in a temporary directory of their own.
-
-    Every process it starts, and every process those start (raylets, workers, job drivers),
-    inherits a unique marker variable; :meth:`shutdown` terminates the ``ray start`` processes
-    (each stops its node's processes) and then kills whatever still carries the marker, by pid.
-    ``ray stop`` is never used: it stops every Ray instance of the machine.
-    """
-
-    def __init__(self) -> None:
-        self.temp_dir = Path(tempfile.mkdtemp(prefix="hnce-ray-", dir="/tmp"))  # short: sockets
-        self.marker = uuid.uuid4().hex
-        self.port, self.dashboard_port = _free_port(), _free_port()
-        self.env = {
-            **os.environ,
-            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-            "RAY_AUTH_MODE": "token",
-            "RAY_AUTH_TOKEN": secrets.token_hex(16),
-            "RAY_USAGE_STATS_ENABLED": "0",
-            "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",  # nothing to drain: stop at once
-            MARKER_VARIABLE: self.marker,
-        }
-        self.nodes: list[subprocess.Popen] = []
-
-    @property
-    def dashboard(self) -> str:
-        return f"http://127.0.0.1:{self.dashboard_port}"
-
-    def _start_node(self, resources: dict[str, float], head: bool) -> subprocess.Popen:
-        ports = (
-            "dashboard-agent-listen",
-            "dashboard-agent-grpc",
-            "metrics-export",
-            "runtime-env-agent",
-        )
-        head_only = [
-            "--head",
-            f"--port={self.port}",
-            f"--temp-dir={self.temp_dir}",
-            "--dashboard-host=127.0.0.1",
-            f"--dashboard-port={self.dashboard_port}",
-        ]
-        where = head_only if head else [f"--address=127.0.0.1:{self.port}"]
-        command = [
-            "ray",
-            "start",
-            "--block",
-            *where,
-            "--node-ip-address=127.0.0.1",
-            "--num-cpus=2",
-            "--num-gpus=0",
-            f"--resources={json.dumps(resources)}",
-            "--object-store-memory=100000000",
-            *(f"--{name}-port={_free_port()}" for name in ports),
-            "--disable-usage-stats",
-        ]
-        log = (self.temp_dir / f"node-{len(self.nodes)}.log").open("a")
-        return subprocess.Popen(
-            command,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_the_test,
-        )
-
-    def add_node(self, resources: dict[str, float], head: bool = False) -> None:
-        """Start a node (2 CPUs, no GPU, ``resources``) and wait until it is alive.
-
-        ``ray start`` gives a node 30 s to register; on a loaded machine that can pass, so a
-        node that gave up is started once more.
-        """
-        for _ in range(2):
-            node = self._start_node(resources, head)
-            deadline = time.monotonic() + 120
-            while node.poll() is None and time.monotonic() < deadline:
-                with contextlib.suppress(AssertionError, json.JSONDecodeError):
-                    alive = [n for n in self.listing("nodes") if n["state"] == "ALIVE"]
-                    if len(alive) == len(self.nodes) + 1:
-                        self.nodes.append(node)
-                        return
-                time.sleep(1.0)
-            node.terminate()
-            node.wait(timeout=60)
-        log = self.temp_dir / f"node-{len(self.nodes)}.log"
-        raise AssertionError(f"a Ray node did not come up:\n{log.read_text()[-3000:]}")
-
-    def ray(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        """``ray <args>`` against this cluster (job server or state API)."""
-        return subprocess.run(
-            ["ray", *args], env=self.env, capture_output=True, text=True, timeout=timeout
-        )
-
-    def listing(self, kind: str) -> list[dict]:
-        result = self.ray(
-            "list",
-            kind,
-            f"--address=127.0.0.1:{self.port}",
-            "--detail",
-            "--format=json",
-            "--limit=10000",
-        )
-        assert result.returncode == 0, result.stderr
-        return json.loads(result.stdout)
-
-    def run_job(self, job_id: str, *entrypoint: str) -> tuple[int, str, str]:
-        """``ray job submit`` (blocking); its exit code, ``ray job status`` and ``ray job logs``."""
-        address = f"--address={self.dashboard}"
-        submitted = self.ray(
-            "job", "submit", address, f"--submission-id={job_id}", "--", *entrypoint, timeout=600
-        )
-        status = self.ray("job", "status", address, job_id)
-        logs = self.ray("job", "logs", address, job_id)
-        assert status.returncode == 0 and logs.returncode == 0, status.stderr + logs.stderr
-        return submitted.returncode, status.stdout + status.stderr, logs.stdout
-
-    def shutdown(self) -> None:
-        """Stop every node, then kill by pid whatever of ours outlived it."""
-        for node in self.nodes:
-            node.terminate()
-        for node in self.nodes:
-            try:
-                node.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                node.kill()
-        deadline = time.monotonic() + 30
-        while (left := _marked_processes(self.marker)) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        for pid in left:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
-
-
-def _marked_processes(marker: str) -> list[int]:
-    """Pids of this user's processes whose environment carries ``MARKER_VARIABLE=marker``."""
-    wanted = f"{MARKER_VARIABLE}={marker}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if wanted in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
+# A real multi-node Ray cluster on this machine (ray_cluster_helpers): one node per node type of
+# ray_cluster.yaml, started with `ray start` (no GPUs; the node types' custom resources), jobs
+# through the job server, torn down by terminating exactly the processes the test started.
 
 
 @pytest.fixture(scope="module")
@@ -295,20 +124,17 @@ def cluster() -> Iterator[LocalRayCluster]:
     """A head and one node per worker node type of ray_cluster.yaml, with its custom resources."""
     node_types = launcher_config()["available_node_types"]
     head_type = launcher_config()["head_node_type"]
-    local = LocalRayCluster()
-    try:
-        custom = {
-            name: {k: v for k, v in node["resources"].items() if k not in BUILTIN}
-            for name, node in node_types.items()
-        }
+    custom = {
+        name: {k: v for k, v in node["resources"].items() if k not in BUILTIN_RESOURCES}
+        for name, node in node_types.items()
+    }
+    with LocalRayCluster() as local:
         local.add_node(custom[head_type], head=True)
         for name in node_types:
             if name != head_type:
                 local.add_node(custom[name])
         yield local
-    finally:
-        local.shutdown()
-    assert not _marked_processes(local.marker), "Ray processes outlived the teardown"
+    assert not local.leftover_processes(), "Ray processes outlived the teardown"
 
 
 def _hnce(inputs: dict[str, Path], run_dir: Path, command: str, *extra: str) -> list[str]:

@@ -263,7 +263,7 @@ def test_shared_negatives_train_end_to_end_and_widen_the_first_steps_normaliser(
             "training.batch_size=4",
             "training.checkpoint_every=3",
         )
-        summary = run_training(config, progress=False)
+        summary = run_training(config)
         assert summary.steps == 3
         steps = read_events(config.run_dir, "step")
         assert [e["step"] for e in steps] == [1, 2, 3]

@@ -67,8 +67,8 @@ def recall(config: Config, export_dir: Path | None) -> dict[int, float]:
     tree["eval"].update(ks=[1, 8], per_domain_catalogue=False)
     config = config_from_dict(tree)
     if export_dir is None:
-        return evaluate_checkpoint(config, "untrained", progress=False).recall
-    return evaluate_export(config, export_dir, progress=False).recall
+        return evaluate_checkpoint(config, "untrained").recall
+    return evaluate_export(config, export_dir).recall
 
 
 def test_training_switches_to_refreshed_negatives_without_waiting(
@@ -84,7 +84,7 @@ def test_training_switches_to_refreshed_negatives_without_waiting(
         "training.negatives_check_every=2",
         "training.keep_checkpoints=4",
     )
-    summary = run_training(config, progress=False)
+    summary = run_training(config)
 
     assert summary.steps == STEPS
     steps = [e["step"] for e in read_events(run_dir, "step")]
@@ -141,14 +141,14 @@ def test_poly_trains_on_exactly_mined_hard_negatives_and_evaluates_exactly(
         "training.checkpoint_every=40",
         "training.negatives_check_every=2",
     )
-    run_training(config, progress=False)
+    run_training(config)
     switches = read_events(run_dir, "negatives")
     assert switches, "the trainer never switched to refreshed negatives"
     assert IndexStore(run_dir / "index").current().mining == "exact"
     later = [e for e in read_events(run_dir, "step") if e["step"] > switches[0]["step"]]
     assert later and all(e["negatives_version"] >= switches[0]["version"] for e in later)
 
-    report = evaluate_checkpoint(config, "newest", progress=False)
+    report = evaluate_checkpoint(config, "newest")
     newest = newest_checkpoint(run_dir)
     assert newest is not None and newest[0] == STEPS
     assert report.recall == brute_force_recall(config, newest[1] / EXPORT_DIR)
@@ -176,7 +176,7 @@ def test_recall_on_held_out_lemmas_rises_over_the_untrained_model(
         ],
     )
     untrained = recall(config, None)
-    run_training(config, progress=False)
+    run_training(config)
     newest = newest_checkpoint(config.run_dir)
     assert newest is not None and newest[0] == 30
     trained = recall(config, newest[1] / EXPORT_DIR)
@@ -199,14 +199,14 @@ def test_killed_worker_resumes_and_repeats_the_uninterrupted_run(
         "refresh.enabled=false",
     )
     whole = synthetic_config(tmp_path / "whole", dataset, tiny_model_dir, *overrides)
-    run_training(whole, progress=False)
+    run_training(whole)
     run_dir = tmp_path / "run"
     config = synthetic_config(run_dir, dataset, tiny_model_dir, *overrides)
     outcome: dict[str, object] = {}
 
     def train() -> None:
         try:
-            outcome["summary"] = run_training(config, progress=False)
+            outcome["summary"] = run_training(config)
         except Exception as error:  # surfaced by the assertion below
             outcome["error"] = error
 
@@ -255,7 +255,7 @@ def test_sync_refreshes_hold_training_until_their_negatives_are_live(
         "refresh.sync_every=8",
         "refresh.poll_seconds=0.2",
     )
-    run_training(config, progress=False)
+    run_training(config)
     switches = read_events(run_dir, "negatives")
     assert [(s["step"], s["checkpoint_step"], s["lag"]) for s in switches] == [
         (0, 0, 0),

@@ -31,7 +31,7 @@ SHORT_RUN = (
 
 def train(run_dir: Path, dataset: Path, model_dir: Path, *overrides: str) -> TrainingSummary:
     config = synthetic_config(run_dir, dataset, model_dir, *SHORT_RUN, *overrides)
-    summary = run_training(config, progress=False)
+    summary = run_training(config)
     assert summary.steps == STEPS
     assert [e["step"] for e in read_events(run_dir, "step")] == list(range(1, STEPS + 1))
     newest = newest_checkpoint(run_dir)

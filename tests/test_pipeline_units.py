@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from store_helpers import write_checkpoint
 
 from hnce.cluster.stores.checkpoints import (
     COMPLETE,
@@ -16,7 +17,6 @@ from hnce.cluster.stores.checkpoints import (
     CheckpointIntegrityError,
     checkpoint_dir,
     complete_checkpoints,
-    mark_complete,
     newest_checkpoint,
     prune_checkpoints,
     resolve_checkpoint,
@@ -63,10 +63,7 @@ def test_data_order_is_a_pure_function_of_step_and_rank() -> None:
 
 def test_only_complete_checkpoints_count_and_pruning_keeps_the_newest(tmp_path: Path) -> None:
     for step in (10, 20, 30, 40):
-        directory = checkpoint_dir(tmp_path, step)
-        (directory / EXPORT_DIR).mkdir(parents=True)
-        if step != 40:
-            mark_complete(directory, {"step": step})
+        write_checkpoint(tmp_path, step, complete=step != 40)
     assert [s for s, _ in complete_checkpoints(tmp_path)] == [10, 20, 30]
     assert newest_checkpoint(tmp_path)[0] == 30
     removed = prune_checkpoints(tmp_path, keep=1)
@@ -76,18 +73,8 @@ def test_only_complete_checkpoints_count_and_pruning_keeps_the_newest(tmp_path: 
     assert checkpoint_dir(tmp_path, 40).is_dir()  # newer and incomplete: still being written
 
 
-def _checkpoint(run_dir: Path, step: int) -> Path:
-    directory = checkpoint_dir(run_dir, step)
-    (directory / EXPORT_DIR).mkdir(parents=True)
-    (directory / EXPORT_DIR / "weights.bin").write_bytes(b"w" * 100)
-    (directory / "deepspeed").mkdir()
-    (directory / "deepspeed" / "mp_rank_00_model_states.pt").write_bytes(b"state")
-    mark_complete(directory, {"step": step})
-    return directory
-
-
 def test_checkpoint_manifest_refuses_changed_missing_and_added_files(tmp_path: Path) -> None:
-    directory = _checkpoint(tmp_path, 5)
+    directory = write_checkpoint(tmp_path, 5, deepspeed_state=True)
     manifest = verify_checkpoint(directory)
     assert sorted(manifest["files"]) == [
         "deepspeed/mp_rank_00_model_states.pt",
@@ -101,7 +88,7 @@ def test_checkpoint_manifest_refuses_changed_missing_and_added_files(tmp_path: P
     state.unlink()
     with pytest.raises(CheckpointIntegrityError, match=r"listed in .* but missing"):
         verify_checkpoint(directory)
-    other = _checkpoint(tmp_path, 6)
+    other = write_checkpoint(tmp_path, 6, deepspeed_state=True)
     (other / "deepspeed" / "extra.pt").write_bytes(b"planted")
     with pytest.raises(
         CheckpointIntegrityError, match=r"extra\.pt: not in the checkpoint manifest"
@@ -109,13 +96,15 @@ def test_checkpoint_manifest_refuses_changed_missing_and_added_files(tmp_path: P
         verify_checkpoint(other)
 
 
-def test_checkpoint_resolution(tmp_path: Path) -> None:
+def test_a_checkpoint_resolves_as_newest_its_directory_or_its_export_and_is_verified(
+    tmp_path: Path,
+) -> None:
     from hnce.encoders.errors import InputError
 
     with pytest.raises(InputError, match="no complete checkpoint"):
         resolve_checkpoint(tmp_path, "newest")
-    _checkpoint(tmp_path, 5)
-    newest = _checkpoint(tmp_path, 12)
+    write_checkpoint(tmp_path, 5, deepspeed_state=True)
+    newest = write_checkpoint(tmp_path, 12, deepspeed_state=True)
     assert resolve_checkpoint(tmp_path, "newest") == (12, newest / EXPORT_DIR)
     older = checkpoint_dir(tmp_path, 5)
     assert resolve_checkpoint(tmp_path, str(older)) == (5, older / EXPORT_DIR)

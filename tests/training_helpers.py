@@ -1,23 +1,23 @@
-"""Helpers shared by the trainer's tests: a tiny BERT that reads the synthetic dataset, recipes
-for it, and a one-process gloo group for running the worker's code in the test process."""
+"""Helpers shared by the trainer's and the refresh's tests: a tiny BERT that reads the synthetic
+dataset, recipes for it, a tiny exported bi-encoder of any scorer, exact scores to check mining
+against, and a one-process gloo group for running the worker's code in the test process."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from conftest import tiny_bert_config, write_wordpiece_tokenizer
+from conftest import LETTER_PIECES, free_port, tiny_bert_config, write_wordpiece_tokenizer
 from transformers import BertModel
 
 from hnce.cluster.stores.tables import Mention
 from hnce.cluster.stores.tables_read import EntityCatalogue
-from hnce.encoders.biencoder import load_biencoder
+from hnce.encoders.biencoder import build_biencoder, export_biencoder, load_biencoder
 from hnce.pipeline.config import Config, load_config
 from hnce.pipeline.data import synthetic
 from hnce.pipeline.data.synthetic import generate_synthetic_dataset
@@ -45,6 +45,19 @@ def write_syllable_bert(directory: Path, dropout: float = 0.1) -> Path:
     config.hidden_dropout_prob = config.attention_probs_dropout_prob = dropout
     BertModel(config).save_pretrained(directory)
     return directory
+
+
+def write_letter_export(directory: Path, scorer: str) -> Path:
+    """A tiny random bi-encoder with scorer ``scorer`` (a spec such as ``dual``, ``multi-3``,
+    ``som``) over a letters vocabulary, exported to ``directory/export`` (returned) as a training
+    checkpoint's ``export/`` holds it; ``directory`` keeps its tokenizer."""
+    tokenizer = write_wordpiece_tokenizer(directory, LETTER_PIECES)
+    torch.manual_seed(0)
+    config = tiny_bert_config(len(tokenizer))
+    model = build_biencoder(config, scorer, tokenizer=tokenizer, entity_length=24)
+    export_dir = directory / "export"
+    export_biencoder(model, export_dir)
+    return export_dir
 
 
 def small_synthetic_dataset(root: Path) -> Path:
@@ -98,9 +111,7 @@ def assert_exact_top_k(cands: np.ndarray, scores: np.ndarray, atol: float = 1e-4
 def single_process_group() -> Iterator[None]:
     """A gloo process group of one rank in this process (what Ray Train gives a worker), torn
     down afterwards together with the environment it needed."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = str(probe.getsockname()[1])
+    port = str(free_port())
     environment = {
         "RANK": "0",
         "LOCAL_RANK": "0",

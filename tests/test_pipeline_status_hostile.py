@@ -1,0 +1,69 @@
+"""``hnce status`` never crashes on a corrupt or half-written run file: each is reported on its
+own line (and in ``problems`` of ``--json``, which is strict JSON), and the logs a crash can tear
+are repaired by their next append and never misread."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hnce.cluster.stores.jsonl import append_jsonl, read_jsonl
+from hnce.cluster.stores.lock_holder import HOLDER_FILE
+from hnce.cluster.stores.refresh_log import LOG_FILE as REFRESH_LOG
+from hnce.pipeline.cli.main import main
+from hnce.pipeline.train.events import LOG_FILE as EVENT_LOG
+from hnce.pipeline.train.events import EventLog, read_events
+
+
+def test_a_torn_last_line_is_never_read_and_the_next_append_repairs_it(tmp_path: Path) -> None:
+    log = EventLog(tmp_path)
+    log.write("step", step=1, loss=0.5)
+    with (tmp_path / EVENT_LOG).open("a") as handle:
+        handle.write('{"event": "step", "step": 2, "lo')  # the writer died here
+    assert [e["step"] for e in read_events(tmp_path, "step")] == [1]
+    log.write("step", step=2, loss=float("nan"))
+    lines = (tmp_path / EVENT_LOG).read_text().splitlines()
+    assert len(lines) == 2 and all(json.loads(line) for line in lines)
+    assert read_events(tmp_path, "step")[-1]["loss"] is None  # NaN is not JSON: null
+
+
+def test_a_corrupt_line_is_named_and_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    path.write_text('{"a": 1}\nnot json\n[1, 2]\n{"a": 2}\n')
+    found = read_jsonl(path)
+    assert [r["a"] for r in found.records] == [1, 2]
+    assert found.problems[0].startswith(f"{path}:2: not a JSON record")
+    assert found.problems[1] == f"{path}:3: not a JSON object"
+    append_jsonl(path, {"a": 3})
+    assert [r["a"] for r in read_jsonl(path).records] == [1, 2, 3]
+
+
+def _broken_run(run_dir: Path) -> Path:
+    """A run directory whose every record is corrupt or half-written."""
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("run: {}\n")
+    (run_dir / EVENT_LOG).write_text('{"event": "start", "step": 0, "time": 1.0}\n{"event": "st')
+    (run_dir / REFRESH_LOG).write_text('{"event": "refresh", "outcome": "published"}\nnonsense\n')
+    (run_dir / HOLDER_FILE).write_text("{not json")
+    for store in ("index", "negatives"):
+        (run_dir / store).mkdir()
+        (run_dir / store / "CURRENT").write_text("v7\n")  # names a version that is not there
+    return run_dir
+
+
+def test_status_of_a_run_whose_files_are_all_corrupt_reports_each(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = _broken_run(tmp_path / "run")
+    assert main(["status", str(run_dir)]) == 0
+    screen = capsys.readouterr().out
+    problems = [line for line in screen.splitlines() if line.startswith("problem")]
+    assert any("refresh.lock.json: not a lock holder record" in line for line in problems)
+    assert any(f"{run_dir / REFRESH_LOG}:2: not a JSON record" in line for line in problems)
+    assert any(line.startswith("problem       index:") for line in problems)
+    assert any(line.startswith("problem       negatives:") for line in problems)
+    assert main(["status", str(run_dir), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)  # strict JSON
+    assert len(status["problems"]) == len(problems)
