@@ -34,9 +34,7 @@ NonNegativeInt = Annotated[StrictInt, Field(ge=0)]
 # Every real setting is finite: a YAML ``.inf`` or ``.nan`` is refused at load, where it is named.
 Real = Annotated[float, BeforeValidator(_reject_bool), Field(allow_inf_nan=False)]
 PositiveReal = Annotated[float, BeforeValidator(_reject_bool), Field(gt=0, allow_inf_nan=False)]
-NonNegativeReal = Annotated[
-    float, BeforeValidator(_reject_bool), Field(ge=0, allow_inf_nan=False)
-]
+NonNegativeReal = Annotated[float, BeforeValidator(_reject_bool), Field(ge=0, allow_inf_nan=False)]
 Fraction = Annotated[float, BeforeValidator(_reject_bool), Field(ge=0, le=1, allow_inf_nan=False)]
 Flag = StrictBool
 Text = StrictStr

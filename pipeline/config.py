@@ -175,7 +175,9 @@ class TrainingSettings:
     ``steps`` counts optimizer steps, each of ``gradient_accumulation`` micro-batches of
     ``batch_size`` mentions per worker. ``candidate_chunk_size`` (0: off) encodes a micro-batch's
     candidates in chunks whose activations are recomputed in the backward pass, so the number of
-    negatives is not bounded by activation memory.
+    negatives is not bounded by activation memory. ``on_nonfinite``: what a NaN or infinite
+    training loss does: ``stop`` training at that step with the cause (the default) or ``warn``
+    and go on; a checkpoint whose weights are not finite is never published either way.
     """
 
     steps: PositiveInt = 1000
@@ -195,6 +197,7 @@ class TrainingSettings:
     max_failures: NonNegativeInt = 2
     log_every: PositiveInt = 10
     candidate_chunk_size: NonNegativeInt = 0
+    on_nonfinite: Literal["stop", "warn"] = "stop"
 
 
 @settings

@@ -22,18 +22,21 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hnce.cluster.stores.checkpoints import CHECKPOINTS_DIR, COMPLETE, complete_checkpoints
 from hnce.cluster.stores.index_store import IndexStore
+from hnce.cluster.stores.jsonl import finite_json
 from hnce.cluster.stores.lock_holder import read_holder
 from hnce.cluster.stores.negatives_store import NegativesVersion
 from hnce.cluster.stores.refresh_log import RefreshRecord, read_records
 from hnce.cluster.stores.versioned_dir import read_current, version_dir_name
 from hnce.encoders.errors import InputError
 from hnce.pipeline.train.events import read_events
+from hnce.pipeline.train.nonfinite import STOP_EVENT as NONFINITE_STOP
 from hnce.pipeline.train.refresh_health import STOP_EVENT
 
 INDEX_DIR = "index"
@@ -59,9 +62,11 @@ class RunStatus:
     refreshes: dict[str, int]
     lock_holder: dict[str, Any] | None
     disk_bytes: dict[str, int] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """Strict JSON (a NaN loss is null)."""
+        return finite_json(asdict(self))
 
     def render(self) -> str:
         """The operator's screen: one line per concern."""
@@ -80,6 +85,7 @@ class RunStatus:
             ),
             ("lock", "free" if self.lock_holder is None else f"held by {self.lock_holder['by']}"),
             ("disk", _disk_line(self.disk_bytes)),
+            *(("problem", problem) for problem in self.problems),
         ]
         return "\n".join(f"{name:<13} {value}" for name, value in rows)
 
@@ -92,24 +98,35 @@ def run_status(run_dir: Path) -> RunStatus:
             f"{run_dir}: not a run directory (no {CHECKPOINTS_DIR}/, {INDEX_DIR}/ or config.yaml)"
         )
     now = time.time()
-    checkpoints = complete_checkpoints(run_dir)
+    problems: list[str] = []
+
+    def read(what: str, reader: Callable[[], Any]) -> Any:
+        """``reader()``, or None with the problem recorded: a corrupt or half-written run file
+        is reported on its own line, never the end of ``hnce status``."""
+        try:
+            return reader()
+        except (InputError, OSError, ValueError, KeyError, TypeError, IndexError) as error:
+            problems.append(f"{what}: {error}")
+            return None
+
+    checkpoints = read("checkpoints", lambda: complete_checkpoints(run_dir)) or []
     newest = None
     if checkpoints:
         step, directory = checkpoints[-1]
         newest = {"step": step, "written_at": (directory / COMPLETE).stat().st_mtime}
-    negatives = _live_negatives(run_dir / NEGATIVES_DIR)
-    index = _live_index(run_dir / INDEX_DIR)
+    negatives = read("negatives", lambda: _live_negatives(run_dir / NEGATIVES_DIR))
+    index = read("index", lambda: _live_index(run_dir / INDEX_DIR))
     live = negatives or index
     lag_steps = lag_minutes = None
     if newest is not None and live is not None:
         lag_steps = newest["step"] - live["checkpoint"]
         lag_minutes = (now - newest["written_at"]) / 60 if lag_steps > 0 else 0.0
-    records, _ = read_records(run_dir)
-    holder = read_holder(run_dir)
+    records = read("refresh log", lambda: read_records(run_dir, problems=problems)[0]) or []
+    holder = read("lock", lambda: read_holder(run_dir))
     return RunStatus(
         run_dir=str(run_dir),
         checked_at=now,
-        training=_training(run_dir),
+        training=read("training log", lambda: _training(run_dir)),
         checkpoints=[step for step, _ in checkpoints],
         newest_checkpoint=newest,
         index=index,
@@ -119,7 +136,8 @@ def run_status(run_dir: Path) -> RunStatus:
         last_refresh=records[-1].to_json() if records else None,
         refreshes=_refresh_counts(records),
         lock_holder=None if holder is None else {**asdict(holder), "by": holder.describe()},
-        disk_bytes=_disk_use(run_dir),
+        disk_bytes=read("disk", lambda: _disk_use(run_dir)) or {},
+        problems=problems,
     )
 
 
@@ -153,11 +171,13 @@ def _training(run_dir: Path) -> dict[str, Any] | None:
     """The last step logged and whether the run ended, stopped, or is going on."""
     events = read_events(run_dir)
     steps = [event for event in events if event["event"] == "step"]
-    lifecycle = [e for e in events if e["event"] in ("start", "resume", "end", STOP_EVENT)]
+    stops = (STOP_EVENT, NONFINITE_STOP)
+    lifecycle = [e for e in events if e["event"] in ("start", "resume", "end", *stops)]
     if not lifecycle:
         return None
     last = lifecycle[-1]
-    state = {"end": "ended", STOP_EVENT: "stopped"}.get(last["event"], "running or interrupted")
+    state = "ended" if last["event"] == "end" else "stopped" if last["event"] in stops else None
+    state = state or "running or interrupted"
     return {
         "state": state,
         "step": int(steps[-1]["step"]) if steps else int(last["step"]),

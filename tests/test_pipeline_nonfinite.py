@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from training_helpers import CONFIGS
-
 from safetensors.torch import load_file
+from training_helpers import CONFIGS
 
 from hnce.cluster.stores.checkpoints import EXPORT_DIR, complete_checkpoints
 from hnce.pipeline.cli.main import EXIT_INPUT_ERROR, main

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hnce.encoders.errors import InputError
+
 LOCK_FILE = "refresh.lock"
 HOLDER_FILE = "refresh.lock.json"
 
@@ -59,6 +61,11 @@ def read_holder(run_dir: Path) -> LockHolder | None:
         holder = LockHolder(**json.loads(path.read_text(encoding="utf-8")))
     except FileNotFoundError:
         return None
+    except (UnicodeDecodeError, json.JSONDecodeError, TypeError) as error:
+        raise InputError(
+            f"{path}: not a lock holder record ({error}); it is written atomically by the "
+            f"holder, so it was changed by hand: remove it if no refresh of this run is running"
+        ) from None
     return None if holder.is_stale() else holder
 
 

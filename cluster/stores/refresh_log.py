@@ -16,10 +16,14 @@ refreshes). The last three never ran and are not in the run's log.
 from __future__ import annotations
 
 import json
-import os
+import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
+
+from hnce.cluster.stores.jsonl import append_jsonl, read_jsonl
+
+logger = logging.getLogger(__name__)
 
 LOG_FILE = "refresh_log.jsonl"
 
@@ -72,36 +76,31 @@ class RefreshRecord:
 
 
 def append_record(run_dir: Path, record: RefreshRecord) -> None:
-    """Append ``record`` to the run's refresh log (call only while holding the run's lock)."""
-    path = Path(run_dir) / LOG_FILE
-    with path.open("a", encoding="utf-8") as handle:
-        handle.write(record.json_line() + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+    """Append ``record`` to the run's refresh log (call only while holding the run's lock);
+    a line torn by a writer that died is repaired first (:mod:`hnce.cluster.stores.jsonl`)."""
+    append_jsonl(Path(run_dir) / LOG_FILE, {"event": "refresh", **record.to_json()}, durable=True)
 
 
-def read_records(run_dir: Path, offset: int = 0) -> tuple[list[RefreshRecord], int]:
+def read_records(
+    run_dir: Path, offset: int = 0, problems: list[str] | None = None
+) -> tuple[list[RefreshRecord], int]:
     """Records appended since byte ``offset``, and the offset to read on from.
 
-    A line still being written (no newline yet) is left for the next read.
+    A line still being written (no newline yet) is left for the next read; a line that is not
+    a refresh record is named (``file:line``) in ``problems`` (else logged) and skipped.
     """
     path = Path(run_dir) / LOG_FILE
-    try:
-        with path.open("rb") as handle:
-            handle.seek(offset)
-            data = handle.read()
-    except FileNotFoundError:
-        return [], offset
-    complete = data[: data.rfind(b"\n") + 1]
+    found = read_jsonl(path, offset)
+    bad = list(found.problems)
     records = []
-    for number, line in enumerate(complete.decode("utf-8").splitlines()):
-        if not line.strip():
-            continue
+    for fields in found.records:
         try:
-            fields = json.loads(line)
-            del fields["event"]
+            fields = {key: value for key, value in fields.items() if key != "event"}
             records.append(RefreshRecord(**fields))
-        except (json.JSONDecodeError, KeyError, TypeError) as error:
-            lineno = path.read_bytes()[:offset].count(b"\n") + number + 1
-            raise ValueError(f"{path}:{lineno}: not a refresh record ({error})") from None
-    return records, offset + len(complete)
+        except TypeError as error:
+            bad.append(f"{path}: not a refresh record ({error})")
+    if problems is not None:
+        problems.extend(bad)
+    for problem in bad if problems is None else ():
+        logger.warning("%s (skipped)", problem)
+    return records, found.offset

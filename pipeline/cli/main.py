@@ -90,18 +90,22 @@ def configure_logging(debug: bool) -> None:
 
 
 def user_error(error: BaseException) -> InputError | None:
-    """The :class:`InputError` behind ``error``: itself, or the cause Ray wrapped it in when it
-    happened in an actor, a task or a Ray Train worker."""
+    """The :class:`InputError` behind ``error``: itself, or what Ray wrapped it in when it
+    happened in an actor, a task, a Ray Train worker (``worker_failures``, whole, not the
+    truncated snippet of the message) or the Ray Train controller."""
+    pending: list[BaseException] = [error]
     seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
+    while pending:
+        current = pending.pop(0)
+        if id(current) in seen:
+            continue
         seen.add(id(current))
         cause = getattr(current, "cause", None)
-        if isinstance(cause, InputError):
-            return cause
-        if isinstance(current, InputError) and cause is None:
+        if isinstance(current, InputError) and not isinstance(cause, BaseException):
             return current
-        current = cause if isinstance(cause, BaseException) else current.__cause__
+        wrapped = [cause, current.__cause__, getattr(current, "controller_failure", None)]
+        wrapped += list((getattr(current, "worker_failures", None) or {}).values())
+        pending += [inner for inner in wrapped if isinstance(inner, BaseException)]
     return None
 
 

@@ -18,5 +18,6 @@ def run(args: argparse.Namespace) -> int:
     from hnce.pipeline.status import run_status
 
     status = run_status(args.run_dir)
-    print(json.dumps(status.to_json(), indent=2) if args.json else status.render())
+    shown = json.dumps(status.to_json(), indent=2, allow_nan=False) if args.json else None
+    print(shown or status.render())
     return 0

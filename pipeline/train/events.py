@@ -3,15 +3,21 @@
 Events: ``start``, ``resume`` (from a checkpoint step), ``step`` (loss, learning rate,
 negatives version and lag), ``negatives`` (switch to a newer version, with its lag in steps),
 ``checkpoint`` (published), ``refresh_failed`` and ``refresh_stop`` (``hnce.pipeline.train.refresh_health``),
-``end``. Tests and benchmarks read it back with :func:`read_events`.
+``end``. Tests and benchmarks read it back with :func:`read_events`. It is appended and read
+through :mod:`hnce.cluster.stores.jsonl`: a line torn by a crash is repaired by the next write
+and never read, a corrupt line is reported and skipped, a non-finite number is written as null.
 """
 
 from __future__ import annotations
 
-import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
+
+from hnce.cluster.stores.jsonl import append_jsonl, read_jsonl
+
+logger = logging.getLogger(__name__)
 
 LOG_FILE = "train_log.jsonl"
 
@@ -24,15 +30,12 @@ class EventLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(self, event: str, **fields: Any) -> None:
-        record = {"event": event, "time": time.time(), **fields}
-        with self.path.open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
+        append_jsonl(self.path, {"event": event, "time": time.time(), **fields})
 
 
 def read_events(run_dir: Path, event: str | None = None) -> list[dict[str, Any]]:
     """All events of a run (optionally of one kind), in order."""
-    path = Path(run_dir) / LOG_FILE
-    if not path.is_file():
-        return []
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in records if event is None or r["event"] == event]
+    found = read_jsonl(Path(run_dir) / LOG_FILE)
+    for problem in found.problems:
+        logger.warning("%s (skipped)", problem)
+    return [r for r in found.records if event is None or r.get("event") == event]

@@ -32,6 +32,7 @@ from hnce.cluster.stores.checkpoints import newest_checkpoint
 from hnce.pipeline.config import Config, dump_config
 from hnce.pipeline.preflight import check_training_inputs
 from hnce.pipeline.train.events import read_events
+from hnce.pipeline.train.nonfinite import raise_if_diverged
 from hnce.pipeline.train.progress import follow_progress
 from hnce.pipeline.train.refresh_health import raise_if_stopped
 from hnce.pipeline.train.refresh_supervisor import refresh_plan, start_refresh, stop_refresh
@@ -146,6 +147,7 @@ def run_task(config: Config, task: TrainingTask) -> TrainingSummary:
         if coordinator is not None:
             status = stop_refresh(coordinator, watch)
     raise_if_stopped(task.run_dir, since)
+    raise_if_diverged(task.run_dir, since)
     summary = summarise_run(task.run_dir, time.perf_counter() - started)
     summary.refreshes = int(status.get("refreshes", 0))
     summary.refresh_error = status.get("error")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
@@ -56,6 +57,14 @@ from hnce.pipeline.train.negatives import (
     FixedNegatives,
     NegativeDrawer,
     RefreshedNegatives,
+)
+from hnce.pipeline.train.nonfinite import STOP_EVENT as NONFINITE_STOP
+from hnce.pipeline.train.nonfinite import WARNING_EVENT as NONFINITE_WARNING
+from hnce.pipeline.train.nonfinite import (
+    loss_cause,
+    nonfinite_ranks,
+    weights_are_finite,
+    weights_cause,
 )
 from hnce.pipeline.train.refresh_health import RefreshHealth
 from hnce.pipeline.train.step import ContrastiveScoring, train_micro_batch
@@ -300,9 +309,11 @@ class WorkerRun:
                 self.data.loss_columns.after_step()
             loss = sum(losses) / len(losses)
             done = step + 1
+            if self.diverged(done, loss):
+                return
             self.log_step(done, loss, time.perf_counter() - started, mention_ids)
-            if self.publishes_at(done):
-                self.publish(done, loss)
+            if self.publishes_at(done) and not self.publish(done, loss):
+                return
         if self.log is not None:
             self.log.write(
                 "end",
@@ -397,8 +408,27 @@ class WorkerRun:
             mentions=mention_ids,
         )
 
-    def publish(self, step: int, loss: float) -> None:
-        """Checkpoint ``step-<step>/`` of this task's run."""
+    def diverged(self, step: int, loss: float) -> bool:
+        """True on every rank when some rank's loss is not finite and ``training.on_nonfinite``
+        stops (the cause is logged by rank 0; :mod:`hnce.pipeline.train.nonfinite`)."""
+        ranks = nonfinite_ranks(self.collectives, math.isfinite(loss))
+        if not ranks:
+            return False
+        stop = self.settings.on_nonfinite == "stop"
+        cause = loss_cause(step, ranks, loss)
+        if self.log is not None:
+            self.log.write(NONFINITE_STOP if stop else NONFINITE_WARNING, step=step, cause=cause)
+        logger.warning("rank %d: %s", self.rank, cause)
+        return stop
+
+    def publish(self, step: int, loss: float) -> bool:
+        """Checkpoint ``step-<step>/`` of this task's run, if every rank's weights are finite;
+        False (on every rank, a stop logged) when they are not."""
+        ranks = nonfinite_ranks(self.collectives, weights_are_finite(self.model))
+        if ranks:
+            if self.log is not None:
+                self.log.write(NONFINITE_STOP, step=step, cause=weights_cause(step, ranks))
+            return False
         state: dict[str, Any] = {
             "step": step,
             "task": self.task.kind,
@@ -416,6 +446,7 @@ class WorkerRun:
             self.log,
         )
         self.report(step, loss, self.rank)
+        return True
 
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
