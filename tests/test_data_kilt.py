@@ -6,6 +6,7 @@ markers and keys as written, an empty catalogue, numeric flags)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -476,3 +477,37 @@ def test_kilt_inputs_follow_the_bad_row_policy(tmp_path: Path) -> None:
     assert [item.id for item in inputs] == ["a1", "a2", "a3", "a4"]
     assert inputs[3].context_left == "Matches in" and inputs[3].mention == "Germany"
     assert policy.counts == {"offsets_outside_context": 1}
+
+
+def test_overwrite_refuses_an_input_that_lies_inside_the_output(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    source = write_jsonl(tmp_path / "kilt_knowledgesource.json", PAGES)
+    train = write_jsonl(tmp_path / "aidayago2-train-kilt.jsonl", AIDA)
+    kilt = ["data", "kilt", "--knowledge-source", str(source), "--out", str(out)]
+    assert main([*kilt, "--aida", str(train)]) == 0
+    inside = write_jsonl(out / "aidayago2-dev-kilt.jsonl", AIDA[:2])  # kept in the dataset dir
+    assert main([*kilt, "--overwrite", "--aida", str(inside)]) == 2
+    assert "lies inside --out" in capsys.readouterr().err
+    assert inside.is_file() and (out / MANIFEST_FILE).is_file()
+
+
+def test_a_pipe_as_input_is_refused_before_any_work(tmp_path: Path, capsys) -> None:
+    source = write_jsonl(tmp_path / "kilt_knowledgesource.json", PAGES)
+    fifo = tmp_path / "aidayago2-train-kilt.jsonl"
+    os.mkfifo(fifo)
+    out = tmp_path / "out"
+    kilt = ["data", "kilt", "--knowledge-source", str(source), "--out", str(out)]
+    assert main([*kilt, "--aida", str(fifo)]) == 2
+    assert "is not a regular file (a pipe or a device?)" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_dangling_link_as_rejects_is_refused_and_left_alone(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "kilt_knowledgesource.json", PAGES)
+    train = write_jsonl(tmp_path / "aidayago2-train-kilt.jsonl", AIDA)
+    rejects = tmp_path / "rejects.jsonl"
+    rejects.symlink_to(tmp_path / "elsewhere" / "target.jsonl")
+    output = DatasetOutput(tmp_path / "out", on_bad_row="skip", rejects=rejects)
+    with pytest.raises(ConversionInputError, match="already exists"):
+        convert_kilt(output, [train], knowledge_source=source)
+    assert rejects.is_symlink() and not (tmp_path / "elsewhere").exists()

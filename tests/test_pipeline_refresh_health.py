@@ -146,5 +146,6 @@ def test_training_stops_with_the_cause_when_every_refresh_fails(
     assert failed[0]["step"] <= stop[0]["step"] and "ArrowInvalid" in failed[0]["error"]
     assert not read_events(run_dir, "end")  # the stop is final: no restart trained to the end
     assert max(event["step"] for event in read_events(run_dir, "step")) <= stop[0]["step"]
-    records = read_records(run_dir)[0]
-    assert len(records) >= 2 and {r.outcome for r in records} == {"failed"}
+    outcomes = [record.outcome for record in read_records(run_dir)[0]]
+    assert outcomes.count("failed") >= 2 and set(outcomes) <= {"failed", "abandoned"}
+    assert "abandoned" not in outcomes[:-1]  # only a refresh still running at the stop

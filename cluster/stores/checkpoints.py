@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
-from hnce.cluster.stores.files import atomic_write_json, sha256_file
+from hnce.cluster.stores.files import atomic_write_json, remove_owned, sha256_file
 from hnce.cluster.stores.lock_holder import encoding_checkpoint
 from hnce.encoders.errors import InputError
 
@@ -180,7 +179,9 @@ def prune_checkpoints(run_dir: Path, keep: int) -> list[int]:
     ]
     doomed.sort()
     for _, directory in doomed:
-        # Drop the marker first, so a concurrent reader never sees a complete, half-deleted one.
-        (directory / COMPLETE).unlink(missing_ok=True)
-        shutil.rmtree(directory)
+        # Drop the marker first, so a concurrent reader never sees a complete, half-deleted one
+        # (a step directory that is a link is only unlinked: what it points to is not the run's).
+        if not directory.is_symlink():
+            remove_owned(directory / COMPLETE, directory)
+        remove_owned(directory, run_dir)
     return [step for step, _ in doomed]

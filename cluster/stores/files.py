@@ -19,9 +19,12 @@ Example::
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import logging
 import os
+import re
 import shutil
 import uuid
 from abc import ABC, abstractmethod
@@ -30,6 +33,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
+
+logger = logging.getLogger(__name__)
 
 _TEMPORARY_PREFIX = ".tmp-"
 #: Every directory being built starts with this (and is never read as a published one).
@@ -127,6 +132,18 @@ def atomic_write_json(path: Path, payload: Any) -> Path:
     return atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
+@contextmanager
+def directory_lock(directory: Path) -> Iterator[None]:
+    """An exclusive lock on ``directory`` itself (``flock`` on its descriptor: no lock file is
+    left beside what is published), held for the block; released when the process dies."""
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)
+
+
 def publish_directory(building: Path, final: Path) -> Path:
     """Rename the complete directory ``building`` to ``final`` (which must not exist) and fsync
     the parent: the directory appears whole or not at all."""
@@ -139,13 +156,66 @@ def publish_directory(building: Path, final: Path) -> Path:
 
 def staging_directory(final: Path) -> Path:
     """A new, empty hidden sibling of ``final`` to build it in, unique to this process and call:
-    ``.building-<final name>-<pid>-<token>``."""
+    ``.building-<final name>-<pid>-<token>``. Staging siblings of ``final`` left by a process
+    of this host that died (SIGKILL, power loss) are removed first (:func:`remove_leftovers`)."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
+    remove_leftovers(final)
     token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
     building = final.parent / f"{STAGING_PREFIX}{final.name}-{token}"
     building.mkdir()
     return building
+
+
+def remove_leftovers(final: Path) -> list[Path]:
+    """Remove the staging siblings of ``final`` whose builder is gone (its pid no longer runs on
+    this host); returns them. A builder on another host of a shared filesystem cannot be asked,
+    so only this host's pids are judged; a live builder's directory is never touched."""
+    pattern = re.compile(rf"^{re.escape(STAGING_PREFIX + final.name)}-(\d+)-[0-9a-f]{{8}}$")
+    removed = []
+    for entry in final.parent.iterdir() if final.parent.is_dir() else ():
+        match = pattern.match(entry.name)
+        if match and not _running(int(match.group(1))):
+            logger.warning("%s: removing what a %s that died left behind", entry, "build")
+            remove_owned(entry, final.parent)
+            removed.append(entry)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_owned(path: Path, owner: Path) -> None:
+    """Delete ``path`` (a file or a directory tree) that the directory ``owner`` owns.
+
+    The one way hnce deletes: a path that does not lie inside ``owner`` once resolved is refused
+    (``OutsideOwner``), and a symlink is removed as a link, never followed, so a link planted in
+    a run or store directory can never make hnce delete what it points to."""
+    path, owner = Path(path), Path(owner)
+    if not path.absolute().is_relative_to(owner.absolute()):
+        raise OutsideOwner(f"{path}: refusing to delete, it is not inside {owner}")
+    if path.is_symlink():
+        path.unlink()
+        return
+    if not path.exists():
+        return
+    if not path.resolve().is_relative_to(owner.resolve()):
+        raise OutsideOwner(f"{path}: refusing to delete, it resolves outside {owner}")
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+class OutsideOwner(PermissionError):
+    """A deletion that would reach outside the directory that owns the path."""
 
 
 @contextmanager
@@ -156,7 +226,7 @@ def staging(final: Path) -> Iterator[Path]:
     try:
         yield building
     finally:
-        shutil.rmtree(building, ignore_errors=True)
+        remove_owned(building, building.parent)
 
 
 def sha256_file(path: Path, chunk_bytes: int = 1 << 22) -> str:

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -50,7 +49,7 @@ import torch
 from pydantic import Field, TypeAdapter
 
 from hnce.cluster.stores.exact_search import ExactSearcher
-from hnce.cluster.stores.files import AtomicPath, atomic_write_text, sha256_file
+from hnce.cluster.stores.files import AtomicPath, atomic_write_text, remove_owned, sha256_file
 from hnce.cluster.stores.sharded_index import (
     FaissDevice,
     IndexShard,
@@ -509,5 +508,5 @@ class IndexStore:
                     )
                     return IndexBuilder(self, version, parameters)
             logger.info("removing unfinished build %s of other parameters", directory)
-            shutil.rmtree(directory)
+            remove_owned(directory, self.root)
         return IndexBuilder(self, next_version(self.root), parameters)

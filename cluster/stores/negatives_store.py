@@ -138,7 +138,7 @@ class MinedSplit:
             {
                 "mention_id": pa.array(self.mention_ids, pa.string()),
                 "cands": _list_column(self.cands, self.cands >= 0, pa.int64()),
-                "scores": _list_column(self.scores, np.isfinite(self.scores), pa.float32()),
+                "scores": _list_column(self.scores, self.cands >= 0, pa.float32()),
                 "gold_rank": pa.array(self.gold_ranks.astype(np.int32), pa.int32()),
             },
             schema=NEGATIVES_SCHEMA,
@@ -170,6 +170,12 @@ def check_table(
         row = int(np.flatnonzero(cand_lengths != score_lengths)[0])
         raise StoreError(
             f"{path}: row {row} has {cand_lengths[row]} candidates but {score_lengths[row]} scores"
+        )
+    scores = pc.list_flatten(table.column("scores")).to_numpy()
+    if len(scores) and not np.isfinite(scores).all():
+        raise StoreError(
+            f"{path}: {int((~np.isfinite(scores)).sum())} of {len(scores)} candidate scores are "
+            f"not finite: the model that mined them diverged"
         )
     if len(cand_lengths) and cand_lengths.max() > top_n:
         raise StoreError(f"{path}: a row holds more than top_n = {top_n} candidates")

@@ -6,7 +6,6 @@ and publishes the directory by rename (the contract: :mod:`hnce.cluster.stores.t
 from __future__ import annotations
 
 import os
-import shutil
 import time
 import uuid
 from collections.abc import Iterable, Sequence
@@ -20,7 +19,9 @@ import pyarrow.parquet as pq
 from hnce.cluster.stores.files import (
     ClosedOnExit,
     atomic_write_json,
+    directory_lock,
     publish_directory,
+    remove_owned,
     sha256_file,
     staging_directory,
 )
@@ -265,19 +266,22 @@ class DatasetBuilder:
         """
         if self._entities is None or not self._entities.closed:
             raise ValueError(f"{self.out}: a dataset needs a closed catalogue")
-        check_output(self.out, self.overwrite)  # again: something may have appeared meanwhile
         for writer in self._splits.values():
             writer.close()
         atomic_write_json(self.root / SUMMARY_FILE, summary)
         manifest = self._manifest()
         atomic_write_json(self.root / MANIFEST_FILE, manifest)
-        if self.out.is_dir() and not any(self.out.iterdir()):
-            self.out.rmdir()
-        retired = self.root.with_name(f".retired-{self.out.name}-{self.dataset_id[:8]}")
-        if self.out.exists():
-            os.rename(self.out, retired)
-        publish_directory(self.root, self.out)
-        shutil.rmtree(retired, ignore_errors=True)
+        # Check and rename under one lock: of two conversions racing to the same new output,
+        # the second finds the first's dataset and refuses (or, asked to, replaces it whole).
+        with directory_lock(self.out.parent):
+            check_output(self.out, self.overwrite)
+            if self.out.is_dir() and not any(self.out.iterdir()):
+                self.out.rmdir()
+            retired = self.root.with_name(f".retired-{self.out.name}-{self.dataset_id[:8]}")
+            if self.out.exists():
+                os.rename(self.out, retired)
+            publish_directory(self.root, self.out)
+        remove_owned(retired, retired.parent)
         self.published = DatasetManifest(self.out, manifest)
         return self.published
 
@@ -320,7 +324,7 @@ class DatasetBuilder:
             self._entities.close()
         for writer in self._splits.values():
             writer.close()
-        shutil.rmtree(self.root, ignore_errors=True)
+        remove_owned(self.root, self.root.parent)
 
     def __enter__(self) -> DatasetBuilder:
         return self

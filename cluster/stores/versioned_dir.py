@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import time
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -29,6 +28,7 @@ from hnce.cluster.stores.files import (
     STAGING_PREFIX,
     atomic_write_text,
     publish_directory,
+    remove_owned,
     sha256_file,
 )
 from hnce.encoders.errors import InputError
@@ -119,7 +119,7 @@ def publish_version(root: Path, version: int, keep: int) -> list[int]:
     atomic_write_text(root / CURRENT_FILE, version_dir_name(version) + "\n")
     removed = [old for old in published_versions(root)[:-keep] if old != version]
     for old in removed:
-        shutil.rmtree(root / version_dir_name(old))
+        remove_owned(root / version_dir_name(old), root)
     return removed
 
 

@@ -21,6 +21,7 @@ it created included) and the old dataset at ``--out`` is untouched.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -62,10 +63,23 @@ def _inside(path: Path, directory: Path) -> bool:
     return path == directory or directory in path.parents
 
 
-def _check_inputs(inputs: Sequence[tuple[str, Path]]) -> None:
+def _check_inputs(inputs: Sequence[tuple[str, Path]], out: Path, overwrite: bool) -> None:
     missing = [f"{role} {path}" for role, path in inputs if not Path(path).exists()]
     if missing:
         raise ConversionInputError(f"input not found: {'; '.join(missing)}")
+    for role, path in inputs:
+        path = Path(path)
+        if not (path.is_file() or path.is_dir()):
+            raise ConversionInputError(
+                f"{path}: the {role} input is not a regular file (a pipe or a device?); a "
+                f"conversion reads its inputs twice (their SHA-256 for the manifest, then the "
+                f"rows), so save it to a file first"
+            )
+        if overwrite and _inside(path.resolve(), out.resolve()):
+            raise ConversionInputError(
+                f"{path}: the {role} input lies inside --out {out}, which --overwrite replaces "
+                f"whole; move the input out of it first"
+            )
     seen: dict[Path, str] = {}
     for role, path in inputs:
         resolved = Path(path).resolve()
@@ -82,7 +96,7 @@ def _check_rejects(rejects: Path, inputs: Sequence[tuple[str, Path]], out: Path)
                 f"--rejects {rejects}: is the {role} input {path} (or inside it); rejects go to "
                 "a new file"
             )
-    if rejects.exists():
+    if os.path.lexists(rejects):  # a dangling link too: rejects never write through a link
         raise ConversionInputError(
             f"--rejects {rejects}: already exists; rejects go to a new file (by default "
             f"{REJECTS_FILE} inside the dataset)"
@@ -113,7 +127,7 @@ class Conversion:
     ) -> None:
         self.output = output if isinstance(output, DatasetOutput) else DatasetOutput(Path(output))
         out = Path(self.output.out)
-        _check_inputs(inputs)
+        _check_inputs(inputs, out, self.output.overwrite)
         if self.output.rejects is not None:
             _check_rejects(Path(self.output.rejects), inputs, out)
         self.builder = DatasetBuilder(out, converter, version, self.output.overwrite)

@@ -165,7 +165,7 @@ def summarise_run(run_dir: Path, seconds: float) -> TrainingSummary:
         mentions=int(start[0]["mentions"]) if start else 0,
         skipped_missing_gold=int(start[0].get("skipped_missing_gold", 0)) if start else 0,
         steps=int(end[-1]["step"]) if end else (newest[0] if newest else 0),
-        final_loss=float(end[-1]["loss"]) if end else float("nan"),
+        final_loss=float("nan") if not end or end[-1]["loss"] is None else float(end[-1]["loss"]),
         seconds=seconds,
         checkpoints=[int(e["step"]) for e in read_events(run_dir, "checkpoint")],
         negatives_switches=read_events(run_dir, "negatives"),
