@@ -235,3 +235,49 @@ def test_an_output_that_appears_during_a_conversion_is_not_replaced(tmp_path: Pa
         dataset.publish({})
     assert (out / "mine.txt").read_text() == "mine"
     assert [path.name for path in tmp_path.iterdir()] == ["data"]
+
+
+def _mentions(count: int) -> list[Mention]:
+    return [Mention(f"m{i}", "left ", f"Title {i % 3}", " right", i % 3) for i in range(count)]
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (lambda m: m.pop("catalogue"), r"catalogue: Field required"),
+        (lambda m: m["files"]["mentions/train.parquet"].pop("sha256"), r"sha256: Field required"),
+        (lambda m: m.update(entity_files=["../elsewhere/part-00000.parquet"]), r"'\.\./elsewhere"),
+        (lambda m: m.update(surprise=1), r"surprise: Unexpected keyword argument"),
+    ],
+)
+def test_a_manifest_missing_a_field_or_naming_a_path_outside_is_refused(
+    tmp_path: Path, change, problem: str
+) -> None:
+    write_dataset(tmp_path / "data", _entities(3), {"train": _mentions(4)})
+    path = tmp_path / "data" / MANIFEST_FILE
+    manifest = json.loads(path.read_text())
+    change(manifest)
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(DatasetError, match=problem):
+        EntityCatalogue.open(tmp_path / "data")
+
+
+def test_rows_read_are_checked_against_the_footer_and_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A damaged page can decode as fewer rows without an error of its own: every reader
+    counts what it read."""
+    write_dataset(tmp_path / "data", _entities(6), {"train": _mentions(5)})
+    split = MentionSplit.open(mention_split_path(tmp_path / "data", "train"))
+    catalogue = EntityCatalogue.open(tmp_path / "data")
+    real = pq.ParquetFile.iter_batches
+
+    def lose_the_last_row(self, *args, **kwargs):
+        batches = list(real(self, *args, **kwargs))
+        return iter([*batches[:-1], batches[-1].slice(0, batches[-1].num_rows - 1)])
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", lose_the_last_row)
+    with pytest.raises(DatasetError, match=r"train\.parquet: read 4 rows but .* say 5"):
+        split.read_all()
+    with pytest.raises(DatasetError, match=r"part-00000\.parquet: read 5 rows but .* say 6"):
+        list(catalogue.iter_batches())

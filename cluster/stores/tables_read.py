@@ -10,13 +10,14 @@ import json
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from pydantic import Field, TypeAdapter, ValidationError
 
 from hnce.cluster.stores.files import sha256_file
 from hnce.cluster.stores.tables import (
@@ -32,8 +33,82 @@ from hnce.cluster.stores.tables import (
     Mention,
     open_parquet,
 )
+from hnce.cluster.stores.versioned_dir import Count, Sha256, manifest_record
 
 _FINGERPRINT_SLICE = 65_536
+
+
+@manifest_record
+class _FileEntry:
+    bytes: Count
+    sha256: Sha256
+    rows: Count | None = None
+
+
+@manifest_record
+class _Converter:
+    name: str
+    version: Count
+
+
+@manifest_record
+class _Input:
+    role: str
+    path: str
+    bytes: Count
+    sha256: Sha256
+
+
+@manifest_record
+class _ManifestSchema:
+    """What a dataset's ``manifest.json`` must hold (every key, typed; no other key)."""
+
+    format: Literal[1]
+    dataset_id: Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
+    created_at: str
+    converter: _Converter
+    inputs: list[_Input]
+    counts: dict[str, Any]
+    catalogue: Sha256
+    entity_files: list[str]
+    files: dict[str, _FileEntry]
+
+
+_SCHEMA = TypeAdapter(_ManifestSchema)
+
+
+def _check_names(manifest: _ManifestSchema, root: Path, path: Path) -> None:
+    """Every file a manifest names is a relative path inside the dataset (no ``..``, not
+    absolute, no link out of it) and every entity file is listed with its row count."""
+    for name in [*manifest.files, *manifest.entity_files]:
+        parts = PurePosixPath(name).parts
+        inside = (root / name).resolve().is_relative_to(root.resolve())
+        if not name or PurePosixPath(name).is_absolute() or ".." in parts or not inside:
+            raise DatasetError(f"{path}: file {name!r} must be a relative path inside {root}")
+    for name in manifest.entity_files:
+        if name not in manifest.files or manifest.files[name].rows is None:
+            raise DatasetError(f"{path}: entity file {name!r} is not listed with its rows")
+
+
+def _counted(
+    batches: Iterator[pa.RecordBatch], expected: int, path: Path
+) -> Iterator[pa.RecordBatch]:
+    """``batches``, then a check that they held the ``expected`` rows: a damaged page header
+    can decode as fewer rows without any error of its own."""
+    seen = 0
+    for batch in batches:
+        seen += batch.num_rows
+        yield batch
+    check_rows(seen, expected, path)
+
+
+def check_rows(seen: int, expected: int, path: Path) -> None:
+    """DatasetError unless ``seen`` rows were read of the ``expected``."""
+    if seen != expected:
+        raise DatasetError(
+            f"{path}: read {seen} rows but its footer and manifest say {expected}; the file is "
+            f"damaged (hnce data verify checks every file against the manifest's SHA-256)"
+        )
 
 
 @dataclass(frozen=True)
@@ -55,11 +130,21 @@ class DatasetManifest:
                 "with --overwrite when an older conversion is there)"
             )
         try:
-            payload = json.loads(path.read_text(encoding="utf-8"))
+            text = path.read_text(encoding="utf-8")
+            payload = json.loads(text)
         except (UnicodeDecodeError, json.JSONDecodeError) as error:
             raise DatasetError(f"{path}: unreadable manifest: {error}") from None
         if not isinstance(payload, dict) or payload.get("format") != MANIFEST_FORMAT:
             raise DatasetError(f"{path}: not a dataset manifest of format {MANIFEST_FORMAT}")
+        try:
+            checked = _SCHEMA.validate_json(text)
+        except ValidationError as error:
+            problems = "; ".join(
+                f"{'.'.join(str(part) for part in problem['loc'])}: {problem['msg']}"
+                for problem in error.errors(include_url=False)
+            )
+            raise DatasetError(f"{path}: not a valid dataset manifest: {problems}") from None
+        _check_names(checked, root, path)
         manifest = cls(root, payload)
         manifest._check_files()
         return manifest
@@ -234,19 +319,20 @@ class EntityCatalogue:
     def iter_batches(
         self, batch_size: int = 4096, columns: list[str] | None = None
     ) -> Iterator[pa.RecordBatch]:
-        """Stream the catalogue in ``entity_id`` order as Arrow record batches."""
-        for parquet in self._parquet:
-            yield from parquet.iter_batches(batch_size=batch_size, columns=columns)
+        """Stream the catalogue in ``entity_id`` order as Arrow record batches (each file's rows
+        counted against its footer)."""
+        for path, parquet in zip(self.files, self._parquet, strict=True):
+            batches = parquet.iter_batches(batch_size=batch_size, columns=columns)
+            yield from _counted(batches, parquet.metadata.num_rows, path)
 
     def column(self, name: str) -> pa.ChunkedArray:
         """One whole column as Arrow (no Python objects)."""
-        return pa.chunked_array(
-            [
-                parquet.read(columns=[name]).column(name).combine_chunks()
-                for parquet in self._parquet
-            ],
-            type=ENTITY_SCHEMA.field(name).type,
-        )
+        parts = []
+        for path, parquet in zip(self.files, self._parquet, strict=True):
+            part = parquet.read(columns=[name]).column(name).combine_chunks()
+            check_rows(len(part), parquet.metadata.num_rows, path)
+            parts.append(part)
+        return pa.chunked_array(parts, type=ENTITY_SCHEMA.field(name).type)
 
     def keys(self) -> pa.ChunkedArray:
         return self.column("key")
@@ -269,7 +355,10 @@ class EntityCatalogue:
         table = self._cache.get(index)
         if table is None:
             file_index, group = self._locations[index]
-            table = self._parquet[file_index].read_row_group(group)
+            parquet = self._parquet[file_index]
+            table = parquet.read_row_group(group)
+            expected = parquet.metadata.row_group(group).num_rows
+            check_rows(table.num_rows, expected, self.files[file_index])
             self._cache[index] = table
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
@@ -353,8 +442,9 @@ class MentionSplit:
     def iter_record_batches(
         self, batch_size: int = 1024, columns: list[str] | None = None
     ) -> Iterator[pa.RecordBatch]:
-        """Stream the split as Arrow record batches."""
-        yield from self._parquet.iter_batches(batch_size=batch_size, columns=columns)
+        """Stream the split as Arrow record batches (its rows counted against its footer)."""
+        batches = self._parquet.iter_batches(batch_size=batch_size, columns=columns)
+        yield from _counted(batches, len(self), self.path)
 
     def iter_batches(self, batch_size: int = 1024) -> Iterator[list[Mention]]:
         """Stream the split as lists of at most ``batch_size`` mentions."""
@@ -366,7 +456,9 @@ class MentionSplit:
         return [mention for batch in self.iter_batches() for mention in batch]
 
     def column(self, name: str) -> pa.ChunkedArray:
-        return self._parquet.read(columns=[name]).column(name)
+        column = self._parquet.read(columns=[name]).column(name)
+        check_rows(len(column), len(self), self.path)
+        return column
 
     def domains(self) -> list[str]:
         """Distinct domains, sorted."""
