@@ -37,7 +37,7 @@ from hnce.cluster.compute.session import init_ray
 from hnce.cluster.stores.checkpoints import resolve_checkpoint
 from hnce.cluster.stores.negatives_store import MinedSplit, NegativesStore, NegativesVersion
 from hnce.cluster.stores.tables import Mention, mention_split_path
-from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
+from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit, catalogue_fingerprint
 from hnce.cluster.stores.tokens import TokenStore
 from hnce.cluster.stores.versioned_dir import next_version
 from hnce.encoders.blink import export_blink_crossencoder
@@ -319,6 +319,7 @@ def training_candidates_file(
         checkpoint_step=retriever.checkpoint or 0,
         top_n=found.cands.shape[1],
         num_entities=len(EntityCatalogue.open(Path(config.data.root))),
+        catalogue=catalogue_fingerprint(Path(config.data.root)),
     )
     return directory / f"{split}.parquet"
 

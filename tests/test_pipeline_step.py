@@ -13,14 +13,17 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from store_helpers import mined_split
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 from training_helpers import config_for, single_process_group
 
 from hnce.cluster.stores.negatives_store import MinedSplit, NegativesStore
-from hnce.cluster.stores.tables import Mention, mention_split_path
-from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
+from hnce.cluster.stores.tables import Entity, Mention, mention_split_path
+from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit, catalogue_fingerprint
+from hnce.cluster.stores.tables_write import write_dataset
 from hnce.cluster.stores.tokens import TokenStore
+from hnce.cluster.stores.versioned_dir import StoreError
 from hnce.encoders.biencoder import build_biencoder
 from hnce.mining.losses import NCELoss, build_loss
 from hnce.mining.samplers import SampledNegatives
@@ -377,3 +380,22 @@ def test_device_nccl_needs_a_cuda_device_and_a_missing_gpu_is_an_error(
     with pytest.raises(RuntimeError, match=r"cluster\.use_gpu is true"):
         distributed.worker_device(use_gpu=True)
     assert distributed.worker_device(use_gpu=False) == torch.device("cpu")
+
+
+def test_negatives_mined_over_another_catalogue_are_refused(tmp_path: Path) -> None:
+    """A negatives version records the catalogue it indexes: converting the data again under
+    a run makes its candidate ids name other entities, so the trainer refuses it."""
+    data = tmp_path / "data"
+    write_dataset(data, [Entity(i, f"k{i}", f"t{i}", "x") for i in range(10)])
+    mined_over = catalogue_fingerprint(data)
+    negatives = NegativesStore(tmp_path / "negatives")
+    negatives.publish(1, {"train": mined_split()}, 4, 3, 10, catalogue=mined_over)
+    source = RefreshedNegatives(tmp_path / "negatives", "train", Collectives(_cpu()), data)
+    assert source.poll() and source.version == 1
+    write_dataset(data, [Entity(i, f"k{i}", f"other {i}", "y") for i in range(10)], overwrite=True)
+    resumed = RefreshedNegatives(tmp_path / "negatives", "train", Collectives(_cpu()), data)
+    refused = rf"mined over catalogue {mined_over[:16]}…, but .*data now holds catalogue"
+    with pytest.raises(StoreError, match=refused):
+        resumed.poll()
+    with pytest.raises(StoreError, match=refused):
+        FixedNegatives(tmp_path / "negatives" / "v1" / "train.parquet", data)

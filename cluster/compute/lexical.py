@@ -108,5 +108,12 @@ def publish_lexical_negatives(
         return False
     bm25 = ensure_bm25(data_root, k1, b)
     mined = mine_lexical(bm25, MentionSplit.open(mention_split_path(data_root, split)), top_n)
-    store.publish(LEXICAL_VERSION, {split: mined}, LEXICAL_CHECKPOINT, top_n, bm25.num_entities)
+    store.publish(
+        LEXICAL_VERSION,
+        {split: mined},
+        LEXICAL_CHECKPOINT,
+        top_n,
+        bm25.num_entities,
+        catalogue=catalogue_fingerprint(data_root),
+    )
     return True

@@ -264,5 +264,10 @@ def _mine(
             ranks = mined[split].gold_ranks
             summary.recall[split] = float((ranks >= 0).mean()) if len(ranks) else 0.0
     plan.negatives_store.publish(
-        version.version, mined, summary.checkpoint, plan.refresh.top_n, version.num_entities
+        version.version,
+        mined,
+        summary.checkpoint,
+        plan.refresh.top_n,
+        version.num_entities,
+        catalogue=version.manifest.catalogue,
     )

@@ -96,6 +96,7 @@ class NegativesManifest:
     num_entities: Positive
     splits: Annotated[dict[str, SplitRecord], Field(min_length=1)]
     created_at: str
+    catalogue: Sha256 | None = None  # the dataset's catalogue fingerprint (none: not recorded)
 
     def metadata(self) -> dict[bytes, bytes]:
         """The Parquet file metadata every split of this version carries."""
@@ -190,6 +191,17 @@ def check_table(
         raise StoreError(f"{path}: a gold_rank lies outside its row's candidates")
 
 
+def check_catalogue(version: NegativesVersion, catalogue: str, data_root: Path) -> None:
+    """StoreError unless ``version`` was mined over the catalogue with fingerprint
+    ``catalogue`` (that of ``data_root``); a version that recorded none is taken as is."""
+    if version.catalogue is not None and version.catalogue != catalogue:
+        raise StoreError(
+            f"{version.path}: mined over catalogue {version.catalogue[:16]}…, but {data_root} "
+            f"now holds catalogue {catalogue[:16]}… (converted again?); its candidate ids would "
+            f"name other entities. Start a new run directory, or convert the old data back"
+        )
+
+
 class NegativesVersion:
     """One published negatives version of one split, verified, indexed by mention id.
 
@@ -215,6 +227,7 @@ class NegativesVersion:
         self.version = manifest.version
         self.checkpoint_step = manifest.checkpoint
         self.top_n = manifest.top_n
+        self.catalogue = manifest.catalogue
         self.mention_ids: list[str] = table.column("mention_id").to_pylist()
         self._row = {mention_id: row for row, mention_id in enumerate(self.mention_ids)}
         self.cands = _fixed_width(table.column("cands"), self.top_n, np.int64, -1)
@@ -257,9 +270,12 @@ class NegativesStore:
         checkpoint_step: int,
         top_n: int,
         num_entities: int,
+        catalogue: str | None = None,
     ) -> Path:
         """Write every split of version `version` (checked as a reader checks it), then its
-        manifest, and make it the live one atomically."""
+        manifest, and make it the live one atomically. ``catalogue``: the fingerprint of the
+        catalogue the candidates index (``catalogue_fingerprint``), refused by a reader of
+        another catalogue."""
         building = self.root / building_dir_name(version)
         building.mkdir(parents=True, exist_ok=True)
         metadata = file_metadata(version, checkpoint_step, top_n)
@@ -281,6 +297,7 @@ class NegativesStore:
             num_entities=num_entities,
             splits=records,
             created_at=created_at(),
+            catalogue=catalogue,
         )
         atomic_write_text(building / MANIFEST_FILE, manifest_json(manifest, _MANIFEST))
         publish_version(self.root, version, self.keep)

@@ -25,9 +25,9 @@ import torch
 from torch import Tensor
 
 from hnce.cluster.compute.lexical import ensure_bm25
-from hnce.cluster.stores.negatives_store import NegativesStore, NegativesVersion
+from hnce.cluster.stores.negatives_store import NegativesStore, NegativesVersion, check_catalogue
 from hnce.cluster.stores.tables import Mention
-from hnce.cluster.stores.tables_read import EntityCatalogue
+from hnce.cluster.stores.tables_read import EntityCatalogue, catalogue_fingerprint
 from hnce.cluster.stores.versioned_dir import version_dir_name
 from hnce.mining.false_negatives import FalseNegativeFilter
 from hnce.mining.samplers import (
@@ -61,11 +61,14 @@ class CandidateSource(Protocol):
 class RefreshedNegatives:
     """Holds the negatives version in use and switches when a newer one is published."""
 
-    def __init__(self, root: Path, split: str, collectives: Collectives) -> None:
+    def __init__(
+        self, root: Path, split: str, collectives: Collectives, data_root: Path | None = None
+    ) -> None:
         self.store = NegativesStore(root)
         self.split = split
         self.collectives = collectives
         self.current: NegativesVersion | None = None
+        self.catalogue = _CatalogueCheck(data_root)
 
     @property
     def version(self) -> int:
@@ -87,18 +90,33 @@ class RefreshedNegatives:
             return False
         path = self.store.root / version_dir_name(version) / f"{self.split}.parquet"
         try:
-            self.current = NegativesVersion(path)
+            opened = NegativesVersion(path)
         except FileNotFoundError:
             # Retention removed it between the read and the open; the next poll sees a newer one.
             return False
+        self.current = self.catalogue(opened)
         return True
+
+
+class _CatalogueCheck:
+    """Refuses a negatives version mined over another catalogue than ``data_root``'s (none
+    given: every version is taken as is)."""
+
+    def __init__(self, data_root: Path | None) -> None:
+        self.data_root = data_root
+        self.fingerprint = None if data_root is None else catalogue_fingerprint(data_root)
+
+    def __call__(self, version: NegativesVersion) -> NegativesVersion:
+        if self.data_root is not None and self.fingerprint is not None:
+            check_catalogue(version, self.fingerprint, self.data_root)
+        return version
 
 
 class FixedNegatives:
     """One negatives version for a whole run: polling never switches."""
 
-    def __init__(self, path: Path) -> None:
-        self.current: NegativesVersion | None = NegativesVersion(path)
+    def __init__(self, path: Path, data_root: Path | None = None) -> None:
+        self.current: NegativesVersion | None = _CatalogueCheck(data_root)(NegativesVersion(path))
 
     @property
     def version(self) -> int:

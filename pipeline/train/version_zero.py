@@ -101,6 +101,7 @@ def prepare_version_zero(
                 INITIAL_STEP,
                 plan.refresh.top_n,
                 version.num_entities,
+                catalogue=version.manifest.catalogue,
             )
     return version
 

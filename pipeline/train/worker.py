@@ -122,12 +122,12 @@ def load_training_data(
     if task.kind == "retriever":
         drawer = NegativeDrawer.for_retriever(config, catalogue, mentions)
         source: CandidateSource = RefreshedNegatives(
-            config.run_dir / "negatives", config.data.train_split, collectives
+            config.run_dir / "negatives", config.data.train_split, collectives, data_root
         )
     else:
         assert task.candidates is not None
         drawer = NegativeDrawer.for_reranker(config, len(catalogue), mentions)
-        source = FixedNegatives(task.candidates)
+        source = FixedNegatives(task.candidates, data_root)
     with quiet(collectives.rank != 0):  # whichever rank builds it, rank 0 reports
         store = TokenStore.ensure(data_root, model.tokenizer, model.entity_length)
     data = TrainingData(
