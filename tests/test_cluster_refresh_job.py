@@ -131,6 +131,11 @@ def test_refresh_once_exit_codes_and_json_lines(tmp_path: Path) -> None:
     write_checkpoint(plan.run_dir, 6)  # a newer checkpoint is pending again
     with RunLock(plan.run_dir, "a test"):
         assert refresh_once(plan, connect=_no_ray, report=lines.append) == EXIT_LOCKED
+    # A step that is not a complete checkpoint: said before Ray or the lock is touched.
+    assert refresh_once(plan, 999, connect=_no_ray, report=lines.append) == EXIT_NO_CHECKPOINT
+    missing = json.loads(lines[-1])
+    assert missing["outcome"] == "no-checkpoint"
+    assert "no complete checkpoint step-999 (complete: step-5, step-6)" in missing["message"]
 
 
 class FakeClock:

@@ -511,3 +511,25 @@ def test_a_dangling_link_as_rejects_is_refused_and_left_alone(tmp_path: Path) ->
     with pytest.raises(ConversionInputError, match="already exists"):
         convert_kilt(output, [train], knowledge_source=source)
     assert rejects.is_symlink() and not (tmp_path / "elsewhere").exists()
+
+
+def test_a_full_disk_during_a_conversion_is_one_line_and_leaves_nothing(
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    import hnce.cluster.stores.tables_write as tables_write
+
+    source = write_jsonl(tmp_path / "kilt_knowledgesource.json", PAGES)
+    train = write_jsonl(tmp_path / "aidayago2-train-kilt.jsonl", AIDA)
+    out = tmp_path / "data" / "out"
+
+    def disk_full(self, row) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+
+    monkeypatch.setattr(tables_write._BatchedParquetWriter, "append", disk_full)
+    kilt = ["data", "kilt", "--knowledge-source", str(source), "--out", str(out)]
+    assert main([*kilt, "--aida", str(train)]) == 74
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].endswith("part-00000.parquet: No space left on device")
+    assert list((tmp_path / "data").iterdir()) == []  # no dataset, no staging directory

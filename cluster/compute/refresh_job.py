@@ -88,12 +88,19 @@ def refresh_target(plan: RefreshPlan, step: int | None = None) -> tuple[int, boo
     """The checkpoint a refresh would publish (``step``, else the newest complete one) and
     whether that is still to do (False when the live index and negatives come from it).
 
-    Reads manifests only (no Ray, no model). Raises NoCheckpointError before the first checkpoint.
+    Reads manifests only (no Ray, no model). Raises NoCheckpointError before the first
+    checkpoint, or when ``step`` is not a complete checkpoint of the run.
     """
     checkpoints = complete_checkpoints(plan.run_dir)
     if not checkpoints:
         raise NoCheckpointError(f"{checkpoints_root(plan.run_dir)}: no complete checkpoint")
     target = checkpoints[-1][0] if step is None else step
+    if target not in {found for found, _ in checkpoints}:
+        steps = ", ".join(f"step-{found}" for found, _ in checkpoints)
+        raise NoCheckpointError(
+            f"{checkpoints_root(plan.run_dir)}: no complete checkpoint step-{target} (complete: "
+            f"{steps})"
+        )
     index_store = plan.index_store
     live = index_store.current_version()
     if live is None or index_store.read_manifest(live)["checkpoint"] != target:

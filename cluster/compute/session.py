@@ -11,6 +11,8 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import signal
+import threading
 
 import faiss
 import ray
@@ -77,6 +79,27 @@ def init_ray(cluster: ClusterSettings, cpus_needed: float = 0.0) -> None:
     """
     if ray.is_initialized():
         return
+    keep_sigterm = _SigtermKept()
+    try:
+        _start_or_join(cluster, cpus_needed)
+    finally:
+        keep_sigterm.restore()
+
+
+class _SigtermKept:
+    """``ray.init`` installs its own SIGTERM handler in the main thread; the command's own (a
+    clean stop with its exit code, or ``hnce refresh``'s stop between refreshes) is put back."""
+
+    def __init__(self) -> None:
+        in_main = threading.current_thread() is threading.main_thread()
+        self.handler = signal.getsignal(signal.SIGTERM) if in_main else None
+
+    def restore(self) -> None:
+        if self.handler is not None:
+            signal.signal(signal.SIGTERM, self.handler)
+
+
+def _start_or_join(cluster: ClusterSettings, cpus_needed: float) -> None:
     runtime_env = {"env_vars": dict(WORKER_ENV)}
     if cluster.address == "local":
         cpus = cluster.num_cpus or max(os.cpu_count() or 1, int(cpus_needed + 0.999))

@@ -7,22 +7,31 @@ torch, Ray or DeepSpeed.
 
 A mistake of the user's (a bad recipe, a bad input row, a missing file: ``InputError``, also when
 it happened inside a Ray actor or worker) ends in one line naming the file and line, and exit
-status 2. Anything else is a bug of ours and keeps its traceback. ``--debug`` shows tracebacks
-for everything and logs at DEBUG level.
+status 2. What the machine refuses (a full disk, a read-only file system, a permission) is one
+line naming the file, exit 74; an interrupt (SIGINT) exits 130 with one line. Anything else is a
+bug of ours and keeps its traceback. ``--debug`` shows tracebacks for everything and logs at
+DEBUG level.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
+import signal
 import sys
+from collections.abc import Callable
 
 from hnce.encoders.errors import InputError
 from hnce.encoders.progress import quiet
 
 EXIT_INPUT_ERROR = 2
-EXIT_INTERRUPTED = 130
+EXIT_IO_ERROR = 74  # sysexits' EX_IOERR: a full disk, a file system that refuses a write
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
+EXIT_TERMINATED = 143  # 128 + SIGTERM
+# What the machine refuses, not the program: said in one line, never a traceback.
+IO_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS}
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "data": (
@@ -89,10 +98,10 @@ def configure_logging(debug: bool) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def user_error(error: BaseException) -> InputError | None:
-    """The :class:`InputError` behind ``error``: itself, or what Ray wrapped it in when it
-    happened in an actor, a task, a Ray Train worker (``worker_failures``, whole, not the
-    truncated snippet of the message) or the Ray Train controller."""
+def _behind(error: BaseException, wanted: Callable[[BaseException], bool]) -> BaseException | None:
+    """The first exception behind ``error`` that is ``wanted``: itself, or what Ray wrapped it
+    in when it happened in an actor, a task, a Ray Train worker (``worker_failures``, whole,
+    not the truncated snippet of the message) or the Ray Train controller."""
     pending: list[BaseException] = [error]
     seen: set[int] = set()
     while pending:
@@ -101,12 +110,35 @@ def user_error(error: BaseException) -> InputError | None:
             continue
         seen.add(id(current))
         cause = getattr(current, "cause", None)
-        if isinstance(current, InputError) and not isinstance(cause, BaseException):
+        if wanted(current) and not isinstance(cause, BaseException):
             return current
         wrapped = [cause, current.__cause__, getattr(current, "controller_failure", None)]
         wrapped += list((getattr(current, "worker_failures", None) or {}).values())
         pending += [inner for inner in wrapped if isinstance(inner, BaseException)]
     return None
+
+
+def user_error(error: BaseException) -> InputError | None:
+    """The :class:`InputError` behind ``error`` (:func:`_behind`)."""
+    found = _behind(error, lambda current: isinstance(current, InputError))
+    return found if isinstance(found, InputError) else None
+
+
+def io_error(error: BaseException) -> OSError | None:
+    """The full disk, read-only file system or refused permission behind ``error``."""
+    found = _behind(
+        error, lambda current: isinstance(current, OSError) and current.errno in IO_ERRORS
+    )
+    return found if isinstance(found, OSError) else None
+
+
+class Terminated(Exception):
+    """SIGTERM: the command stops where it is; what it publishes is published whole or not at
+    all, so the same command resumes."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,19 +147,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(command if command in COMMANDS else None)
     args = parser.parse_args(argv)
     configure_logging(args.debug)
+    signal.signal(signal.SIGTERM, _terminate)  # a command with its own (hnce refresh) replaces it
     try:
         module = importlib.import_module(COMMANDS[args.command][0])
         with quiet(args.no_progress):
             return int(module.run(args) or 0)
-    except KeyboardInterrupt:
-        print(f"hnce {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as interrupt:
+        print(f"hnce {args.command}: {interrupt or 'interrupted'}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Terminated:
+        print(
+            f"hnce {args.command}: terminated (SIGTERM); the same command resumes", file=sys.stderr
+        )
+        return EXIT_TERMINATED
     except Exception as error:
-        found = user_error(error)
-        if found is None or args.debug:
+        if args.debug:
             raise
-        print(f"hnce {args.command}: {found}", file=sys.stderr)
-        return EXIT_INPUT_ERROR
+        if (found := user_error(error)) is not None:
+            print(f"hnce {args.command}: {found}", file=sys.stderr)
+            return EXIT_INPUT_ERROR
+        if (refused := io_error(error)) is not None:
+            where = f"{refused.filename}: " if refused.filename else ""
+            print(f"hnce {args.command}: {where}{refused.strerror}", file=sys.stderr)
+            return EXIT_IO_ERROR
+        raise
 
 
 if __name__ == "__main__":

@@ -56,8 +56,7 @@ def run(args: argparse.Namespace) -> int:
     stop.install()
 
     def connect() -> None:
-        init_ray(config.cluster, config.refresh.encoder_cpus)
-        stop.install()  # ray.init replaced the SIGTERM handler
+        init_ray(config.cluster, config.refresh.encoder_cpus)  # keeps the SIGTERM handler
 
     if interval is None:
         return refresh_once(plan, args.step, connect=connect, stop=stop.event)

@@ -36,14 +36,16 @@ def follow_progress(run_dir: Path, steps: int, done: threading.Event) -> None:
             events = read_events(run_dir, "step")
             if events:
                 last = events[-1]
-                bar.n = min(int(last["step"]), steps)
+                loss = "nan" if last["loss"] is None else f"{last['loss']:.3f}"
                 bar.set_postfix(  # a dict: ``refresh`` is also a keyword of set_postfix
                     {
-                        "loss": f"{last['loss']:.3f}",
+                        "loss": loss,
                         "negatives": f"v{last['negatives_version']}",
                         "refresh": refresh,
-                    }
+                    },
+                    refresh=False,  # shown at the bar's own pace (a log line every 30 s)
                 )
+                bar.update(min(int(last["step"]), steps) - bar.n)
             done.wait(1.0)
         if read_events(run_dir, "end"):
             bar.n = steps

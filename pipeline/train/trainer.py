@@ -139,7 +139,7 @@ def run_task(config: Config, task: TrainingTask) -> TrainingSummary:
     started, since = time.perf_counter(), time.time()
     follower.start()
     try:
-        trainer.fit()
+        fit_interruptibly(trainer, task.run_dir)
     finally:
         done.set()
         follower.join()
@@ -152,6 +152,38 @@ def run_task(config: Config, task: TrainingTask) -> TrainingSummary:
     summary.refreshes = int(status.get("refreshes", 0))
     summary.refresh_error = status.get("error")
     return summary
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """SIGINT during training; the message says where the run resumes."""
+
+
+def fit_interruptibly(trainer: TorchTrainer, run_dir: Path) -> None:
+    """``trainer.fit()`` in a thread, so that SIGINT reaches this process's main thread (Ray
+    Train would take it in the main thread, abort its controller and leave the process to exit
+    1 with no word). On SIGINT: :class:`TrainingInterrupted`, naming the checkpoint the same
+    command resumes from; the workers stop with this process, whose Ray job owns them."""
+    failure: list[BaseException] = []
+
+    def fit() -> None:
+        try:
+            trainer.fit()
+        except BaseException as error:  # handed to the main thread below
+            failure.append(error)
+
+    fitting = threading.Thread(target=fit, name="ray-train-fit", daemon=True)
+    fitting.start()
+    try:
+        while fitting.is_alive():
+            fitting.join(0.5)
+    except KeyboardInterrupt:
+        newest = newest_checkpoint(run_dir)
+        resumes = f"step-{newest[0]}" if newest is not None else "the start"
+        raise TrainingInterrupted(
+            f"interrupted; the same command resumes {run_dir} from {resumes}"
+        ) from None
+    if failure:
+        raise failure[0]
 
 
 def summarise_run(run_dir: Path, seconds: float) -> TrainingSummary:
