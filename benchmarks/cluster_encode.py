@@ -8,22 +8,21 @@ token rows, Ray scheduling, building each shard's FAISS index and writing it (ac
 model loading, once per refresh, and building the token store, once per tokenizer, are reported
 apart).
 
-    .venv/bin/python benchmarks/cluster_encode.py     # writes benchmarks/results/cluster_encode.md
+    .venv/bin/python -m benchmarks.cluster_encode    # writes benchmarks/results/cluster_encode.md
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import tempfile
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import ray
 import torch
-from report import write_measures
 
+from benchmarks import harness
 from hnce.cluster.compute.encoder_pool import (
     EncoderPool,
     EncoderPoolSettings,
@@ -43,9 +42,9 @@ from hnce.encoders.biencoder import (
     minilm_path,
 )
 from hnce.encoders.formatting import length_sorted_batches
+from hnce.encoders.progress import quiet
 from hnce.pipeline.data.wordnet import parse_data_line
 
-RESULTS = Path(__file__).resolve().parent / "results"
 WORDNET_NOUNS = Path("/usr/share/wordnet/data.noun")
 
 
@@ -62,39 +61,17 @@ def wordnet_entities(count: int) -> list[tuple[str, str]]:
 
 
 @torch.inference_mode()
-def bare_loop(model, batches: list[dict[str, torch.Tensor]]) -> float:
-    """Seconds for `model.entity_tower(**batch)` over the batches."""
-    start = time.perf_counter()
+def bare_loop(model: BiEncoder, batches: list[dict[str, torch.Tensor]]) -> None:
+    """`model.entity_tower(**batch)` over the batches."""
     for batch in batches:
         model.entity_tower(**batch)
-    return time.perf_counter() - start
-
-
-@dataclass(frozen=True)
-class EncodeMeasures:
-    """What one run measured: seconds of each way to encode, and token counts."""
-
-    bare_seconds: float
-    pool_seconds: float
-    startup_seconds: float
-    tokens_seconds: float
-    bucketed_seconds: float
-    bucketed_tokens: int
-    fixed_seconds: float
-    fixed_tokens: int
-    real_tokens: int
 
 
 def parse_arguments() -> argparse.Namespace:
     """The command line: catalogue size, batching, threads, repeats and the result file."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--entities", type=int, default=2048)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--shard-size", type=int, default=512)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--output", type=Path, default=RESULTS / "cluster_encode.md")
-    return parser.parse_args()
+    sizes = {"entities": 2048, "batch_size": 64, "shard_size": 512, "threads": 1, "repeats": 3}
+    parser = harness.arguments(__doc__, "cluster_encode", **sizes)
+    return harness.parse(parser)
 
 
 def build_catalogue(workdir: Path, count: int) -> tuple[Path, BiEncoder, TokenStore, float]:
@@ -108,9 +85,10 @@ def build_catalogue(workdir: Path, count: int) -> tuple[Path, BiEncoder, TokenSt
         (Entity(i, f"n{i}", title, text) for i, (title, text) in enumerate(entities)),
     )
     model = load_biencoder(export_dir).eval()
-    started = time.perf_counter()
-    tokens = ensure_token_store(workdir / "data", IndexedModel.from_export(export_dir), False)
-    return export_dir, model, tokens, time.perf_counter() - started
+    tokens, seconds = harness.timed(
+        lambda: ensure_token_store(workdir / "data", IndexedModel.from_export(export_dir))
+    )
+    return export_dir, model, tokens, seconds
 
 
 def bare_loop_batches(
@@ -130,9 +108,10 @@ def timed_encode(
 ) -> tuple[float, int]:
     """Seconds and padded tokens of `encode_entities` over the whole catalogue."""
     all_ids = np.arange(count)
-    started = time.perf_counter()
-    _, _, padded_tokens = encode_entities(model, tokens, all_ids, batch_size, bucketed)
-    return time.perf_counter() - started, padded_tokens
+    (_, _, padded_tokens), seconds = harness.timed(
+        lambda: encode_entities(model, tokens, all_ids, batch_size, bucketed)
+    )
+    return seconds, padded_tokens
 
 
 def start_pool(
@@ -140,12 +119,10 @@ def start_pool(
 ) -> tuple[EncoderPool, float]:
     """Ray and a one-actor encoder pool; the pool and its start-up seconds (model load included)."""
     ray.init(num_cpus=max(2, args.threads), include_dashboard=False, log_to_driver=False)
-    started = time.perf_counter()
     settings = EncoderPoolSettings(
         num_encoders=1, batch_size=args.batch_size, num_threads=args.threads
     )
-    pool = EncoderPool(export_dir, settings, tokens.directory)
-    return pool, time.perf_counter() - started
+    return harness.timed(lambda: EncoderPool(export_dir, settings, tokens.directory))
 
 
 def shard_tasks(directory: Path, bounds: list[tuple[int, int]]) -> list[ShardTask]:
@@ -163,52 +140,48 @@ def best_alternated_seconds(
     pool: EncoderPool,
     tasks: list[ShardTask],
     repeats: int,
-) -> tuple[float, float]:
+) -> dict[str, float]:
     """Best seconds of the bare loop and of the pool over every shard, after a warm-up of each."""
     pool.index_shards(tasks[:1], lambda _: None)  # warm-up shard
     bare_loop(model, bare_batches[:2])
     # Alternate the two on a shared, noisy machine and keep the best of each.
-    bare_times, pool_times = [], []
-    for _ in range(repeats):
-        bare_times.append(bare_loop(model, bare_batches))
-        started = time.perf_counter()
-        pool.index_shards(tasks, lambda _: None)
-        pool_times.append(time.perf_counter() - started)
-    return min(bare_times), min(pool_times)
+    return harness.alternated_best(
+        {
+            "bare": lambda: bare_loop(model, bare_batches),
+            "pool": lambda: pool.index_shards(tasks, lambda _: None),
+        },
+        repeats,
+    )
 
 
-def write_results(args: argparse.Namespace, measures: EncodeMeasures) -> None:
-    """The result table of one run."""
+def write_results(args: argparse.Namespace, m: dict[str, float]) -> None:
+    """The result table of one run (``m``: seconds and token counts by name)."""
     count = args.entities
-    bucketed_seconds, fixed_seconds = measures.bucketed_seconds, measures.fixed_seconds
     rows = [
         ("entities (WordNet noun synsets, lemmas + definition)", f"{count}"),
         ("model", "all-MiniLM-L6-v2 entity tower, dual scorer, max 128 tokens"),
         ("torch threads (bare loop and actor)", str(args.threads)),
         ("timing", f"best of {args.repeats}, bare loop and pool alternated"),
-        ("bare `entity_tower(**batch)` loop", f"{count / measures.bare_seconds:.1f} entities/s"),
+        ("bare `entity_tower(**batch)` loop", f"{count / m['bare']:.1f} entities/s"),
         (
             "encoder pool (1 actor, token rows + encode + FAISS shard written)",
-            f"{count / measures.pool_seconds:.1f} entities/s",
+            f"{count / m['pool']:.1f} entities/s",
         ),
-        ("pool / bare throughput", f"{measures.bare_seconds / measures.pool_seconds:.3f}"),
-        ("actor start-up + model load (once per refresh)", f"{measures.startup_seconds:.1f} s"),
-        (
-            "token store build (once per tokenizer and length)",
-            f"{measures.tokens_seconds:.1f} s",
-        ),
+        ("pool / bare throughput", f"{m['bare'] / m['pool']:.3f}"),
+        ("actor start-up + model load (once per refresh)", f"{m['startup']:.1f} s"),
+        ("token store build (once per tokenizer and length)", f"{m['tokens']:.1f} s"),
         (
             "length-bucketed batches",
-            f"{count / bucketed_seconds:.1f} entities/s, {measures.bucketed_tokens} padded tokens",
+            f"{count / m['bucketed']:.1f} entities/s, {m['bucketed tokens']} padded tokens",
         ),
         (
             "fixed padding to 128",
-            f"{count / fixed_seconds:.1f} entities/s, {measures.fixed_tokens} padded tokens",
+            f"{count / m['fixed']:.1f} entities/s, {m['fixed tokens']} padded tokens",
         ),
-        ("bucketed / fixed throughput", f"{fixed_seconds / bucketed_seconds:.2f}×"),
-        ("real (unpadded) tokens", str(measures.real_tokens)),
+        ("bucketed / fixed throughput", f"{m['fixed'] / m['bucketed']:.2f}×"),
+        ("real (unpadded) tokens", str(m["real tokens"])),
     ]
-    write_measures(
+    harness.write_measures(
         args.output,
         "Refresh encode throughput (benchmarks/cluster_encode.py)",
         "CPU only, one run; the machine is shared, so compare the ratios.",
@@ -216,41 +189,32 @@ def write_results(args: argparse.Namespace, measures: EncodeMeasures) -> None:
     )
 
 
+@quiet()  # no progress bars from hnce in this process
 def main() -> None:
     args = parse_arguments()
     torch.set_num_threads(args.threads)
     workdir = Path(tempfile.mkdtemp(prefix="hnce-encode-"))
-    export_dir, model, tokens, tokens_seconds = build_catalogue(workdir, args.entities)
+    m: dict[str, float] = {}
+    export_dir, model, tokens, m["tokens"] = build_catalogue(workdir, args.entities)
     bounds = [
         (start, min(start + args.shard_size, args.entities))
         for start in range(0, args.entities, args.shard_size)
     ]
     bare_batches = bare_loop_batches(tokens, bounds, args.batch_size)
-    bucketed_seconds, bucketed_tokens = timed_encode(
+    m["bucketed"], m["bucketed tokens"] = timed_encode(
         model, tokens, args.entities, args.batch_size, True
     )
-    fixed_seconds, fixed_tokens = timed_encode(model, tokens, args.entities, args.batch_size, False)
-    real_tokens = int(sum(int(b["attention_mask"].sum()) for b in bare_batches))
-
-    pool, startup_seconds = start_pool(export_dir, tokens, args)
-    tasks = shard_tasks(workdir / "shards", bounds)
-    bare_seconds, pool_seconds = best_alternated_seconds(
-        model, bare_batches, pool, tasks, args.repeats
+    m["fixed"], m["fixed tokens"] = timed_encode(
+        model, tokens, args.entities, args.batch_size, False
     )
+    m["real tokens"] = int(sum(int(b["attention_mask"].sum()) for b in bare_batches))
+    pool, m["startup"] = start_pool(export_dir, tokens, args)
+    tasks = shard_tasks(workdir / "shards", bounds)
+    m |= best_alternated_seconds(model, bare_batches, pool, tasks, args.repeats)
     pool.shutdown()
     ray.shutdown()
-    measures = EncodeMeasures(
-        bare_seconds=bare_seconds,
-        pool_seconds=pool_seconds,
-        startup_seconds=startup_seconds,
-        tokens_seconds=tokens_seconds,
-        bucketed_seconds=bucketed_seconds,
-        bucketed_tokens=bucketed_tokens,
-        fixed_seconds=fixed_seconds,
-        fixed_tokens=fixed_tokens,
-        real_tokens=real_tokens,
-    )
-    write_results(args, measures)
+    shutil.rmtree(workdir)  # the export, catalogue and shards: ~175 MB at the default size
+    write_results(args, m)
 
 
 if __name__ == "__main__":

@@ -7,25 +7,22 @@ Vectors come from a cheap seeded generator (clustered Gaussians, unit norm), not
 by chunk, so the full float32 matrix is never in memory. Ground truth is exact inner-product
 top-k over the same regenerated chunks.
 
-    .venv/bin/python benchmarks/cluster_scale.py            # writes benchmarks/results/cluster_scale.md
+    .venv/bin/python -m benchmarks.cluster_scale      # writes benchmarks/results/cluster_scale.md
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import resource
 import shutil
 import tempfile
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import faiss
 import numpy as np
-from report import write_measures
 from tqdm import tqdm
 
+from benchmarks import harness
 from hnce.cluster.compute.index_build import index_parameters
 from hnce.cluster.stores.index_store import BuildParameters, IndexStore
 from hnce.cluster.stores.sharded_index import (
@@ -35,8 +32,6 @@ from hnce.cluster.stores.sharded_index import (
     resolve_faiss_device,
     train_index,
 )
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def chunk_vectors(
@@ -56,41 +51,12 @@ def chunk_vectors(
     return vectors
 
 
-def peak_rss_gib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-
-
-@dataclass(frozen=True)
-class ScaleMeasures:
-    """What one run measured: seconds, store size, search quality and peak memory."""
-
-    train_seconds: float
-    build_seconds: float
-    generate_seconds: float
-    store_bytes: int
-    load_seconds: float
-    search_seconds: float
-    recall: float
-    source_at_1: float
-    peak_build_search: float
-    peak: float
-    total_seconds: float
-
-
 def parse_arguments() -> argparse.Namespace:
     """The command line: catalogue size and dimension, index parameters, queries and output."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--entities", type=int, default=5_903_530)
-    parser.add_argument("--dim", type=int, default=1024)
-    parser.add_argument("--shard-size", type=int, default=500_000)
-    parser.add_argument("--nlist", type=int, default=1024)
-    parser.add_argument("--pq-m", type=int, default=128)
-    parser.add_argument("--nprobe", type=int, default=64)
-    parser.add_argument("--queries", type=int, default=256)
-    parser.add_argument("--k", type=int, default=10)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", type=Path, default=RESULTS / "cluster_scale.md")
-    return parser.parse_args()
+    catalogue = {"entities": 5_903_530, "dim": 1024, "shard_size": 500_000, "seed": 0}
+    index = {"nlist": 1024, "pq_m": 128, "nprobe": 64, "queries": 256, "k": 10}
+    parser = harness.arguments(__doc__, "cluster_scale", **catalogue, **index)
+    return harness.parse(parser)
 
 
 def vector_generator(rng: np.random.Generator, dim: int) -> tuple[np.ndarray, np.ndarray]:
@@ -132,9 +98,8 @@ def build_shards(
     generate_seconds = 0.0
     with tqdm(total=args.entities, desc="building", unit="entities", unit_scale=True) as bar:
         for shard_no, (start, stop) in enumerate(itertools.pairwise(bounds)):
-            tick = time.perf_counter()
-            vectors = chunk_vectors(start, stop, generator, args.seed)
-            generate_seconds += time.perf_counter() - tick
+            vectors, seconds = harness.timed(chunk_vectors, start, stop, generator, args.seed)
+            generate_seconds += seconds
             index = build_shard_index(vectors, spec, trained=trained)
             ids = np.arange(start, stop, dtype=np.int64)
             builder.add_shard(shard_no, index, ids, (start, stop))
@@ -142,13 +107,6 @@ def build_shards(
             bar.update(stop - start)
     builder.publish(len(bounds) - 1)
     return generate_seconds
-
-
-def timed_load(store: IndexStore) -> tuple[ShardedSearcher, float]:
-    """The store's current version, loaded on the CPU, and the seconds the load took."""
-    started = time.perf_counter()
-    version = store.current().load(device=resolve_faiss_device("cpu"))
-    return version, time.perf_counter() - started
 
 
 def noisy_queries(
@@ -174,9 +132,8 @@ def noisy_queries(
 def timed_search(version: ShardedSearcher, queries: np.ndarray, k: int) -> tuple[np.ndarray, float]:
     """Top-`k` ids of `queries` and the seconds the search took, after an 8-query warm-up."""
     version.search(queries[:8], k)  # warm-up
-    started = time.perf_counter()
-    found, _ = version.search(queries, k)
-    return found, time.perf_counter() - started
+    (found, _), seconds = harness.timed(lambda: version.search(queries, k))
+    return found, seconds
 
 
 def exact_top_k(
@@ -197,7 +154,7 @@ def exact_top_k(
 
 
 def write_results(
-    args: argparse.Namespace, spec: IndexSpec, num_shards: int, measures: ScaleMeasures
+    args: argparse.Namespace, spec: IndexSpec, num_shards: int, m: dict[str, float]
 ) -> None:
     """The result table of one run, with the 1024-d (BLINK) sizes it extrapolates to."""
     blink_fp32 = args.entities * 1024 * 4 / 2**30
@@ -208,37 +165,31 @@ def write_results(
         ("dimension", str(args.dim)),
         ("shards", f"{num_shards} × {args.shard_size:,}"),
         ("index", f"IVF{spec.nlist},PQ{spec.pq_m} (8 bit), nprobe {spec.nprobe}, shared quantiser"),
-        ("train (65,536-vector sample)", f"{measures.train_seconds:.1f} s"),
-        (
-            "build (add + write + sha256, generator time excluded)",
-            f"{measures.build_seconds:.1f} s",
-        ),
-        ("vector generation", f"{measures.generate_seconds:.1f} s"),
-        ("store on disk", f"{measures.store_bytes / 2**30:.2f} GiB"),
-        (
-            "load (memory-mapped) + verify sha256 (streamed) + check ids",
-            f"{measures.load_seconds:.1f} s",
-        ),
+        ("train (65,536-vector sample)", f"{m['train']:.1f} s"),
+        ("build (add + write + sha256, generator time excluded)", f"{m['build']:.1f} s"),
+        ("vector generation", f"{m['generate']:.1f} s"),
+        ("store on disk", f"{m['store bytes'] / 2**30:.2f} GiB"),
+        ("load (memory-mapped) + verify sha256 (streamed) + check ids", f"{m['load']:.1f} s"),
         (
             f"search {args.queries} queries, k={args.k}",
-            f"{args.queries / measures.search_seconds:.1f} queries/s",
+            f"{args.queries / m['search']:.1f} queries/s",
         ),
-        (f"recall@{args.k} vs exact inner product", f"{measures.recall:.3f}"),
-        ("source entity at rank 1", f"{measures.source_at_1:.3f}"),
+        (f"recall@{args.k} vs exact inner product", f"{m['recall']:.3f}"),
+        ("source entity at rank 1", f"{m['source at 1']:.3f}"),
         (
             "peak resident memory: generate + build + load + search",
-            f"{measures.peak_build_search:.2f} GiB",
+            f"{m['peak build search']:.2f} GiB",
         ),
-        ("peak resident memory incl. exact ground truth", f"{measures.peak:.2f} GiB"),
+        ("peak resident memory incl. exact ground truth", f"{m['peak']:.2f} GiB"),
         (
             "at 1024-d (BLINK): flat float32 / float16 / IVF-PQ128 codes",
             f"{blink_fp32:.1f} / {blink_fp32 / 2:.1f} / {blink_pq:.2f} GiB "
             f"(+ {ids_gib:.2f} GiB ids; build holds one {args.shard_size:,}-row float32 chunk: "
             f"{args.shard_size * 1024 * 4 / 2**30:.1f} GiB)",
         ),
-        ("total wall time", f"{measures.total_seconds:.0f} s"),
+        ("total wall time", f"{m['total']:.0f} s"),
     ]
-    write_measures(
+    harness.write_measures(
         args.output,
         f"5.9M-entity index on one machine, {args.dim}-d (benchmarks/cluster_scale.py)",
         f"Machine: {faiss.omp_get_max_threads()} FAISS threads, CPU only. One run.",
@@ -246,51 +197,42 @@ def write_results(
     )
 
 
-def main() -> None:
-    args = parse_arguments()
+def measure(args: argparse.Namespace, spec: IndexSpec, bounds: list[int]) -> dict[str, float]:
+    """Build, load and search the store in a scratch directory, then the exact ground truth:
+    seconds of each (the build's include training, not vector generation), the store's bytes,
+    recall, and the peak memory before and after the ground truth."""
     rng = np.random.default_rng(args.seed)
     generator = vector_generator(rng, args.dim)
-    bounds = [*list(range(0, args.entities, args.shard_size)), args.entities]
-    spec = IndexSpec(kind="ivfpq", nlist=args.nlist, pq_m=args.pq_m, nprobe=args.nprobe)
-
     workdir = Path(tempfile.mkdtemp(prefix="hnce-scale-"))
     store = IndexStore(workdir / "index", keep=1)
-    started = time.perf_counter()
+    timer = harness.Timer()
     sample = chunk_vectors(0, min(spec.train_size, args.entities), generator, args.seed + 1)
     trained = train_index(sample, spec, args.seed)
-    train_seconds = time.perf_counter() - started
-    generate_seconds = build_shards(store, args, generator, bounds, spec, trained)
-    build_seconds = time.perf_counter() - started - generate_seconds
-    store_bytes = sum(
-        path.stat().st_size for path in (workdir / "index").rglob("*") if path.is_file()
+    m = {"train": timer.elapsed()}
+    m["generate"] = build_shards(store, args, generator, bounds, spec, trained)
+    m["build"] = timer.elapsed() - m["generate"]
+    m["store bytes"] = sum(p.stat().st_size for p in (workdir / "index").rglob("*") if p.is_file())
+    version, m["load"] = harness.timed(
+        lambda: store.current().load(device=resolve_faiss_device("cpu"))
     )
-
-    version, load_seconds = timed_load(store)
     sources, queries = noisy_queries(rng, args, generator, bounds)
-    found, search_seconds = timed_search(version, queries, args.k)
-
-    peak_build_search = peak_rss_gib()  # before the ground-truth pass, which is not the index's
-
+    found, m["search"] = timed_search(version, queries, args.k)
+    m["peak build search"] = harness.own_peak_bytes() / harness.GIB  # before the ground truth
     exact_ids = exact_top_k(queries, args.k, generator, bounds, args.seed)
-    recall = np.mean([len(set(f) & set(e)) / args.k for f, e in zip(found, exact_ids, strict=True)])
-    source_at_1 = float(np.mean(found[:, 0] == sources))
-    total_seconds = time.perf_counter() - started
-    peak = peak_rss_gib()
+    overlap = [len(set(f) & set(e)) / args.k for f, e in zip(found, exact_ids, strict=True)]
+    m["recall"] = float(np.mean(overlap))
+    m["source at 1"] = float(np.mean(found[:, 0] == sources))
+    m["total"] = timer.elapsed()
+    m["peak"] = harness.own_peak_bytes() / harness.GIB
     shutil.rmtree(workdir)
-    measures = ScaleMeasures(
-        train_seconds=train_seconds,
-        build_seconds=build_seconds,
-        generate_seconds=generate_seconds,
-        store_bytes=store_bytes,
-        load_seconds=load_seconds,
-        search_seconds=search_seconds,
-        recall=recall,
-        source_at_1=source_at_1,
-        peak_build_search=peak_build_search,
-        peak=peak,
-        total_seconds=total_seconds,
-    )
-    write_results(args, spec, len(bounds) - 1, measures)
+    return m
+
+
+def main() -> None:
+    args = parse_arguments()
+    bounds = [*list(range(0, args.entities, args.shard_size)), args.entities]
+    spec = IndexSpec(kind="ivfpq", nlist=args.nlist, pq_m=args.pq_m, nprobe=args.nprobe)
+    write_results(args, spec, len(bounds) - 1, measure(args, spec, bounds))
 
 
 if __name__ == "__main__":

@@ -1,50 +1,23 @@
 """Sharded search vs one flat index over the same vectors: identical results and the QPS ratio
 (docs/engines.md). Also FAISS's threaded `IndexShards` over the same shards, for the record.
 
-    .venv/bin/python benchmarks/cluster_search.py     # writes benchmarks/results/cluster_search.md
+    .venv/bin/python -m benchmarks.cluster_search    # writes benchmarks/results/cluster_search.md
 """
 
 from __future__ import annotations
 
 import argparse
-import time
-from collections.abc import Callable
-from pathlib import Path
 
 import faiss
 import numpy as np
-from report import write_measures
 
+from benchmarks import harness
 from hnce.cluster.stores.sharded_index import (
     IndexShard,
     IndexSpec,
     ShardedSearcher,
     build_shard_index,
 )
-
-RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def best_time(search, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        search()
-        times.append(time.perf_counter() - started)
-    return min(times)
-
-
-def parse_arguments() -> argparse.Namespace:
-    """The command line: catalogue and query sizes, repeats and the result file."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--entities", type=int, default=200_000)
-    parser.add_argument("--dim", type=int, default=384)
-    parser.add_argument("--shards", type=int, default=8)
-    parser.add_argument("--queries", type=int, default=512)
-    parser.add_argument("--k", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--output", type=Path, default=RESULTS / "cluster_search.md")
-    return parser.parse_args()
 
 
 def build_indexes(
@@ -89,17 +62,6 @@ def agreement(
     }
 
 
-def queries_per_second(
-    searches: dict[str, Callable[[], object]], queries: int, repeats: int
-) -> dict[str, float]:
-    """Queries/s of each search in `searches` (name: callable), best of `repeats` alternated."""
-    times = {name: [] for name in searches}
-    for _ in range(repeats):  # alternated: the machine is shared
-        for name, search in searches.items():
-            times[name].append(best_time(search, 1))
-    return {name: queries / min(values) for name, values in times.items()}
-
-
 def write_results(args: argparse.Namespace, same: dict[str, object], qps: dict[str, float]) -> None:
     """The result table: the agreement figures `same` and the queries/s `qps`."""
     rows = [
@@ -117,7 +79,7 @@ def write_results(args: argparse.Namespace, same: dict[str, object], qps: dict[s
         ("faiss.IndexShards threaded (same shards)", f"{qps['threaded']:.1f} queries/s"),
         ("threaded ids == single", str(same["threaded_identical"])),
     ]
-    write_measures(
+    harness.write_measures(
         args.output,
         "Sharded vs single flat index search (benchmarks/cluster_search.py)",
         f"CPU only, best of {args.repeats} alternated runs.",
@@ -126,8 +88,12 @@ def write_results(args: argparse.Namespace, same: dict[str, object], qps: dict[s
 
 
 def main() -> None:
-    args = parse_arguments()
-    rng = np.random.default_rng(0)
+    parser = harness.arguments(
+        __doc__, "cluster_search", entities=200_000, dim=384, queries=512, k=64, repeats=3, seed=0
+    )
+    parser.add_argument("--shards", type=int, default=8)
+    args = harness.parse(parser)
+    rng = np.random.default_rng(args.seed)
     vectors = rng.standard_normal((args.entities, args.dim), dtype=np.float32)
     queries = rng.standard_normal((args.queries, args.dim), dtype=np.float32)
     flat, searcher, threaded = build_indexes(vectors, args.shards)
@@ -137,7 +103,8 @@ def main() -> None:
         "sharded": lambda: searcher.search(queries, args.k),
         "threaded": lambda: threaded.search(queries, args.k),
     }
-    write_results(args, same, queries_per_second(searches, args.queries, args.repeats))
+    seconds = harness.alternated_best(searches, args.repeats)  # alternated: the machine is shared
+    write_results(args, same, {name: args.queries / s for name, s in seconds.items()})
 
 
 if __name__ == "__main__":

@@ -2,42 +2,31 @@
 KILT-format generator (a benchmark, not a test).
 
 Every step is one `hnce data ...` command run in its own child process, whose peak resident
-memory (``ru_maxrss`` from ``os.wait4``) is its own. The KILT case generates a knowledge source
-of ``--kilt-pages`` pages in KILT's format with AIDA-sized mention files
-(`pipeline/data/kilt_synthetic.py`) and converts them with `hnce data kilt`; the conversion must
-stay under 1 GiB whatever the number of pages. Figures go to
-benchmarks/results/data_converters.md (and BENCHMARKS.md, through benchmarks/report.py).
+memory (``ru_maxrss`` from ``os.wait4``, :func:`benchmarks.harness.run_hnce`) is its own. The
+KILT case generates a knowledge source of ``--kilt-pages`` pages in KILT's format with
+AIDA-sized mention files (`pipeline/data/kilt_synthetic.py`) and converts them with
+`hnce data kilt`; the conversion must stay under 1 GiB whatever the number of pages. Figures go
+to benchmarks/results/data_converters.md (and BENCHMARKS.md).
 
-    .venv/bin/python benchmarks/data_converters.py                     # 1M pages, ~10 min
-    .venv/bin/python benchmarks/data_converters.py --kilt-pages 5903530 --workers 2 \\
+    .venv/bin/python -m benchmarks.data_converters                     # 1M pages, ~10 min
+    .venv/bin/python -m benchmarks.data_converters --kilt-pages 5903530 --workers 2 \\
         --work /data/hnce-bench                                        # full scale: ~11 GB
-    .venv/bin/python benchmarks/data_converters.py --kilt-pages 100000 --output /tmp/x.md
+    .venv/bin/python -m benchmarks.data_converters --kilt-pages 100000 --output /tmp/x.md
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from report import update_benchmarks_md
-
+from benchmarks import harness
 from hnce.pipeline.data.kilt import knowledge_source_text
 from hnce.pipeline.data.kilt_synthetic import KNOWLEDGE_SOURCE, KiltWorld, aida_file_name
 
-RESULTS = Path(__file__).parent / "results" / "data_converters.md"
 LIMIT_BYTES = 1 << 30
-HNCE = [
-    sys.executable,
-    "-c",
-    "import sys; from hnce.pipeline.cli.main import main; sys.exit(main())",
-]
 
 
 @dataclass
@@ -62,14 +51,9 @@ class Step:
 
 
 def run_hnce(arguments: list[str]) -> tuple[float, int]:
-    """Run ``hnce <arguments>`` in a child process: (wall seconds, peak resident bytes)."""
-    started = time.perf_counter()
-    child = subprocess.Popen([*HNCE, *arguments], stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(child.pid, 0)
-    child.returncode = os.waitstatus_to_exitcode(status)
-    if child.returncode != 0:
-        raise SystemExit(f"hnce {' '.join(arguments)} failed with exit status {child.returncode}")
-    return time.perf_counter() - started, usage.ru_maxrss * 1024
+    """Run ``hnce <arguments>`` in a child process: (wall seconds, its peak resident bytes)."""
+    command = harness.run_hnce(arguments)
+    return command.seconds, command.child_peak_bytes
 
 
 def convert(name: str, arguments: list[str], out: Path, counts_mentions: bool = True) -> Step:
@@ -176,31 +160,25 @@ def report(steps: list[Step], kilt_peak: int) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kilt-pages", type=int, default=1_000_000)
-    parser.add_argument("--workers", type=int, default=2, help="processes of the generator")
-    parser.add_argument("--blink-lines", type=int, default=200_000)
-    parser.add_argument("--zeshel-worlds", type=int, default=10)
-    parser.add_argument("--zeshel-entities", type=int, default=2_000)
-    parser.add_argument("--work", type=Path, default=None, help="scratch directory (big)")
-    parser.add_argument(
-        "--output",
-        type=Path,
-        default=RESULTS,
-        help="results file (BENCHMARKS.md is rebuilt only for the default)",
+    parser = harness.arguments(
+        __doc__,
+        "data_converters",
+        work_dir=None,
+        kilt_pages=1_000_000,
+        blink_lines=200_000,
+        zeshel_worlds=10,
+        zeshel_entities=2_000,
     )
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="hnce-bench-", dir=args.work) as scratch:
-        work = Path(scratch)
+    parser.add_argument("--workers", type=int, default=2, help="processes of the generator")
+    args = harness.parse(parser)
+    with tempfile.TemporaryDirectory(prefix="hnce-bench-", dir=args.work_dir) as scratch:
+        work = Path(scratch).resolve()
         steps = kilt_steps(work, args.kilt_pages, args.workers)
         print(*(step.line() for step in steps), sep="\n", flush=True)
         others = other_steps(work, args.blink_lines, args.zeshel_worlds, args.zeshel_entities)
         print(*(step.line() for step in others), sep="\n", flush=True)
     kilt_peak = steps[1].peak_bytes
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(report([*steps, *others], kilt_peak), encoding="utf-8")
-    if args.output == RESULTS:
-        update_benchmarks_md()
+    harness.write_text(args.output, report([*steps, *others], kilt_peak))
     print(f"peak/limit ratio of the KILT conversion: {kilt_peak / LIMIT_BYTES:.2f}")
     return 0 if kilt_peak < LIMIT_BYTES else 1
 

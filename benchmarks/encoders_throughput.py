@@ -8,7 +8,7 @@ reduced key vectors for poly / genpoly) in batches taken in catalogue order (pad
 maximum) and in length-sorted batches (``length_sorted_batches``). Writes
 ``benchmarks/results/encoders_throughput.md``.
 
-    python benchmarks/encoders_throughput.py [--entities 1024] [--batch-size 64]
+    python -m benchmarks.encoders_throughput [--entities 1024] [--batch-size 64]
 """
 
 from __future__ import annotations
@@ -17,39 +17,28 @@ import argparse
 import platform
 import random
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
-from report import write_result
 from tqdm import tqdm
 from transformers import BertConfig, BertTokenizerFast
 
+from benchmarks import harness
 from hnce.encoders.biencoder import BiEncoder, build_biencoder, minilm_path
 from hnce.encoders.formatting import length_sorted_batches, tokenize_entities
 
 WORDNET_NOUNS = Path("/usr/share/wordnet/data.noun")
+SYNTHETIC_WORDS = "entity catalogue mention retrieval index negative sample encoder vector"
 SCORERS = ("dual", "multi-8", "som", "poly-16", "genpoly-16-8")
-RESULTS = Path(__file__).parent / "results" / "encoders_throughput.md"
 
 
 def wordnet_entities(count: int) -> tuple[list[str], list[str], str]:
     """(titles, glosses) of ``count`` noun synsets spread over the file, and a source label."""
     if not WORDNET_NOUNS.is_file():
         rng = random.Random(0)
-        words = [
-            "entity",
-            "catalogue",
-            "mention",
-            "retrieval",
-            "index",
-            "negative",
-            "sample",
-            "encoder",
-            "vector",
-        ]
+        words = SYNTHETIC_WORDS.split()
         texts = [" ".join(rng.choices(words, k=rng.randint(5, 150))) for _ in range(count)]
         return [f"entity {i}" for i in range(count)], texts, "synthetic texts of 5-150 words"
     synsets = []
@@ -83,32 +72,29 @@ def entity_side(model: BiEncoder) -> Callable[[torch.Tensor, torch.Tensor], obje
     return reduced
 
 
-def throughput(
-    model: BiEncoder, batch: dict[str, torch.Tensor], order: list[np.ndarray]
-) -> tuple[float, int]:
-    """Sequences/s over the batches in ``order`` and the number of token positions computed."""
-    encode = entity_side(model)
-    positions = 0
+def padded_positions(batch: dict[str, torch.Tensor], order: list[np.ndarray]) -> int:
+    """Token positions computed over the batches in ``order``, each padded to its longest row."""
+    return sum(int(batch["attention_mask"][rows].sum(1).max()) * len(rows) for rows in order)
+
+
+def encode_batches(
+    encode: Callable[[torch.Tensor, torch.Tensor], object],
+    batch: dict[str, torch.Tensor],
+    order: list[np.ndarray],
+) -> None:
+    """``encode`` every batch of ``order``, each cut to its longest row."""
     with torch.inference_mode():
-        first = order[0]
-        encode(batch["input_ids"][first], batch["attention_mask"][first])  # warm-up
-        start = time.perf_counter()
         for rows in order:
             width = int(batch["attention_mask"][rows].sum(1).max())
             encode(batch["input_ids"][rows, :width], batch["attention_mask"][rows, :width])
-            positions += width * len(rows)
-        elapsed = time.perf_counter() - start
-    return sum(len(rows) for rows in order) / elapsed, positions
 
 
 def parse_args() -> argparse.Namespace:
     """The command line options."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--entities", type=int, default=1024, help="entities to encode per run")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--entity-length", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each; the best is reported")
-    return parser.parse_args()
+    parser = harness.arguments(
+        __doc__, "encoders_throughput", entities=1024, batch_size=64, entity_length=128, repeats=3
+    )
+    return harness.parse(parser)
 
 
 def model_builders(
@@ -147,13 +133,18 @@ def measure_scorer(
         for i in range(0, len(lengths), args.batch_size)
     ]
     by_length = length_sorted_batches(lengths, args.batch_size)
-    plain = sorted_ = 0.0
-    for _ in range(args.repeats):
-        rate, plain_positions = throughput(model, batch, in_order)
-        plain = max(plain, rate)
-        rate, sorted_positions = throughput(model, batch, by_length)
-        sorted_ = max(sorted_, rate)
-    return plain, sorted_, plain_positions / sorted_positions, float(lengths.mean())
+    encode = entity_side(model)
+    encode_batches(encode, batch, [in_order[0], by_length[0]])  # warm-up
+    seconds = harness.alternated_best(
+        {
+            "unsorted": lambda: encode_batches(encode, batch, in_order),
+            "sorted": lambda: encode_batches(encode, batch, by_length),
+        },
+        args.repeats,
+    )
+    padding_cut = padded_positions(batch, in_order) / padded_positions(batch, by_length)
+    plain, sorted_ = len(lengths) / seconds["unsorted"], len(lengths) / seconds["sorted"]
+    return plain, sorted_, padding_cut, float(lengths.mean())
 
 
 def measure_all(
@@ -198,7 +189,7 @@ def main() -> int:
     args = parse_args()
     titles, texts, source = wordnet_entities(args.entities)
     rows, mean_length = measure_all(titles, texts, args)
-    write_result(RESULTS, header_lines(args, source, mean_length) + rows)
+    harness.write_result(args.output, header_lines(args, source, mean_length) + rows)
     return 0
 
 

@@ -6,33 +6,28 @@ mentions' reduced vectors (poly-16: 16 code vectors each) scored against every s
 top-k kept. Reported: mention-entity pairs per second, and from it the hours one holder needs to
 mine ``--mentions`` training mentions over catalogues of several sizes (holders divide it).
 
-    .venv/bin/python benchmarks/exact_mining.py [--entities 20000] [--dim 384]
+    .venv/bin/python -m benchmarks.exact_mining [--entities 20000] [--dim 384]
 
 writes ``benchmarks/results/exact_mining.md``.
 """
 
 from __future__ import annotations
 
-import argparse
-import time
-from pathlib import Path
-
 import faiss
 import torch
-from report import update_benchmarks_md
 
+from benchmarks import harness
 from hnce.cluster.stores.exact_search import ExactSearcher
 from hnce.cluster.stores.sharded_index import IndexShard, resolve_faiss_device
 from hnce.encoders.scorers import build_scorer
 
-RESULTS = Path(__file__).resolve().parent / "results" / "exact_mining.md"
 SCORERS = ("poly-16", "genpoly-16-4")
 CATALOGUES = (10_000, 100_000, 1_000_000, 5_903_530)
 
 
-def pairs_per_second(spec: str, entities: int, dim: int, mentions: int, k: int) -> float:
+def pairs_per_second(spec: str, entities: int, dim: int, mentions: int, k: int, seed: int) -> float:
     """Mention-entity pairs scored per second by one exact searcher over `entities` entities."""
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     scorer = build_scorer(spec, dim)
     hidden = torch.randn(entities, 8, dim)
     with torch.inference_mode():
@@ -45,26 +40,22 @@ def pairs_per_second(spec: str, entities: int, dim: int, mentions: int, k: int) 
     shard = IndexShard.on_device(index, owners.numpy(), resolve_faiss_device("cpu"))
     searcher = ExactSearcher([shard], scorer, torch.device("cpu"))
     searcher.search(queries[:8], k)  # warm-up
-    started = time.perf_counter()
-    searcher.search(queries, k)
-    return mentions * entities / (time.perf_counter() - started)
+    return mentions * entities / harness.timed(lambda: searcher.search(queries, k))[1]
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--entities", type=int, default=20_000)
+    parser = harness.arguments(__doc__, "exact_mining", entities=20_000, k=64, seed=0)
     parser.add_argument("--dim", type=int, default=384, help="384: all-MiniLM-L6-v2")
     parser.add_argument("--batch", type=int, default=256, help="mentions per search")
     parser.add_argument("--mentions", type=int, default=10_000, help="training mentions mined")
-    parser.add_argument("--k", type=int, default=64)
-    args = parser.parse_args()
+    args = harness.parse(parser)
     torch.set_num_threads(1)
     lines = [
         "# Exact mining throughput (poly-m, genpoly-m)",
         "",
         f"One shard holder, one CPU thread: {args.batch} mentions against {args.entities:,} "
         f"stored entities, d = {args.dim}, top-{args.k} (`hnce.cluster.stores.exact_search`). Command: "
-        "`.venv/bin/python benchmarks/exact_mining.py`.",
+        "`.venv/bin/python -m benchmarks.exact_mining`.",
         "",
         "| scorer | pairs/s | "
         + " | ".join(f"{n:,} entities x {args.mentions:,} mentions" for n in CATALOGUES)
@@ -72,12 +63,10 @@ def main() -> int:
         "|---|---|" + "---|" * len(CATALOGUES),
     ]
     for spec in SCORERS:
-        rate = pairs_per_second(spec, args.entities, args.dim, args.batch, args.k)
+        rate = pairs_per_second(spec, args.entities, args.dim, args.batch, args.k, args.seed)
         hours = [f"{n * args.mentions / rate / 3600:.2g} h" for n in CATALOGUES]
         lines.append(f"| {spec} | {rate:.3g} | " + " | ".join(hours) + " |")
-        print(lines[-1])
-    RESULTS.write_text("\n".join(lines) + "\n")
-    update_benchmarks_md()
+    harness.write_result(args.output, lines)
     return 0
 
 

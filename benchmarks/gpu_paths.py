@@ -12,34 +12,30 @@ encoding (c) run the product's own commands on a GPU node (``hnce train`` / ``hn
 ``cluster.use_gpu: true``); they need Ray and DeepSpeed installed there and are listed here.
 Without a CUDA device the script writes the section saying so, with every check that remains.
 
-    python benchmarks/gpu_paths.py
+    python -m benchmarks.gpu_paths
 
 writes ``benchmarks/results/gpu_paths.md``.
 """
 
 from __future__ import annotations
 
-import argparse
 import platform
-import time
-from pathlib import Path
 
 import torch
-from report import write_result
 from transformers import BertConfig, BertModel
 
+from benchmarks import harness
 from hnce.encoders.precision import autocast
 
-RESULTS = Path(__file__).resolve().parent / "results"
 REMAINING = [
     "(a) BERT-base entity encoding at 128 tokens, bf16, entities/s against the FLOP bound "
-    "(target ≥ 60% of the bf16 peak): `python benchmarks/gpu_paths.py` on the GPU node",
+    "(target ≥ 60% of the bf16 peak): `python -m benchmarks.gpu_paths` on the GPU node",
     "(b) one DeepSpeed step through Ray Train with NCCL: `hnce train --config "
     "configs/synthetic-test.yaml --set cluster.use_gpu=true --set training.num_workers=1 "
     "--set training.steps=2`",
     "(c) a refresh of ≥ 1M entities with GPU encoding: `hnce data synthetic-kilt` at 1M pages, "
     "then `hnce refresh` with `cluster.use_gpu: true` (FAISS GPU needs the `gpu` extra)",
-    "(d) exact GPU top-k mining of a 5.9M × 768 fp16 matrix: `python benchmarks/gpu_paths.py`",
+    "(d) exact GPU top-k mining of a 5.9M × 768 fp16 matrix: `python -m benchmarks.gpu_paths`",
 ]
 
 
@@ -48,16 +44,15 @@ def encoding_rate(device: torch.device, batch: int, seconds: float) -> float:
     model = BertModel(BertConfig(attn_implementation="sdpa")).to(device).eval()
     ids = torch.randint(1000, 30000, (batch, 128), device=device)
     mask = torch.ones_like(ids)
-    done, started = 0, None
     with torch.inference_mode(), autocast(device):
-        while started is None or time.perf_counter() - started < seconds:
+        model(input_ids=ids, attention_mask=mask)  # the first batch warms up
+        torch.cuda.synchronize(device)
+        done, timer = 0, harness.Timer()
+        while timer.elapsed() < seconds:
             model(input_ids=ids, attention_mask=mask)
             torch.cuda.synchronize(device)
-            if started is None:
-                started = time.perf_counter()  # the first batch warms up
-                continue
             done += batch
-    return done / (time.perf_counter() - started)
+    return done / timer.stop()
 
 
 def mining_rate(device: torch.device, entities: int, queries: int, k: int) -> float:
@@ -66,19 +61,16 @@ def mining_rate(device: torch.device, entities: int, queries: int, k: int) -> fl
     batch = torch.randn(queries, 768, device=device, dtype=torch.float16)
     torch.topk(batch @ matrix[:100_000].T, k, dim=1)
     torch.cuda.synchronize(device)
-    started = time.perf_counter()
-    for start in range(0, entities, 1_000_000):
-        torch.topk(batch @ matrix[start : start + 1_000_000].T, k, dim=1)
-    torch.cuda.synchronize(device)
-    return queries / (time.perf_counter() - started)
+    with harness.Timer() as timer:
+        for start in range(0, entities, 1_000_000):
+            torch.topk(batch @ matrix[start : start + 1_000_000].T, k, dim=1)
+        torch.cuda.synchronize(device)
+    return queries / timer.seconds
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--peak-tflops", type=float, default=989.0)
-    parser.add_argument("--entities", type=int, default=5_903_530)
-    parser.add_argument("--out", type=Path, default=RESULTS / "gpu_paths.md")
-    args = parser.parse_args()
+    parser = harness.arguments(__doc__, "gpu_paths", entities=5_903_530, peak_tflops=989.0)
+    args = harness.parse(parser)
     lines = ["# GPU paths (issue 13): encoding, NCCL step, GPU refresh, exact GPU mining", ""]
     if not torch.cuda.is_available():
         lines += [
@@ -107,7 +99,7 @@ def main() -> None:
             "",
             "Remaining on a GPU node: " + "; ".join(REMAINING[1:3]) + ".",
         ]
-    write_result(args.out, lines)
+    harness.write_result(args.output, lines)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@ By default the catalogue is a synthetic one of 300 entities; ``--data`` takes an
 dataset (e.g. the KILT-format catalogue `benchmarks/full_scale.py` converts), over which a
 refresh takes long enough to overlap every measured step.
 
-    .venv/bin/python benchmarks/pipeline_refresh_overlap.py [--steps 40] [--model minilm]
-    .venv/bin/python benchmarks/pipeline_refresh_overlap.py --data /work/fullscale-200k/data \
+    .venv/bin/python -m benchmarks.pipeline_refresh_overlap [--steps 40] [--model minilm]
+    .venv/bin/python -m benchmarks.pipeline_refresh_overlap --data /work/fullscale-200k/data \
         --model /work/fullscale-200k/model --entity-length 128 --steps 200 --checkpoint-every 10
 """
 
@@ -22,28 +22,23 @@ import argparse
 import os
 import platform
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import ray
-from report import write_result
 
+from benchmarks import harness
+from benchmarks.training_runs import steps_per_second
 from hnce.cluster.compute.index_build import IndexedModel, ensure_token_store
 from hnce.cluster.stores.tables_read import EntityCatalogue
+from hnce.encoders.progress import quiet
 from hnce.pipeline.config import Config, load_config
 from hnce.pipeline.data.synthetic import generate_synthetic_dataset
 from hnce.pipeline.evaluate import untrained_export
 from hnce.pipeline.train.events import read_events
 from hnce.pipeline.train.trainer import run_training
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def steps_per_second(run_dir: Path, first: int, last: int) -> float:
-    """Steps/s over the step events (first, last]."""
-    events = {e["step"]: e["time"] for e in read_events(run_dir, "step")}
-    return (last - first) / (events[last] - events[first])
+ROOT = harness.ROOT
 
 
 @dataclass
@@ -62,16 +57,10 @@ class Overlap:
 
 def parse_args() -> argparse.Namespace:
     """The command line options."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--checkpoint-every", type=int, default=5)
-    parser.add_argument("--model", default="minilm")
+    sizes = {"steps": 40, "checkpoint_every": 5, "model": "minilm", "entity_length": 32}
+    parser = harness.arguments(__doc__, "pipeline_refresh_overlap", **sizes)
     parser.add_argument("--data", type=Path, default=None, help="a converted dataset")
-    parser.add_argument("--entity-length", type=int, default=32)
-    parser.add_argument(
-        "--out", type=Path, default=ROOT / "benchmarks/results/pipeline_refresh_overlap.md"
-    )
-    return parser.parse_args()
+    return harness.parse(parser)
 
 
 def training_configs(args: argparse.Namespace, data: Path, work: Path) -> tuple[Config, Config]:
@@ -119,9 +108,9 @@ def measure(args: argparse.Namespace) -> Overlap:
         entities = len(EntityCatalogue.open(data))
         alone, overlapped = training_configs(args, data, work)
         ensure_token_store(data, IndexedModel.from_export(untrained_export(alone)))
-        started = time.perf_counter()
-        run_training(alone, progress=False)
-        summary = run_training(overlapped, progress=False)
+        timer = harness.Timer()
+        run_training(alone)
+        summary = run_training(overlapped)
         ray.shutdown()
         first = args.checkpoint_every + 1
         return Overlap(
@@ -132,7 +121,7 @@ def measure(args: argparse.Namespace) -> Overlap:
             overlap_rate=steps_per_second(work / "overlap", first, args.steps),
             refreshes=summary.refreshes,
             switches=len(read_events(work / "overlap", "negatives")),
-            seconds=time.perf_counter() - started,
+            seconds=timer.elapsed(),
         )
 
 
@@ -172,9 +161,10 @@ def coverage_note(overlap: Overlap) -> list[str]:
     ]
 
 
+@quiet()  # no progress bars from hnce in this process
 def main() -> None:
     args = parse_args()
-    write_result(args.out, report_lines(args, measure(args)))
+    harness.write_result(args.output, report_lines(args, measure(args)))
 
 
 if __name__ == "__main__":

@@ -5,10 +5,11 @@ settings (plain, activation checkpointing, candidate chunks), each case runs in 
 the bi-encoder is built from its config, wrapped by DeepSpeed (ZeRO-0, fp32, gloo, one rank) and
 trained for two steps of the real contrastive step on a full-length micro-batch. The peak
 resident memory of those steps above the process's memory before the model existed (Linux
-``VmHWM`` after a reset through ``/proc/self/clear_refs``) is compared with the estimator's
-total for the same recipe. Prints one row per case with the ratio; asserts nothing.
+``VmHWM`` after a reset through ``/proc/self/clear_refs``: :func:`benchmarks.harness.own_peak_bytes`)
+is compared with the estimator's total for the same recipe. Prints one row per case with the
+ratio; asserts nothing.
 
-    .venv/bin/python benchmarks/plan_memory.py
+    .venv/bin/python -m benchmarks.plan_memory
 """
 
 from __future__ import annotations
@@ -19,6 +20,20 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer, BertConfig
+
+from benchmarks import harness
+from benchmarks.in_process import single_process_group
+from hnce.encoders.biencoder import build_biencoder, minilm_path
+from hnce.encoders.local import load_local
+from hnce.mining.losses import NCELoss
+from hnce.pipeline.config import Config, load_config
+from hnce.pipeline.plan import plan_memory
+from hnce.pipeline.train.batch import ContrastiveBatch
+from hnce.pipeline.train.step import train_micro_batch
+from hnce.pipeline.train.worker import start_engine
 
 CASES = {
     "plain": [],
@@ -45,35 +60,9 @@ RECIPE = [
 ]
 
 
-def _memory_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise KeyError(field)
-
-
-def measure(shape: dict[str, int], overrides: list[str], workdir: Path) -> dict[str, float]:
-    """In this process: estimate, then build and train two steps, return both in bytes."""
-    import torch
-    from transformers import AutoTokenizer, BertConfig
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from training_helpers import single_process_group
-
-    from hnce.encoders.biencoder import build_biencoder, minilm_path
-    from hnce.encoders.local import load_local
-    from hnce.mining.losses import NCELoss
-    from hnce.pipeline.config import load_config
-    from hnce.pipeline.plan import plan_memory
-    from hnce.pipeline.train.batch import ContrastiveBatch
-    from hnce.pipeline.train.step import train_micro_batch
-    from hnce.pipeline.train.worker import start_engine
-
-    torch.set_num_threads(1)
-    architecture = BertConfig(intermediate_size=4 * shape["hidden_size"], **shape)
-    architecture.save_pretrained(workdir)  # what the estimator reads
-    config = load_config(None, [f"model.path={workdir}", *RECIPE, *overrides])
-    estimate = plan_memory(config, "retriever", 1000).trainer_total
+def full_length_batch(config: Config) -> ContrastiveBatch:
+    """A micro-batch of the recipe's shape, every sequence at full length: each mention's gold
+    and its negatives among the candidates, random token ids (seed 0)."""
     batch, negatives = config.training.batch_size, config.negatives.num_negatives
     candidates = batch * (1 + negatives)
     generator = torch.Generator().manual_seed(0)
@@ -85,7 +74,7 @@ def measure(shape: dict[str, int], overrides: list[str], workdir: Path) -> dict[
     valid = torch.zeros(batch, candidates, dtype=torch.bool)
     for row in range(batch):
         valid[row, row * (1 + negatives) + 1 : (row + 1) * (1 + negatives)] = True
-    micro_batch = ContrastiveBatch(
+    return ContrastiveBatch(
         mention_ids=[str(i) for i in range(batch)],
         mentions=tokens(batch, config.model.mention_length),
         entity_ids=torch.arange(candidates),
@@ -94,9 +83,20 @@ def measure(shape: dict[str, int], overrides: list[str], workdir: Path) -> dict[
         valid=valid,
         positive_ids=(torch.arange(batch) * (1 + negatives))[:, None],
     )
+
+
+def measure(shape: dict[str, int], overrides: list[str], workdir: Path) -> dict[str, float]:
+    """In this process: estimate, then build the bi-encoder, start DeepSpeed on it and train two
+    steps; the estimate and the peak resident bytes above the memory before the model existed."""
+    torch.set_num_threads(1)
+    architecture = BertConfig(intermediate_size=4 * shape["hidden_size"], **shape)
+    architecture.save_pretrained(workdir)  # what the estimator reads
+    config = load_config(None, [f"model.path={workdir}", *RECIPE, *overrides])
+    estimate = plan_memory(config, "retriever", 1000).trainer_total
+    micro_batch = full_length_batch(config)
     with single_process_group():
-        before = _memory_kib("VmRSS")
-        Path("/proc/self/clear_refs").write_text("5")
+        before = harness.own_rss_bytes()
+        harness.reset_own_peak()
         model = build_biencoder(
             architecture,
             config.model.scorer,
@@ -110,35 +110,31 @@ def measure(shape: dict[str, int], overrides: list[str], workdir: Path) -> dict[
         engine.train()
         for _ in range(2):
             train_micro_batch(engine, micro_batch, NCELoss())
-        peak = _memory_kib("VmHWM")
-    return {"estimate": estimate, "measured": (peak - before) * 1024}
+        return {"estimate": estimate, "measured": harness.own_peak_bytes() - before}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.arguments(__doc__, None, work_dir=Path("/tmp/hnce-plan-memory"))
     parser.add_argument("--one", help=argparse.SUPPRESS)
-    parser.add_argument("--workdir", type=Path, default=Path("/tmp/hnce-plan-memory"))
-    args = parser.parse_args()
+    args = harness.parse(parser)
     if args.one:
         shape, case = json.loads(args.one)
-        args.workdir.mkdir(parents=True, exist_ok=True)
-        print(json.dumps(measure(SHAPES[shape], CASES[case], args.workdir)))
+        args.work_dir.mkdir(parents=True, exist_ok=True)
+        print(json.dumps(measure(SHAPES[shape], CASES[case], args.work_dir)))
         return
     print(f"{'model':<22} {'case':<26} {'estimate':>9} {'measured':>9} {'ratio':>6}")
     for shape in SHAPES:
-        for case in CASES:
-            output = (
-                subprocess.run(
-                    [sys.executable, __file__, "--one", json.dumps([shape, case])],
-                    check=True,
-                    capture_output=True,
-                    text=True,
-                    env={**os.environ, **MALLOC},
-                )
-                .stdout.strip()
-                .splitlines()[-1]
+        for case in CASES:  # each in a fresh process: its own peak, the allocator of MALLOC
+            one = ["--one", json.dumps([shape, case]), "--work-dir", str(args.work_dir)]
+            output = subprocess.run(
+                [sys.executable, "-m", "benchmarks.plan_memory", *one],
+                check=True,
+                capture_output=True,
+                text=True,
+                env={**os.environ, **MALLOC},
+                cwd=harness.ROOT,
             )
-            figures = json.loads(output)
+            figures = json.loads(output.stdout.strip().splitlines()[-1])
             estimate, measured = figures["estimate"] / 2**20, figures["measured"] / 2**20
             print(
                 f"{shape:<22} {case:<26} {estimate:8.0f}M {measured:8.0f}M "

@@ -18,7 +18,7 @@ gradient, for negatives drawn
 Theorem 3.1: the bias vanishes when the negative distribution matches the model; hard negatives
 approach it as the model improves, random ones do not.
 
-    .venv/bin/python benchmarks/real_model_bias.py
+    .venv/bin/python -m benchmarks.real_model_bias
 
 writes ``benchmarks/results/real_model_bias.md`` and ``.png``.
 """
@@ -26,31 +26,30 @@ writes ``benchmarks/results/real_model_bias.md`` and ``.png``.
 from __future__ import annotations
 
 import argparse
-import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib
 import torch
 from torch import Tensor, nn
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-from report import write_result
-from wordnet_runs import checkpoint_export, prepare_dataset, recipe
-
+from benchmarks import harness
+from benchmarks.training_runs import checkpoint_export
+from benchmarks.wordnet_runs import (
+    every_checkpoint_kept,
+    prepare_dataset,
+    recipe,
+    wordnet_arguments,
+)
 from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.encoders.biencoder import BiEncoder, load_biencoder
+from hnce.encoders.progress import quiet
 from hnce.mining.bias import default_samplers, gradient_bias
 from hnce.mining.samplers import NegativeSampler
 from hnce.mining.samplers.base import SampledNegatives, SamplingRequest
 from hnce.pipeline.evaluate import untrained_export
 from hnce.pipeline.train.events import read_events
 from hnce.pipeline.train.trainer import run_training
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 @dataclass
@@ -126,35 +125,31 @@ def measure(export: Path, data: Path, args: argparse.Namespace) -> dict[str, flo
 
 def parse_args() -> argparse.Namespace:
     """The command line options."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--work-dir", type=Path, default=Path("runs/real-model-bias"))
-    parser.add_argument("--entities", type=int, default=500)
-    parser.add_argument("--train-mentions", type=int, default=1000)
-    parser.add_argument("--steps", type=int, default=60)
+    parser = wordnet_arguments(
+        __doc__, "real_model_bias", Path("runs/real-model-bias"), 500, test_mentions=100
+    )
+    parser.add_argument("--steps", type=int, default=60, help="training steps")
     parser.add_argument("--checkpoint-every", type=int, default=10)
+    parser.add_argument("--negatives", type=int, default=8, help="K per mention")
+    parser.add_argument("--draws", type=int, default=10, help="Monte Carlo draws of E[∇NCE]")
     parser.add_argument("--mentions", type=int, default=32, help="mentions per measurement")
     parser.add_argument("--batch-size", type=int, default=8, help="micro-batch of 'shared'")
-    parser.add_argument("--negatives", type=int, default=8)
-    parser.add_argument("--draws", type=int, default=10)
-    parser.add_argument("--out", type=Path, default=RESULTS / "real_model_bias.md")
-    return parser.parse_args()
+    return harness.parse(parser)
 
 
 def trained_exports(args: argparse.Namespace) -> tuple[Path, dict[int, Path]]:
     """The dataset and the export of every checkpoint by step (0: the untrained model), training
     first unless the run under ``work_dir`` has already ended."""
-    data = prepare_dataset(args.work_dir, args.entities, args.train_mentions, 100)
+    data = prepare_dataset(args.work_dir, args.entities, args.train_mentions, args.test_mentions)
     run_dir = args.work_dir / "run"
     config = recipe(
         run_dir,
         data,
-        f"training.steps={args.steps}",
-        f"training.checkpoint_every={args.checkpoint_every}",
-        f"training.keep_checkpoints={args.steps // args.checkpoint_every + 1}",
+        *every_checkpoint_kept(args.steps, args.checkpoint_every),
         "negatives.sampler=mixed",
     )
     if not read_events(run_dir, "end"):
-        run_training(config, progress=False)
+        run_training(config)
     exports = {0: untrained_export(config)} | {
         int(e["step"]): checkpoint_export(run_dir, int(e["step"]))
         for e in read_events(run_dir, "checkpoint")
@@ -165,33 +160,28 @@ def trained_exports(args: argparse.Namespace) -> tuple[Path, dict[int, Path]]:
 def measured_rows(
     exports: dict[int, Path], data: Path, args: argparse.Namespace
 ) -> dict[str, dict[str, float]]:
-    """Measurements by step, kept in ``work_dir/bias.json``: a step already there is not
-    measured again."""
-    cache = args.work_dir / "bias.json"
-    rows = json.loads(cache.read_text()) if cache.is_file() else {}
+    """Measurements by step, kept in ``work_dir/state.json``: a step already there is not
+    measured again (each kept as (name, value) pairs: the table's columns keep their order)."""
+    state = harness.StageState(args.work_dir / "state.json").load()
     for step, export in exports.items():
-        if str(step) not in rows:
-            rows[str(step)] = measure(export, data, args)
-            cache.write_text(json.dumps(rows, indent=2) + "\n")
-            print(f"step {step}: {rows[str(step)]}", flush=True)
-    return rows
+        if not state.done(str(step)):
+            measures = state.once(str(step), lambda e=export: list(measure(e, data, args).items()))
+            print(f"step {step}: {dict(measures)}", flush=True)
+    return {step: dict(measures) for step, measures in state.results().items()}
 
 
 def plot_bias(
     rows: dict[str, dict[str, float]], steps: list[int], names: list[str], png: Path
 ) -> None:
     """Each sampler's bias norm against the training step (log scale), saved as ``png``."""
-    figure, axis = plt.subplots(figsize=(6, 4))
-    for name in names:
-        axis.plot(steps, [rows[str(s)][name] for s in steps], marker="o", label=name[5:])
-    axis.set_xlabel("training step (hnce train, mixed-50, async refresh)")
-    axis.set_ylabel("‖E[∇NCE] − ∇CE‖ over all parameters")
-    axis.set_yscale("log")
-    axis.legend()
-    axis.set_title("Gradient bias on a real retriever (WordNet, MiniLM)")
-    figure.tight_layout()
-    figure.savefig(png, dpi=120)
-    plt.close(figure)
+    with harness.plot(png, figsize=(6, 4)) as (_, axis):
+        for name in names:
+            axis.plot(steps, [rows[str(s)][name] for s in steps], marker="o", label=name[5:])
+        axis.set_xlabel("training step (hnce train, mixed-50, async refresh)")
+        axis.set_ylabel("‖E[∇NCE] − ∇CE‖ over all parameters")
+        axis.set_yscale("log")
+        axis.legend()
+        axis.set_title("Gradient bias on a real retriever (WordNet, MiniLM)")
 
 
 def report_lines(
@@ -200,7 +190,7 @@ def report_lines(
     steps: list[int],
     names: list[str],
     png: Path,
-    started: float,
+    seconds: float,
 ) -> list[str]:
     """The result file's markdown lines: the setting, one table row per step, the figure."""
     header = ["step", "CE loss", "‖∇CE‖", *(n[5:] for n in names)]
@@ -213,8 +203,8 @@ def report_lines(
         f"E[∇NCE] from {args.draws} draws of K = {args.negatives} negatives, norm over all "
         f"parameters of both towers. `shared`: mixed-50 pooled over micro-batches of "
         f"{args.batch_size} (`negatives.share: batch`). Command: "
-        f"`.venv/bin/python benchmarks/real_model_bias.py` "
-        f"({(time.perf_counter() - started) / 60:.0f} min for the steps not already measured).",
+        f"`.venv/bin/python -m benchmarks.real_model_bias` "
+        f"({seconds / 60:.0f} min for the steps not already measured).",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---:|" * len(header),
@@ -227,16 +217,17 @@ def report_lines(
     return lines
 
 
+@quiet()  # no progress bars from hnce in this process
 def main() -> None:
     args = parse_args()
-    started = time.perf_counter()
+    timer = harness.Timer()
     data, exports = trained_exports(args)
     rows = measured_rows(exports, data, args)
     steps = sorted(int(s) for s in rows)
     names = [k for k in rows[str(steps[0])] if k.startswith("bias ")]
-    png = args.out.with_suffix(".png")
+    png = args.output.with_suffix(".png")
     plot_bias(rows, steps, names, png)
-    write_result(args.out, report_lines(args, rows, steps, names, png, started))
+    harness.write_result(args.output, report_lines(args, rows, steps, names, png, timer.elapsed()))
 
 
 if __name__ == "__main__":

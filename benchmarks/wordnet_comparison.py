@@ -14,9 +14,9 @@ of the golds' lemmas, random synsets).
 Reported: mean ± sample standard deviation over the seeds, and which differences exceed the
 spread (Welch's t statistic > 2 between a cell and the same scorer's random cell). A cell the
 recipe refuses (e.g. a sampler the trainer lacks on this branch) is reported as refused with the
-reason. Runs resume: each finished run is kept as JSON under ``--work-dir``.
+reason. Runs resume: each finished run is kept in ``<work-dir>/state.json``.
 
-    .venv/bin/python benchmarks/wordnet_comparison.py            # 1.5-4 min per run on 2 shared cores
+    .venv/bin/python -m benchmarks.wordnet_comparison    # 1.5-4 min per run on 2 shared cores
 
 writes ``benchmarks/results/wordnet_comparison.md`` and ``.png``.
 """
@@ -26,51 +26,36 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import time
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-from report import write_result
 from tqdm import tqdm
-from wordnet_runs import RunResult, prepare_dataset, recipe, train_and_evaluate
 
+from benchmarks import harness, wordnet_runs
+from hnce.encoders.progress import quiet
 from hnce.pipeline.config import ConfigError
 
-RESULTS = Path(__file__).resolve().parent / "results"
 SCORERS = {
     "dual": "{name: dual, m: 1}",
     "multi-8": "{name: multi, m: 8}",
     "som": "{name: som, m: 1}",
     "poly-16": "{name: poly, m: 16}",
 }
+NO_INDEX = ["negatives.source=none", "refresh.enabled=false"]  # samplers that mine nothing
+FROM_MODEL = "negatives.initial=model"  # version 0 mined with the starting model
 NEGATIVES = {
-    "random": ["negatives.sampler=random", "negatives.source=none", "refresh.enabled=false"],
-    "hard": ["negatives.sampler=hard", "negatives.initial=model"],
-    "mixed-50": [
-        "negatives.sampler=mixed",
-        "negatives.mixed.hard_fraction=0.5",
-        "negatives.initial=model",
-    ],
+    "random": ["negatives.sampler=random", *NO_INDEX],
+    "hard": ["negatives.sampler=hard", FROM_MODEL],
+    "mixed-50": ["negatives.sampler=mixed", "negatives.mixed.hard_fraction=0.5", FROM_MODEL],
 }
 DUAL_ONLY = {
-    "lexical": ["negatives.sampler=lexical", "negatives.source=none", "refresh.enabled=false"],
-    "momentum-queue": [
-        "negatives.sampler=momentum-queue",
-        "negatives.source=none",
-        "refresh.enabled=false",
-    ],
-    "adversarial": ["negatives.sampler=adversarial", "negatives.initial=model"],
-    "ohem": ["negatives.sampler=ohem", "negatives.initial=model"],
-    "mixed-50 shared": [
-        "negatives.sampler=mixed",
-        "negatives.share=batch",
-        "negatives.initial=model",
-    ],
+    "lexical": ["negatives.sampler=lexical", *NO_INDEX],
+    "momentum-queue": ["negatives.sampler=momentum-queue", *NO_INDEX],
+    "adversarial": ["negatives.sampler=adversarial", FROM_MODEL],
+    "ohem": ["negatives.sampler=ohem", FROM_MODEL],
+    "mixed-50 shared": ["negatives.sampler=mixed", "negatives.share=batch", FROM_MODEL],
 }
 KS = (1, 8, 64)
+PAPER_CLAIM = {"better": "agrees with the paper", "worse": "contradicts the paper"}
 
 
 def cells() -> list[tuple[str, str, list[str]]]:
@@ -98,24 +83,14 @@ def spread(values: list[float]) -> str:
     return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--work-dir", type=Path, default=Path("runs/wordnet-comparison"))
-    parser.add_argument("--entities", type=int, default=1000)
-    parser.add_argument("--train-mentions", type=int, default=1000)
-    parser.add_argument("--test-mentions", type=int, default=300)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--only", nargs="*", default=None, help="cells 'scorer/negatives' to run")
-    parser.add_argument("--out", type=Path, default=RESULTS / "wordnet_comparison.md")
-    parser.add_argument(
-        "--report-only",
-        action="store_true",
-        help="write the report from the runs already finished under --work-dir, train nothing",
-    )
-    args = parser.parse_args()
-    started = time.perf_counter()
-    data = prepare_dataset(args.work_dir, args.entities, args.train_mentions, args.test_mentions)
+Results = dict[tuple[str, str], list[wordnet_runs.RunResult]]
+Refused = dict[tuple[str, str], str]
+
+
+def run_cells(args: argparse.Namespace, data: Path) -> tuple[Results, Refused]:
+    """Every run of the cells asked for, seed-major (finished ones read back from the state
+    file): the results by cell, and the cells the recipe refused with the reason."""
+    state = harness.StageState(args.work_dir / "state.json").load()
     budget = [
         f"training.steps={args.steps}",
         "training.batch_size=8",
@@ -128,58 +103,49 @@ def main() -> None:
         "model.entity_length=24",
         "refresh.top_n=16",
     ]
-    results: dict[tuple[str, str], list[RunResult]] = {}
-    refused: dict[tuple[str, str], str] = {}
+    results: Results = {}
+    refused: Refused = {}
     table = [cell for cell in cells() if args.only is None or f"{cell[0]}/{cell[1]}" in args.only]
     runs = [(cell, seed) for seed in range(args.seeds) for cell in table]  # seed-major
     for (scorer, negatives, overrides), seed in tqdm(runs, desc="runs", unit="run"):
         name = f"{scorer}-{negatives}".replace(" ", "-")
         run_dir = args.work_dir / "runs" / f"{name}-s{seed}"
         try:
-            config = recipe(run_dir, data, *budget, *overrides, f"run.seed={seed}")
+            config = wordnet_runs.recipe(run_dir, data, *budget, *overrides, f"run.seed={seed}")
         except ConfigError as error:
             refused[(scorer, negatives)] = str(error).splitlines()[-1]
             continue
-        result_file = args.work_dir / "results" / f"{name}-s{seed}.json"
-        if args.report_only and not result_file.is_file():
+        if args.report_only and not state.done(wordnet_runs.run_key(name, seed)):
             continue
-        result = train_and_evaluate(name, seed, config, args.work_dir / "results")
+        result = wordnet_runs.train_and_evaluate(name, seed, config, state)
         results.setdefault((scorer, negatives), []).append(result)
         tqdm.write(f"{name} seed {seed}: R@1 {result.recall[1]:.3f} ({result.seconds:.0f} s)")
-    write_report(args, results, refused, time.perf_counter() - started)
+    return results, refused
 
 
-def write_report(
-    args: argparse.Namespace,
-    results: dict[tuple[str, str], list[RunResult]],
-    refused: dict[tuple[str, str], str],
-    seconds: float,
-) -> None:
-    lines = [
-        f"# WordNet: scorers × negatives through `hnce train`, {args.seeds} seeds "
-        "(paper §6.5, Table 1; Appendix A)",
-        "",
-        f"Held-out mentions whose lemmas never occur in training ({args.test_mentions}), linked "
-        f"against a catalogue of {args.entities} synsets (every gold, the other senses of the "
-        f"golds' lemmas, random synsets); {args.train_mentions} train mentions. Every run is "
-        f"`hnce train` (DeepSpeed under Ray Train, 1 worker; hard, mixed and the index samplers "
-        f"start from negatives version 0 mined with the starting model, then follow the "
-        f"asynchronous refresh of a checkpoint every {max(1, args.steps // 6)} steps; poly-16 is "
-        f"mined exactly) "
-        f"on configs/demo.yaml with the packaged all-MiniLM-L6-v2 (its declared pooling), "
-        f"{args.steps} steps × 8 mentions × 4 negatives, 24 tokens; every evaluation `hnce eval` "
-        f"through the cluster. Mean ± standard deviation over the seeds finished of "
-        f"0..{args.seeds - 1} (column 'seeds'); "
-        f"**bold**: differs from the same scorer's random cell by Welch's t > 2. Refreshes: "
-        f"asynchronous refreshes published during a run (version 0 not counted). "
-        f"Command: `.venv/bin/python benchmarks/wordnet_comparison.py`: "
-        f"{sum(r.seconds for runs in results.values() for r in runs) / 60:.0f} min of training "
-        f"runs in all on 2 cores shared with other jobs ({seconds / 60:.0f} min in this "
-        f"invocation; finished runs are kept and not run again).",
-        "",
-        "| scorer | negatives | seeds | R@1 | R@8 | R@64 | seconds per run | refreshes per run |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
-    ]
+@quiet()  # no progress bars from hnce in this process
+def main() -> None:
+    parser = wordnet_runs.wordnet_arguments(
+        __doc__, "wordnet_comparison", Path("runs/wordnet-comparison"), 1000, steps=30, seeds=3
+    )
+    parser.add_argument("--only", nargs="*", default=None, help="cells 'scorer/negatives' to run")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="write the report from the runs already finished under --work-dir, train nothing",
+    )
+    args = harness.parse(parser)
+    timer = harness.Timer()
+    data = wordnet_runs.prepare_dataset(
+        args.work_dir, args.entities, args.train_mentions, args.test_mentions
+    )
+    results, refused = run_cells(args, data)
+    write_report(args, results, refused, timer.elapsed())
+
+
+def table_rows(results: Results, refused: Refused) -> list[str]:
+    """One row per cell (bold: beyond the spread of its random cell), then the refused cells."""
+    lines = []
     for (scorer, negatives), runs in results.items():
         baseline = results.get((scorer, "random"))
         figures = []
@@ -198,18 +164,55 @@ def write_report(
         )
     for (scorer, negatives), reason in refused.items():
         lines.append(f"| {scorer} | {negatives} | | refused: {reason} | | | | |")
-    plot(results, args.out.with_suffix(".png"))
-    lines += ["", f"![recall@1 per cell]({args.out.with_suffix('.png').name})", ""]
-    lines += [
+    return lines
+
+
+def write_report(
+    args: argparse.Namespace, results: Results, refused: Refused, seconds: float
+) -> None:
+    """The result file (setting, table, plot, findings) and its plot beside it."""
+    png = args.output.with_suffix(".png")
+    how_measured = (
+        f"Held-out mentions whose lemmas never occur in training ({args.test_mentions}), linked "
+        f"against a catalogue of {args.entities} synsets (every gold, the other senses of the "
+        f"golds' lemmas, random synsets); {args.train_mentions} train mentions. Every run is "
+        f"`hnce train` (DeepSpeed under Ray Train, 1 worker; hard, mixed and the index samplers "
+        f"start from negatives version 0 mined with the starting model, then follow the "
+        f"asynchronous refresh of a checkpoint every {max(1, args.steps // 6)} steps; poly-16 is "
+        f"mined exactly) "
+        f"on configs/demo.yaml with the packaged all-MiniLM-L6-v2 (its declared pooling), "
+        f"{args.steps} steps × 8 mentions × 4 negatives, 24 tokens; every evaluation `hnce eval` "
+        f"through the cluster. Mean ± standard deviation over the seeds finished of "
+        f"0..{args.seeds - 1} (column 'seeds'); "
+        f"**bold**: differs from the same scorer's random cell by Welch's t > 2. Refreshes: "
+        f"asynchronous refreshes published during a run (version 0 not counted). "
+        f"Command: `.venv/bin/python -m benchmarks.wordnet_comparison`: "
+        f"{sum(r.seconds for runs in results.values() for r in runs) / 60:.0f} min of training "
+        f"runs in all on 2 cores shared with other jobs ({seconds / 60:.0f} min in this "
+        f"invocation; finished runs are kept and not run again)."
+    )
+    plot(results, png)
+    lines = [
+        f"# WordNet: scorers × negatives through `hnce train`, {args.seeds} seeds "
+        "(paper §6.5, Table 1; Appendix A)",
+        "",
+        how_measured,
+        "",
+        "| scorer | negatives | seeds | R@1 | R@8 | R@64 | seconds per run | refreshes per run |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+        *table_rows(results, refused),
+        "",
+        f"![recall@1 per cell]({png.name})",
+        "",
         "Each cell against its scorer's random cell; for hard and mixed negatives, against the "
         "paper's claim that they beat random ones at equal budget:",
         "",
+        *findings(results),
     ]
-    lines += findings(results)
-    write_result(args.out, lines)
+    harness.write_result(args.output, lines)
 
 
-def findings(results: dict[tuple[str, str], list[RunResult]]) -> list[str]:
+def findings(results: Results) -> list[str]:
     """Each cell against its scorer's random cell at R@1 and R@64, by Welch's t: better or
     worse than random beyond the spread (|t| > 2), or within it."""
     lines = []
@@ -222,34 +225,25 @@ def findings(results: dict[tuple[str, str], list[RunResult]]) -> list[str]:
             t = welch_t([r.recall[k] for r in runs], [r.recall[k] for r in baseline])
             verdict = "better" if t > 2 else "worse" if t < -2 else "within the spread"
             verdicts.append(f"R@{k} {verdict} (t = {t:+.1f})")
-        first = verdicts[0]
-        paper = (
-            "agrees with the paper"
-            if "better" in first
-            else "contradicts the paper"
-            if "worse" in first
-            else "neither confirms nor contradicts the paper"
-        )
+        at_1 = verdicts[0].split()[1]  # better, worse or within (the spread)
+        paper = PAPER_CLAIM.get(at_1, "neither confirms nor contradicts the paper")
         claim = f": at R@1 {paper}" if negatives.startswith(("hard", "mixed")) else ""
         lines.append(f"- {scorer}, {negatives} vs random: {'; '.join(verdicts)}{claim}.")
     return lines
 
 
-def plot(results: dict[tuple[str, str], list[RunResult]], path: Path) -> None:
+def plot(results: Results, path: Path) -> None:
     """Recall@1 per cell, mean with a ±1 standard deviation bar and every seed as a dot."""
     names = [f"{s} {n}" for s, n in results]
-    figure, axis = plt.subplots(figsize=(max(6, len(names) * 0.7), 4))
-    for i, runs in enumerate(results.values()):
-        values = [r.recall[1] for r in runs]
-        deviation = statistics.stdev(values) if len(values) > 1 else 0.0
-        axis.bar(i, statistics.mean(values), yerr=deviation, color="#8fb3d9", capsize=3)
-        axis.scatter([i] * len(values), values, color="black", s=8, zorder=3)
-    axis.set_xticks(range(len(names)), names, fontsize=7, rotation=35, ha="right")
-    axis.set_ylabel("recall@1 (held-out lemmas)")
-    axis.set_title("WordNet through hnce train: mean ± sd over seeds")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    with harness.plot(path, figsize=(max(6, len(names) * 0.7), 4)) as (_, axis):
+        for i, runs in enumerate(results.values()):
+            values = [r.recall[1] for r in runs]
+            deviation = statistics.stdev(values) if len(values) > 1 else 0.0
+            axis.bar(i, statistics.mean(values), yerr=deviation, color="#8fb3d9", capsize=3)
+            axis.scatter([i] * len(values), values, color="black", s=8, zorder=3)
+        axis.set_xticks(range(len(names)), names, fontsize=7, rotation=35, ha="right")
+        axis.set_ylabel("recall@1 (held-out lemmas)")
+        axis.set_title("WordNet through hnce train: mean ± sd over seeds")
 
 
 if __name__ == "__main__":

@@ -3,29 +3,56 @@
 Every run goes through the shipping trainer (``hnce.pipeline.train.trainer.run_training``: DeepSpeed
 under Ray Train, the refresh coordinator, the recipe's samplers) and is evaluated through the
 cluster like ``hnce eval`` (``hnce.pipeline.evaluate.evaluate_export``). Ray starts once per
-benchmark process and serves every run. A run whose result file exists is not run again, so an
-interrupted benchmark resumes run by run.
+benchmark process and serves every run. A finished run is kept in the benchmark's state file
+(:class:`benchmarks.harness.StageState`) and not run again, so an interrupted benchmark resumes
+run by run.
+
+Example::
+
+    args = harness.parse(wordnet_arguments(__doc__, "example", Path("runs/example"), 1000, steps=30))
+    data = prepare_dataset(work, 1000, 1000, 300)
+    state = StageState(work / "state.json").load()
+    result = train_and_evaluate("dual-random", 0, recipe(work / "run", data), state)
 """
 
 from __future__ import annotations
 
-import json
+import argparse
 import shutil
-import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-from hnce.cluster.stores.checkpoints import EXPORT_DIR, checkpoint_dir, newest_checkpoint
+from benchmarks import harness
+from benchmarks.training_runs import checkpoint_export
 from hnce.cluster.stores.tables import MANIFEST_FILE
 from hnce.pipeline.config import Config, load_config
 from hnce.pipeline.data.conversion import DatasetOutput
 from hnce.pipeline.data.demo_subset import write_demo_subset
 from hnce.pipeline.data.wordnet import convert_wordnet
 from hnce.pipeline.evaluate import evaluate_export
-from hnce.pipeline.train.events import read_events
 from hnce.pipeline.train.trainer import run_training
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = harness.ROOT / "configs"
+
+
+def wordnet_arguments(
+    doc: str | None,
+    name: str,
+    work_dir: Path,
+    entities: int,
+    train_mentions: int = 1000,
+    test_mentions: int = 300,
+    **sizes: object,
+) -> argparse.ArgumentParser:
+    """The command line of a WordNet benchmark (:func:`benchmarks.harness.arguments`): its work
+    directory, the subset's sizes (:func:`prepare_dataset`), then its own ``sizes``."""
+    subset = {
+        "entities": entities,
+        "train_mentions": train_mentions,
+        "test_mentions": test_mentions,
+    }
+    return harness.arguments(doc, name, work_dir, **subset, **sizes)
 
 
 def prepare_dataset(work: Path, entities: int, train: int, test: int, seed: int = 0) -> Path:
@@ -48,6 +75,16 @@ def recipe(run_dir: Path, data_root: Path, *overrides: str) -> Config:
     )
 
 
+def every_checkpoint_kept(steps: int, every: int) -> list[str]:
+    """The overrides of a run of ``steps`` steps with a checkpoint every ``every`` steps, all
+    kept (each is evaluated)."""
+    return [
+        f"training.steps={steps}",
+        f"training.checkpoint_every={every}",
+        f"training.keep_checkpoints={steps // every + 1}",
+    ]
+
+
 @dataclass
 class RunResult:
     """One training run: recall of its final checkpoint, wall-clock seconds, final loss."""
@@ -60,28 +97,33 @@ class RunResult:
     refreshes: int
 
     @classmethod
-    def load(cls, path: Path) -> RunResult:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-        raw["recall"] = {int(k): v for k, v in raw["recall"].items()}
-        return cls(**raw)
+    def from_json(cls, raw: dict[str, Any]) -> RunResult:
+        """A result read back from the state file (its recall keyed by strings there)."""
+        return cls(**{**raw, "recall": {int(k): v for k, v in raw["recall"].items()}})
 
 
-def train_and_evaluate(name: str, seed: int, config: Config, results: Path) -> RunResult:
+def run_key(name: str, seed: int) -> str:
+    """The state file's name of run ``name`` with ``seed``."""
+    return f"{name}-s{seed}"
+
+
+def train_and_evaluate(
+    name: str, seed: int, config: Config, state: harness.StageState
+) -> RunResult:
     """Train ``config`` from scratch (its run directory is replaced) and evaluate its final
-    checkpoint; the result is kept in ``results/<name>-s<seed>.json`` and reused when present."""
-    path = results / f"{name}-s{seed}.json"
-    if path.is_file():
-        return RunResult.load(path)
-    shutil.rmtree(config.run_dir, ignore_errors=True)  # an interrupted run starts over
-    started = time.perf_counter()
-    summary = run_training(config, progress=False)
-    seconds = time.perf_counter() - started
-    report = evaluate_export(config, checkpoint_export(config.run_dir), name, progress=False)
-    result = RunResult(name, seed, report.recall, seconds, summary.final_loss, summary.refreshes)
-    results.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result.__dict__, indent=2) + "\n", encoding="utf-8")
-    drop_run_state(config.run_dir)
-    return result
+    checkpoint; the result is kept in ``state`` and read back when it is there."""
+
+    def run() -> dict[str, Any]:
+        shutil.rmtree(config.run_dir, ignore_errors=True)  # an interrupted run starts over
+        summary, seconds = harness.timed(lambda: run_training(config))
+        report = evaluate_export(config, checkpoint_export(config.run_dir), name)
+        result = RunResult(
+            name, seed, report.recall, seconds, summary.final_loss, summary.refreshes
+        )
+        drop_run_state(config.run_dir)
+        return asdict(result)
+
+    return RunResult.from_json(state.once(run_key(name, seed), run))
 
 
 def drop_run_state(run_dir: Path) -> None:
@@ -90,22 +132,3 @@ def drop_run_state(run_dir: Path) -> None:
     for child in run_dir.iterdir():
         if child.is_dir():
             shutil.rmtree(child)
-
-
-def checkpoint_export(run_dir: Path, step: int | None = None) -> Path:
-    """The export of checkpoint ``step`` (the newest when None) of a run."""
-    if step is None:
-        newest = newest_checkpoint(run_dir)
-        if newest is None:
-            raise FileNotFoundError(f"{run_dir}: no complete checkpoint")
-        return newest[1] / EXPORT_DIR
-    return checkpoint_dir(run_dir, step) / EXPORT_DIR
-
-
-def checkpoint_times(run_dir: Path) -> dict[int, float]:
-    """Seconds from the run's start to each checkpoint event (its wall-clock position)."""
-    events = read_events(run_dir, "start") + read_events(run_dir, "checkpoint")
-    if not events:
-        return {}
-    start = float(events[0]["time"])
-    return {int(e["step"]): float(e["time"]) - start for e in events[1:]}
