@@ -28,6 +28,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -60,6 +61,9 @@ from hnce.encoders.formatting import length_sorted_batches, tokenizer_fingerprin
 from hnce.encoders.precision import autocast
 
 logger = logging.getLogger(__name__)
+
+#: How long stopping early waits for the shard an encoder is in the middle of.
+SETTLE_SECONDS = 60.0
 
 
 def torch_device() -> torch.device:
@@ -358,15 +362,19 @@ class EncoderPool:
         pending: dict[ray.ObjectRef, tuple[int, Task]] = {}
         load = [0] * len(self.actors)
         limit = max_in_flight_per_encoder * len(self.actors)
-        for task in tasks:
-            while len(pending) >= limit:
+        try:
+            for task in tasks:
+                while len(pending) >= limit:
+                    self._finish_one(clock, pending, load, on_done)
+                actor = int(np.argmin(load))
+                reference = self.actors[actor].index_shard.remote(task)
+                pending[reference] = (actor, Task(f"shard {task.shard_no}", self.names[actor]))
+                load[actor] += 1
+            while pending:
                 self._finish_one(clock, pending, load, on_done)
-            actor = int(np.argmin(load))
-            reference = self.actors[actor].index_shard.remote(task)
-            pending[reference] = (actor, Task(f"shard {task.shard_no}", self.names[actor]))
-            load[actor] += 1
-        while pending:
-            self._finish_one(clock, pending, load, on_done)
+        except BaseException:
+            _settle(list(pending))
+            raise
 
     @staticmethod
     def _finish_one(
@@ -405,6 +413,21 @@ class EncoderPool:
         """Stop the actors (their weights and shards are freed)."""
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
+
+
+def _settle(references: list[ray.ObjectRef]) -> None:
+    """When indexing stops early (a refresh abandoned at a shard boundary, an error): cancel the
+    shards still queued, let a running one finish (one shard, at most :data:`SETTLE_SECONDS`),
+    and read every outcome, so that stopping the actors afterwards fails no task of theirs (Ray
+    would report it as a task failure, and retry it, at the end of a normal run)."""
+    for reference in references:
+        with contextlib.suppress(Exception):
+            ray.cancel(reference)
+    with contextlib.suppress(Exception):
+        ray.wait(references, num_returns=len(references), timeout=SETTLE_SECONDS)
+    for reference in references:
+        with contextlib.suppress(Exception):
+            ray.get(reference, timeout=0)
 
 
 def _text(path: Path | None) -> str | None:

@@ -109,6 +109,7 @@ def _start_or_join(cluster: ClusterSettings, cpus_needed: float) -> None:
                 cluster.dashboard_host,
             )
         ray.init(
+            address="local",  # a new instance: never a Ray instance found running on the host
             num_cpus=cpus,
             include_dashboard=False,
             dashboard_host=cluster.dashboard_host,

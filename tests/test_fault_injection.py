@@ -1,0 +1,247 @@
+"""Fault injection, in the spirit of SQLite's crash tests: each command is SIGKILLed (its whole
+process group, Ray's processes included, as a machine would lose it) at seeded random moments,
+then run again, and the invariants must hold:
+
+- nothing outside the command's output (dataset) or run directory changed;
+- every published version verifies (dataset manifests and SHA-256, index and negatives
+  versions, complete checkpoints), and no staging directory is left once a run completes;
+- the rerun finishes; training resumes and, its sampler being an exact-replay one (random
+  negatives, ``resumes_exactly``), ends with exactly the weights of an uninterrupted run; a
+  refresh killed and rerun publishes the index a clean refresh of that checkpoint publishes.
+
+The moments are drawn from seeded generators (the seeds are in the test): a random point in a
+conversion's wall time, a random training step plus a random delay, a random point in a
+refresh. Several kills happen in a row in one run directory before the final rerun.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import write_letter_bert
+from ray_cluster_helpers import MARKER_VARIABLE, marked_processes
+
+from hnce.cluster.stores.checkpoints import EXPORT_DIR, complete_checkpoints, verify_checkpoint
+from hnce.cluster.stores.files import STAGING_PREFIX
+from hnce.cluster.stores.index_store import IndexStore
+from hnce.cluster.stores.negatives_store import NegativesStore
+from hnce.cluster.stores.tables_read import verify_dataset
+from hnce.mining.samplers import SAMPLER_SPECS
+from hnce.pipeline.data.synthetic import generate_synthetic_dataset
+from hnce.pipeline.train.events import read_events
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+HNCE = [sys.executable, "-m", "hnce.pipeline.cli.main"]
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+MARKER = f"fault-injection-{os.getpid()}"
+
+
+def _start(arguments: list[str]) -> subprocess.Popen[bytes]:
+    """``hnce <arguments>`` in its own process group, with a local Ray instance of its own (as
+    from a user's shell); every process it starts carries :data:`MARKER` in its environment."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env[MARKER_VARIABLE] = MARKER
+    return subprocess.Popen(
+        [*HNCE, *arguments, "--no-progress"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env=env,
+    )
+
+
+def _kill(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the command and every process it started (Ray's too, wherever they went), as a
+    machine that loses power would."""
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    for pid in marked_processes(MARKER):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _run(arguments: list[str]) -> None:
+    process = _start(arguments)
+    _, error = process.communicate(timeout=600)
+    assert process.returncode == 0, error.decode()[-3000:]
+
+
+def _kill_when(arguments: list[str], ready: Callable[[], bool], delay: float) -> bool:
+    """Start the command, wait for ``ready()``, then ``delay`` seconds, then SIGKILL it; False
+    when it finished first (the kill came too late)."""
+    process = _start(arguments)
+    while process.poll() is None and not ready():
+        time.sleep(0.05)
+    deadline = time.monotonic() + delay
+    while process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if process.poll() is not None:
+        return False
+    _kill(process)
+    return True
+
+
+def _snapshot(root: Path, inside: Path) -> dict[str, str]:
+    """SHA-256 of every file under ``root`` but those under ``inside``."""
+    return {
+        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and not path.is_relative_to(inside)
+    }
+
+
+def _no_staging_left(root: Path) -> None:
+    left = [path for path in root.rglob(f"{STAGING_PREFIX}*")]
+    assert left == [], left
+
+
+def test_a_conversion_killed_at_random_moments_reruns_to_a_verified_dataset(
+    tmp_path: Path,
+) -> None:
+    raw = tmp_path / "raw"
+    _run(["data", "synthetic-kilt", "--out", str(raw), "--pages", "30000", "--workers", "1"])
+    out = tmp_path / "work" / "data"
+    out.parent.mkdir()
+    sources = sorted(str(path) for path in raw.glob("aidayago2-*-kilt.jsonl"))
+    kilt = ["data", "kilt", "--knowledge-source", str(raw / "kilt_knowledgesource.json")]
+    command = [*kilt, "--aida", *sources, "--out", str(out), "--overwrite"]
+    before = _snapshot(tmp_path, out.parent)
+    moments = random.Random(23).sample(range(300, 2500), 3)  # ms into the conversion
+    killed = []
+    for moment in moments:
+        killed.append(_kill_when(command, lambda: True, moment / 1000))
+        assert _snapshot(tmp_path, out.parent) == before
+        if out.exists():
+            verify_dataset(out)  # a dataset is there whole or not at all
+    assert any(killed), "every kill came after the conversion ended"
+    _run(command)
+    verify_dataset(out)
+    _no_staging_left(out.parent)
+    assert _snapshot(tmp_path, out.parent) == before
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The dataset (``data/``) and model (``model/``) every run here trains on."""
+    root = tmp_path_factory.mktemp("inputs")
+    generate_synthetic_dataset(root / "data", num_worlds=2, entities_per_world=40)
+    write_letter_bert(root / "model")
+    return root
+
+
+@pytest.fixture(scope="module")
+def recipe(inputs: Path) -> Callable[[Path], list[str]]:
+    """``hnce train`` of a small run with the asynchronous refresh, random negatives (an
+    exact-replay sampler), a checkpoint every 4 of 24 steps, all kept."""
+    assert SAMPLER_SPECS["random"].resumes_exactly
+    settings = [
+        f"data.root={inputs / 'data'}",
+        f"model.path={inputs / 'model'}",
+        "negatives.sampler=random",
+        "training.steps=24",
+        "training.checkpoint_every=4",
+        "training.keep_checkpoints=10",
+        "training.num_workers=1",
+        "training.batch_size=8",
+        "refresh.shard_size=16",
+        "refresh.poll_seconds=0.2",
+        "index.faiss_device=cpu",
+    ]
+
+    def arguments(run_dir: Path) -> list[str]:
+        overrides = [*settings, f"run.dir={run_dir}"]
+        return ["--config", str(CONFIGS / "synthetic-test.yaml")] + [
+            item for setting in overrides for item in ("--set", setting)
+        ]
+
+    return arguments
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory, recipe) -> Path:
+    run_dir = tmp_path_factory.mktemp("uninterrupted") / "run"
+    _run(["train", *recipe(run_dir)])
+    return run_dir
+
+
+def _weights(run_dir: Path, step: int) -> dict[str, str]:
+    export = run_dir / "checkpoints" / f"step-{step}" / EXPORT_DIR
+    return {
+        str(path.relative_to(export)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(export.rglob("*.safetensors"))
+    }
+
+
+def _verify_run(run_dir: Path) -> None:
+    for _, directory in complete_checkpoints(run_dir):
+        verify_checkpoint(directory)
+    index = IndexStore(run_dir / "index").current()
+    if index is not None:
+        index.load()  # manifest, every shard's SHA-256 and ids
+    if NegativesStore(run_dir / "negatives").current_version() is not None:
+        assert NegativesStore(run_dir / "negatives").latest() is not None
+
+
+def _trained_past(run_dir: Path, step: int) -> Callable[[], bool]:
+    def ready() -> bool:
+        steps = read_events(run_dir, "step")
+        return bool(steps) and steps[-1]["step"] >= step
+
+    return ready
+
+
+def test_training_killed_at_random_moments_resumes_to_the_uninterrupted_weights(
+    tmp_path: Path, inputs: Path, recipe, uninterrupted: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    before = _snapshot(inputs, run_dir)
+    chooser = random.Random(7)
+    killed = []
+    for step, delay in [(chooser.randint(2, 10), chooser.random()) for _ in range(2)]:
+        killed.append(_kill_when(["train", *recipe(run_dir)], _trained_past(run_dir, step), delay))
+        _verify_run(run_dir)
+    assert all(killed)
+    _run(["train", *recipe(run_dir)])
+    _verify_run(run_dir)
+    assert _weights(run_dir, 24) == _weights(uninterrupted, 24)
+    assert _snapshot(inputs, run_dir) == before
+    _no_staging_left(run_dir)
+
+
+def test_a_refresh_killed_at_random_moments_publishes_what_a_clean_refresh_does(
+    tmp_path: Path, recipe, uninterrupted: Path
+) -> None:
+    clean, killed = tmp_path / "clean", tmp_path / "killed"
+    for copy in (clean, killed):
+        shutil.copytree(uninterrupted, copy, symlinks=True)
+        shutil.rmtree(copy / "ray", ignore_errors=True)
+    step = "8"  # not live: the training refreshes indexed later checkpoints
+    _run(["refresh", "--step", step, *recipe(clean)])
+    building = killed / "index"
+    moments = random.Random(11).sample(range(200, 4000), 2)  # ms after the lock is taken
+    kills = []
+    for moment in moments:
+        took_lock = lambda: (killed / "refresh.lock.json").exists()  # noqa: E731
+        command = ["refresh", "--step", step, *recipe(killed)]
+        kills.append(_kill_when(command, took_lock, moment / 1000))
+        _verify_run(killed)
+    assert any(kills), "every kill came after the refresh ended"
+    _run(["refresh", "--step", step, *recipe(killed)])
+    _verify_run(killed)
+    published = [IndexStore(run / "index").current() for run in (clean, killed)]
+    assert [version.manifest.checkpoint for version in published] == [8, 8]
+    assert published[0].shard_checksums == published[1].shard_checksums
+    _no_staging_left(building)
