@@ -38,3 +38,19 @@ def test_quiet_silences_every_bar_of_the_process_and_nests(
             list(progress_bar(range(3), desc="silent"))
         assert not progress_bar(range(3), desc="after").disable
     assert not [r for r in caplog.records if "silent" in r.getMessage()]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "--no-progress"],
+        ["data", "synthetic-kilt", "--out", "x", "--no-progress"],
+        ["data", "--quiet", "kilt", "--knowledge-source", "k", "--out", "x"],
+    ],
+)
+def test_every_command_and_subcommand_takes_no_progress(argv: list[str]) -> None:
+    from hnce.pipeline.cli.main import build_parser
+
+    assert build_parser(argv[0]).parse_args(argv).no_progress is True
+    without = [word for word in argv if word not in ("--no-progress", "--quiet")]
+    assert not hasattr(build_parser(argv[0]).parse_args(without), "no_progress")

@@ -76,15 +76,26 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in COMMANDS.items():
         sub = subparsers.add_parser(name, help=help_text, description=help_text)
-        sub.add_argument(
-            "--no-progress",
-            "--quiet",
-            action="store_true",
-            help="no progress bars (and no periodic progress lines in logs)",
-        )
         if name == command:
             importlib.import_module(module_name).add_arguments(sub)
+        _add_no_progress(sub)
     return parser
+
+
+def _add_no_progress(parser: argparse.ArgumentParser) -> None:
+    """``--no-progress`` (alias ``--quiet``) on a command and on each of its own subcommands
+    (``hnce data kilt --no-progress``); a subcommand's copy never resets the command's."""
+    parser.add_argument(
+        "--no-progress",
+        "--quiet",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="no progress bars (and no periodic progress lines in logs)",
+    )
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _add_no_progress(child)
 
 
 def configure_logging(debug: bool) -> None:
@@ -150,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)  # a command with its own (hnce refresh) replaces it
     try:
         module = importlib.import_module(COMMANDS[args.command][0])
-        with quiet(args.no_progress):
+        with quiet(getattr(args, "no_progress", False)):
             return int(module.run(args) or 0)
     except KeyboardInterrupt as interrupt:
         print(f"hnce {args.command}: {interrupt or 'interrupted'}", file=sys.stderr)
