@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel, PreTrainedModel
 
+from hnce.encoders.errors import InputError
 from hnce.encoders.formatting import register_markers, tokenize_entities, tokenize_mentions
 from hnce.encoders.local import load_local
 from hnce.encoders.pooling import POOLINGS, Pooling, mean_pool, pooled_first, resolve_pooling
@@ -434,5 +435,18 @@ def load_biencoder(
                 module.load_state_dict(
                     {k[len(prefix) :]: v for k, v in saved.items() if k.startswith(prefix)}
                 )
+    _check_finite(model, export_dir)
     model.eval()
     return model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
+
+
+def _check_finite(model: BiEncoder, export_dir: Path) -> None:
+    """Refuse an export with a NaN or infinite weight: every index, negative and score built
+    from it would be meaningless (the trainer never publishes one; a hand-made or damaged export
+    could be one)."""
+    for name, parameter in model.named_parameters():
+        if not torch.isfinite(parameter).all():
+            raise InputError(
+                f"{export_dir}: weight {name} is not finite (NaN or infinite); refusing to "
+                f"encode with this model"
+            )

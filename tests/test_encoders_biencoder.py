@@ -169,6 +169,18 @@ def test_export_and_reload_give_the_same_scores(
         torch.testing.assert_close(reloaded.scorer.codes, model.scorer.codes)
 
 
+@pytest.mark.parametrize("tower", ["mention", "entity"])
+def test_an_export_with_a_non_finite_weight_is_refused(
+    tower: str, tiny_config, tiny_tokenizer, tmp_path: Path
+) -> None:
+    model = tiny_model(tiny_config, tiny_tokenizer, "dual").eval()
+    with torch.no_grad():
+        getattr(model, f"{tower}_tower").embeddings.word_embeddings.weight[3, 0] = float("nan")
+    export_biencoder(model, tmp_path / "export")
+    with pytest.raises(InputError, match=rf"export: weight {tower}.*not finite"):
+        load_biencoder(tmp_path / "export")
+
+
 def test_load_errors_name_the_file(tmp_path: Path, tiny_config, tiny_tokenizer) -> None:
     with pytest.raises(FileNotFoundError, match=r"scorer\.json"):
         load_biencoder(tmp_path)
