@@ -1,4 +1,4 @@
-"""False-negative filter: a hash set of known (mention, entity) positive pairs.
+"""False negatives: known positive pairs, and the rules that keep likely ones out of the draws.
 
 Entity linking data has aliases and multi-gold mentions (``Mention.golds``): an entity that is
 correct for a mention must never be trained on as its negative. The filter remembers every known
@@ -6,14 +6,26 @@ positive pair and answers membership for single pairs or whole candidate matrice
 in :mod:`hnce.mining.samplers` additionally excludes the per-mention ``positives`` sets of its
 :class:`~hnce.mining.samplers.SamplingRequest` (ACE, Bose et al. 2018 §2.5, uses the same hash map to
 zero false negatives for the discriminator and penalise them for the generator).
+
+Mined candidates also hold *unknown* positives: an entity the index ranks at the top may be a
+correct entity nobody labelled. :class:`CandidateRules` (``negatives.candidates``) keeps them
+out of every index sampler's draws in one place (``restricted`` in
+:mod:`hnce.mining.samplers.base`): a score margin below the gold (sentence-transformers'
+``mine_hard_negatives``), a band of ranks (ANCE), and the pairs a trained joint reranker scores
+as high as the gold (RocketQA's denoising; the same :func:`within_margin` on the reranker's
+scores, flagged offline and added to the :class:`FalseNegativeFilter`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Annotated
 
 import torch
+from pydantic import Field, field_validator
 from torch import Tensor
+
+from hnce.encoders.settings import Flag, NonNegativeInt, NonNegativeReal, settings
 
 
 class FalseNegativeFilter:
@@ -69,3 +81,114 @@ def positives_mask(ids: Tensor, positives: Sequence[set[int]]) -> Tensor:
             padded[row, : len(ids_of_row)] = torch.tensor(sorted(ids_of_row), dtype=torch.long)
     padded = padded.to(ids.device)
     return (ids.long().unsqueeze(-1) == padded.unsqueeze(1)).any(-1)
+
+
+def gold_scores(candidate_ids: Tensor, candidate_scores: Tensor, gold: Tensor) -> Tensor:
+    """Float64 [B]: each mention's gold score among its candidates, NaN where the gold is not
+    listed (the miner keeps the gold in the raw top-N, so a missing gold ranks below them all)."""
+    hits = candidate_ids == gold.to(candidate_ids.device).unsqueeze(1)
+    listed = torch.where(hits, candidate_scores.double(), float("-inf")).amax(dim=1)
+    return listed.masked_fill(~hits.any(dim=1), float("nan"))
+
+
+def within_margin(
+    scores: Tensor,
+    gold: Tensor,
+    absolute_margin: float | None = None,
+    relative_margin: float | None = None,
+) -> Tensor:
+    """Bool [B, N]: candidates too close to the gold's score to be trusted as negatives
+    (sentence-transformers' ``mine_hard_negatives``, docs/math.md eq. (56)).
+
+    A candidate of score s is within the margin of the gold's s⁺ when s > s⁺ − m_abs or
+    s > s⁺ − |s⁺|·m_rel (the sign-safe form sentence-transformers uses; s⁺·(1 − m_rel) for
+    s⁺ ≥ 0). A row whose ``gold`` is NaN (its gold outside the candidate list, so scoring no
+    higher than any of them) is within the margin throughout.
+
+    Args:
+        scores: [B, N] candidate scores (the index's, or a reranker's for RocketQA's denoising).
+        gold: [B] the gold's score under the same model, NaN where unknown.
+        absolute_margin, relative_margin: m_abs ≥ 0 and m_rel ≥ 0; None leaves that rule out.
+    """
+    gold = gold.double().to(scores.device).unsqueeze(1)
+    close = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device)
+    if absolute_margin is not None:
+        close |= scores.double() > gold - absolute_margin
+    if relative_margin is not None:
+        close |= scores.double() > gold - gold.abs() * relative_margin
+    unknown = torch.isnan(gold).expand_as(close)
+    return close | (unknown & (absolute_margin is not None or relative_margin is not None))
+
+
+def ranks_among(scores: Tensor, keep: Tensor) -> Tensor:
+    """Long [B, N]: each kept candidate's rank among the kept ones of its row (0 = highest
+    score, ties in list order), -1 where not kept."""
+    ordered = scores.double().masked_fill(~keep, float("-inf"))
+    order = ordered.argsort(dim=1, descending=True, stable=True)
+    positions = torch.arange(scores.shape[1], device=scores.device).expand_as(order)
+    ranks = torch.empty_like(order).scatter_(1, order, positions)
+    return ranks.masked_fill(~keep, -1)
+
+
+def in_rank_window(scores: Tensor, keep: Tensor, window: Sequence[int]) -> Tensor:
+    """Bool [B, N]: kept candidates whose rank (:func:`ranks_among`) lies in [lo, hi) — ANCE's
+    (Xiong et al. 2021) negatives from a band of the index's ranking, docs/math.md eq. (57)."""
+    lo, hi = window
+    ranks = ranks_among(scores, keep)
+    return keep & (ranks >= lo) & (ranks < hi)
+
+
+@settings
+class CandidateRules:
+    """``negatives.candidates``: which of a mention's mined candidates may be drawn, for every
+    sampler whose candidates come from an index or BM25 (docs/math.md eqs. (56)–(58)).
+
+    - ``absolute_margin`` m_abs, ``relative_margin`` m_rel: never draw a candidate scored within
+      the margin of the gold under the model that mined it (sentence-transformers'
+      ``mine_hard_negatives``): :func:`within_margin`.
+    - ``rank_window`` [lo, hi): only candidates ranked lo..hi−1 among the mention's admissible
+      ones (0 = the best that is neither the gold nor a known positive), as ANCE draws from a
+      band of the ranking: :func:`in_rank_window`.
+    - ``denoised``: also never draw the (mention, entity) pairs that the trained joint reranker
+      scored within ``rerank.denoise_margin`` of the gold (RocketQA's denoised hard negatives;
+      written by ``hnce rerank --denoise``, added to the :class:`FalseNegativeFilter`).
+
+    None / false (the defaults) leave every candidate in.
+    """
+
+    absolute_margin: NonNegativeReal | None = None
+    relative_margin: NonNegativeReal | None = None
+    rank_window: Annotated[list[NonNegativeInt], Field(min_length=2, max_length=2)] | None = None
+    denoised: Flag = False
+
+    @field_validator("rank_window")
+    @classmethod
+    def _lo_below_hi(cls, window: list[int] | None) -> list[int] | None:
+        if window is not None and not window[0] < window[1]:
+            raise ValueError("is [lo, hi), which needs lo < hi")
+        return window
+
+    @property
+    def restricts_scores(self) -> bool:
+        """Whether a rule reads the candidates' scores (margin or rank window)."""
+        return (
+            self.absolute_margin is not None
+            or self.relative_margin is not None
+            or self.rank_window is not None
+        )
+
+    def drawable(self, ids: Tensor, scores: Tensor, gold: Tensor, admissible: Tensor) -> Tensor:
+        """Bool [B, N]: the ``admissible`` candidates (not the gold, not a known positive, finite,
+        first of their id) that pass the margin and the rank window."""
+        keep = admissible
+        if self.absolute_margin is not None or self.relative_margin is not None:
+            close = within_margin(
+                scores,
+                gold_scores(ids, scores, gold),
+                self.absolute_margin,
+                self.relative_margin,
+            )
+            keep = keep & ~close
+        if self.rank_window is not None:
+            keep = keep & in_rank_window(scores, admissible, self.rank_window)
+        return keep

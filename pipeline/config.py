@@ -59,8 +59,10 @@ from hnce.encoders.settings import (
     Text,
     settings,
 )
+from hnce.mining.false_negatives import CandidateRules
 from hnce.mining.losses import build_loss
 from hnce.mining.samplers import SAMPLER_SPECS
+from hnce.mining.schedule import SamplerSchedule
 
 
 class ConfigError(InputError):
@@ -130,7 +132,10 @@ _NEGATIVES_DOC = """Negative sampling (docs/math.md): K negatives per mention fr
     every candidate of the micro-batch but its known positives (batch), or of every worker's
     micro-batch (global: indexable scorers only; the retriever only, the reranker always scores
     its own candidates). Each sampler with options reads its own group, ``negatives.<name>``
-    (declared beside the sampler, :data:`hnce.mining.samplers.SAMPLER_SPECS`).
+    (declared beside the sampler, :data:`hnce.mining.samplers.SAMPLER_SPECS`). ``candidates``:
+    which mined candidates the samplers that read them may draw (margins below the gold, a rank
+    window, the reranker's denoising; ``hnce.mining.false_negatives.CandidateRules``);
+    ``schedule``: sampler options as functions of the step (``hnce.mining.schedule``).
     """
 
 
@@ -149,6 +154,8 @@ def _negatives_section() -> type:
         ("share", Literal["none", "batch", "global"], "none"),
         ("initial", Literal["random", "lexical", "model"], "random"),
         ("filter_false_negatives", Flag, True),
+        ("candidates", CandidateRules, field(default_factory=CandidateRules)),
+        ("schedule", SamplerSchedule, field(default_factory=SamplerSchedule)),
         *groups,
     ]
     section = dataclasses.make_dataclass(
@@ -227,7 +234,9 @@ class RerankSettings:
     export directory or ``newest``, in the run's index version of that checkpoint, built if none).
     Training runs through the same driver as ``hnce train`` under ``<run.dir>/rerank``, with its
     own ``training`` settings (``training.candidate_chunk_size`` chunks the scored pairs) and
-    ``activation_checkpointing`` for the encoder.
+    ``activation_checkpointing`` for the encoder. ``hnce rerank --denoise`` also flags the train
+    candidates the trained reranker scores above the gold's score minus ``denoise_margin``
+    (RocketQA's denoising, read back by ``negatives.candidates.denoised``).
     """
 
     model: Text = "minilm"
@@ -241,6 +250,7 @@ class RerankSettings:
     max_train_mentions: NonNegativeInt = 0
     max_eval_mentions: NonNegativeInt = 0
     activation_checkpointing: Flag = False
+    denoise_margin: NonNegativeReal = 0.0
     training: TrainingSettings = field(default_factory=_reranker_training)
 
     @field_validator("training", mode="before")
@@ -583,6 +593,8 @@ def _validate_samplers(config: Config) -> None:
         problem = check(negatives)
         if problem is not None:
             raise config.error(*problem)
+    _validate_candidate_rules(config)
+    _validate_schedule(config)
     scorer = config.model.scorer
     if spec.loss_columns is not None and scorer.name != "dual":
         raise config.error(
@@ -596,6 +608,50 @@ def _validate_samplers(config: Config) -> None:
             f"is 3, whose partitioned weights cannot score outside the engine's forward, which "
             f"{name!r} does; use 0, 1 or 2",
         )
+
+
+def _validate_candidate_rules(config: Config) -> None:
+    """``negatives.candidates`` needs a sampler that draws from scored candidates, and a rank
+    window that starts inside the mined depth."""
+    negatives = config.negatives
+    rules, name = negatives.candidates, negatives.sampler
+    if SAMPLER_SPECS[name].candidates == "none":
+        for key in ("absolute_margin", "relative_margin", "rank_window"):
+            if getattr(rules, key) is not None:
+                raise config.error(
+                    f"negatives.candidates.{key}",
+                    f"is set, but sampler {name!r} draws from no scored candidates (only the "
+                    f"samplers of an index or BM25 do); remove it or pick such a sampler",
+                )
+        if rules.denoised:
+            raise config.error(
+                "negatives.candidates.denoised",
+                f"is true, but sampler {name!r} draws from no mined candidates",
+            )
+    depth = negatives.lexical.top_n if negatives.source == "none" else config.refresh.top_n
+    if rules.rank_window is not None and rules.rank_window[0] >= depth:
+        raise config.error(
+            "negatives.candidates.rank_window",
+            f"starts at rank {rules.rank_window[0]}, but each mention has only {depth} mined "
+            f"candidates ('refresh.top_n', or 'negatives.lexical.top_n' for BM25)",
+        )
+
+
+def _validate_schedule(config: Config) -> None:
+    """Each scheduled option must be a field of the chosen sampler."""
+    name = config.negatives.sampler
+    sampler = SAMPLER_SPECS[name].sampler
+    fields = (
+        {f.name for f in dataclasses.fields(sampler)}
+        if dataclasses.is_dataclass(sampler)
+        else set()
+    )
+    for option in config.negatives.schedule.scheduled:
+        if option not in fields:
+            raise config.error(
+                f"negatives.schedule.{option}",
+                f"is scheduled, but sampler {name!r} has no option {option!r} to schedule",
+            )
 
 
 def _non_finite(tree: Any, key: str = "") -> str | None:

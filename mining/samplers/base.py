@@ -8,13 +8,13 @@ repeat. Losses in :mod:`hnce.mining.losses` drop entries with ``valid=False``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
-from hnce.mining.false_negatives import positives_mask
+from hnce.mining.false_negatives import CandidateRules, positives_mask
 
 
 @dataclass
@@ -194,3 +194,17 @@ def admissible(request: SamplingRequest, ids: Tensor, scores: Tensor | None = No
     if scores is not None:
         keep &= torch.isfinite(scores)
     return keep & ~later_duplicates(ids, keep)
+
+
+def restricted(request: SamplingRequest, rules: CandidateRules) -> SamplingRequest:
+    """``request`` with every candidate that ``rules`` leave out scored ``-inf``, so that no
+    sampler draws it (the one place ``negatives.candidates``' margin and rank window apply:
+    sentence-transformers' ``mine_hard_negatives`` margins, ANCE's rank band; docs/math.md
+    eqs. (56)–(57)). A request without candidate scores is returned as is."""
+    if request.candidate_scores is None or not rules.restricts_scores:
+        return request
+    ids, scores = candidates_of(request, "restricted")
+    gold = request.gold.to(ids.device)
+    keep = admissible(request, ids, scores)
+    ruled_out = keep & ~rules.drawable(ids, scores, gold, keep)
+    return replace(request, candidate_scores=scores.masked_fill(ruled_out, float("-inf")))

@@ -11,7 +11,9 @@
 - :class:`NegativeDrawer`: K negatives per mention from the configured sampler over those
   candidates, as its spec says (:data:`hnce.mining.samplers.SAMPLER_SPECS`: where its
   candidates come from, index or BM25 (``hnce.cluster.compute.lexical``), and whether it reads
-  the current model's scores); a mention's known positives are never its negatives.
+  the current model's scores); a mention's known positives are never its negatives, nor are the
+  candidates ``negatives.candidates`` rules out; ``negatives.schedule`` sets the sampler's
+  options at each step.
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ import torch
 from torch import Tensor
 
 from hnce.cluster.compute.lexical import ensure_bm25
+from hnce.cluster.stores.denoised import denoised_path, read_denoised
 from hnce.cluster.stores.negatives_store import NegativesStore, NegativesVersion, check_catalogue
 from hnce.cluster.stores.tables import Mention
 from hnce.cluster.stores.tables_read import EntityCatalogue, catalogue_fingerprint
 from hnce.cluster.stores.versioned_dir import version_dir_name
-from hnce.mining.false_negatives import FalseNegativeFilter
+from hnce.mining.false_negatives import CandidateRules, FalseNegativeFilter
 from hnce.mining.samplers import (
     SAMPLER_SPECS,
     LocalScores,
@@ -39,7 +42,9 @@ from hnce.mining.samplers import (
     TrainerSampler,
     build_sampler,
 )
+from hnce.mining.samplers.base import restricted
 from hnce.mining.samplers.lexical import Bm25Index
+from hnce.mining.schedule import SamplerSchedule
 from hnce.pipeline.config import Config
 from hnce.pipeline.train.distributed import Collectives
 from hnce.pipeline.train.model_scores import EntityScores
@@ -150,6 +155,9 @@ class NegativeDrawer:
     outside it are masked and drawn ids are mapped back to catalogue ids. With
     ``filter_false_negatives`` every known positive of a mention (its ``golds``, kept in a
     :class:`~hnce.mining.false_negatives.FalseNegativeFilter`) is excluded; without it only the gold.
+    ``flagged`` pairs (the reranker's false negatives) join the known positives either way;
+    ``rules`` leave candidates out of every draw (:func:`~hnce.mining.samplers.base.restricted`)
+    and ``schedule`` sets the sampler's options at each step.
     """
 
     def __init__(
@@ -163,8 +171,13 @@ class NegativeDrawer:
         draws_candidates: bool,
         lexical: Bm25Index | None = None,
         lexical_top_n: int = 0,
+        rules: CandidateRules | None = None,
+        schedule: SamplerSchedule | None = None,
+        flagged: Sequence[tuple[str, int]] = (),
     ) -> None:
         self.sampler = sampler
+        self.rules = rules or CandidateRules()
+        self.schedule = schedule or SamplerSchedule()
         self.lexical = lexical
         self.lexical_top_n = lexical_top_n
         self.random = build_sampler("random")
@@ -176,6 +189,8 @@ class NegativeDrawer:
         self.filter = FalseNegativeFilter(
             (m.mention_id, g) for m in mentions for g in m.golds if filter_false_negatives
         )
+        for mention_id, entity_id in flagged:
+            self.filter.add(mention_id, entity_id)
 
     @classmethod
     def for_retriever(
@@ -190,6 +205,13 @@ class NegativeDrawer:
         if spec.candidates == "lexical":
             options = negatives.lexical
             lexical = ensure_bm25(Path(config.data.root), options.k1, options.b)
+        flagged = []
+        if negatives.candidates.denoised:
+            data_root = Path(config.data.root)
+            pairs = read_denoised(
+                denoised_path(config.run_dir), len(catalogue), catalogue_fingerprint(data_root)
+            )
+            flagged = pairs.flagged()
         return cls(
             spec.build(negatives, len(entity_ids)),
             negatives.num_negatives,
@@ -200,6 +222,9 @@ class NegativeDrawer:
             draws_candidates=negatives.source == "index",
             lexical=lexical,
             lexical_top_n=negatives.lexical.top_n,
+            rules=negatives.candidates,
+            schedule=negatives.schedule,
+            flagged=flagged,
         )
 
     @classmethod
@@ -242,17 +267,19 @@ class NegativeDrawer:
         source: CandidateSource,
         generator: torch.Generator,
         scores: EntityScores | None = None,
+        step: int = 0,
     ) -> SampledNegatives:
         """K negatives per mention: catalogue ids [B, K] (-1 where ``valid`` is False),
         ``valid`` [B, K] and the sampler's ``log_q`` [B, K] (or None). ``scores``: the current
-        model's scores of these mentions, for the samplers that read them."""
+        model's scores of these mentions, for the samplers that read them; ``step``: the
+        optimizer step, at which the schedule sets the sampler's options."""
         gold = self._local(torch.tensor([m.gold for m in mentions], dtype=torch.long))
         positives = [
             set(self._local(torch.tensor(sorted(self.known_positives(m)))).tolist()) - {-1}
             for m in mentions
         ]
         candidate_ids = candidate_scores = None
-        sampler = self.sampler
+        sampler = self.schedule.apply(self.sampler, step)
         if self.draws_candidates and source.current is None:
             sampler = self.random
         elif self.draws_candidates:
@@ -271,6 +298,7 @@ class NegativeDrawer:
             candidate_scores=candidate_scores,
             generator=generator,
         )
+        request = restricted(request, self.rules)
         if isinstance(sampler, NegativeSampler):
             sampled = sampler.sample(request)
         else:
