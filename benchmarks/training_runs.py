@@ -40,7 +40,11 @@ def published_refreshes(run_dir: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     windows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [window for window in windows if window["outcome"] == "published"]
+    return [
+        window
+        for window in windows
+        if window.get("event", "refresh") == "refresh" and window["outcome"] == "published"
+    ]
 
 
 def checkpoint_export(run_dir: Path, step: int | None = None) -> Path:

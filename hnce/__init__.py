@@ -32,6 +32,7 @@ __version__ = "0.1.0"
 _PUBLIC = {
     "Config": "hnce.pipeline.config",
     "ConfigError": "hnce.pipeline.config",
+    "EntityLinker": "hnce.pipeline.link",
     "InputError": "hnce.encoders.errors",
     "load_config": "hnce.pipeline.config",
 }

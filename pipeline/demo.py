@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hnce.cluster.compute.index_build import IndexedModel
+from hnce.cluster.compute.recall import RecallReport
 from hnce.cluster.stores.checkpoints import EXPORT_DIR, newest_checkpoint
 from hnce.cluster.stores.tables import MANIFEST_FILE
 from hnce.pipeline.config import Config
@@ -26,7 +27,7 @@ from hnce.pipeline.data.conversion import DatasetOutput
 from hnce.pipeline.data.demo_subset import write_demo_subset
 from hnce.pipeline.data.wordnet import convert_wordnet
 from hnce.pipeline.evaluate import evaluate_export, evaluate_model
-from hnce.pipeline.metrics import RecallReport, format_table, write_reports
+from hnce.pipeline.metrics import format_table, write_reports
 from hnce.pipeline.train.model import untrained_export
 from hnce.pipeline.train.trainer import TrainingSummary, run_training
 

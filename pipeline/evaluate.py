@@ -20,15 +20,14 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from hnce.cluster.compute.heldout import eval_mentions
 from hnce.cluster.compute.index_build import IndexedModel
+from hnce.cluster.compute.recall import RecallReport, recall_report
 from hnce.cluster.compute.retrieval import retrieve
 from hnce.cluster.compute.session import init_ray
 from hnce.cluster.stores.checkpoints import resolve_checkpoint
-from hnce.cluster.stores.tables import mention_split_path
-from hnce.cluster.stores.tables_read import MentionSplit
 from hnce.pipeline.config import Config
 from hnce.pipeline.data.kilt_predictions import SplitResult, link_files
-from hnce.pipeline.metrics import RecallReport, hits_at, summarise
 from hnce.pipeline.preflight import check_eval_inputs
 from hnce.pipeline.train.model import untrained_export
 from hnce.pipeline.train.refresh_supervisor import refresh_plan
@@ -44,10 +43,9 @@ def evaluate_model(config: Config, model: IndexedModel, name: str) -> RecallRepo
     the refresh's own version when it indexed this model, else one built for evaluation)."""
     check_eval_inputs(config)
     init_ray(config.cluster, config.refresh.num_encoders * config.refresh.encoder_cpus)
-    root = Path(config.data.root)
-    mentions = MentionSplit.open(mention_split_path(root, config.data.eval_split)).read_all()
-    limit = config.data.max_eval_mentions
-    mentions = mentions[:limit] if limit > 0 else mentions
+    mentions = eval_mentions(
+        Path(config.data.root), config.data.eval_split, config.data.max_eval_mentions
+    )
     retrieved = retrieve(
         refresh_plan(config),
         model,
@@ -65,11 +63,7 @@ def evaluate_model(config: Config, model: IndexedModel, name: str) -> RecallRepo
         "built for this evaluation" if retrieved.built else "reused",
         ", ".join(f"{stage} {value:.1f}s" for stage, value in retrieved.seconds.items()),
     )
-    golds = [m.golds or (m.gold,) for m in mentions]
-    hits = hits_at(retrieved.cands, golds, config.eval.ks)
-    report = summarise(
-        name, hits, [m.domain for m in mentions], config.eval.ks, version.num_entities
-    )
+    report = recall_report(name, retrieved.cands, mentions, config.eval.ks, version.num_entities)
     report.index = str(version.path)
     return report
 

@@ -31,10 +31,18 @@ import numpy as np
 import torch
 
 from hnce.cluster.compute.index_build import IndexedModel
+from hnce.cluster.compute.recall import (
+    NOT_FOUND,
+    by_domain,
+    correct_sets,
+    first_correct_rank,
+    macro_average,
+)
 from hnce.cluster.compute.refresh import RefreshPlan
 from hnce.cluster.compute.retrieval import retrieve
 from hnce.cluster.compute.session import init_ray
 from hnce.cluster.stores.checkpoints import resolve_checkpoint
+from hnce.cluster.stores.denoised import denoised_path, write_denoised
 from hnce.cluster.stores.negatives_store import MinedSplit, NegativesStore, NegativesVersion
 from hnce.cluster.stores.tables import Mention, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit, catalogue_fingerprint
@@ -44,16 +52,9 @@ from hnce.encoders.blink import export_blink_crossencoder
 from hnce.encoders.precision import autocast
 from hnce.encoders.progress import progress_bar
 from hnce.encoders.reranker import JointReranker, load_reranker
+from hnce.mining.false_negatives import within_margin
 from hnce.pipeline.config import Config
-from hnce.pipeline.metrics import (
-    NOT_FOUND,
-    by_domain,
-    correct_sets,
-    first_correct_rank,
-    macro_average,
-    text_table,
-    write_json_report,
-)
+from hnce.pipeline.metrics import text_table, write_json_report
 from hnce.pipeline.preflight import check_rerank_inputs
 from hnce.pipeline.train.batch import MentionTokens
 from hnce.pipeline.train.refresh_supervisor import refresh_plan
@@ -122,21 +123,21 @@ def retrieve_candidates(
 
 
 @torch.inference_mode()
-def rerank(
+def reranker_scores(
     reranker: JointReranker,
     store: TokenStore,
-    split: SplitCandidates,
-    num_candidates: int = NUM_CANDIDATES,
+    mentions: Sequence[Mention],
+    cands: np.ndarray,
     batch_size: int = 4,
-) -> np.ndarray:
-    """Candidate ids [M, num_candidates] reordered by the reranker's scores (-1 stays last);
-    entity tokens from the catalogue's token ``store``, bf16 autocast on a GPU."""
+) -> torch.Tensor:
+    """The reranker's scores [M, N] of each mention with its candidates ``cands`` [M, N]
+    (``-inf`` where a candidate is -1); entity tokens from the catalogue's token ``store``, bf16
+    autocast on a GPU."""
     reranker.eval()
     device = next(reranker.parameters()).device
-    logger.info("reranking %d mentions on %s", len(split.mentions), device)
-    tokens = MentionTokens.tokenize(reranker, split.mentions)
-    cands = split.cands[:, :num_candidates]
-    out = np.full_like(cands, -1)
+    logger.info("reranking %d mentions on %s", len(mentions), device)
+    tokens = MentionTokens.tokenize(reranker, mentions)
+    out = torch.full(cands.shape, float("-inf"))
     for start in progress_bar(range(0, len(cands), batch_size), desc="rerank", unit="batch"):
         block = cands[start : start + batch_size]
         present = block >= 0
@@ -144,15 +145,56 @@ def rerank(
         candidates = {
             key: value.reshape(*block.shape, -1).to(device) for key, value in entities.items()
         }
-        mentions = tokens.batch(np.arange(start, start + len(block)))
+        mention_batch = tokens.batch(np.arange(start, start + len(block)))
         with autocast(device):
             scores = reranker.score_candidates(
-                {key: value.to(device) for key, value in mentions.items()}, candidates
+                {key: value.to(device) for key, value in mention_batch.items()}, candidates
             )
         scores = scores.float().cpu().masked_fill(~torch.from_numpy(present), float("-inf"))
-        order = torch.argsort(scores, dim=1, descending=True, stable=True).numpy()
-        out[start : start + len(block)] = np.take_along_axis(block, order, axis=1)
+        out[start : start + len(block)] = scores
     return out
+
+
+def rerank(
+    reranker: JointReranker,
+    store: TokenStore,
+    split: SplitCandidates,
+    num_candidates: int = NUM_CANDIDATES,
+    batch_size: int = 4,
+) -> np.ndarray:
+    """Candidate ids [M, num_candidates] reordered by the reranker's scores (-1 stays last)."""
+    cands = split.cands[:, :num_candidates]
+    scores = reranker_scores(reranker, store, split.mentions, cands, batch_size)
+    order = torch.argsort(scores, dim=1, descending=True, stable=True).numpy()
+    return np.take_along_axis(cands, order, axis=1)
+
+
+def denoise(
+    reranker: JointReranker,
+    store: TokenStore,
+    split: SplitCandidates,
+    margin: float = 0.0,
+    num_candidates: int = NUM_CANDIDATES,
+    batch_size: int = 4,
+) -> dict[str, list[int]]:
+    """RocketQA's denoised hard negatives (Qu et al. 2021): per mention id, the candidates among
+    its first ``num_candidates`` that the trained reranker scores within ``margin`` of the gold,
+    s_R(x, y') > s_R(x, y) − margin (docs/math.md eq. (58), :func:`within_margin` on the
+    reranker's scores). The gold is scored beside its candidates; a mention without a gold in
+    the catalogue flags nothing."""
+    gold = np.asarray([m.gold for m in split.mentions], dtype=np.int64)[:, None]
+    cands = split.cands[:, :num_candidates]
+    cands = np.where(cands == gold, -1, cands)  # the gold is scored once, in column 0
+    scores = reranker_scores(
+        reranker, store, split.mentions, np.concatenate([gold, cands], axis=1), batch_size
+    )
+    flagged = within_margin(scores[:, 1:], scores[:, 0], absolute_margin=margin)
+    flagged &= torch.from_numpy((cands >= 0) & (gold >= 0))
+    return {
+        mention.mention_id: cands[row][flagged[row].numpy()].tolist()
+        for row, mention in enumerate(split.mentions)
+        if flagged[row].any()
+    }
 
 
 @dataclass
@@ -324,12 +366,54 @@ def training_candidates_file(
     return directory / f"{split}.parquet"
 
 
-def run_rerank_job(config: Config) -> tuple[list[RerankReport], TrainingSummary, Path]:
+def write_false_negatives(
+    config: Config,
+    reranker: JointReranker,
+    store: TokenStore,
+    candidates_file: Path,
+    reranker_step: int,
+) -> Path:
+    """``hnce rerank --denoise``: the train split's candidates in ``candidates_file`` (a
+    negatives version) flagged by :func:`denoise` with ``rerank.denoise_margin``, written where
+    ``negatives.candidates.denoised`` reads them (``hnce.cluster.stores.denoised``)."""
+    data_root = Path(config.data.root)
+    version = NegativesVersion(candidates_file)
+    listed = set(version.mention_ids)
+    split = MentionSplit.open(mention_split_path(data_root, config.data.train_split))
+    mentions = [m for m in split.read_all() if m.mention_id in listed]
+    settings = config.rerank
+    pairs = denoise(
+        reranker,
+        store,
+        candidates_from_negatives(version, mentions),
+        settings.denoise_margin,
+        settings.num_candidates,
+        settings.eval_batch_size,
+    )
+    path = denoised_path(config.run_dir)
+    write_denoised(
+        path,
+        pairs,
+        settings.denoise_margin,
+        version.version,
+        reranker_step,
+        len(EntityCatalogue.open(data_root)),
+        catalogue_fingerprint(data_root),
+    )
+    flagged = sum(len(ids) for ids in pairs.values())
+    logger.info("reranker flagged %d false negatives of %d mentions: %s", flagged, len(pairs), path)
+    return path
+
+
+def run_rerank_job(
+    config: Config, denoise_negatives: bool = False
+) -> tuple[list[RerankReport], TrainingSummary, Path]:
     """Train the joint reranker on the train split's candidates (the shared driver, under
     ``<run>/rerank``, resuming from its newest checkpoint), rerank every eval split, write
     ``<run>/rerank/reranker/`` (HF export), ``crossencoder_blink.bin`` (BLINK's cross-encoder
-    layout) and ``rerank_report.json``; returns the reports, the training summary and that
-    directory."""
+    layout) and ``rerank_report.json``; with ``denoise_negatives`` also the train candidates it
+    flags as false negatives (:func:`write_false_negatives`). Returns the reports, the training
+    summary and that directory."""
     check_rerank_inputs(config)
     settings = config.rerank
     retriever = None
@@ -340,9 +424,11 @@ def run_rerank_job(config: Config) -> tuple[list[RerankReport], TrainingSummary,
     candidates = training_candidates_file(config, rerank_run_dir(config), retriever)
     task = TrainingTask.reranker(config, candidates)
     summary = run_task(config, task)
-    _, export = resolve_checkpoint(task.run_dir, "newest")
+    reranker_step, export = resolve_checkpoint(task.run_dir, "newest")
     reranker = load_reranker(export)
     store = TokenStore.ensure(Path(config.data.root), reranker.tokenizer, reranker.entity_length)
+    if denoise_negatives:
+        write_false_negatives(config, reranker, store, candidates, reranker_step)
     reports = []
     for split in settings.eval_splits:
         candidates = _split_candidates(config, split, settings.max_eval_mentions, retriever)

@@ -10,12 +10,15 @@ machine that mounts the run's storage, while training or a refresh runs:
   waited for its refresh;
 - the last refresh that ran (outcome, checkpoint, duration, who ran it), refreshes published
   and failed, failures in a row;
+- the last held-out recall a refresh scored (``refresh.heldout_recall``);
 - who holds the run's refresh lock, and what it is encoding;
 - disk use of each store under the run (checkpoints, index, negatives, tokens, Ray Train's
   state) and of the rest.
 
 :func:`run_status` gathers a :class:`RunStatus`; :meth:`RunStatus.render` is the screen and
-:meth:`RunStatus.to_json` the same for monitoring (``hnce status --json``).
+:meth:`RunStatus.to_json` the same for monitoring (``hnce status --json``). :func:`plot_training`
+(``hnce status --plot FILE.png``, the one file it writes) draws the loss, the negatives lag and the
+held-out recall against steps and wall-clock.
 """
 
 from __future__ import annotations
@@ -28,14 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from hnce.cluster.stores.checkpoints import CHECKPOINTS_DIR, COMPLETE, complete_checkpoints
+from hnce.cluster.stores.files import AtomicPath
 from hnce.cluster.stores.index_store import IndexStore
 from hnce.cluster.stores.jsonl import finite_json
 from hnce.cluster.stores.lock_holder import read_holder
 from hnce.cluster.stores.negatives_store import NegativesVersion
-from hnce.cluster.stores.refresh_log import RefreshRecord, read_records
+from hnce.cluster.stores.refresh_log import HeldoutRecall, RefreshLog, RefreshRecord, read_log
 from hnce.cluster.stores.versioned_dir import read_current, version_dir_name
 from hnce.encoders.errors import InputError
-from hnce.pipeline.train.events import read_events
+from hnce.pipeline.train.events import LOG_FILE, read_events
 from hnce.pipeline.train.nonfinite import STOP_EVENT as NONFINITE_STOP
 from hnce.pipeline.train.refresh_health import STOP_EVENT
 
@@ -61,6 +65,7 @@ class RunStatus:
     last_refresh: dict[str, Any] | None
     refreshes: dict[str, int]
     lock_holder: dict[str, Any] | None
+    heldout_recall: dict[str, Any] | None = None
     disk_bytes: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
@@ -83,6 +88,7 @@ class RunStatus:
                 f"{self.refreshes['published']} published, {self.refreshes['failed']} failed "
                 f"({self.refreshes['failures_in_a_row']} in a row)",
             ),
+            ("held-out", _heldout_line(self.heldout_recall)),
             ("lock", "free" if self.lock_holder is None else f"held by {self.lock_holder['by']}"),
             ("disk", _disk_line(self.disk_bytes)),
             *(("problem", problem) for problem in self.problems),
@@ -121,7 +127,8 @@ def run_status(run_dir: Path) -> RunStatus:
     if newest is not None and live is not None:
         lag_steps = newest["step"] - live["checkpoint"]
         lag_minutes = (now - newest["written_at"]) / 60 if lag_steps > 0 else 0.0
-    records = read("refresh log", lambda: read_records(run_dir, problems=problems)[0]) or []
+    log = read("refresh log", lambda: read_log(run_dir, problems=problems)) or RefreshLog()
+    records = log.records
     holder = read("lock", lambda: read_holder(run_dir))
     return RunStatus(
         run_dir=str(run_dir),
@@ -136,6 +143,7 @@ def run_status(run_dir: Path) -> RunStatus:
         last_refresh=records[-1].to_json() if records else None,
         refreshes=_refresh_counts(records),
         lock_holder=None if holder is None else {**asdict(holder), "by": holder.describe()},
+        heldout_recall=asdict(log.heldout[-1]) if log.heldout else None,
         disk_bytes=read("disk", lambda: _disk_use(run_dir)) or {},
         problems=problems,
     )
@@ -261,6 +269,82 @@ def _refresh_line(record: dict[str, Any] | None) -> str:
     return f"{line}, {record['seconds']:.1f} s, by {record['role']} at {_clock(record['started'])}"
 
 
+def _heldout_line(heldout: dict[str, Any] | None) -> str:
+    if heldout is None:
+        return "none recorded (refresh.heldout_recall)"
+    return f"{HeldoutRecall(**heldout).line()} at {_clock(heldout['time'])}"
+
+
 def _disk_line(disk: dict[str, int]) -> str:
     parts = [f"{name} {size / _MIB:.1f} MiB" for name, size in disk.items() if name != "total"]
     return f"{', '.join(parts)}; total {disk['total'] / _MIB:.1f} MiB"
+
+
+@dataclass
+class Series:
+    """One line of a plot: its label and its points' steps, minutes since the run started and
+    values."""
+
+    label: str
+    steps: list[float] = field(default_factory=list)
+    minutes: list[float] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+
+
+def training_panels(run_dir: Path) -> list[tuple[str, list[Series]]]:
+    """What :func:`plot_training` draws, one panel per quantity: the loss and the negatives lag
+    of the ``step`` events, and held-out recall@k when refreshes scored it (the refresh log's
+    ``heldout_recall`` lines, at the step of the checkpoint scored). InputError when the run
+    has logged no step."""
+    events = read_events(run_dir)
+    steps = [event for event in events if event["event"] == "step"]
+    if not steps:
+        raise InputError(
+            f"{Path(run_dir) / LOG_FILE}: no step logged yet; nothing to plot (has the run "
+            f"trained a step?)"
+        )
+    origin = events[0]["time"]
+    loss, lag = Series("loss"), Series("negatives lag")
+    for event in steps:
+        for series, value in ((loss, event.get("loss")), (lag, event.get("lag"))):
+            if value is not None:
+                _add_point(series, event["step"], (event["time"] - origin) / 60, value)
+    recall: dict[str, Series] = {}
+    for heldout in read_log(run_dir).heldout:
+        for k, value in heldout.recall.items():
+            series = recall.setdefault(k, Series(f"R@{k}"))
+            _add_point(series, heldout.step, (heldout.time - origin) / 60, value)
+    panels = [("loss", [loss]), ("negatives lag (steps)", [lag])]
+    if recall:
+        ordered = [recall[k] for k in sorted(recall, key=int)]
+        panels.append(("held-out recall", ordered))
+    return panels
+
+
+def _add_point(series: Series, step: float, minutes: float, value: float) -> None:
+    series.steps.append(step)
+    series.minutes.append(minutes)
+    series.values.append(value)
+
+
+def plot_training(run_dir: Path, out: Path) -> Path:
+    """Draw :func:`training_panels` against steps (left) and minutes since the run's first event
+    (right) into the PNG ``out``, published atomically; returns ``out``."""
+    from matplotlib.figure import Figure  # no pyplot: no display, no global state
+
+    panels = training_panels(run_dir)
+    figure = Figure(figsize=(11, 3 * len(panels)), layout="constrained")
+    axes = figure.subplots(len(panels), 2, squeeze=False)
+    for row, (quantity, lines) in enumerate(panels):
+        for column, (axis, label) in enumerate((("steps", "step"), ("minutes", "minutes"))):
+            plot = axes[row][column]
+            for series in lines:
+                plot.plot(getattr(series, axis), series.values, marker=".", label=series.label)
+            plot.set_xlabel(label)
+            plot.set_ylabel(quantity)
+            if len(lines) > 1:
+                plot.legend()
+    figure.suptitle(str(run_dir))
+    with AtomicPath(out) as temporary:
+        figure.savefig(temporary, format="png", dpi=100)
+    return Path(out)

@@ -75,3 +75,22 @@ def test_no_module_imports_a_layer_by_its_folder_name() -> None:
                     if name.split(".")[0] in LAYERS
                 ]
     assert not found, "\n".join(found)
+
+
+def test_every_pipeline_module_has_a_layer() -> None:
+    """A module left out of the pipeline's layer contract would be checked by nothing."""
+    import tomllib
+
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    inside = next(c for c in contracts["contracts"] if c["name"].startswith("Inside the pipeline"))
+    layered = {
+        name.strip().removeprefix("hnce.pipeline.")
+        for layer in inside["layers"]
+        for name in layer.replace("|", ":").split(":")
+    }
+    modules = {
+        path.stem if path.is_file() else path.name
+        for path in (REPO / "pipeline").iterdir()
+        if (path.suffix == ".py" and path.stem != "__init__") or (path / "__init__.py").is_file()
+    }
+    assert modules - layered == set()

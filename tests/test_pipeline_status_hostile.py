@@ -38,6 +38,14 @@ def test_a_corrupt_line_is_named_and_skipped(tmp_path: Path) -> None:
     assert found.problems[1] == f"{path}:3: not a JSON object"
     append_jsonl(path, {"a": 3})
     assert [r["a"] for r in read_jsonl(path).records] == [1, 2, 3]
+    following = read_jsonl(path, found.offset, found.line)  # only what was appended
+    with path.open("a") as handle:
+        handle.write("oops\n")
+    appended = read_jsonl(path, following.offset, following.line)
+    assert appended.problems == [
+        f"{path}:6: not a JSON record (Expecting value: line 1 column 1 (char 0))"
+    ]
+    assert [r["a"] for r in following.records] == [3] and appended.line == 7
 
 
 def _broken_run(run_dir: Path) -> Path:

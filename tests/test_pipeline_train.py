@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from training_helpers import CONFIGS, exact_scores, synthetic_config, write_syllable_bert
 
+from hnce.cluster.compute.recall import hits_at
 from hnce.cluster.stores.checkpoints import EXPORT_DIR, checkpoint_dir, newest_checkpoint
 from hnce.cluster.stores.index_store import IndexStore
 from hnce.cluster.stores.tables import mention_split_path
@@ -26,7 +27,6 @@ from hnce.pipeline.config import Config, config_from_dict, load_config
 from hnce.pipeline.data.synthetic import generate_synthetic_dataset
 from hnce.pipeline.demo import write_demo_subset
 from hnce.pipeline.evaluate import evaluate_checkpoint, evaluate_export
-from hnce.pipeline.metrics import hits_at
 from hnce.pipeline.train.events import read_events
 from hnce.pipeline.train.trainer import run_training
 

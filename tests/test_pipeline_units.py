@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from store_helpers import write_checkpoint
 
+from hnce.cluster.compute.recall import hits_at, summarise
 from hnce.cluster.stores.checkpoints import (
     COMPLETE,
     EXPORT_DIR,
@@ -24,7 +25,7 @@ from hnce.cluster.stores.checkpoints import (
 )
 from hnce.cluster.stores.tables import MANIFEST_FILE
 from hnce.pipeline.config import ConfigError, load_config
-from hnce.pipeline.metrics import format_table, hits_at, summarise
+from hnce.pipeline.metrics import format_table
 from hnce.pipeline.preflight import check_dataset
 from hnce.pipeline.train.data_order import MentionOrder
 

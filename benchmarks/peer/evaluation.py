@@ -17,11 +17,11 @@ from pathlib import Path
 import torch
 
 from benchmarks.peer.curves import KS, Curve, Recall
+from hnce.cluster.compute.recall import hits_at, summarise
 from hnce.cluster.stores.tables import Mention, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.encoders.biencoder import BiEncoder, build_biencoder
 from hnce.pipeline.config import Config
-from hnce.pipeline.metrics import hits_at, summarise
 
 ENCODE_BATCH = 256
 

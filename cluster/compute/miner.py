@@ -10,15 +10,17 @@ filter, which sees every positive.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 
 import numpy as np
+import pyarrow.compute as pc
 from tqdm import tqdm
 
 from hnce.cluster.compute.encoder_pool import EncoderPool
 from hnce.cluster.compute.shard_holders import HeldIndex
 from hnce.cluster.stores.negatives_store import MinedSplit
 from hnce.cluster.stores.tables import Mention
-from hnce.cluster.stores.tables_read import MentionSplit
+from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.encoders.progress import progress_bar
 
 
@@ -49,6 +51,48 @@ def search_mentions(
     if not ids:
         return np.zeros((0, k), np.int64), np.zeros((0, k), np.float32)
     return np.concatenate(ids), np.concatenate(scores)
+
+
+def search_catalogue(
+    pool: EncoderPool,
+    held: HeldIndex,
+    data_dir: Path,
+    mentions: Sequence[Mention],
+    k: int,
+    per_domain: bool = False,
+    batch_size: int = 256,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k (entity ids int64 [M, k], -1 where fewer; scores float32 [M, k]) of every mention
+    in batches of `batch_size`; `per_domain` searches each mention among its own domain's
+    entities of the catalogue in `data_dir` only (a Zeshel world)."""
+    cands = np.full((len(mentions), k), -1, dtype=np.int64)
+    scores = np.full((len(mentions), k), -np.inf, dtype=np.float32)
+    groups: list[tuple[np.ndarray, np.ndarray | None]] = [(np.arange(len(mentions)), None)]
+    if per_domain:
+        groups = list(_domain_groups(data_dir, mentions))
+    with progress_bar(total=len(mentions), desc="retrieve", unit="mentions") as bar:
+        for rows, allowed in groups:
+            batches = (
+                [mentions[row] for row in rows[start : start + batch_size]]
+                for start in range(0, len(rows), batch_size)
+            )
+            if allowed is not None and allowed.size == 0:
+                bar.update(len(rows))
+                continue
+            found, found_scores = search_mentions(pool, held, batches, k, allowed, bar)
+            cands[rows], scores[rows] = found, found_scores
+    return cands, scores
+
+
+def _domain_groups(
+    data_dir: Path, mentions: Sequence[Mention]
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(mention rows, entity ids) of each domain the mentions come from."""
+    entity_domains = EntityCatalogue.open(data_dir).domain_of()
+    mention_domains = np.asarray([mention.domain for mention in mentions])
+    for domain in sorted(set(mention_domains.tolist())):
+        allowed = pc.equal(entity_domains, domain).to_numpy()
+        yield np.flatnonzero(mention_domains == domain), np.flatnonzero(allowed)
 
 
 def mine_split(

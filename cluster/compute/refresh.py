@@ -12,8 +12,9 @@ section of a recipe is :class:`RefreshSettings`. A refresh:
 3. has the encoder actors index the catalogue shard by shard (`hnce.cluster.compute.index_build`); each
    finished shard is recorded, so a restarted refresh resumes; the version is published when
    every shard is in (a rename, then `CURRENT`);
-4. spreads the new version's shards over the same actors, mines the mention splits against them
-   (`hnce.cluster.compute.miner`) and publishes the negatives version of the same number.
+4. spreads the new version's shards over the same actors, scores the eval split's held-out
+   recall against them when the plan asks (`hnce.cluster.compute.heldout`), mines the mention
+   splits (`hnce.cluster.compute.miner`) and publishes the negatives version of the same number.
 
 This process only orchestrates: it never holds the catalogue's vectors (the actors write and
 hold the shards) and every wait on an actor has a deadline (`hnce.cluster.compute.actors`). The summary line
@@ -38,11 +39,13 @@ from typing import Literal
 from pydantic import Field
 
 from hnce.cluster.compute.encoder_pool import EncoderPool, EncoderPoolSettings, ShardEncoded
+from hnce.cluster.compute.heldout import HeldoutSpec, score_heldout
 from hnce.cluster.compute.index_build import IndexedModel, build_version, start_pool, timed
 from hnce.cluster.compute.miner import mine_split
 from hnce.cluster.stores.checkpoints import checkpoints_root, complete_checkpoints
 from hnce.cluster.stores.index_store import IndexStore, IndexVersion
 from hnce.cluster.stores.negatives_store import NegativesStore
+from hnce.cluster.stores.refresh_log import HeldoutRecall
 from hnce.cluster.stores.sharded_index import IndexSpec
 from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import MentionSplit
@@ -82,6 +85,11 @@ class RefreshSettings:
         wait_floor_seconds: the least time any wait on an encoder actor (its start, a shard, a
             search) may take before it is reported as hung; later waits also allow 10x the
             slowest task measured. Raise it for big shards encoded on CPUs.
+        heldout_recall: after building its index, each refresh scores the eval split
+            (``data.eval_split``, at most ``data.max_eval_mentions``) against it and logs
+            recall@``eval.ks`` (a ``heldout_recall`` line in the refresh log), as ``hnce eval``
+            of that checkpoint would report it; skipped, with one log line, when the dataset
+            has no such split.
     """
 
     enabled: Flag = True
@@ -97,17 +105,19 @@ class RefreshSettings:
     poll_seconds: PositiveReal = 2.0
     max_consecutive_failures: PositiveInt = 3
     wait_floor_seconds: PositiveReal = 900.0
+    heldout_recall: Flag = True
 
 
 @dataclass(frozen=True)
 class RefreshPlan:
-    """What the refreshes of one run do: where (run and dataset directories) and how (the
-    ``refresh`` and ``index`` sections)."""
+    """What the refreshes of one run do: where (run and dataset directories), how (the
+    ``refresh`` and ``index`` sections) and which held-out mentions each scores (None: none)."""
 
     run_dir: Path
     data_dir: Path
     refresh: RefreshSettings = field(default_factory=RefreshSettings)
     index: IndexSpec = field(default_factory=IndexSpec)
+    heldout: HeldoutSpec | None = None
 
     @property
     def index_store(self) -> IndexStore:
@@ -143,6 +153,7 @@ class RefreshSummary:
     seconds: dict[str, float] = field(default_factory=dict)
     skipped_checkpoints: list[int] = field(default_factory=list)
     recall: dict[str, float] = field(default_factory=dict)
+    heldout: HeldoutRecall | None = None
     up_to_date: bool = False
 
     def line(self) -> str:
@@ -249,6 +260,13 @@ def _mine(
     with timed(summary.seconds, "hold"):
         held = pool.hold(version, plan.index.candidate_depth)
     summary.num_holders = len(held.holders)
+    if plan.heldout is not None:
+        with timed(summary.seconds, "heldout"):
+            summary.heldout = score_heldout(
+                plan.heldout, plan.data_dir, pool, held, version, summary.checkpoint
+            )
+        if summary.heldout is not None:
+            logger.info(summary.heldout.line())
     mined = {}
     with timed(summary.seconds, "mine"):
         for split in plan.refresh.splits:

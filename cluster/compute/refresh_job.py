@@ -35,7 +35,7 @@ from hnce.cluster.compute.encoder_pool import EncoderPool, ShardEncoded
 from hnce.cluster.compute.lock import RunLock, RunLocked
 from hnce.cluster.compute.refresh import NoCheckpointError, RefreshPlan, run_refresh
 from hnce.cluster.stores.checkpoints import checkpoints_root, complete_checkpoints
-from hnce.cluster.stores.refresh_log import RefreshRecord, append_record
+from hnce.cluster.stores.refresh_log import RefreshRecord, append_heldout, append_record
 from hnce.encoders.errors import InputError
 
 logger = logging.getLogger(__name__)
@@ -156,7 +156,8 @@ def _run_locked(
     lock: RunLock,
     stopping: Callable[[], bool],
 ) -> None:
-    """Under the lock: choose the checkpoint again, refresh it, fill in and log the record.
+    """Under the lock: choose the checkpoint again, refresh it, fill in and log the record
+    (after its held-out recall, when the refresh scored one).
 
     The record's interval (``started``, ``seconds``) lies within the lock's tenure.
     """
@@ -190,6 +191,8 @@ def _run_locked(
         record.index_version = summary.index_version
         record.negatives_version = summary.negatives_version
         record.consecutive_failures, record.message = 0, summary.line()
+        if summary.heldout is not None:
+            append_heldout(plan.run_dir, summary.heldout)
     record.seconds = time.time() - record.started
     append_record(plan.run_dir, record)
 

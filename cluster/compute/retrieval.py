@@ -27,12 +27,13 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
-import pyarrow.compute as pc
 from filelock import FileLock
 
 from hnce.cluster.compute.encoder_pool import EncoderPool
@@ -43,13 +44,12 @@ from hnce.cluster.compute.index_build import (
     start_pool,
     timed,
 )
-from hnce.cluster.compute.miner import search_mentions
+from hnce.cluster.compute.miner import search_catalogue
 from hnce.cluster.compute.refresh import RefreshPlan
 from hnce.cluster.compute.shard_holders import HeldIndex
 from hnce.cluster.stores.index_store import IndexStore, IndexVersion
 from hnce.cluster.stores.tables import Mention
-from hnce.cluster.stores.tables_read import EntityCatalogue, catalogue_fingerprint
-from hnce.encoders.progress import progress_bar
+from hnce.cluster.stores.tables_read import catalogue_fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +72,71 @@ class Retrieved:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass
+class OpenIndex:
+    """An index version of a model loaded into a running encoder pool (:func:`open_index`):
+    mentions are encoded and searched through it as often as needed, with nothing restarted.
+    The first search reports the opening's stages (and whether it built the version) as its
+    own; later ones report only their search."""
+
+    pool: EncoderPool
+    held: HeldIndex
+    version: IndexVersion
+    data_dir: Path
+    built: bool  # the version was encoded to open the index, not yet reported
+    seconds: dict[str, float]  # the opening's stages, not yet reported
+
+    def search(
+        self,
+        mentions: Sequence[Mention],
+        k: int,
+        per_domain: bool = False,
+        batch_size: int = 256,
+    ) -> Retrieved:
+        """Top-``k`` entities of ``mentions`` (``per_domain``: among their own domain's only)."""
+        seconds, self.seconds = self.seconds, {}
+        built, self.built = self.built, False
+        with timed(seconds, "search"):
+            cands, scores = search_catalogue(
+                self.pool, self.held, self.data_dir, mentions, k, per_domain, batch_size
+            )
+        return Retrieved(cands, scores, self.version, built, seconds)
+
+
+@contextlib.contextmanager
+def open_index(plan: RefreshPlan, model: IndexedModel) -> Iterator[OpenIndex]:
+    """Find (or build once) an index version of ``model`` (module docstring for where), start
+    the encoder pool with the model and load the version into its shard holders; the pool stops
+    on exit. The evaluation store's lock is held until the version is loaded, not longer: its
+    retention may then remove the files, never what the holders already hold."""
+    seconds: dict[str, float] = {}
+    store = evaluation_store(plan)
+    store.root.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        with FileLock(str(store.root / ".lock")):
+            with timed(seconds, "find"):
+                catalogue = catalogue_fingerprint(plan.data_dir)
+                wanted = (
+                    model.fingerprint,
+                    catalogue,
+                    index_parameters(plan.index, plan.refresh.shard_size),
+                )
+                version = plan.index_store.find(*wanted) or store.find(*wanted)
+            encode = plan.data_dir if version is None else None
+            pool, tokens = start_pool(model, plan.pool_settings, encode, seconds)
+            stack.enter_context(pool)
+            if tokens is not None:
+                with timed(seconds, "index"):
+                    version = build_version(
+                        pool, store, model, tokens, plan.index, plan.refresh.shard_size
+                    ).version
+            assert version is not None
+            logger.info("searching index v%d in %s", version.version, version.path.parent)
+            with timed(seconds, "hold"):
+                held = pool.hold(version, plan.index.candidate_depth)
+        yield OpenIndex(pool, held, version, plan.data_dir, tokens is not None, seconds)
+
+
 def retrieve(
     plan: RefreshPlan,
     model: IndexedModel,
@@ -80,81 +145,11 @@ def retrieve(
     per_domain: bool = False,
     batch_size: int = 256,
 ) -> Retrieved:
-    """Top-`k` entities of `mentions` under `model` (module docstring for which index).
+    """Top-`k` entities of `mentions` under `model` (module docstring for which index), in an
+    index opened for this call only (:func:`open_index`).
 
     `per_domain` searches each mention among its own domain's entities only (Zeshel: a test
     world is linked against that world's documents).
     """
-    seconds: dict[str, float] = {}
-    store = evaluation_store(plan)
-    store.root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(store.root / ".lock")):
-        with timed(seconds, "find"):
-            catalogue = catalogue_fingerprint(plan.data_dir)
-            wanted = (
-                model.fingerprint,
-                catalogue,
-                index_parameters(plan.index, plan.refresh.shard_size),
-            )
-            version = plan.index_store.find(*wanted) or store.find(*wanted)
-        encode = plan.data_dir if version is None else None
-        pool, tokens = start_pool(model, plan.pool_settings, encode, seconds)
-        with pool:
-            built = tokens is not None
-            if tokens is not None:
-                with timed(seconds, "index"):
-                    version = build_version(
-                        pool,
-                        store,
-                        model,
-                        tokens,
-                        plan.index,
-                        plan.refresh.shard_size,
-                    ).version
-            assert version is not None
-            logger.info("searching index v%d in %s", version.version, version.path.parent)
-            with timed(seconds, "hold"):
-                held = pool.hold(version, plan.index.candidate_depth)
-            with timed(seconds, "search"):
-                cands, scores = _search(plan, pool, held, mentions, k, per_domain, batch_size)
-    return Retrieved(cands, scores, version, built, seconds)
-
-
-def _search(
-    plan: RefreshPlan,
-    pool: EncoderPool,
-    held: HeldIndex,
-    mentions: Sequence[Mention],
-    k: int,
-    per_domain: bool,
-    batch_size: int,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Search every mention (per domain: each group restricted to its domain's entities)."""
-    cands = np.full((len(mentions), k), -1, dtype=np.int64)
-    scores = np.full((len(mentions), k), -np.inf, dtype=np.float32)
-    groups: list[tuple[np.ndarray, np.ndarray | None]] = [(np.arange(len(mentions)), None)]
-    if per_domain:
-        groups = list(_domain_groups(plan, mentions))
-    with progress_bar(total=len(mentions), desc="retrieve", unit="mentions") as bar:
-        for rows, allowed in groups:
-            batches = (
-                [mentions[row] for row in rows[start : start + batch_size]]
-                for start in range(0, len(rows), batch_size)
-            )
-            if allowed is not None and allowed.size == 0:
-                bar.update(len(rows))
-                continue
-            found, found_scores = search_mentions(pool, held, batches, k, allowed, bar)
-            cands[rows], scores[rows] = found, found_scores
-    return cands, scores
-
-
-def _domain_groups(
-    plan: RefreshPlan, mentions: Sequence[Mention]
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """(mention rows, entity ids) of each domain the mentions come from."""
-    entity_domains = EntityCatalogue.open(plan.data_dir).domain_of()
-    mention_domains = np.asarray([mention.domain for mention in mentions])
-    for domain in sorted(set(mention_domains.tolist())):
-        allowed = pc.equal(entity_domains, domain).to_numpy()
-        yield np.flatnonzero(mention_domains == domain), np.flatnonzero(allowed)
+    with open_index(plan, model) as index:
+        return index.search(mentions, k, per_domain, batch_size)

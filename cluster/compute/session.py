@@ -13,6 +13,8 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import faiss
 import ray
@@ -26,6 +28,9 @@ logger = logging.getLogger(__name__)
 
 # Worker processes (Ray Train workers, encoder actors) inherit these.
 WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false"}
+DS_ACCELERATOR = "DS_ACCELERATOR"
+RAY_AUTH_MODE = "RAY_AUTH_MODE"
+_RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 _LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
 
 
@@ -99,8 +104,16 @@ class _SigtermKept:
             signal.signal(signal.SIGTERM, self.handler)
 
 
+def choose_accelerator(cluster: ClusterSettings) -> str:
+    """Tell DeepSpeed which accelerator the recipe chose (``DS_ACCELERATOR``: ``cuda`` with
+    ``cluster.use_gpu``, else ``cpu``), for this process and the workers it starts, before
+    DeepSpeed is imported; a value the user exported wins. DeepSpeed would otherwise probe, and
+    warn "Setting accelerator to CPU" in every process of a CPU run."""
+    return os.environ.setdefault(DS_ACCELERATOR, "cuda" if cluster.use_gpu else "cpu")
+
+
 def _start_or_join(cluster: ClusterSettings, cpus_needed: float) -> None:
-    runtime_env = {"env_vars": dict(WORKER_ENV)}
+    runtime_env = {"env_vars": {**WORKER_ENV, DS_ACCELERATOR: choose_accelerator(cluster)}}
     if cluster.address == "local":
         cpus = cluster.num_cpus or max(os.cpu_count() or 1, int(cpus_needed + 0.999))
         if not is_loopback(cluster.dashboard_host):
@@ -108,18 +121,37 @@ def _start_or_join(cluster: ClusterSettings, cpus_needed: float) -> None:
                 "Ray dashboard host %s is not loopback (allow_public_dashboard is set)",
                 cluster.dashboard_host,
             )
-        ray.init(
-            address="local",  # a new instance: never a Ray instance found running on the host
-            num_cpus=cpus,
-            include_dashboard=False,
-            dashboard_host=cluster.dashboard_host,
-            runtime_env=runtime_env,
-            log_to_driver=False,
+        with _token_warning_explained():
+            ray.init(
+                address="local",  # a new instance: never a Ray instance found running here
+                num_cpus=cpus,
+                include_dashboard=False,
+                dashboard_host=cluster.dashboard_host,
+                runtime_env=runtime_env,
+                log_to_driver=False,
+            )
+        logger.info(
+            "Ray: started a local instance with %d CPUs (token authentication: %s)",
+            cpus,
+            os.environ.get(RAY_AUTH_MODE, "disabled"),
         )
-        logger.info("Ray: started a local instance with %d CPUs", cpus)
     else:
         ray.init(address=cluster.address, runtime_env=runtime_env, log_to_driver=False)
         logger.info("Ray: joined %s (%s)", cluster.address, _resources_line())
+
+
+@contextmanager
+def _token_warning_explained() -> Iterator[None]:
+    """Ray turns token authentication on for a new local instance (``RAY_AUTH_MODE``, unless
+    the user set it) and warns that it did, in words that read like a problem; the start-up line
+    says which mode the instance runs in instead."""
+    ray_logger = logging.getLogger(_RAY_AUTH_LOGGER)
+    level = ray_logger.level
+    ray_logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        ray_logger.setLevel(level)
 
 
 def _resources_line() -> str:

@@ -25,11 +25,12 @@ logger = logging.getLogger(__name__)
 @dataclass
 class JsonLines:
     """What :func:`read_jsonl` found: the records, problems (``file:line: what``), and the byte
-    offset to read on from."""
+    offset and line number to read on from."""
 
     records: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     offset: int = 0
+    line: int = 1
 
 
 def append_jsonl(path: Path, record: dict[str, Any], durable: bool = False) -> None:
@@ -77,19 +78,24 @@ def _repair_torn_end(path: Path, handle: Any) -> None:
     handle.seek(keep)
 
 
-def read_jsonl(path: Path, offset: int = 0) -> JsonLines:
+def read_jsonl(path: Path, offset: int = 0, line: int | None = None) -> JsonLines:
     """The complete lines of ``path`` from byte ``offset``: JSON objects as records, anything
-    else as a problem naming its line. A last line without its newline is left unread."""
+    else as a problem naming its line. A last line without its newline is left unread.
+
+    ``line``: the number of the line at ``offset`` (a previous read's ``line``), so following a
+    growing log reads only what was appended; without it the lines before are counted."""
     try:
         with path.open("rb") as handle:
-            before = handle.read(offset) if offset else b""
+            if line is None:
+                line = handle.read(offset).count(b"\n") + 1 if offset else 1
+            handle.seek(offset)
             data = handle.read()
     except FileNotFoundError:
-        return JsonLines(offset=offset)
+        return JsonLines(offset=offset, line=line or 1)
     complete = data[: data.rfind(b"\n") + 1]
-    found = JsonLines(offset=offset + len(complete))
-    first_line = before.count(b"\n") + 1
-    for number, raw in enumerate(complete.split(b"\n")[:-1], first_line):
+    lines = complete.split(b"\n")[:-1]
+    found = JsonLines(offset=offset + len(complete), line=line + len(lines))
+    for number, raw in enumerate(lines, line):
         if not raw.strip():
             continue
         try:

@@ -11,6 +11,10 @@ already come from the checkpoint), ``failed``, ``abandoned`` (stopped at a shard
 finished shards are recorded and the next refresh resumes them), ``locked`` (another refresh
 holds the lock), ``no-checkpoint``, and ``stopped`` (a scheduled job ended by SIGTERM between
 refreshes). The last three never ran and are not in the run's log.
+
+The log also holds one :class:`HeldoutRecall` line (``"event": "heldout_recall"``) per refresh
+that scored the eval split against its new index version (``refresh.heldout_recall``), appended
+just before that refresh's record; :func:`read_log` reads both kinds.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from hnce.cluster.stores.jsonl import append_jsonl, read_jsonl
 logger = logging.getLogger(__name__)
 
 LOG_FILE = "refresh_log.jsonl"
+RECORD_EVENT = "refresh"
+HELDOUT_EVENT = "heldout_recall"
 
 Outcome = Literal[
     "published", "up-to-date", "failed", "abandoned", "locked", "no-checkpoint", "stopped"
@@ -72,35 +78,95 @@ class RefreshRecord:
         return record
 
     def json_line(self) -> str:
-        return json.dumps({"event": "refresh", **self.to_json()}, sort_keys=False)
+        return json.dumps({"event": RECORD_EVENT, **self.to_json()}, sort_keys=False)
 
 
 def append_record(run_dir: Path, record: RefreshRecord) -> None:
     """Append ``record`` to the run's refresh log (call only while holding the run's lock);
     a line torn by a writer that died is repaired first (:mod:`hnce.cluster.stores.jsonl`)."""
-    append_jsonl(Path(run_dir) / LOG_FILE, {"event": "refresh", **record.to_json()}, durable=True)
+    append_jsonl(
+        Path(run_dir) / LOG_FILE, {"event": RECORD_EVENT, **record.to_json()}, durable=True
+    )
+
+
+@dataclass
+class HeldoutRecall:
+    """Recall@k of the eval split's mentions against the index version a refresh just built.
+
+    Attributes:
+        step: the checkpoint the version was built from.
+        index_version: the version searched.
+        split: the mention split scored (``data.eval_split``).
+        mentions: how many of its mentions (``data.max_eval_mentions`` caps them).
+        recall: micro recall@k by k (as text: JSON keys), e.g. ``{"1": 0.45, "64": 0.97}``.
+        seconds: the scoring's time (mentions read, encoded, searched; recall computed).
+        time: when it was scored (seconds since the epoch).
+    """
+
+    step: int
+    index_version: int
+    split: str
+    mentions: int
+    recall: dict[str, float]
+    seconds: float
+    time: float
+
+    def line(self) -> str:
+        """``refresh v3 (step 20): held-out R@1 0.450 R@64 0.970 (test, 300 mentions, 1.2 s)``."""
+        figures = " ".join(f"R@{k} {value:.3f}" for k, value in self.recall.items())
+        return (
+            f"refresh v{self.index_version} (step {self.step}): held-out {figures} "
+            f"({self.split}, {self.mentions} mentions, {self.seconds:.1f} s)"
+        )
+
+
+def append_heldout(run_dir: Path, heldout: HeldoutRecall) -> None:
+    """Append ``heldout`` to the run's refresh log (only while holding the run's lock)."""
+    append_jsonl(
+        Path(run_dir) / LOG_FILE, {"event": HELDOUT_EVENT, **asdict(heldout)}, durable=True
+    )
+
+
+@dataclass
+class RefreshLog:
+    """What :func:`read_log` found from an offset on: the records, the held-out recalls, and
+    the byte offset to read on from."""
+
+    records: list[RefreshRecord] = field(default_factory=list)
+    heldout: list[HeldoutRecall] = field(default_factory=list)
+    offset: int = 0
 
 
 def read_records(
     run_dir: Path, offset: int = 0, problems: list[str] | None = None
 ) -> tuple[list[RefreshRecord], int]:
-    """Records appended since byte ``offset``, and the offset to read on from.
+    """Records appended since byte ``offset``, and the offset to read on from (:func:`read_log`)."""
+    found = read_log(run_dir, offset, problems)
+    return found.records, found.offset
 
-    A line still being written (no newline yet) is left for the next read; a line that is not
-    a refresh record is named (``file:line``) in ``problems`` (else logged) and skipped.
+
+def read_log(run_dir: Path, offset: int = 0, problems: list[str] | None = None) -> RefreshLog:
+    """Records and held-out recalls appended since byte ``offset``.
+
+    A line still being written (no newline yet) is left for the next read; a line that is
+    neither kind is named (``file:line``) in ``problems`` (else logged) and skipped. A line
+    without an ``event`` is read as a record.
     """
     path = Path(run_dir) / LOG_FILE
     found = read_jsonl(path, offset)
     bad = list(found.problems)
-    records = []
+    log = RefreshLog(offset=found.offset)
     for fields in found.records:
+        event = fields.pop("event", RECORD_EVENT)
         try:
-            fields = {key: value for key, value in fields.items() if key != "event"}
-            records.append(RefreshRecord(**fields))
+            if event == HELDOUT_EVENT:
+                log.heldout.append(HeldoutRecall(**fields))
+            else:
+                log.records.append(RefreshRecord(**fields))
         except TypeError as error:
-            bad.append(f"{path}: not a refresh record ({error})")
+            bad.append(f"{path}: not a {event} record ({error})")
     if problems is not None:
         problems.extend(bad)
     for problem in bad if problems is None else ():
         logger.warning("%s (skipped)", problem)
-    return records, found.offset
+    return log

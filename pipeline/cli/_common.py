@@ -38,7 +38,12 @@ def load_recipe(args: argparse.Namespace, *extra_overrides: str) -> Config:
     """The validated recipe of ``--config`` / ``--set`` (then ``extra_overrides``, from a
     command's own flags); raises ConfigError naming the key before any work."""
     config = load_config(args.config, [*args.overrides, *extra_overrides])
-    from hnce.cluster.compute.session import describe_environment
+    from hnce.cluster.compute.session import choose_accelerator, describe_environment
 
-    logger.info("recipe %s; %s", args.config or "(defaults)", describe_environment())
+    logger.info(
+        "recipe %s; %s; DeepSpeed accelerator %s",
+        args.config or "(defaults)",
+        describe_environment(),
+        choose_accelerator(config.cluster),
+    )
     return config

@@ -51,6 +51,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "a run's checkpoints, live versions, lag, refreshes, lock and disk on one screen",
     ),
     "eval": ("hnce.pipeline.cli.eval", "recall@k and accuracy against the whole catalogue"),
+    "link": ("hnce.pipeline.cli.link", "the top-k entities of mentions marked in text"),
+    "export": ("hnce.pipeline.cli.export", "a run's model as sentence-transformers directories"),
     "bias": ("hnce.pipeline.cli.bias", "gradient-bias diagnostics of NCE negatives (paper §6.4)"),
     "demo": ("hnce.pipeline.cli.demo", "the main job end to end on real WordNet data"),
     "rerank": ("hnce.pipeline.cli.rerank", "train and evaluate the joint (cross-encoder) reranker"),

@@ -1,4 +1,5 @@
-"""BLINK's entity catalogue ``entity.jsonl`` to the Parquet contracts.
+"""BLINK's entity catalogue ``entity.jsonl`` to the Parquet contracts, and BLINK's mention files
+(:func:`read_blink_mentions`, for linking).
 
 Each line is ``{text, idx: "https://en.wikipedia.org/wiki?curid=<id>", title, entity}``; the
 Wikipedia page id after ``curid=`` is the entity's ``key`` (so KILT AIDA golds resolve by
@@ -16,13 +17,20 @@ from typing import Any
 
 from tqdm import tqdm
 
-from hnce.cluster.stores.tables import Entity
-from hnce.pipeline.data.bad_rows import BadRowKind, BadRowPolicy, InputRow, iter_json_chunks
+from hnce.cluster.stores.tables import Entity, Mention
+from hnce.pipeline.data.bad_rows import (
+    BadRowKind,
+    BadRowPolicy,
+    InputRow,
+    iter_json_chunks,
+    iter_json_lines,
+)
 from hnce.pipeline.data.conversion import Conversion
 from hnce.pipeline.data.fields import KeySet, text_field, write_unique_entities
 
 DEFAULT_MAX_TEXT_CHARS = 2048
 BLINK_FIELDS = ("text", "idx", "title")
+BLINK_MENTION_FIELDS = ("context_left", "mention", "context_right")
 _CURID = re.compile(r"curid=([0-9]+)")
 _CHUNK = 8192
 
@@ -86,3 +94,21 @@ def convert_blink_entities(
         "entities": writer.count,
         "entity_id_is_blink_row": consecutive and writer.count == rows_read and policy.total == 0,
     }
+
+
+def read_blink_mentions(path: Path, policy: BadRowPolicy | None = None) -> list[Mention]:
+    """Every line of a BLINK mention file (``{context_left, mention, context_right, ...}``, the
+    input of BLINK's ``main_dense.py``), gold unknown, its id ``FILE:LINE`` (or its ``id``);
+    strict by default: a line without the three strings is an error naming the file and line."""
+    policy = policy or BadRowPolicy()
+    mentions = []
+    for row in iter_json_lines(Path(path), policy):
+        if not row.require(policy, BLINK_MENTION_FIELDS):
+            continue
+        parts = [text_field(row, policy, name) for name in BLINK_MENTION_FIELDS]
+        if any(part is None for part in parts):
+            continue
+        left, mention, right = parts
+        mention_id = str(row.record.get("id", f"{path}:{row.line}"))
+        mentions.append(Mention(mention_id, left, mention, right, -1))
+    return mentions

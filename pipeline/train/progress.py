@@ -2,8 +2,9 @@
 
 The Ray Train workers run in other processes (other machines on a cluster), so the driver follows
 ``<run>/train_log.jsonl`` (``hnce.pipeline.train.events``) instead of holding the training loop, and
-``<run>/refresh_log.jsonl`` (``hnce.cluster.stores.refresh_log``) for the refreshes: a failed refresh is
-printed above the bar the moment it is recorded, and the bar shows the last refresh's outcome.
+``<run>/refresh_log.jsonl`` (``hnce.cluster.stores.refresh_log``) for the refreshes: a failed refresh and
+each held-out recall (``refresh.heldout_recall``) are printed above the bar the moment they are
+recorded, and the bar shows the last refresh's outcome.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from hnce.cluster.stores.refresh_log import RefreshRecord, read_records
+from hnce.cluster.stores.refresh_log import RefreshRecord, read_log
 from hnce.encoders.progress import progress_bar
 from hnce.pipeline.train.events import read_events
 
@@ -29,8 +30,12 @@ def follow_progress(run_dir: Path, steps: int, done: threading.Event) -> None:
     refresh = "none yet"
     with progress_bar(total=steps, desc="training", unit="step") as bar:
         while not done.is_set():
-            records, offset = read_records(run_dir, offset)
-            for record in records:
+            log = read_log(run_dir, offset)
+            offset = log.offset
+            for heldout in log.heldout:
+                if heldout.time >= since:
+                    _report(heldout.line(), bar, logging.INFO)
+            for record in log.records:
                 if record.finished >= since:
                     refresh = _refresh_news(record, bar)
             events = read_events(run_dir, "step")
@@ -53,18 +58,24 @@ def follow_progress(run_dir: Path, steps: int, done: threading.Event) -> None:
 
 
 def _refresh_news(record: RefreshRecord, bar: tqdm) -> str:
-    """The bar's refresh field for ``record``; a failure is also reported at once: printed above
-    a bar on a terminal, else logged as a warning (a job's log, ``--no-progress``)."""
+    """The bar's refresh field for ``record``; a failure is also reported at once
+    (:func:`_report`, as a warning)."""
     if record.outcome == "failed":
         message = (
             f"refresh of step-{record.checkpoint} failed ({record.consecutive_failures} in a "
             f"row): {record.message}"
         )
-        if bar.disable or not sys.stderr.isatty():
-            logger.warning("%s", message)
-        else:
-            bar.write(message, file=sys.stderr)  # where the bar is
+        _report(message, bar, logging.WARNING)
         return f"failed x{record.consecutive_failures}"
     if record.outcome == "published":
         return f"v{record.index_version} from step-{record.checkpoint}"
     return record.outcome
+
+
+def _report(message: str, bar: tqdm, level: int) -> None:
+    """Print ``message`` above a bar on a terminal, else log it at ``level`` (a job's log,
+    ``--no-progress``)."""
+    if bar.disable or not sys.stderr.isatty():
+        logger.log(level, "%s", message)
+    else:
+        bar.write(message, file=sys.stderr)  # where the bar is

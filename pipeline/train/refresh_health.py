@@ -5,7 +5,9 @@ The refresh coordinator records every refresh it runs in ``<run>/refresh_log.jso
 also reads the refreshes recorded since it last looked (:class:`RefreshHealth`):
 
 - each failure is written at once to the trainer's event log as a ``refresh_failed`` event
-  (step, checkpoint, failures in a row, error);
+  (step, checkpoint, failures in a row, error), each published refresh as a ``refresh`` event
+  (step, checkpoint, versions, seconds: the refresh duration that TensorBoard shows), and each
+  held-out recall a refresh scored as a ``heldout_recall`` event at the checkpoint's step;
 - when one reaches ``refresh.max_consecutive_failures`` failures in a row, rank 0 writes a
   ``refresh_stop`` event naming the failing checkpoint and cause, and every rank leaves the
   training loop at that same step (the decision is broadcast).
@@ -19,17 +21,19 @@ resumed run is not stopped by the failures of an earlier one.
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from hnce.cluster.compute.refresh_job import RefreshesFailing
-from hnce.cluster.stores.refresh_log import read_records
+from hnce.cluster.stores.refresh_log import HELDOUT_EVENT, RefreshRecord, read_log
 from hnce.pipeline.train.events import EventLog, read_events
 
 STOP_EVENT = "refresh_stop"
 FAILED_EVENT = "refresh_failed"
+PUBLISHED_EVENT = "refresh"
 
 
 class RefreshHealth:
@@ -56,23 +60,44 @@ class RefreshHealth:
         return bool(stop.item())
 
     def _read(self, step: int, log: EventLog | None) -> str | None:
-        """Rank 0: log the failures recorded since the last call; the stop cause, if any."""
-        records, self._offset = read_records(self.run_dir, self._offset)
+        """Rank 0: log the refreshes published and failed and the held-out recalls scored since
+        the last call (a recall at the step of the checkpoint it scored); the stop cause, if any."""
+        found = read_log(self.run_dir, self._offset)
+        self._offset = found.offset
+        for heldout in found.heldout:
+            if log is not None and heldout.time >= self.since:
+                log.write(HELDOUT_EVENT, **asdict(heldout))  # at the time it was scored
         cause = None
-        for record in records:
-            if record.outcome != "failed" or record.finished < self.since:
+        for record in found.records:
+            if record.finished < self.since:
                 continue
             if log is not None:
-                log.write(
-                    FAILED_EVENT,
-                    step=step,
-                    checkpoint=record.checkpoint,
-                    consecutive=record.consecutive_failures,
-                    error=record.message,
-                )
-            if record.consecutive_failures >= self.max_consecutive_failures:
+                self._log(record, step, log)
+            failing = record.outcome == "failed"
+            if failing and record.consecutive_failures >= self.max_consecutive_failures:
                 cause = str(RefreshesFailing.after(record, f"training stopped at step {step}"))
         return cause
+
+    @staticmethod
+    def _log(record: RefreshRecord, step: int, log: EventLog) -> None:
+        """A published refresh as a ``refresh`` event, a failed one as ``refresh_failed``."""
+        if record.outcome == "published":
+            log.write(
+                PUBLISHED_EVENT,
+                step=step,
+                checkpoint=record.checkpoint,
+                index_version=record.index_version,
+                negatives_version=record.negatives_version,
+                seconds=record.seconds,
+            )
+        elif record.outcome == "failed":
+            log.write(
+                FAILED_EVENT,
+                step=step,
+                checkpoint=record.checkpoint,
+                consecutive=record.consecutive_failures,
+                error=record.message,
+            )
 
 
 def raise_if_stopped(run_dir: Path, since: float) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import ray
 
 from hnce.cluster.compute.coordinator import RefreshCoordinator
+from hnce.cluster.compute.heldout import HeldoutSpec
 from hnce.cluster.compute.refresh import RefreshPlan
 from hnce.cluster.compute.session import WORKER_ENV
 from hnce.pipeline.config import Config
@@ -29,12 +30,21 @@ CALL_SECONDS = 60.0  # a control call (stop, abandon, status) is served by an id
 
 
 def refresh_plan(config: Config) -> RefreshPlan:
-    """What this run's refreshes do: its directories, the ``refresh`` and ``index`` sections."""
+    """What this run's refreshes do: its directories, the ``refresh`` and ``index`` sections,
+    and, with ``refresh.heldout_recall``, the held-out mentions each scores as ``hnce eval``."""
+    heldout = HeldoutSpec(
+        split=config.data.eval_split,
+        max_mentions=config.data.max_eval_mentions,
+        ks=tuple(config.eval.ks),
+        per_domain=config.eval.per_domain_catalogue,
+        batch_size=config.eval.batch_size,
+    )
     return RefreshPlan(
         run_dir=config.run_dir.resolve(),
         data_dir=Path(config.data.root).resolve(),
         refresh=config.refresh,
         index=config.index,
+        heldout=heldout if config.refresh.heldout_recall else None,
     )
 
 
@@ -51,20 +61,23 @@ def start_refresh(plan: RefreshPlan) -> tuple[Any, Any]:
     return coordinator, coordinator.watch.remote()
 
 
-def stop_refresh(coordinator: Any, watch: Any, grace_seconds: float = 10.0) -> dict[str, Any]:
+def stop_refresh(
+    coordinator: Any, watch: Any, grace_seconds: float = 10.0, boundary_seconds: float = 120.0
+) -> dict[str, Any]:
     """Stop the watch loop and release the coordinator; returns its last status.
 
     A refresh still running after ``grace_seconds`` is abandoned at its next shard boundary (its
     finished shards stay recorded, so a later ``hnce refresh`` resumes it); one that does not
-    reach a boundary within another ``grace_seconds`` (it is mining) is killed, which leaves
-    nothing half-published either.
+    reach a boundary within ``boundary_seconds`` (a shard of a slow or loaded machine, or
+    mining) is killed, which leaves nothing half-published either, but Ray then reports the
+    killed task.
     """
     ray.get(coordinator.stop.remote(), timeout=CALL_SECONDS)
     ready, _ = ray.wait([watch], timeout=grace_seconds)
     if not ready:
         logger.info("a refresh is still running; abandoning it at its next shard (resumable)")
         ray.get(coordinator.abandon.remote(), timeout=CALL_SECONDS)
-        ready, _ = ray.wait([watch], timeout=grace_seconds)
+        ready, _ = ray.wait([watch], timeout=boundary_seconds)
     status: dict[str, Any] = ray.get(coordinator.status.remote(), timeout=CALL_SECONDS)
     if ready:
         ray.get(watch, timeout=CALL_SECONDS)

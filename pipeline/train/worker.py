@@ -190,7 +190,7 @@ class WorkerRun:
         self.report = report
         self.device = engine.device
         self.loss = build_loss(config.loss.name, **config.loss.options)
-        self.log = EventLog(task.run_dir) if self.rank == 0 else None
+        self.log = EventLog(task.run_dir, tensorboard=True) if self.rank == 0 else None
         self.health = (
             RefreshHealth(task.run_dir, config.refresh.max_consecutive_failures, self.rank)
             if task.refreshes(config)
@@ -286,6 +286,14 @@ class WorkerRun:
             self.log.write("loss_columns", sampler=spec.name, bytes=columns.memory_bytes)
 
     def train(self) -> None:
+        """:meth:`train_steps`, then the event log's TensorBoard file closed (rank 0)."""
+        try:
+            self.train_steps()
+        finally:
+            if self.log is not None:
+                self.log.close()
+
+    def train_steps(self) -> None:
         """Steps from the resume point to ``steps``: poll, micro-batches, log, checkpoint."""
         self.engine.train()
         loss = float("nan")
@@ -366,15 +374,17 @@ class WorkerRun:
 
     def micro_batch(self, micro_step: int) -> ContrastiveBatch:
         """This rank's mentions at ``micro_step`` with their negatives, seeded by the micro-step
-        (dropout too), so a resumed run draws what an uninterrupted one would."""
+        (dropout too) and with the sampler's options at its optimizer step
+        (``negatives.schedule``), so a resumed run draws what an uninterrupted one would."""
         seed = micro_step_seed(self.config.run.seed, micro_step, self.rank)
         torch.manual_seed(seed)
         rows = self.data.order.batch(micro_step, self.rank)
         mentions = [self.data.mentions[i] for i in rows]
         data = self.data
         scores = data.scores.for_rows(rows) if data.scores is not None else None
+        step = micro_step // self.settings.gradient_accumulation
         negatives = data.drawer.draw(
-            mentions, data.source, torch.Generator().manual_seed(seed), scores
+            mentions, data.source, torch.Generator().manual_seed(seed), scores, step
         )
         positives = [data.drawer.known_positives(m) for m in mentions]
         share = self.task.share(self.config)

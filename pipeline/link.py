@@ -1,0 +1,419 @@
+"""Entity linking with a trained model: mentions marked in text in, top-k catalogue entities out.
+
+A text marks each mention with ``[START_ENT]`` … ``[END_ENT]`` (KILT's markers, as in AIDA's
+``input`` field); every marked span becomes one :class:`~hnce.cluster.stores.tables.Mention` whose
+left and right contexts are the rest of the text, the other spans' markers dropped and their
+words kept (:func:`marked_mentions`), as the converters give a mention its context.
+
+Mentions are searched the way ``hnce eval`` searches them
+(:func:`hnce.cluster.compute.retrieval.open_index`): encoded by the model's mention tower in the
+encoder actors and searched against the whole catalogue in an index version of the *same*
+model. That is the run's published version when the refresh indexed that checkpoint (nothing is
+encoded), else one built once into ``<run>/eval-index/`` and found again by every later call.
+A trained joint reranker may reorder the retriever's top candidates
+(:func:`hnce.pipeline.rerank.rerank`).
+
+A linker starts (or joins) Ray, its encoder pool and the index version's shard holders on its
+first search and keeps them for every later call, until :meth:`EntityLinker.close` (or the end
+of its ``with`` block): a warm call only encodes and searches its mentions.
+
+Example::
+
+    from hnce import EntityLinker
+
+    linker = EntityLinker.from_run("runs/wordnet")  # the run's newest checkpoint
+    text = "He sat on the [START_ENT] bank [END_ENT] of the river."
+    for rank, key, title, score in linker.link([text], k=3)[0].candidates:
+        print(rank, key, title, f"{score:.2f}")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import ray
+import torch
+
+from hnce.cluster.compute.encoder_pool import encode_entities as encode_entity_vectors
+from hnce.cluster.compute.encoder_pool import encode_mention_queries
+from hnce.cluster.compute.index_build import IndexedModel, ensure_token_store
+from hnce.cluster.compute.retrieval import OpenIndex, Retrieved, open_index
+from hnce.cluster.compute.session import init_ray
+from hnce.cluster.stores.checkpoints import resolve_checkpoint
+from hnce.cluster.stores.files import ClosedOnExit
+from hnce.cluster.stores.tables import DatasetError, Mention
+from hnce.cluster.stores.tables_read import EntityCatalogue
+from hnce.cluster.stores.tokens import TokenStore
+from hnce.encoders.biencoder import BiEncoder, load_biencoder
+from hnce.encoders.errors import InputError
+from hnce.encoders.reranker import RERANKER_FILE, JointReranker, load_reranker
+from hnce.pipeline.config import Config, load_config
+from hnce.pipeline.data.kilt import END_ENT, START_ENT
+from hnce.pipeline.evaluate import resolve_model
+from hnce.pipeline.metrics import text_table
+from hnce.pipeline.preflight import check_dataset
+from hnce.pipeline.rerank import SplitCandidates, rerank
+from hnce.pipeline.train.refresh_supervisor import refresh_plan
+from hnce.pipeline.train.task import RERANK_DIR
+
+logger = logging.getLogger(__name__)
+
+RUN_RECIPE = "config.yaml"  # the resolved recipe `hnce train` writes into its run directory
+_MARKER = re.compile(f"({re.escape(START_ENT)}|{re.escape(END_ENT)})")
+_CONTEXT_CHARS = 40  # of each side of a mention in the table
+
+
+def marked_mentions(text: str, source: str) -> list[Mention]:
+    """Every ``[START_ENT] … [END_ENT]`` span of ``text`` as a mention, in order, with ids
+    ``<source>#<n>`` and no gold (-1). A mention's context is the text around it with the other
+    spans' markers dropped (their words kept), stripped at both ends.
+
+    Raises :class:`InputError` naming ``source`` (e.g. ``argument 2``, ``stdin line 3``) for a
+    text without a marked span, a marker without its partner, nested spans or an empty mention.
+    """
+    parts: list[str] = []  # the text without markers; a span is one part
+    spans: list[int] = []
+    inside = False
+    for piece in _MARKER.split(text):  # text, marker, text, marker, ..., text
+        if piece in (START_ENT, END_ENT):
+            if (piece == START_ENT) == inside:
+                raise InputError(f"{source}: {_misplaced(piece)}")
+            if inside and not parts[-1]:  # the span this marker closes
+                raise InputError(f"{source}: an empty mention ({START_ENT} {END_ENT})")
+            inside = not inside
+        elif inside:
+            spans.append(len(parts))
+            parts.append(piece.strip())
+        else:
+            parts.append(piece)
+    if inside:
+        raise InputError(f"{source}: {START_ENT} without its {END_ENT}")
+    if not spans:
+        raise InputError(f"{source}: no mention marked (mark each with {START_ENT} … {END_ENT})")
+    return [
+        Mention(
+            f"{source}#{number}",
+            "".join(parts[:span]).strip(),
+            parts[span],
+            "".join(parts[span + 1 :]).strip(),
+            -1,  # gold unknown
+        )
+        for number, span in enumerate(spans, start=1)
+    ]
+
+
+def _misplaced(marker: str) -> str:
+    if marker == START_ENT:
+        return f"{START_ENT} inside a marked mention (nested, or its {END_ENT} is missing)"
+    return f"{END_ENT} without a {START_ENT} before it"
+
+
+def texts_mentions(texts: Sequence[str], sources: Sequence[str]) -> list[Mention]:
+    """The marked mentions of every text, in order (:func:`marked_mentions`); ``sources`` name
+    the texts in errors and in the mention ids."""
+    return [
+        mention
+        for text, source in zip(texts, sources, strict=True)
+        for mention in marked_mentions(text, source)
+    ]
+
+
+class Candidate(NamedTuple):
+    """One entity found for a mention: its rank (1 = best), catalogue key and title, and the
+    retriever's score s(x, y) (also after a reranker reordered the candidates)."""
+
+    rank: int
+    key: str
+    title: str
+    score: float
+
+
+@dataclass(frozen=True)
+class LinkedMention:
+    """A mention and its candidates, best first."""
+
+    mention: Mention
+    candidates: list[Candidate]
+
+    def to_json(self) -> dict[str, Any]:
+        """One JSON object (``hnce link --json`` writes one line of it per mention)."""
+        return {
+            "id": self.mention.mention_id,
+            "context_left": self.mention.context_left,
+            "mention": self.mention.mention,
+            "context_right": self.mention.context_right,
+            "candidates": [candidate._asdict() for candidate in self.candidates],
+        }
+
+
+def format_linked(linked: Sequence[LinkedMention]) -> str:
+    """A readable table per mention: its id and context, then rank, key, title and score."""
+    blocks = []
+    for item in linked:
+        mention = item.mention
+        left = mention.context_left[-_CONTEXT_CHARS:]
+        right = mention.context_right[:_CONTEXT_CHARS]
+        heading = f"{mention.mention_id}: {left} [{mention.mention}] {right}".strip()
+        rows = [
+            [str(rank), key, title, f"{score:.4f}"] for rank, key, title, score in item.candidates
+        ]
+        blocks.append(heading + "\n" + text_table(["rank", "key", "title", "score"], rows))
+    return "\n\n".join(blocks)
+
+
+def check_catalogue(config: Config) -> None:
+    """``data.root`` is a published dataset (:func:`check_dataset`) whose catalogue holds at
+    least one entity (a dataset without entities has no ``entities/`` at all)."""
+    with contextlib.suppress(DatasetError):  # then check_dataset says what is wrong
+        if len(EntityCatalogue.open(Path(config.data.root))) == 0:
+            raise config.error(
+                "data.root", f"is {config.data.root!r}: its catalogue holds no entity"
+            )
+    check_dataset(config, [])
+
+
+def load_linking_reranker(path: Path) -> JointReranker:
+    """A trained joint reranker from a reranker export (``reranker.json``), or the newest
+    complete checkpoint (verified) of a reranker run: ``<run>/rerank`` or the run holding it."""
+    path = Path(path)
+    if (path / RERANKER_FILE).is_file():
+        return load_reranker(path, _local_device())
+    if (path / RERANK_DIR).is_dir():
+        path = path / RERANK_DIR
+    _, export = resolve_checkpoint(path, "newest")
+    return load_reranker(export, _local_device())
+
+
+def _local_device() -> torch.device:
+    """Where models loaded into this process run: the GPU when torch sees one."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class EntityLinker(ClosedOnExit):
+    """Links mentions marked in text to catalogue entities with a trained bi-encoder (and,
+    optionally, a trained joint reranker), searching the whole catalogue through the cluster.
+
+    Build one with :meth:`from_run` (a run's checkpoint) or :meth:`from_export` (a bi-encoder
+    export directory and a dataset); :meth:`link` marked texts, or :meth:`search` mentions;
+    :meth:`encode_mentions` and :meth:`encode_entities` give the vectors the index is built from
+    and searched with, computed in this process. Used as a context manager, it stops on exit
+    the Ray instance it started.
+
+    Args:
+        config: the recipe: ``data.root`` is the catalogue; ``run.dir`` where an index version
+            of the model is found (``index/``, ``eval-index/``) or built (``eval-index/``); the
+            ``refresh``, ``index`` and ``cluster`` sections the encoder pool, index and Ray.
+        model: the bi-encoder.
+        name: how logs name the model.
+        reranker: reorders the retriever's top ``rerank.num_candidates`` when given.
+
+    Example::
+
+        linker = EntityLinker.from_run("runs/wordnet", checkpoint="newest")
+        linked = linker.link(["He sat on the [START_ENT] bank [END_ENT] of the river."], k=5)
+        linked[0].candidates[0]  # Candidate(rank=1, key='bank.n.01', title='bank', score=...)
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        model: IndexedModel,
+        name: str,
+        reranker: JointReranker | None = None,
+    ) -> None:
+        self.config = config
+        self.model = model
+        self.name = name
+        self.reranker = reranker
+        self.plan = refresh_plan(config)
+        self.catalogue = EntityCatalogue.open(self.plan.data_dir)
+        self._started_ray = False
+        self._opened = contextlib.ExitStack()
+        self._index: OpenIndex | None = None
+        self._biencoder: BiEncoder | None = None
+        self._reranker_tokens: TokenStore | None = None
+
+    @classmethod
+    def from_config(
+        cls,
+        config: Config,
+        checkpoint: str = "newest",
+        export: Path | None = None,
+        reranker: Path | None = None,
+    ) -> EntityLinker:
+        """The linker of a recipe: the bi-encoder exported in ``export``, else the run's
+        ``checkpoint`` (``newest``, ``untrained``, a ``step-<S>/`` or ``export/`` directory, as
+        ``hnce eval --checkpoint``); ``reranker`` as :func:`load_linking_reranker` reads it. An
+        empty or missing catalogue is refused before any model is read."""
+        check_catalogue(config)
+        if export is not None:
+            model, name = IndexedModel.from_export(Path(export)), str(export)
+        else:
+            model, name = resolve_model(config, checkpoint)
+        joint = None if reranker is None else load_linking_reranker(Path(reranker))
+        return cls(config, model, name, joint)
+
+    @classmethod
+    def from_run(
+        cls,
+        run: Path | str,
+        checkpoint: str = "newest",
+        overrides: Sequence[str] = (),
+        reranker: Path | None = None,
+    ) -> EntityLinker:
+        """A run's checkpoint: ``run`` is its directory (the ``config.yaml`` ``hnce train``
+        wrote there) or a recipe file; ``overrides`` are ``section.key=value`` as ``--set``."""
+        recipe = Path(run) / RUN_RECIPE if Path(run).is_dir() else Path(run)
+        return cls.from_config(load_config(recipe, overrides), checkpoint, reranker=reranker)
+
+    @classmethod
+    def from_export(
+        cls,
+        export_dir: Path | str,
+        data_root: Path | str,
+        run_dir: Path | str | None = None,
+        recipe: Path | None = None,
+        overrides: Sequence[str] = (),
+        reranker: Path | None = None,
+    ) -> EntityLinker:
+        """The bi-encoder exported in ``export_dir`` (a checkpoint's ``export/``) over the
+        dataset ``data_root``; ``run_dir`` (default: the recipe's ``run.dir``) keeps in its
+        ``eval-index/`` the index version built for it, found again by later linkers."""
+        where = [f"data.root={data_root}"] + ([] if run_dir is None else [f"run.dir={run_dir}"])
+        config = load_config(recipe, [*overrides, *where])
+        return cls.from_config(config, export=Path(export_dir), reranker=reranker)
+
+    def search(self, mentions: Sequence[Mention], k: int = 8) -> Retrieved:
+        """Top-``k`` entity ids and scores of ``mentions`` against the whole catalogue, in an
+        index version of the model (module docstring), opened by the first call and kept;
+        ``Retrieved.built`` says whether the catalogue had to be encoded to open it."""
+        if not ray.is_initialized():
+            init_ray(
+                self.config.cluster, self.plan.refresh.num_encoders * self.plan.refresh.encoder_cpus
+            )
+            self._started_ray = True
+        if self._index is None:
+            self._index = self._opened.enter_context(open_index(self.plan, self.model))
+        retrieved = self._index.search(mentions, k, batch_size=self.config.eval.batch_size)
+        logger.info(
+            "linked %d mention(s) with %s in index v%d of %s (%s)",
+            len(mentions),
+            self.name,
+            retrieved.index_version.version,
+            retrieved.index_version.path.parent,
+            "built for this call" if retrieved.built else "reused",
+        )
+        return retrieved
+
+    def link(
+        self, texts: Sequence[str], k: int = 8, sources: Sequence[str] | None = None
+    ) -> list[LinkedMention]:
+        """The top-``k`` candidates of every mention marked in ``texts``, in order (several per
+        text when it marks several); ``sources`` name the texts in errors (``text <n>``)."""
+        sources = sources or [f"text {number}" for number in range(1, len(texts) + 1)]
+        return self.link_mentions(texts_mentions(texts, sources), k)
+
+    def link_mentions(self, mentions: Sequence[Mention], k: int = 8) -> list[LinkedMention]:
+        """The top-``k`` candidates of each mention, reranked when the linker has a reranker."""
+        if k < 1:
+            raise InputError(f"k must be at least 1 (got {k})")
+        if not mentions:
+            return []
+        depth = max(k, self.config.rerank.num_candidates) if self.reranker else k
+        retrieved = self.search(mentions, depth)
+        ids, scores = retrieved.cands, retrieved.scores
+        if self.reranker is not None:
+            ids, scores = self._reranked(mentions, retrieved)
+        return self._described(mentions, ids[:, :k], scores[:, :k])
+
+    def _reranked(
+        self, mentions: Sequence[Mention], retrieved: Retrieved
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The retrieved ids reordered by the reranker, each with its retriever score."""
+        assert self.reranker is not None
+        if self._reranker_tokens is None:
+            self._reranker_tokens = TokenStore.ensure(
+                self.plan.data_dir, self.reranker.tokenizer, self.reranker.entity_length
+            )
+        found = SplitCandidates(list(mentions), retrieved.cands, retrieved.scores)
+        ids = rerank(
+            self.reranker,
+            self._reranker_tokens,
+            found,
+            found.cands.shape[1],
+            self.config.rerank.eval_batch_size,
+        )
+        # each reranked id's column in the retriever's row (padding -1 matches padding)
+        columns = (ids[:, :, None] == found.cands[:, None, :]).argmax(axis=2)
+        return ids, np.take_along_axis(retrieved.scores, columns, axis=1)
+
+    def _described(
+        self, mentions: Sequence[Mention], ids: np.ndarray, scores: np.ndarray
+    ) -> list[LinkedMention]:
+        """Keys and titles of the candidates; padding (-1, last in a row where the catalogue
+        holds fewer than k entities) is dropped."""
+        entities = self.catalogue.get_many(ids[ids >= 0].tolist())
+        linked, taken = [], 0
+        for mention, row, row_scores in zip(mentions, ids, scores, strict=True):
+            present = row >= 0
+            found = entities[taken : taken + int(present.sum())]
+            taken += len(found)
+            candidates = [
+                Candidate(rank, entity.key, entity.title, float(score))
+                for rank, (entity, score) in enumerate(
+                    zip(found, row_scores[present], strict=True), start=1
+                )
+            ]
+            linked.append(LinkedMention(mention, candidates))
+        return linked
+
+    def encode_mentions(
+        self, texts: Sequence[str], sources: Sequence[str] | None = None
+    ) -> np.ndarray:
+        """Query vectors float32 [M, Q, d] of every mention marked in ``texts`` (Q = 1 for dual
+        and multi-m), in one batch by the mention tower in this process: the vectors
+        :meth:`search` sends to the index."""
+        sources = sources or [f"text {number}" for number in range(1, len(texts) + 1)]
+        mentions = texts_mentions(texts, sources)
+        return encode_mention_queries(
+            self._local_biencoder(),
+            [mention.context_left for mention in mentions],
+            [mention.mention for mention in mentions],
+            [mention.context_right for mention in mentions],
+        )
+
+    def encode_entities(self, entity_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Index vectors of catalogue entities (by entity_id; ``self.catalogue.ids_for_keys``
+        maps keys), in this process from the catalogue's token store, as an index shard holds
+        them: (vectors float32 [V, d], the entity id of each vector int64 [V]); one vector per
+        entity for dual, several for multi-m and sum-of-max."""
+        tokens = ensure_token_store(self.plan.data_dir, self.model)
+        vectors, owners, _ = encode_entity_vectors(
+            self._local_biencoder(),
+            tokens,
+            np.asarray(entity_ids, dtype=np.int64),
+            self.plan.refresh.batch_size,
+        )
+        return vectors, owners
+
+    def _local_biencoder(self) -> BiEncoder:
+        """The bi-encoder loaded into this process (once) for the ``encode_*`` methods."""
+        if self._biencoder is None:
+            self._biencoder = load_biencoder(self.model.export_dir, _local_device()).eval()
+        return self._biencoder
+
+    def close(self) -> None:
+        """Stop the encoder pool holding the index, and the Ray instance this linker started
+        (not one it joined or found running)."""
+        self._opened.close()
+        self._index = None
+        if self._started_ray:
+            ray.shutdown()
+            self._started_ray = False

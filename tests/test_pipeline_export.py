@@ -1,0 +1,183 @@
+"""``hnce export``: a dual model's towers load in sentence-transformers and give hnce's own vectors
+(mean and [CLS] pooling, normalised or not); other scorers are refused before any work; and the
+README's export section, run as written, finds with plain faiss and pyarrow what hnce's own
+searcher finds in a published index version."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import LETTER_PIECES, tiny_bert_config, write_wordpiece_tokenizer
+from sentence_transformers import SentenceTransformer
+from store_helpers import publish_index, random_word_dataset, write_checkpoint
+from training_helpers import write_letter_export
+
+from hnce.cluster.stores.index_store import IndexStore
+from hnce.cluster.stores.tables_read import EntityCatalogue
+from hnce.encoders.biencoder import build_biencoder, export_biencoder, load_biencoder
+from hnce.encoders.errors import InputError
+from hnce.encoders.pooling import declared_pooling
+from hnce.pipeline import export
+from hnce.pipeline.cli.main import main
+from hnce.pipeline.export import SENTENCE_TRANSFORMERS, export_run
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+SECTION = "### Export: sentence-transformers and plain FAISS"
+# Short enough that BLINK's layout keeps every context piece at the mention length below.
+MENTIONS = [("the big", "paris", "is a city"), ("", "seine", "river"), ("on a river", "city", "")]
+# The first is longer than the entity length: both cut it there. None: no title (nor its marker).
+ENTITIES = [("paris", "capital of france " * 12), ("seine", "a river"), (None, "no title at all")]
+
+
+def write_run(run_dir: Path, pooling: str, normalize: bool, hidden_size: int = 32) -> Path:
+    """A run whose checkpoint step-3 holds a tiny random dual model with this pooling."""
+    tokenizer = write_wordpiece_tokenizer(run_dir.parent / "vocab", LETTER_PIECES)
+    torch.manual_seed(0)
+    model = build_biencoder(
+        tiny_bert_config(len(tokenizer), hidden_size),
+        "dual",
+        tokenizer=tokenizer,
+        mention_length=48,
+        entity_length=24,
+        pooling=pooling,
+        normalize=normalize,
+    )
+    export_biencoder(model, run_dir.parent / "export")
+    write_checkpoint(run_dir, 3, run_dir.parent / "export")
+    return run_dir
+
+
+def blink_texts(rows: list[tuple[str, ...]], markers: tuple[str, ...]) -> list[str]:
+    """Each row's fields joined by BLINK's markers, as the README tells users to feed the towers."""
+    texts = []
+    for row in rows:
+        parts = [row[0]]
+        for marker, field in zip(markers, row[1:], strict=True):
+            parts += [marker, field]
+        texts.append(" ".join(part for part in parts if part))
+    return texts
+
+
+@pytest.mark.parametrize(
+    ("pooling", "normalize"), [("mean", False), ("mean", True), ("cls", False), ("cls", True)]
+)
+def test_each_tower_loads_in_sentence_transformers_and_gives_hnces_vectors(
+    tmp_path: Path, pooling: str, normalize: bool
+) -> None:
+    run_dir = write_run(tmp_path / "run", pooling, normalize)
+    written = export_run(run_dir, "newest", SENTENCE_TRANSFORMERS, tmp_path / "out")
+    assert written == {
+        "mention": tmp_path / "out" / "mention",
+        "entity": tmp_path / "out" / "entity",
+    }
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left
+
+    model = load_biencoder(run_dir / "checkpoints" / "step-3" / "export")
+    mention_batch = model.tokenize_mentions(*zip(*MENTIONS, strict=True))
+    entity_batch = model.tokenize_entities(*zip(*ENTITIES, strict=True))
+    with torch.inference_mode():
+        expected = {
+            "mention": model.encode_mentions(**mention_batch)[0][:, 0],
+            "entity": model.encode_entities(**entity_batch)[0][:, 0],
+        }
+    texts = {
+        "mention": blink_texts(MENTIONS, ("[unused0]", "[unused1]")),
+        "entity": [
+            text if title is None else f"{title} [unused2] {text}" for title, text in ENTITIES
+        ],
+    }
+    assert entity_batch["input_ids"].shape[1] == model.entity_length  # the long text was cut
+    for tower, directory in written.items():
+        loaded = SentenceTransformer(str(directory), device="cpu")
+        vectors = loaded.encode(texts[tower], convert_to_tensor=True)
+        torch.testing.assert_close(vectors, expected[tower], rtol=0, atol=1e-6)
+        assert loaded.similarity_fn_name == ("cosine" if normalize else "dot")
+        assert declared_pooling(directory) == pooling  # hnce reads it back as a model.path
+    if normalize:
+        assert torch.allclose(expected["entity"].norm(dim=1), torch.ones(3))
+
+
+def test_a_scorer_that_is_not_dual_is_refused_before_anything_is_loaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = tmp_path / "run"
+    write_checkpoint(run_dir, 5, write_letter_export(tmp_path / "multi", "multi-3"))
+
+    def never(*_: object) -> None:
+        raise AssertionError("the checkpoint was loaded")
+
+    monkeypatch.setattr(export, "load_biencoder", never)
+    monkeypatch.setattr(export, "resolve_checkpoint", never)
+    with pytest.raises(InputError, match="scorer 'multi' reads several vectors per side"):
+        export_run(run_dir, "step-5", SENTENCE_TRANSFORMERS, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_command_refuses_an_existing_out_and_a_missing_checkpoint_and_reads_a_recipe(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = write_run(tmp_path / "run", "cls", False)
+    (tmp_path / "taken").mkdir()
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "taken")]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert (
+        main(["export", str(run_dir), "--checkpoint", "step-9", "--out", str(tmp_path / "o")]) == 2
+    )
+    assert "step-9: no complete checkpoint" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"run:\n  dir: {run_dir}\n")  # a recipe names the run by run.dir
+    assert (
+        main(["export", str(recipe), "--checkpoint", "step-3", "--out", str(tmp_path / "o")]) == 0
+    )
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["entity", "mention"]
+
+
+def readme_section() -> tuple[list[str], list[str]]:
+    """The ``hnce`` command lines and the Python blocks of the README's export section."""
+    text = README.read_text(encoding="utf-8")
+    start = text.index(SECTION)
+    end = text.find("\n#", start + len(SECTION))
+    section = text[start : end if end >= 0 else len(text)]
+    shell = re.findall(r"```bash\n(.*?)```", section, re.S)
+    commands = [line for block in shell for line in block.splitlines() if line.startswith("hnce ")]
+    return commands, re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+def test_the_readme_export_section_runs_as_written(tmp_path: Path) -> None:
+    """The README's command, its sentence-transformers lines and its plain-faiss lines, with the
+    example paths pointed at a small run: the top entities equal hnce's own searcher's."""
+    places = {
+        "runs/wordnet": tmp_path / "runs" / "wordnet",
+        "data/wordnet": random_word_dataset(tmp_path / "data"),
+        "models/wordnet": tmp_path / "models" / "wordnet",
+    }
+    write_run(places["runs/wordnet"], "mean", False, hidden_size=16)
+    vectors = np.random.default_rng(0).standard_normal((48, 16)).astype(np.float32)
+    publish_index(IndexStore(places["runs/wordnet"] / "index"), 3, vectors, shards=3)
+
+    def pointed(text: str) -> str:
+        for example, path in places.items():
+            text = text.replace(example, str(path))
+        return text
+
+    commands, blocks = readme_section()
+    assert len(commands) == 1 and len(blocks) == 2
+    assert main(shlex.split(pointed(commands[0]))[1:]) == 0
+    namespace: dict[str, object] = {}
+    for block in blocks:
+        exec(pointed(block), namespace)  # the README's own lines
+
+    searcher = IndexStore(places["runs/wordnet"] / "index").current().load()
+    queries = np.asarray(namespace["queries"], dtype=np.float32)
+    entity_ids, scores = searcher.search(queries, 10)
+    catalogue = EntityCatalogue.open(places["data/wordnet"])
+    expected = [catalogue.get(int(i)).key for i in entity_ids[0]]
+    top = namespace["top"]
+    assert [key for _, key in top] == expected
+    np.testing.assert_allclose([score for score, _ in top], scores[0], rtol=1e-5)

@@ -1,0 +1,334 @@
+"""``hnce link`` and ``hnce.EntityLinker``: mentions marked in text linked with a trained model.
+
+Fast: the marked-text parser, and bad inputs refused (naming the argument or stdin line) before
+any model or Ray starts. Slow: a tiny bi-encoder trained for 30 steps and its final checkpoint
+indexed by ``hnce refresh`` (module fixture); then linking finds exactly the model's top k over
+the whole catalogue (checked against every entity scored in this process), in the run's
+published index version (no version is built: ``<run>/eval-index/`` stays empty), as a table, as
+JSON lines and through the Python API, and a joint reranker reorders the retriever's top
+candidates by its own scores.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import write_jsonl
+from training_helpers import CONFIGS, assert_exact_top_k, exact_scores
+
+import hnce
+from hnce.cluster.compute.retrieval import EVAL_INDEX_DIR
+from hnce.cluster.stores.checkpoints import newest_checkpoint
+from hnce.cluster.stores.index_store import IndexStore
+from hnce.cluster.stores.tables import Mention, mention_split_path
+from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
+from hnce.cluster.stores.tables_write import write_dataset
+from hnce.encoders.errors import InputError
+from hnce.encoders.reranker import build_reranker, export_reranker, load_reranker
+from hnce.pipeline.cli.main import main as hnce_main
+from hnce.pipeline.data.blink import read_blink_mentions
+from hnce.pipeline.link import marked_mentions
+
+K = 5
+
+
+# ---------------------------------------------------------------- the marked-text parser
+
+
+def test_each_marked_span_is_a_mention_with_the_rest_of_the_text_as_context() -> None:
+    text = "He met [START_ENT] Paris [END_ENT] in [START_ENT]Texas[END_ENT] ."
+    first, second = marked_mentions(text, "argument 1")
+    assert (first.mention_id, first.context_left, first.mention, first.context_right) == (
+        "argument 1#1",
+        "He met",
+        "Paris",
+        "in Texas .",
+    )
+    assert (second.mention_id, second.context_left, second.mention, second.context_right) == (
+        "argument 1#2",
+        "He met Paris in",
+        "Texas",
+        ".",
+    )
+    assert first.gold == -1
+    only = marked_mentions("[START_ENT] Paris [END_ENT]", "text 1")
+    assert [(m.context_left, m.mention, m.context_right) for m in only] == [("", "Paris", "")]
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("no marked mention here", "no mention marked"),
+        ("a [START_ENT] b", "[START_ENT] without its [END_ENT]"),
+        ("a [END_ENT] b", "[END_ENT] without a [START_ENT]"),
+        ("a [END_ENT] b [START_ENT] c", "[END_ENT] without a [START_ENT]"),
+        ("a [START_ENT] [START_ENT] b [END_ENT] [END_ENT]", "[START_ENT] inside a marked"),
+        ("a [START_ENT]  [END_ENT] b", "an empty mention"),
+        ("a [START_ENT] b [END_ENT] [START_ENT] c", "[START_ENT] without its [END_ENT]"),
+    ],
+)
+def test_a_malformed_marking_is_an_error_naming_the_input(text: str, problem: str) -> None:
+    with pytest.raises(InputError) as raised:
+        marked_mentions(text, "stdin line 3")
+    assert str(raised.value).startswith("stdin line 3: ")
+    assert problem in str(raised.value)
+
+
+@pytest.fixture
+def run_hnce(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
+    """Run ``hnce`` in this process, stdin given as text: (exit status, stdout, stderr)."""
+
+    def run(*arguments: str, stdin: str = "") -> tuple[int, str, str]:
+        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+        capsys.readouterr()
+        status = hnce_main(list(arguments))
+        out, err = capsys.readouterr()
+        return status, out, err
+
+    return run
+
+
+def test_a_bad_argument_or_stdin_line_is_refused_before_any_work(
+    run_hnce, small_dataset: Path, tmp_path: Path
+) -> None:
+    """The recipe's run has no checkpoint and Ray is never needed: inputs are checked first."""
+    recipe = ["--config", str(CONFIGS / "synthetic-test.yaml")]
+    recipe += ["--set", f"data.root={small_dataset}", "--set", f"run.dir={tmp_path / 'run'}"]
+    good = "the [START_ENT] city [END_ENT] of light"
+    status, out, err = run_hnce("link", *recipe, good, "nothing marked")
+    assert status == 2 and out == ""
+    assert "hnce link: argument 2: no mention marked" in err
+    status, out, err = run_hnce("link", *recipe, stdin=f"{good}\n\nan [START_ENT] open span\n")
+    assert status == 2 and "hnce link: stdin line 3: [START_ENT] without its [END_ENT]" in err
+    status, _, err = run_hnce("link", *recipe, stdin="\n")
+    assert status == 2 and "no text to link" in err
+    kilt = write_jsonl(
+        tmp_path / "aida-kilt.jsonl", [{"id": "q1", "input": good}, {"id": "q2", "input": "none"}]
+    )
+    status, _, err = run_hnce("link", *recipe, "--kilt", str(kilt))
+    assert status == 2 and f"hnce link: {kilt}:2: offsets_outside_context" in err
+    blink = write_jsonl(
+        tmp_path / "blink.jsonl",
+        [BLINK_LINE, {"context_left": "a", "mention": 3, "context_right": "b"}],
+    )
+    status, _, err = run_hnce("link", *recipe, "--blink", str(blink))
+    assert status == 2 and f"hnce link: {blink}:2: missing_field" in err and "mention" in err
+    assert not (tmp_path / "run").exists()
+
+
+BLINK_LINE = {"id": 7, "context_left": "the", "mention": "city", "context_right": "of light"}
+
+
+def test_a_blink_mention_file_reads_as_mentions(tmp_path: Path) -> None:
+    blink = write_jsonl(
+        tmp_path / "blink.jsonl",
+        [BLINK_LINE, {"context_left": "", "mention": "Paris", "context_right": "", "label": "x"}],
+    )
+    assert read_blink_mentions(blink) == [
+        Mention("7", "the", "city", "of light", -1),
+        Mention(f"{blink}:2", "", "Paris", "", -1),
+    ]
+
+
+def test_an_empty_catalogue_is_refused_before_any_work(run_hnce, tmp_path: Path) -> None:
+    write_dataset(tmp_path / "empty", [])
+    recipe = ["--config", str(CONFIGS / "synthetic-test.yaml")]
+    recipe += ["--set", f"data.root={tmp_path / 'empty'}", "--set", f"run.dir={tmp_path / 'run'}"]
+    status, out, err = run_hnce("link", *recipe, "the [START_ENT] city [END_ENT] of light")
+    assert status == 2 and out == ""
+    assert "'data.root' is" in err and "its catalogue holds no entity" in err
+    assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------- a trained run
+
+
+@pytest.fixture(scope="module")
+def trained_run(
+    tmp_path_factory: pytest.TempPathFactory,
+    small_dataset: Path,
+    syllable_bert: Path,
+    ray_session: str,
+) -> Path:
+    """30 training steps of the tiny BERT, mean-pooled (one worker, random negatives, no refresh
+    while training), then ``hnce refresh`` publishes index v<N> of the final checkpoint. Steps
+    cost milliseconds beside the start-up: 30 rank two thirds of the training mentions' golds
+    among the top 5 of the 90 entities (2 steps, or [CLS] pooling: a tenth, with near-ties)."""
+    run = tmp_path_factory.mktemp("link") / "run"
+    settings = [
+        f"run.dir={run}",
+        f"data.root={small_dataset}",
+        f"model.path={syllable_bert}",
+        "model.pooling=mean",
+        "training.steps=30",
+        "training.checkpoint_every=30",
+        "training.num_workers=1",
+        "negatives.sampler=random",
+        "refresh.enabled=false",
+    ]
+    train = ["train", "--config", str(CONFIGS / "synthetic-test.yaml"), "--no-progress"]
+    assert hnce_main([*train, *(f"--set={setting}" for setting in settings)]) == 0
+    assert hnce_main(["refresh", "--config", str(run / "config.yaml")]) == 0
+    return run
+
+
+def marked(mention: Mention) -> str:
+    return f"{mention.context_left} [START_ENT] {mention.mention} [END_ENT] {mention.context_right}"
+
+
+def exact(run: Path, data_root: Path, mentions: list[Mention]) -> np.ndarray:
+    """Scores [M, E] of each mention against every entity, computed in this process by the run's
+    newest checkpoint."""
+    newest = newest_checkpoint(run)
+    assert newest is not None
+    return exact_scores(newest[1] / "export", data_root, mentions)
+
+
+def assert_exact(found_keys: list[list[str]], scores: np.ndarray, data_root: Path) -> None:
+    """Each mention's linked keys are its k best entities under ``scores``, best first (up to
+    float rounding: near-ties may come in either order)."""
+    ids = EntityCatalogue.open(data_root).ids_for_keys([key for keys in found_keys for key in keys])
+    assert_exact_top_k(ids.reshape(len(found_keys), -1), scores)
+
+
+@pytest.fixture(scope="module")
+def linkable(trained_run: Path, small_dataset: Path) -> list[Mention]:
+    """Two training mentions whose gold the trained model ranks among its top K (the two best
+    ranked), so that linking them must find their gold."""
+    mentions = MentionSplit.open(mention_split_path(small_dataset, "train")).read_all()
+    scores = exact(trained_run, small_dataset, mentions)
+    golds = np.asarray([m.gold for m in mentions])
+    ranks = (scores > scores[np.arange(len(mentions)), golds][:, None]).sum(axis=1)
+    best = np.argsort(ranks, kind="stable")[:2]
+    assert ranks[best].max() < K, ranks[best]
+    return [mentions[i] for i in best]
+
+
+def assert_nothing_built(run: Path) -> None:
+    """Linking searched the version the refresh published: the refresh's store holds that one
+    version and ``<run>/eval-index/`` none (a version encoded to link would land there)."""
+    assert len(IndexStore(run / "index").versions()) == 1
+    assert IndexStore(run / EVAL_INDEX_DIR).versions() == []
+
+
+@pytest.mark.slow
+def test_link_prints_the_gold_among_the_exact_top_k_from_the_published_index(
+    run_hnce, trained_run: Path, small_dataset: Path, linkable: list[Mention]
+) -> None:
+    recipe = ["--config", str(trained_run / "config.yaml")]
+    status, out, err = run_hnce("link", *recipe, "-k", str(K), marked(linkable[0]))
+    assert status == 0, err
+    assert_nothing_built(trained_run)
+    catalogue = EntityCatalogue.open(small_dataset)
+    gold = catalogue.get(linkable[0].gold)
+    rows = [line.split(" | ") for line in out.splitlines() if " | " in line][1:]
+    assert [int(row[0]) for row in rows] == list(range(1, K + 1))
+    assert [gold.key, gold.title] in [[cell.strip() for cell in row[1:3]] for row in rows]
+    assert_exact(
+        [[row[1].strip() for row in rows]],
+        exact(trained_run, small_dataset, linkable[:1]),
+        small_dataset,
+    )
+    assert out.splitlines()[0].startswith("argument 1#1: ")
+
+
+@pytest.mark.slow
+def test_link_json_lines_from_stdin_one_object_per_mention(
+    run_hnce, trained_run: Path, small_dataset: Path, linkable: list[Mention]
+) -> None:
+    stdin = "\n".join(marked(mention) for mention in linkable) + "\n"
+    recipe = ["--config", str(trained_run / "config.yaml")]
+    status, out, err = run_hnce("link", *recipe, "-k", str(K), "--json", stdin=stdin)
+    assert status == 0, err
+    assert_nothing_built(trained_run)
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [line["id"] for line in lines] == ["stdin line 1#1", "stdin line 2#1"]
+    catalogue = EntityCatalogue.open(small_dataset)
+    for line, mention in zip(lines, linkable, strict=True):
+        assert line["mention"] == mention.mention
+        candidates = line["candidates"]
+        assert [c["rank"] for c in candidates] == list(range(1, K + 1))
+        assert catalogue.get(mention.gold).title in [c["title"] for c in candidates]
+    keys = [[c["key"] for c in line["candidates"]] for line in lines]
+    assert_exact(keys, exact(trained_run, small_dataset, linkable), small_dataset)
+
+
+@pytest.mark.slow
+def test_python_api_links_reuses_the_index_and_agrees_with_its_own_vectors(
+    trained_run: Path, small_dataset: Path, linkable: list[Mention]
+) -> None:
+    linker = hnce.EntityLinker.from_run(trained_run)
+    texts = [marked(mention) for mention in linkable]
+    cold = linker.search(marked_mentions(texts[0], "text 1"), K)
+    assert cold.built is False and {"start", "hold", "search"} <= set(cold.seconds)
+    assert_nothing_built(trained_run)
+    linked = linker.link(texts, k=K)
+    warm = linker.search(marked_mentions(texts[0], "text 1"), K)
+    assert set(warm.seconds) == {"search"}  # nothing started or loaded again
+    np.testing.assert_array_equal(warm.cands, cold.cands)
+    assert [item.mention.mention for item in linked] == [m.mention for m in linkable]
+    gold = EntityCatalogue.open(small_dataset).get(linkable[0].gold)
+    assert (gold.key, gold.title) in [(key, title) for _, key, title, _ in linked[0].candidates]
+    # dual: a candidate's score is its mention vector times its entity vector
+    queries = linker.encode_mentions(texts)
+    ids = linker.catalogue.ids_for_keys([c.key for c in linked[1].candidates])
+    vectors, owners = linker.encode_entities(ids)
+    np.testing.assert_array_equal(owners, ids)
+    np.testing.assert_allclose(
+        vectors @ queries[1, 0], [c.score for c in linked[1].candidates], rtol=0, atol=1e-4
+    )
+
+
+@pytest.fixture(scope="module")
+def reranker_export(tmp_path_factory: pytest.TempPathFactory, syllable_bert: Path) -> Path:
+    """An (untrained, seeded) joint reranker over the tiny BERT, exported as ``hnce rerank``
+    exports one."""
+    torch.manual_seed(1)
+    reranker = build_reranker(syllable_bert, mention_length=24, entity_length=24)
+    export = tmp_path_factory.mktemp("reranker") / "export"
+    export_reranker(reranker, export)
+    return export
+
+
+@pytest.mark.slow
+def test_rerank_orders_the_retrievers_top_candidates_by_the_rerankers_scores(
+    run_hnce,
+    trained_run: Path,
+    small_dataset: Path,
+    linkable: list[Mention],
+    reranker_export: Path,
+) -> None:
+    # the retriever's candidates: its top `depth`, cut where no near-tie straddles the cut
+    scores = exact(trained_run, small_dataset, linkable[1:])[0]
+    ranked = np.sort(scores)[::-1]
+    depth = next(n for n in range(K + 3, len(ranked)) if ranked[n - 1] - ranked[n] > 1e-3)
+    recipe = ["--config", str(trained_run / "config.yaml")]
+    recipe += ["--set", f"rerank.num_candidates={depth}"]
+    arguments = [*recipe, "-k", str(K), "--json", "--rerank", str(reranker_export)]
+    status, out, err = run_hnce("link", *arguments, marked(linkable[1]))
+    assert status == 0, err
+    assert_nothing_built(trained_run)
+    (line,) = [json.loads(text) for text in out.splitlines()]
+    # the oracle: those candidates scored one by one by the reranker
+    catalogue = EntityCatalogue.open(small_dataset)
+    retrieved = np.argsort(-scores, kind="stable")[:depth]
+    entities = catalogue.get_many(retrieved.tolist())
+    reranker = load_reranker(reranker_export)
+    mention = linkable[1]
+    with torch.inference_mode():
+        judged = reranker.score_candidates(
+            reranker.tokenize_mentions(
+                [mention.context_left], [mention.mention], [mention.context_right]
+            ),
+            reranker.tokenize_entities([e.title for e in entities], [e.text for e in entities]),
+        ).numpy()
+    keys = [c["key"] for c in line["candidates"]]
+    positions = [[e.key for e in entities].index(key) for key in keys]
+    assert_exact_top_k(np.asarray([positions]), judged)
+    assert [c["rank"] for c in line["candidates"]] == list(range(1, K + 1))
+    assert keys != [e.key for e in entities[:K]], "the reranker kept the retriever's order"

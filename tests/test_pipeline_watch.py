@@ -1,0 +1,146 @@
+"""Watching a run: rank 0's event log also writes TensorBoard scalars (loss, learning rate,
+negatives lag, refresh duration, held-out recall) equal to the events it records, a real training
+step included; ``hnce status --plot`` draws the curves from a run's logs into a PNG, and says
+clearly when the run has logged no step."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from training_helpers import single_process_group, synthetic_config
+
+from hnce.cluster.stores.refresh_log import (
+    HeldoutRecall,
+    RefreshRecord,
+    append_heldout,
+    append_record,
+)
+from hnce.encoders.errors import InputError
+from hnce.pipeline.cli.main import main
+from hnce.pipeline.status import plot_training, training_panels
+from hnce.pipeline.train.events import EventLog, read_events
+from hnce.pipeline.train.refresh_health import RefreshHealth
+from hnce.pipeline.train.task import TrainingTask
+from hnce.pipeline.train.tensorboard import TENSORBOARD_DIR
+from hnce.pipeline.train.worker import WorkerRun
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def tensorboard_scalars(run_dir: Path) -> dict[str, list[tuple[int, float, float]]]:
+    """(step, wall time, value) of every scalar under ``<run>/tensorboard/``, by tag."""
+    accumulator = EventAccumulator(str(run_dir / TENSORBOARD_DIR))
+    accumulator.Reload()
+    return {
+        tag: [(s.step, s.wall_time, s.value) for s in accumulator.Scalars(tag)]
+        for tag in accumulator.Tags()["scalars"]
+    }
+
+
+def expected(events: list[dict], field: str) -> list[tuple[int, float, float]]:
+    return [(e["step"], e["time"], e[field]) for e in events if e.get(field) is not None]
+
+
+def assert_scalars(found: list[tuple[int, float, float]], events: list[tuple]) -> None:
+    assert [step for step, _, _ in found] == [step for step, _, _ in events]
+    for (_, wall, value), (_, when, number) in zip(found, events, strict=True):
+        assert wall == pytest.approx(when, abs=1e-3)
+        assert value == pytest.approx(number, rel=1e-6)  # TensorBoard keeps float32
+
+
+def test_the_event_log_writes_tensorboard_scalars_equal_to_its_events(tmp_path: Path) -> None:
+    log = EventLog(tmp_path, tensorboard=True)
+    health = RefreshHealth(tmp_path, max_consecutive_failures=3, rank=0)
+    for step, loss, lag in ((1, 2.5, None), (2, float("nan"), 1), (3, 1.75, 2)):
+        log.write("step", step=step, loss=loss, lr=1e-3 * step, seconds=0.5, lag=lag)
+    now = time.time()
+    append_heldout(tmp_path, HeldoutRecall(2, 1, "test", 40, {"1": 0.25, "64": 0.75}, 3.0, now))
+    append_record(tmp_path, RefreshRecord("published", "training coordinator", now, 12.5, 2, 1, 1))
+    assert not health.should_stop(4, log, torch.device("cpu"))
+    EventLog(tmp_path).write("refresh_wait", step=4, seconds=0.25)  # another writer's event
+    log.write("step", step=4, loss=1.5, lr=4e-3, seconds=0.5, lag=2)
+    log.close()
+
+    found = tensorboard_scalars(tmp_path)
+    steps = read_events(tmp_path, "step")
+    assert_scalars(found["train/loss"], expected(steps, "loss"))  # the NaN (null) left out
+    assert_scalars(found["train/learning_rate"], expected(steps, "lr"))
+    assert_scalars(found["negatives/lag_steps"], expected(steps, "lag"))
+    assert_scalars(found["refresh/seconds"], expected(read_events(tmp_path, "refresh"), "seconds"))
+    assert found["refresh/seconds"][0][0::2] == (4, 12.5)  # at the step the trainer saw it
+    assert_scalars(
+        found["refresh/wait_seconds"], expected(read_events(tmp_path, "refresh_wait"), "seconds")
+    )
+    assert [(s, v) for s, _, v in found["heldout/recall@64"]] == [(2, 0.75)]
+    assert [(s, v) for s, _, v in found["heldout/recall@1"]] == [(2, 0.25)]
+
+
+@pytest.mark.slow
+def test_a_training_worker_writes_tensorboard_scalars_of_its_steps(
+    tmp_path: Path, small_dataset: Path, syllable_bert: Path
+) -> None:
+    config = synthetic_config(
+        tmp_path / "run",
+        small_dataset,
+        syllable_bert,
+        "negatives.sampler=random",
+        "negatives.source=none",
+        "refresh.enabled=false",
+        "training.num_workers=1",
+        "training.batch_size=4",
+        "training.steps=3",
+        "training.checkpoint_every=100",
+    )
+    with single_process_group():
+        task = TrainingTask.retriever(config)
+        WorkerRun.build(config, task, torch.device("cpu"), 1, lambda *_: None).train()
+    steps = read_events(config.run_dir, "step")
+    assert [e["step"] for e in steps] == [1, 2, 3]
+    found = tensorboard_scalars(config.run_dir)
+    assert_scalars(found["train/loss"], expected(steps, "loss"))
+    assert_scalars(found["train/learning_rate"], expected(steps, "lr"))
+    assert_scalars(found["train/step_seconds"], expected(steps, "seconds"))
+
+
+def write_events(run_dir: Path, steps: int) -> None:
+    """A run's logs by hand: ``steps`` step events (lag from step 3), and two held-out recalls."""
+    log = EventLog(run_dir)
+    log.write("start", step=0)
+    for step in range(1, steps + 1):
+        log.write("step", step=step, loss=3.0 / step, lr=1e-3, lag=step - 3 if step > 2 else None)
+    now = time.time()
+    append_heldout(run_dir, HeldoutRecall(4, 1, "test", 10, {"1": 0.2, "64": 0.7}, 1.0, now))
+    append_heldout(run_dir, HeldoutRecall(8, 2, "test", 10, {"1": 0.4, "64": 0.9}, 1.0, now + 1))
+
+
+def test_plot_draws_loss_lag_and_heldout_recall_into_a_png(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    write_events(run_dir, 8)
+    panels = dict(training_panels(run_dir))
+    assert panels["loss"][0].steps == list(range(1, 9))
+    assert panels["negatives lag (steps)"][0].steps == list(range(3, 9))
+    assert [(s.label, s.steps, s.values) for s in panels["held-out recall"]] == [
+        ("R@1", [4, 8], [0.2, 0.4]),
+        ("R@64", [4, 8], [0.7, 0.9]),
+    ]
+    out = tmp_path / "plots" / "run.png"
+    assert main(["status", str(run_dir), "--plot", str(out)]) == 0
+    assert out.read_bytes()[:8] == PNG_SIGNATURE and out.stat().st_size > 1000
+    assert [p.name for p in out.parent.iterdir()] == ["run.png"]  # no temporary left
+
+
+def test_plot_of_a_run_without_steps_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    with pytest.raises(InputError, match=r"train_log.jsonl: no step logged yet; nothing to plot"):
+        plot_training(run_dir, tmp_path / "none.png")
+    assert main(["status", str(run_dir), "--plot", str(tmp_path / "none.png")]) == 2
+    assert "nothing to plot" in capsys.readouterr().err
+    assert not (tmp_path / "none.png").exists()
