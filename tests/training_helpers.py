@@ -107,6 +107,18 @@ def assert_exact_top_k(cands: np.ndarray, scores: np.ndarray, atol: float = 1e-4
     np.testing.assert_allclose(mined, best, rtol=0, atol=atol)
 
 
+def _destroy_process_group() -> None:
+    """Tear the process group down through DeepSpeed when an engine used it, so DeepSpeed also
+    drops the groups it cached (a later engine in this process would find them stale)."""
+    from deepspeed.comm import comm as deepspeed_comm
+
+    backend = deepspeed_comm.cdb  # set once an engine initialised DeepSpeed's communication
+    if backend is not None and backend.is_initialized():
+        deepspeed_comm.destroy_process_group()
+    else:
+        dist.destroy_process_group()
+
+
 @contextlib.contextmanager
 def single_process_group() -> Iterator[None]:
     """A gloo process group of one rank in this process (what Ray Train gives a worker), torn
@@ -126,7 +138,7 @@ def single_process_group() -> Iterator[None]:
     try:
         yield
     finally:
-        dist.destroy_process_group()
+        _destroy_process_group()
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
