@@ -25,13 +25,13 @@ import torch
 from transformers import AutoTokenizer, BertConfig
 
 from benchmarks import harness
-from benchmarks.in_process import single_process_group
 from hnce.encoders.biencoder import build_biencoder, minilm_path
 from hnce.encoders.local import load_local
 from hnce.mining.losses import NCELoss
 from hnce.pipeline.config import Config, load_config
 from hnce.pipeline.plan import plan_memory
 from hnce.pipeline.train.batch import ContrastiveBatch
+from hnce.pipeline.train.one_process import single_process_group
 from hnce.pipeline.train.step import train_micro_batch
 from hnce.pipeline.train.worker import start_engine
 

@@ -13,11 +13,7 @@ import deepspeed
 import numpy as np
 import pytest
 import torch
-from training_helpers import (
-    single_process_group,
-    synthetic_config,
-    write_syllable_bert,
-)
+from training_helpers import synthetic_config, write_syllable_bert
 
 from hnce.cluster.stores.checkpoints import (
     DEEPSPEED_DIR,
@@ -39,6 +35,7 @@ from hnce.pipeline.train.checkpointing import UnsafeCheckpointError
 from hnce.pipeline.train.deepspeed_config import build_deepspeed_config
 from hnce.pipeline.train.events import read_events
 from hnce.pipeline.train.model import build_model, build_trainable
+from hnce.pipeline.train.one_process import single_process_group
 from hnce.pipeline.train.step import contrastive_loss, train_micro_batch
 from hnce.pipeline.train.task import TrainingTask
 from hnce.pipeline.train.worker import WorkerRun, start_engine

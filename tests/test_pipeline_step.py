@@ -16,7 +16,7 @@ import torch.distributed as dist
 from store_helpers import mined_split
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
-from training_helpers import config_for, single_process_group
+from training_helpers import config_for
 
 from hnce.cluster.stores.negatives_store import MinedSplit, NegativesStore
 from hnce.cluster.stores.tables import Entity, Mention, mention_split_path
@@ -37,6 +37,7 @@ from hnce.pipeline.train.negatives import (
     RefreshedNegatives,
     training_entities,
 )
+from hnce.pipeline.train.one_process import single_process_group
 from hnce.pipeline.train.step import contrastive_loss
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from training_helpers import single_process_group, synthetic_config
+from training_helpers import synthetic_config
 
 from hnce.cluster.stores.refresh_log import (
     HeldoutRecall,
@@ -23,6 +23,7 @@ from hnce.encoders.errors import InputError
 from hnce.pipeline.cli.main import main
 from hnce.pipeline.status import plot_training, training_panels
 from hnce.pipeline.train.events import EventLog, read_events
+from hnce.pipeline.train.one_process import single_process_group
 from hnce.pipeline.train.refresh_health import RefreshHealth
 from hnce.pipeline.train.task import TrainingTask
 from hnce.pipeline.train.tensorboard import TENSORBOARD_DIR

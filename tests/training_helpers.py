@@ -4,15 +4,11 @@ against, and a one-process gloo group for running the worker's code in the test 
 
 from __future__ import annotations
 
-import contextlib
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
-from conftest import LETTER_PIECES, free_port, tiny_bert_config, write_wordpiece_tokenizer
+from conftest import LETTER_PIECES, tiny_bert_config, write_wordpiece_tokenizer
 from transformers import BertModel
 
 from hnce.cluster.stores.tables import Mention
@@ -105,42 +101,3 @@ def assert_exact_top_k(cands: np.ndarray, scores: np.ndarray, atol: float = 1e-4
     best = -np.sort(-np.partition(scores, -k, axis=1)[:, -k:], axis=1)
     mined = np.take_along_axis(scores, cands, axis=1)
     np.testing.assert_allclose(mined, best, rtol=0, atol=atol)
-
-
-def _destroy_process_group() -> None:
-    """Tear the process group down through DeepSpeed when an engine used it, so DeepSpeed also
-    drops the groups it cached (a later engine in this process would find them stale)."""
-    from deepspeed.comm import comm as deepspeed_comm
-
-    backend = deepspeed_comm.cdb  # set once an engine initialised DeepSpeed's communication
-    if backend is not None and backend.is_initialized():
-        deepspeed_comm.destroy_process_group()
-    else:
-        dist.destroy_process_group()
-
-
-@contextlib.contextmanager
-def single_process_group() -> Iterator[None]:
-    """A gloo process group of one rank in this process (what Ray Train gives a worker), torn
-    down afterwards together with the environment it needed."""
-    port = str(free_port())
-    environment = {
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": "1",
-        "LOCAL_WORLD_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": port,
-    }
-    saved = {name: os.environ.get(name) for name in environment}
-    os.environ.update(environment)
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        _destroy_process_group()
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 
 from benchmarks import harness
-from benchmarks.in_process import single_process_group
 from hnce.pipeline.config import Config
+from hnce.pipeline.train.one_process import single_process_group
 from hnce.pipeline.train.task import TrainingTask
 from hnce.pipeline.train.worker import WorkerRun
 

@@ -1,6 +1,7 @@
-"""A training step in this process: the gloo process group of one rank that Ray Train would
-give a worker, so that DeepSpeed and hnce's worker loop run where a profiler or a memory
-high-water mark can see them.
+"""A training worker in this process: the gloo process group of one rank that Ray Train would
+give a worker, so that DeepSpeed and hnce's worker loop run where a profiler, a memory
+high-water mark or a test can see them (the benchmarks' step profile and memory plan, the
+engine tests).
 
 Example::
 
@@ -16,12 +17,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch.distributed as dist
+from deepspeed.comm import comm as deepspeed_comm
 
 
 @contextmanager
 def single_process_group() -> Iterator[None]:
     """A gloo process group of one rank in this process, torn down afterwards together with
-    the environment it needed."""
+    the environment it needed (and with DeepSpeed's cached groups, once an engine used it)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = str(probe.getsockname()[1])
@@ -39,9 +41,19 @@ def single_process_group() -> Iterator[None]:
     try:
         yield
     finally:
-        dist.destroy_process_group()
+        _destroy_process_group()
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def _destroy_process_group() -> None:
+    """Through DeepSpeed when an engine initialised its communication, so that DeepSpeed also
+    drops the world group it cached (a later engine in this process would find it stale)."""
+    backend = deepspeed_comm.cdb
+    if backend is not None and backend.is_initialized():
+        deepspeed_comm.destroy_process_group()
+    else:
+        dist.destroy_process_group()
