@@ -56,8 +56,8 @@ def _start(arguments: list[str]) -> subprocess.Popen[bytes]:
     env[MARKER_VARIABLE] = MARKER
     return subprocess.Popen(
         [*HNCE, *arguments, "--no-progress"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,  # DeepSpeed logs to stdout, the rest to stderr: one stream
+        stderr=subprocess.STDOUT,
         start_new_session=True,
         env=env,
     )
@@ -74,11 +74,11 @@ def _kill(process: subprocess.Popen[bytes]) -> None:
 
 
 def _run(arguments: list[str]) -> str:
-    """Run ``hnce <arguments>`` to its end; its stderr (the log)."""
+    """Run ``hnce <arguments>`` to its end; its output (stdout and stderr: the log)."""
     process = _start(arguments)
-    _, error = process.communicate(timeout=600)
-    assert process.returncode == 0, error.decode()[-3000:]
-    return error.decode()
+    output, _ = process.communicate(timeout=600)
+    assert process.returncode == 0, output.decode()[-3000:]
+    return output.decode()
 
 
 def _kill_when(arguments: list[str], ready: Callable[[], bool], delay: float) -> bool:
@@ -176,14 +176,14 @@ def recipe(inputs: Path) -> Callable[[Path], list[str]]:
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory, recipe) -> Path:
     run_dir = tmp_path_factory.mktemp("uninterrupted") / "run"
     log = _run(["train", *recipe(run_dir)])
-    (run_dir.parent / "stderr.log").write_text(log)
+    (run_dir.parent / "output.log").write_text(log)
     return run_dir
 
 
 def test_a_clean_run_logs_no_engine_start_up_noise(uninterrupted: Path) -> None:
     """DeepSpeed is told the accelerator the recipe chose and Ray's token authentication is
     asked for explicitly, so the log of a clean run holds neither warning."""
-    log = (uninterrupted.parent / "stderr.log").read_text()
+    log = (uninterrupted.parent / "output.log").read_text()
     assert "DeepSpeed accelerator cpu" in log and "token authentication: token" in log
     assert "Setting accelerator to" not in log and "Token authentication is" not in log, log
 
