@@ -30,7 +30,7 @@ from hnce.cluster.compute.refresh_job import (
     refresh_once,
 )
 from hnce.cluster.stores.lock_holder import HOLDER_FILE, read_holder
-from hnce.cluster.stores.refresh_log import LOG_FILE, RefreshRecord, append_record, read_records
+from hnce.cluster.stores.refresh_log import LOG_FILE, RefreshRecord, append_record, read_log
 from hnce.cluster.stores.tables import Entity, Mention
 from hnce.cluster.stores.tables_write import write_dataset
 from hnce.encoders.errors import InputError
@@ -90,16 +90,18 @@ def test_refresh_log_reads_whole_lines_and_names_a_bad_one_without_failing(tmp_p
     append_record(tmp_path, RefreshRecord("published", JOB_ROLE, 1.0, 2.0, 5, 1, 1))
     with (tmp_path / LOG_FILE).open("a") as handle:
         handle.write('{"event": "refresh", "outcome": "fail')  # still being written
-    records, offset = read_records(tmp_path)
+    log = read_log(tmp_path)
+    records, offset = log.records, log.offset
     assert [(r.outcome, r.checkpoint, r.finished) for r in records] == [("published", 5, 3.0)]
-    assert read_records(tmp_path, offset) == ([], offset)
+    again = read_log(tmp_path, offset)
+    assert (again.records, again.offset) == ([], offset)
     with (tmp_path / LOG_FILE).open("a") as handle:
         handle.write('ed"\n')  # finished, but not a record
     problems: list[str] = []
-    assert read_records(tmp_path, offset, problems)[0] == []  # named and skipped, never fatal
+    assert read_log(tmp_path, offset, problems).records == []  # named and skipped, never fatal
     assert len(problems) == 1 and f"{LOG_FILE}:2: not a JSON record" in problems[0]
     append_record(tmp_path, RefreshRecord("failed", JOB_ROLE, 4.0, 1.0, 6))
-    assert [r.outcome for r in read_records(tmp_path, offset)[0]] == ["failed"]
+    assert [r.outcome for r in read_log(tmp_path, offset).records] == ["failed"]
 
 
 def _publish_versions(plan: RefreshPlan, checkpoint: int) -> None:

@@ -33,7 +33,7 @@ from hnce.cluster.stores.checkpoints import checkpoint_dir
 from hnce.cluster.stores.index_store import IndexStore
 from hnce.cluster.stores.lock_holder import LockHolder, read_holder
 from hnce.cluster.stores.negatives_store import NegativesStore
-from hnce.cluster.stores.refresh_log import read_records
+from hnce.cluster.stores.refresh_log import read_log
 from hnce.cluster.stores.sharded_index import IndexSpec
 from hnce.pipeline.train.refresh_supervisor import start_refresh, stop_refresh
 
@@ -184,7 +184,7 @@ def test_cli_refresh_and_training_coordinator_never_overlap(
     reader.join()
 
     assert status["refreshes"] == 1 and status["error"] is None
-    ran = [record for record in read_records(run_dir)[0] if record.outcome == "published"]
+    ran = [record for record in read_log(run_dir).records if record.outcome == "published"]
     assert [(r.role, r.checkpoint) for r in ran] == [(JOB_ROLE, 1), (COORDINATOR_ROLE, 2)]
     for earlier, later in itertools.pairwise(ran):
         assert later.started >= earlier.finished  # one refresh at a time
@@ -208,7 +208,7 @@ def test_coordinator_follows_new_checkpoints_and_records_them(
     _wait_for(lambda: negatives.current_version() == 2)
     status = stop_refresh(coordinator, watch)
     assert status["refreshes"] == 2 and status["error"] is None
-    records = read_records(run_dir)[0]
+    records = read_log(run_dir).records
     assert [(r.outcome, r.checkpoint, r.index_version) for r in records] == [
         ("published", 1, 1),
         ("published", 2, 2),

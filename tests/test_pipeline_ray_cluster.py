@@ -21,7 +21,7 @@ from hnce.cluster.compute.resources import ENCODER_RESOURCE, TRAINER_RESOURCE
 from hnce.cluster.stores.checkpoints import checkpoint_dir, newest_checkpoint
 from hnce.cluster.stores.index_store import IndexStore
 from hnce.cluster.stores.negatives_store import NegativesStore
-from hnce.cluster.stores.refresh_log import read_records
+from hnce.cluster.stores.refresh_log import read_log
 from hnce.pipeline.cli.main import main
 from hnce.pipeline.data.synthetic import generate_synthetic_dataset
 
@@ -226,7 +226,7 @@ def test_hnce_status_reports_the_trained_run(
     run_dir = jobs["run"]
     assert main(["status", str(run_dir), "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
-    records = read_records(run_dir)[0]
+    records = read_log(run_dir).records
     assert status["training"]["state"] == "ended"
     assert status["training"]["step"] == status["newest_checkpoint"]["step"] == TRAINED_STEPS
     assert status["checkpoints"][-3:] == [4, 8, 12] and len(status["checkpoints"]) <= 4

@@ -15,7 +15,7 @@ import torch
 from conftest import write_letter_bert
 
 from hnce.cluster.compute.refresh_job import RefreshesFailing
-from hnce.cluster.stores.refresh_log import RefreshRecord, append_record, read_records
+from hnce.cluster.stores.refresh_log import RefreshRecord, append_record, read_log
 from hnce.cluster.stores.tables import mention_split_path
 from hnce.encoders import progress
 from hnce.pipeline.config import load_config
@@ -146,6 +146,6 @@ def test_training_stops_with_the_cause_when_every_refresh_fails(
     assert failed[0]["step"] <= stop[0]["step"] and "ArrowInvalid" in failed[0]["error"]
     assert not read_events(run_dir, "end")  # the stop is final: no restart trained to the end
     assert max(event["step"] for event in read_events(run_dir, "step")) <= stop[0]["step"]
-    outcomes = [record.outcome for record in read_records(run_dir)[0]]
+    outcomes = [record.outcome for record in read_log(run_dir).records]
     assert outcomes.count("failed") >= 2 and set(outcomes) <= {"failed", "abandoned"}
     assert "abandoned" not in outcomes[:-1]  # only a refresh still running at the stop

@@ -137,14 +137,6 @@ class RefreshLog:
     offset: int = 0
 
 
-def read_records(
-    run_dir: Path, offset: int = 0, problems: list[str] | None = None
-) -> tuple[list[RefreshRecord], int]:
-    """Records appended since byte ``offset``, and the offset to read on from (:func:`read_log`)."""
-    found = read_log(run_dir, offset, problems)
-    return found.records, found.offset
-
-
 def read_log(run_dir: Path, offset: int = 0, problems: list[str] | None = None) -> RefreshLog:
     """Records and held-out recalls appended since byte ``offset``.
 
