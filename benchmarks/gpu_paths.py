@@ -32,7 +32,10 @@ REMAINING = [
     "(target ≥ 60% of the bf16 peak): `python -m benchmarks.gpu_paths` on the GPU node",
     "(b) one DeepSpeed step through Ray Train with NCCL: `hnce train --config "
     "configs/synthetic-test.yaml --set cluster.use_gpu=true --set training.num_workers=1 "
-    "--set training.steps=2`",
+    "--set training.steps=2`. Tried on a lent H200 (Ray 2.60, DeepSpeed 0.19.8, torch 2.11 "
+    "CUDA 13): the engine was built on the GPU, then NCCL's first broadcast failed to allocate "
+    "device memory (`Failed to CUDA calloc 536870912 bytes`, also with NCCL_CUMEM_ENABLE=0); "
+    "the cause, that VM or NCCL 2.28 under Ray Train, is not established",
     "(c) a refresh of ≥ 1M entities with GPU encoding: `hnce data synthetic-kilt` at 1M pages, "
     "then `hnce refresh` with `cluster.use_gpu: true` (FAISS GPU needs the `gpu` extra)",
     "(d) exact GPU top-k mining of a 5.9M × 768 fp16 matrix: `python -m benchmarks.gpu_paths`",

@@ -2,7 +2,10 @@
 
 Adam with warm-up then linear decay (DeepSpeed's ``WarmupDecayLR``), gradient clipping,
 gradient accumulation and a configurable ZeRO stage. bf16 (DeepSpeed's bf16 mode) is used on a
-CUDA device that supports it; on CPU the run is fp32 with the plain torch Adam (docs/engines.md).
+CUDA device that supports it; on CPU the run is fp32. The optimizer is torch's Adam on every device
+(DeepSpeed's ``torch_adam``), never DeepSpeed's FusedAdam: that op is compiled just in time by
+nvcc on each GPU worker, and on an H200 node DeepSpeed 0.19's builder failed to parse the
+``9.0a`` architecture (docs/engines.md).
 """
 
 from __future__ import annotations
@@ -49,8 +52,8 @@ def build_deepspeed_config(settings: TrainingSettings, device: torch.device) -> 
             "params": {
                 "lr": settings.learning_rate,
                 "weight_decay": settings.weight_decay,
-                # DeepSpeed's fused/CPU Adam needs a compiled op; the torch one runs anywhere.
-                "torch_adam": device.type != "cuda",
+                # torch's Adam (multi-tensor on CUDA): no op compiled on the workers.
+                "torch_adam": True,
             },
         },
         "scheduler": {
