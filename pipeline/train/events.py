@@ -1,9 +1,12 @@
 """The run's event log ``<run>/train_log.jsonl``: one JSON object per line.
 
-Events: ``start``, ``resume`` (from a checkpoint step), ``step`` (loss, learning rate,
-negatives version and lag), ``negatives`` (switch to a newer version, with its lag in steps),
-``checkpoint`` (published), ``refresh_failed`` and ``refresh_stop`` (``hnce.pipeline.train.refresh_health``),
-``refresh`` (a published refresh that rank 0 read in the refresh log, with its duration), ``end``.
+Events: ``launch`` (the driver, as it hands over to Ray Train: the seconds it spent starting Ray,
+preparing negatives version 0 and starting the refresh coordinator), ``start`` and ``resume``
+(rank 0 before its first step, with the seconds each worker set-up stage took: process group,
+model, engine, data), ``step`` (loss, learning rate, negatives version and lag), ``negatives``
+(switch to a newer version, with its lag in steps), ``checkpoint`` (published),
+``refresh_failed`` and ``refresh_stop`` (``hnce.pipeline.train.refresh_health``), ``refresh`` (a
+published refresh that rank 0 read in the refresh log, with its duration), ``end``.
 Tests, benchmarks and ``hnce status`` read it back with :func:`read_events`; rank 0's log also
 follows it into TensorBoard scalars (:mod:`hnce.pipeline.train.tensorboard`). It is appended and read
 through :mod:`hnce.cluster.stores.jsonl`: a line torn by a crash is repaired by the next write

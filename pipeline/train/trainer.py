@@ -3,7 +3,7 @@ refresh coordinator when the task trains the retriever on an index.
 
 :func:`run_task` trains a :class:`~hnce.pipeline.train.task.TrainingTask`: ``hnce train`` the
 retriever (:func:`run_training`), ``hnce rerank`` the joint reranker. The coordinator actor
-(cluster/coordinator.py) runs alongside on its own CPU (its encoder actors request their own CPUs
+(``hnce.cluster.compute.coordinator``) runs alongside on its own CPU (its encoder actors request their own CPUs
 or GPUs, and ``hnce_encoder`` on a launched cluster), watching ``<run>/checkpoints`` and
 publishing index and negatives versions; the trainer workers (one ``hnce_trainer`` slot each on
 a launched cluster) never wait for it (docs/refresh.md). A worker failure restarts the worker group
@@ -26,12 +26,13 @@ import ray
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
+from hnce.cluster.compute.index_build import timed
 from hnce.cluster.compute.resources import TRAINER_RESOURCE, custom_resource_request
 from hnce.cluster.compute.session import init_ray
 from hnce.cluster.stores.checkpoints import newest_checkpoint
 from hnce.pipeline.config import Config, dump_config
 from hnce.pipeline.preflight import check_training_inputs
-from hnce.pipeline.train.events import read_events
+from hnce.pipeline.train.events import EventLog, read_events
 from hnce.pipeline.train.nonfinite import raise_if_diverged
 from hnce.pipeline.train.progress import follow_progress
 from hnce.pipeline.train.refresh_health import raise_if_stopped
@@ -126,12 +127,17 @@ def run_task(config: Config, task: TrainingTask) -> TrainingSummary:
     cpus_needed = settings.num_workers * settings.cpus_per_worker + (
         config.refresh.num_encoders * config.refresh.encoder_cpus if encoders else 0
     )
-    init_ray(config.cluster, cpus_needed)
-    prepare_initial_negatives(config, initial)
+    seconds: dict[str, float] = {}
+    with timed(seconds, "ray"):
+        init_ray(config.cluster, cpus_needed)
+    with timed(seconds, "initial negatives"):
+        prepare_initial_negatives(config, initial)
     trainer = _trainer(config, task)
     coordinator = watch = None
     if with_refresh:
-        coordinator, watch = start_refresh(refresh_plan(config))
+        with timed(seconds, "refresh coordinator"):
+            coordinator, watch = start_refresh(refresh_plan(config))
+    EventLog(task.run_dir).write("launch", seconds=seconds)
     done = threading.Event()
     follower = threading.Thread(
         target=follow_progress, args=(task.run_dir, settings.steps, done), daemon=True

@@ -28,6 +28,7 @@ import ray.train
 import torch
 from torch import nn
 
+from hnce.cluster.compute.index_build import timed
 from hnce.cluster.stores.tables import Mention, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.cluster.stores.tokens import TokenStore
@@ -198,6 +199,7 @@ class WorkerRun:
         )
         self.waits_for_refreshes = task.waits_for_refreshes(config)
         self.start_step = 0
+        self.setup_seconds: dict[str, float] = {}
 
     @classmethod
     def start(cls, config: Config, task: TrainingTask) -> WorkerRun:
@@ -222,19 +224,25 @@ class WorkerRun:
         group; ``report`` hears of every published checkpoint (step, loss, rank)."""
         settings = task.settings(config)
         torch.set_num_threads(max(1, int(settings.cpus_per_worker)))
-        collectives = Collectives(device)
-        deepspeed.init_distributed(dist_backend=collectives.backend)
+        seconds: dict[str, float] = {}
+        with timed(seconds, "process group"):
+            collectives = Collectives(device)
+            deepspeed.init_distributed(dist_backend=collectives.backend)
         pids = task.run_dir / "workers"
         pids.mkdir(parents=True, exist_ok=True)
         (pids / f"rank-{collectives.rank}.pid").write_text(str(os.getpid()))
         torch.manual_seed(config.run.seed)  # weights a checkpoint does not give (codes, heads)
-        model = build_trainable(config, task.kind)
+        with timed(seconds, "model"):
+            model = build_trainable(config, task.kind)
         gather = collectives if task.share(config) == "global" else None
-        engine = start_engine(model, settings, device, gather)
-        data, skipped = load_training_data(
-            config, task, model, collectives, world_size, engine.device
-        )
+        with timed(seconds, "engine"):
+            engine = start_engine(model, settings, device, gather)
+        with timed(seconds, "data"):
+            data, skipped = load_training_data(
+                config, task, model, collectives, world_size, engine.device
+            )
         run = cls(config, task, collectives, model, engine, data, report)
+        run.setup_seconds = seconds
         run.resume(reported_step, world_size, skipped)
         run.start_loss_columns()
         return run
@@ -246,7 +254,9 @@ class WorkerRun:
             path = load_training_state(self.engine, self.task.run_dir, step)
             self.start_step = step
             if self.log is not None:
-                self.log.write("resume", step=step, path=str(path))
+                self.log.write(
+                    "resume", step=step, path=str(path), setup_seconds=self.setup_seconds
+                )
             return
         if self.log is not None:
             self.log.write(
@@ -258,6 +268,7 @@ class WorkerRun:
                 skipped_missing_gold=skipped,
                 device=str(self.device),
                 bf16=bool(self.engine.bfloat16_enabled()),
+                setup_seconds=self.setup_seconds,
             )
         logger.info(
             "rank %d: %s training on %s (bf16 %s)",
