@@ -17,7 +17,12 @@ from store_helpers import random_word_dataset, write_checkpoint
 from training_helpers import assert_exact_top_k, exact_scores, write_letter_export
 
 from hnce.cluster.compute.actors import PlacementError, Task, TaskClock, TaskTimeout
-from hnce.cluster.compute.encoder_pool import EncoderPool, ShardEncoded
+from hnce.cluster.compute.encoder_pool import (
+    EncoderPool,
+    EncoderPoolSettings,
+    ShardEncoded,
+    node_cores,
+)
 from hnce.cluster.compute.index_build import IndexedModel, ensure_token_store
 from hnce.cluster.compute.refresh import RefreshPlan, RefreshSettings, run_refresh
 from hnce.cluster.compute.retrieval import EVAL_INDEX_DIR, retrieve
@@ -218,6 +223,28 @@ def test_more_encoders_than_the_cluster_can_place_fail_in_seconds(ray_session, a
         run_refresh(_config(run_dir, assets["data"], num_encoders=5))
     assert time.monotonic() - started < 60
     assert IndexStore(run_dir / "index").versions() == []
+
+
+def _torch_threads(pool: EncoderPool) -> list[int]:
+    return ray.get([a.__ray_call__.remote(lambda _: torch.get_num_threads()) for a in pool.actors])
+
+
+def test_a_pool_with_no_trainer_beside_it_shares_the_free_cpus_and_a_refresh_pool_keeps_its_own(
+    ray_session, assets
+) -> None:
+    """Version 0, evaluation and linking (``free_cpus``) split the CPUs Ray has free among the
+    actors, each on as many torch threads as its node has cores; a refresh beside a trainer
+    keeps ``refresh.encoder_cpus``."""
+    free = int(ray.available_resources()["CPU"])
+    assert free == 4  # the session's instance, idle between tests
+    alone = EncoderPoolSettings(num_encoders=2, free_cpus=True)
+    with EncoderPool(assets["dual"], alone) as pool:
+        assert pool.request == {"CPU": 2.0}
+        assert _torch_threads(pool) == [min(2, node_cores())] * 2
+    with EncoderPool(assets["dual"], EncoderPoolSettings(num_encoders=1)) as pool:
+        assert pool.request == {"CPU": 1.0} and _torch_threads(pool) == [1]
+    plan = _config(assets["root"] / "plan", assets["data"])
+    assert plan.pool_settings(alone=True).free_cpus and not plan.pool_settings().free_cpus
 
 
 @ray.remote(num_cpus=0)

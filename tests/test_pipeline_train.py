@@ -33,7 +33,8 @@ from hnce.pipeline.train.trainer import run_training
 pytestmark = pytest.mark.slow
 # A training step of the tiny BERT takes tens of milliseconds: enough of them for the refresh
 # (actor start, encode, index, mine) to publish twice while training goes on.
-STEPS = 600
+#: long enough for two asynchronous refreshes to land and be used (each takes ~20-60 steps)
+STEPS = 240
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +81,7 @@ def test_training_switches_to_refreshed_negatives_without_waiting(
         dataset,
         tiny_model_dir,
         f"training.steps={STEPS}",
-        "training.checkpoint_every=40",
+        "training.checkpoint_every=20",
         "training.negatives_check_every=2",
         "training.keep_checkpoints=4",
     )
@@ -125,9 +126,10 @@ def brute_force_recall(config: Config, export_dir: Path) -> dict[int, float]:
 def test_poly_trains_on_exactly_mined_hard_negatives_and_evaluates_exactly(
     tmp_path: Path, dataset: Path, tiny_model_dir: Path, ray_session: str
 ) -> None:
-    """poly-16 with hard negatives from the index: the asynchronous refresh stores each entity's
-    reduced vector, mines by exact scoring in the shard holders, and the trainer switches to its
-    negatives; ``hnce eval`` of the checkpoint equals brute-force recall over every entity."""
+    """poly-16 with hard negatives from the index: the refresh stores each entity's reduced
+    vector, mines by exact scoring in the shard holders, and the trainer switches to its
+    negatives (a synchronous refresh, so the switch lands at a known step); ``hnce eval`` of the
+    checkpoint equals brute-force recall over every entity."""
     run_dir = tmp_path / "poly"
     config = synthetic_config(
         run_dir,
@@ -137,20 +139,22 @@ def test_poly_trains_on_exactly_mined_hard_negatives_and_evaluates_exactly(
         "training.num_workers=1",
         "negatives.sampler=hard",
         "negatives.source=index",
-        f"training.steps={STEPS}",
-        "training.checkpoint_every=40",
-        "training.negatives_check_every=2",
+        "training.steps=16",
+        "training.checkpoint_every=100",
+        "refresh.mode=sync",
+        "refresh.sync_every=8",
+        "refresh.poll_seconds=0.2",
     )
     run_training(config)
     switches = read_events(run_dir, "negatives")
-    assert switches, "the trainer never switched to refreshed negatives"
+    assert [(s["step"], s["lag"]) for s in switches] == [(8, 0)], switches
     assert IndexStore(run_dir / "index").current().mining == "exact"
-    later = [e for e in read_events(run_dir, "step") if e["step"] > switches[0]["step"]]
-    assert later and all(e["negatives_version"] >= switches[0]["version"] for e in later)
+    later = [e for e in read_events(run_dir, "step") if e["step"] > 8]
+    assert later and all(e["negatives_version"] == switches[0]["version"] for e in later)
 
     report = evaluate_checkpoint(config, "newest")
     newest = newest_checkpoint(run_dir)
-    assert newest is not None and newest[0] == STEPS
+    assert newest is not None and newest[0] == 16
     assert report.recall == brute_force_recall(config, newest[1] / EXPORT_DIR)
 
 

@@ -82,6 +82,12 @@ def torch_device() -> torch.device:
     return device
 
 
+def node_cores() -> int:
+    """The cores this process may run on (its CPU affinity), which a local Ray instance's
+    logical CPU count can exceed (it advertises a slot for every trainer and encoder)."""
+    return len(os.sched_getaffinity(0))
+
+
 @torch.inference_mode()
 def encode_entities(
     model: BiEncoder,
@@ -204,14 +210,14 @@ class EntityEncoderActor(ShardHolder):
     Args:
         export_dir: the model's `export/` directory.
         batch_size: entities per forward pass.
-        num_threads: torch threads (on a CPU actor).
+        num_threads: torch threads (on a CPU actor; never more than its node's cores).
         token_store: the catalogue's token store directory (None: this pool encodes no entity).
     """
 
     def __init__(
         self, export_dir: str, batch_size: int, num_threads: int, token_store: str | None
     ) -> None:
-        torch.set_num_threads(num_threads)
+        torch.set_num_threads(min(num_threads, node_cores()))
         self.model = load_biencoder(Path(export_dir), device=torch_device()).eval()
         self.batch_size = batch_size
         self.tokens = None
@@ -267,13 +273,17 @@ class EncoderPoolSettings:
     """How many encoder actors, how big, how patient (from the ``refresh`` section).
 
     `num_encoders` 0 means one per `hnce_encoder` slot when the cluster advertises them, else one
-    per GPU, or 1 without GPUs. `wait_floor_seconds` is the least time any wait on an actor may
-    take before it is reported as hung (`hnce.cluster.compute.actors.TaskClock`).
+    per GPU, or 1 without GPUs. `num_threads` is each CPU actor's torch threads (and CPUs asked);
+    with `free_cpus`, for a pool that runs with no trainer beside it (version 0, evaluation,
+    linking), each CPU actor instead takes an equal share of the CPUs Ray has free, at least
+    `num_threads`. `wait_floor_seconds` is the least time any wait on an actor may take before
+    it is reported as hung (`hnce.cluster.compute.actors.TaskClock`).
     """
 
     num_encoders: int = 0
     batch_size: int = 64
     num_threads: int = 1
+    free_cpus: bool = False
     wait_floor_seconds: float = 900.0
     faiss_device: DeviceRequest = "auto"
     max_restarts: int = 3
@@ -304,13 +314,14 @@ class EncoderPool:
             raise PlacementError(
                 "index.faiss_device is gpu but the cluster offers no GPU for the shard holders"
             )
-        cpus = 1 if gpus else settings.num_threads
+        cpus, why = self._cpus_per_actor(gpus, bool(custom))
         self.request = actor_request(cpus, 1 if gpus else 0, custom)
         check_placeable(self.request, self.num_encoders, "encoder")
         logger.info(
-            "starting %d entity encoder actor(s), each %s",
+            "starting %d entity encoder actor(s), each %s (%s)",
             self.num_encoders,
             ", ".join(f"{name} {amount:g}" for name, amount in self.request.items()),
+            why,
         )
         remote_class = ray.remote(EntityEncoderActor)
         pool_id = uuid.uuid4().hex[:8]
@@ -323,13 +334,27 @@ class EncoderPool:
                 num_cpus=cpus,
                 num_gpus=1 if gpus else 0,
                 resources=custom,
-            ).remote(str(export_dir), settings.batch_size, settings.num_threads, _text(token_store))
+            ).remote(str(export_dir), settings.batch_size, cpus, _text(token_store))
             for name in self.names
         ]
         starting = TaskClock(settings.wait_floor_seconds, "encoder start")
         starting.wait_started(
             [actor.ready.remote() for actor in self.actors], self.names, self.request
         )
+
+    def _cpus_per_actor(self, gpus: int, slots: bool) -> tuple[int, str]:
+        """CPUs (and torch threads) each actor asks for, and why (logged). A share of the free
+        CPUs never exceeds the largest node's; encoder slots of a launched cluster keep
+        ``refresh.encoder_cpus`` (their nodes are sized for it)."""
+        if gpus:
+            return 1, "one GPU each"
+        if not self.settings.free_cpus or slots:
+            return self.settings.num_threads, "refresh.encoder_cpus"
+        largest = max(node["Resources"].get("CPU", 0) for node in ray.nodes() if node["Alive"])
+        free = int(min(ray.available_resources().get("CPU", 0) / self.num_encoders, largest))
+        if free <= self.settings.num_threads:
+            return self.settings.num_threads, "refresh.encoder_cpus; no more CPUs free"
+        return free, "no trainer beside it: an equal share of the CPUs Ray has free"
 
     def __enter__(self) -> EncoderPool:
         return self

@@ -127,12 +127,14 @@ class RefreshPlan:
     def negatives_store(self) -> NegativesStore:
         return NegativesStore(self.run_dir / "negatives", keep=self.index.keep_versions)
 
-    @property
-    def pool_settings(self) -> EncoderPoolSettings:
+    def pool_settings(self, alone: bool = False) -> EncoderPoolSettings:
+        """The encoder pool of this plan; ``alone`` for a pool with no trainer beside it
+        (version 0, evaluation, linking), which uses the CPUs Ray has free."""
         return EncoderPoolSettings(
             num_encoders=self.refresh.num_encoders,
             batch_size=self.refresh.batch_size,
             num_threads=self.refresh.encoder_cpus,
+            free_cpus=alone,
             wait_floor_seconds=self.refresh.wait_floor_seconds,
             faiss_device=self.index.faiss_device,
         )
@@ -208,7 +210,7 @@ def run_refresh(
     summary = RefreshSummary(step, -1, -1, skipped_checkpoints=skipped)
     model = IndexedModel.from_checkpoint(directory, step)
     encode = plan.data_dir if live is None else None
-    pool, tokens = start_pool(model, plan.pool_settings, encode, summary.seconds)
+    pool, tokens = start_pool(model, plan.pool_settings(), encode, summary.seconds)
     with pool:
         if tokens is not None:
             with timed(summary.seconds, "index"):

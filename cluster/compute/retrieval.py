@@ -123,7 +123,7 @@ def open_index(plan: RefreshPlan, model: IndexedModel) -> Iterator[OpenIndex]:
                 )
                 version = plan.index_store.find(*wanted) or store.find(*wanted)
             encode = plan.data_dir if version is None else None
-            pool, tokens = start_pool(model, plan.pool_settings, encode, seconds)
+            pool, tokens = start_pool(model, plan.pool_settings(alone=True), encode, seconds)
             stack.enter_context(pool)
             if tokens is not None:
                 with timed(seconds, "index"):

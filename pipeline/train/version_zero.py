@@ -85,7 +85,7 @@ def prepare_version_zero(
     if encodings is not None:
         check_encodings(encodings, model, len(EntityCatalogue.open(plan.data_dir)))
     encode = plan.data_dir if encodings is None else None
-    pool, tokens = start_pool(model, plan.pool_settings, encode, {})
+    pool, tokens = start_pool(model, plan.pool_settings(alone=True), encode, {})
     with pool:
         if versions:
             version = store.open(INITIAL_VERSION)
