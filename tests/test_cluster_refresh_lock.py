@@ -30,11 +30,12 @@ from hnce.cluster.compute.coordinator import COORDINATOR_ROLE
 from hnce.cluster.compute.refresh import RefreshPlan, RefreshSettings, run_refresh
 from hnce.cluster.compute.refresh_job import EXIT_LOCKED, EXIT_OK, JOB_ROLE, attempt_refresh
 from hnce.cluster.stores.checkpoints import checkpoint_dir
-from hnce.cluster.stores.index_store import IndexStore
+from hnce.cluster.stores.index_store import PROGRESS_FILE, IndexStore
 from hnce.cluster.stores.lock_holder import LockHolder, read_holder
 from hnce.cluster.stores.negatives_store import NegativesStore
 from hnce.cluster.stores.refresh_log import read_log
 from hnce.cluster.stores.sharded_index import IndexSpec
+from hnce.cluster.stores.versioned_dir import building_dir_name
 from hnce.pipeline.train.refresh_supervisor import start_refresh, stop_refresh
 
 pytestmark = pytest.mark.slow
@@ -222,13 +223,43 @@ def test_abandoned_refresh_publishes_nothing_and_the_next_resumes_it(
     run_dir = tmp_path / "run"
     write_checkpoint(run_dir, 1, assets["dual"])
     plan = _plan(run_dir, assets["data"])
-    abandoned = attempt_refresh(plan, JOB_ROLE, stopping=lambda: True)
-    assert abandoned.outcome == "abandoned" and "stopped after shard" in abandoned.message
+    abandoned = attempt_refresh(plan, JOB_ROLE, stopping=lambda: bool(_recorded_shards(run_dir)))
+    assert abandoned.outcome == "abandoned" and "stopped while waiting" in abandoned.message
     assert IndexStore(run_dir / "index").current_version() is None
     assert NegativesStore(run_dir / "negatives").current_version() is None
+    finished = len(_recorded_shards(run_dir))
+    assert finished >= 1
     resumed = attempt_refresh(plan, JOB_ROLE)
-    assert resumed.outcome == "published" and "1 resumed" in resumed.message
+    assert resumed.outcome == "published" and f"{finished} resumed" in resumed.message
     assert IndexStore(run_dir / "index").current().shard_checksums == clean_checksums
+
+
+def _recorded_shards(run_dir: Path) -> dict[str, object]:
+    """The shards recorded as finished in the run's unpublished index build (none: {})."""
+    progress = run_dir / "index" / building_dir_name(1) / PROGRESS_FILE
+    return json.loads(progress.read_text())["shards"] if progress.is_file() else {}
+
+
+def test_an_abandoned_refresh_stops_inside_the_shard_it_is_encoding(
+    ray_session: str, assets: dict[str, Path], tmp_path: Path
+) -> None:
+    """Abandoning cancels the running shard task, which stops before its next batch instead of
+    finishing the shard: one shard of 3,000 entities encoded one at a time (many seconds),
+    abandoned 1.5 s in, leaves no shard file and nothing recorded."""
+    data = random_word_dataset(tmp_path / "data", num_entities=3000)
+    run_dir = tmp_path / "run"
+    write_checkpoint(run_dir, 1, assets["dual"])
+    asked: list[float] = []
+
+    def stopping() -> bool:  # first asked once the shard task is submitted
+        asked.append(time.monotonic())
+        return asked[-1] - asked[0] > 1.5
+
+    plan = _plan(run_dir, data, shard_size=10_000, batch_size=1)
+    abandoned = attempt_refresh(plan, JOB_ROLE, stopping=stopping)
+    assert abandoned.outcome == "abandoned", abandoned.message
+    building = run_dir / "index" / building_dir_name(1)
+    assert not list(building.glob("shard-*")) and _recorded_shards(run_dir) == {}
 
 
 def test_checkpoint_deleted_under_a_refresh_finishes_from_what_it_loaded(

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,14 @@ class PlacementError(InputError):
 
 class TaskTimeout(RuntimeError):
     """An actor's task ran past its deadline."""
+
+
+class StopRequested(RuntimeError):
+    """A wait on actors' tasks gave up because its caller asked to stop (a refresh abandoned)."""
+
+
+#: How often a wait that can be stopped looks at its ``stopping`` callable.
+STOP_POLL_SECONDS = 0.5
 
 
 def actor_request(
@@ -115,11 +123,21 @@ class TaskClock:
         """Measure one finished task."""
         self.slowest = seconds if self.slowest is None else max(self.slowest, seconds)
 
-    def wait_next(self, pending: Mapping[ray.ObjectRef, Task]) -> ray.ObjectRef:
+    def wait_next(
+        self, pending: Mapping[ray.ObjectRef, Task], stopping: Callable[[], bool] | None = None
+    ) -> ray.ObjectRef:
         """The first of `pending` to finish; TaskTimeout naming the longest-pending task when
-        none finishes within :attr:`timeout`."""
+        none finishes within :attr:`timeout`; StopRequested as soon as `stopping()` is true
+        (looked at every :data:`STOP_POLL_SECONDS`)."""
         timeout = self.timeout
-        ready, _ = ray.wait(list(pending), num_returns=1, timeout=timeout)
+        deadline = time.monotonic() + timeout
+        ready: list[ray.ObjectRef] = []
+        while not ready and time.monotonic() < deadline:
+            if stopping is not None and stopping():
+                raise StopRequested(f"stopped while waiting for {len(pending)} {self.what}(s)")
+            left = deadline - time.monotonic()
+            wait = left if stopping is None else min(left, STOP_POLL_SECONDS)
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(wait, 0.0))
         if not ready:
             oldest = min(pending.values(), key=lambda task: task.submitted)
             raise TaskTimeout(

@@ -10,8 +10,8 @@ logged at once and recorded in the run's refresh log, where the trainer sees it
 coordinator itself takes no CPU slot.
 
 Stopping is two-step, so that a normal end prints no Ray task failure: :meth:`stop` ends the
-loop after the refresh in progress, :meth:`abandon` also stops that refresh at its next shard
-boundary (resumable); the caller waits for :meth:`watch` to return and only then lets the idle
+loop after the refresh in progress, :meth:`abandon` also stops that refresh within a batch
+(resumable); the caller waits for :meth:`watch` to return and only then lets the idle
 actor go.
 
 Example (inside a Ray job)::
@@ -97,7 +97,7 @@ class RefreshCoordinator:
         self._stop.set()
 
     def abandon(self) -> None:
-        """Also stop the refresh in progress at its next shard boundary (it stays resumable)."""
+        """Also stop the refresh in progress within a batch (it stays resumable)."""
         self._stop.set()
         self._abandon.set()
 

@@ -62,7 +62,7 @@ from hnce.encoders.precision import autocast
 
 logger = logging.getLogger(__name__)
 
-#: How long stopping early waits for the shard an encoder is in the middle of.
+#: How long stopping early waits for the shard tasks it cancelled to end.
 SETTLE_SECONDS = 60.0
 
 
@@ -82,6 +82,10 @@ def torch_device() -> torch.device:
     return device
 
 
+class ShardCancelled(RuntimeError):
+    """A shard task stopped between batches because Ray cancelled it (``ray.cancel``)."""
+
+
 def node_cores() -> int:
     """The cores this process may run on (its CPU affinity), which a local Ray instance's
     logical CPU count can exceed (it advertises a slot for every trainer and encoder)."""
@@ -95,13 +99,15 @@ def encode_entities(
     entity_ids: np.ndarray,
     batch_size: int,
     bucketed: bool = True,
+    cancelled: Callable[[], bool] = lambda: False,
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Index vectors of `entity_ids` from their token-store rows, in entity order.
 
     Returns (vectors float32 [V, d], the entity id of each vector int64 [V], padded token count).
     `bucketed` groups entities of similar length into a batch, each padded to its longest;
     otherwise batches follow catalogue order padded to the entity length (the fixed-padding
-    baseline of the benchmarks).
+    baseline of the benchmarks). `cancelled` is asked before each batch; ShardCancelled when
+    it says yes (an abandoned refresh stops within one batch, not one shard).
     """
     device = next(model.entity_tower.parameters()).device
     entity_ids = np.asarray(entity_ids, dtype=np.int64)
@@ -113,6 +119,8 @@ def encode_entities(
         batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     vectors, rows, padded = [], [], 0
     for batch in batches:
+        if cancelled():
+            raise ShardCancelled(f"cancelled after {sum(map(len, rows))} of {len(entity_ids)}")
         inputs = tokens.batch(entity_ids[batch])
         if not bucketed:
             inputs = {name: _pad_to(value, model.entity_length) for name, value in inputs.items()}
@@ -239,7 +247,11 @@ class EntityEncoderActor(ShardHolder):
             if self.tokens is None:
                 raise RuntimeError("this encoder pool was started without a token store")
             vectors, vector_ids, padded = encode_entities(
-                self.model, self.tokens, entity_ids, self.batch_size
+                self.model,
+                self.tokens,
+                entity_ids,
+                self.batch_size,
+                cancelled=ray.get_runtime_context().is_canceled,
             )
         record = write_shard(
             Path(task.directory),
@@ -376,12 +388,15 @@ class EncoderPool:
         tasks: Iterable[ShardTask],
         on_done: Callable[[ShardEncoded], None],
         max_in_flight_per_encoder: int = 2,
+        stopping: Callable[[], bool] | None = None,
     ) -> None:
         """Index `tasks` across the actors, calling `on_done` (in this process) as shards finish.
 
         At most `max_in_flight_per_encoder` shards per actor are queued. A wait that passes its
         deadline (derived from the slowest shard so far) raises TaskTimeout naming the shard
-        and the actor.
+        and the actor. Once `stopping()` is true, StopRequested: queued shards are cancelled and
+        running ones stop at their next batch (finished shards were already handed to
+        `on_done`).
         """
         clock = self.clock("entity shard")
         pending: dict[ray.ObjectRef, tuple[int, Task]] = {}
@@ -390,13 +405,13 @@ class EncoderPool:
         try:
             for task in tasks:
                 while len(pending) >= limit:
-                    self._finish_one(clock, pending, load, on_done)
+                    self._finish_one(clock, pending, load, on_done, stopping)
                 actor = int(np.argmin(load))
                 reference = self.actors[actor].index_shard.remote(task)
                 pending[reference] = (actor, Task(f"shard {task.shard_no}", self.names[actor]))
                 load[actor] += 1
             while pending:
-                self._finish_one(clock, pending, load, on_done)
+                self._finish_one(clock, pending, load, on_done, stopping)
         except BaseException:
             _settle(list(pending))
             raise
@@ -407,8 +422,10 @@ class EncoderPool:
         pending: dict[ray.ObjectRef, tuple[int, Task]],
         load: list[int],
         on_done: Callable[[ShardEncoded], None],
+        stopping: Callable[[], bool] | None,
     ) -> None:
-        ready = clock.wait_next({reference: task for reference, (_, task) in pending.items()})
+        tasks = {reference: task for reference, (_, task) in pending.items()}
+        ready = clock.wait_next(tasks, stopping)
         actor, _ = pending.pop(ready)
         load[actor] -= 1
         encoded: ShardEncoded = ray.get(ready)
@@ -441,10 +458,11 @@ class EncoderPool:
 
 
 def _settle(references: list[ray.ObjectRef]) -> None:
-    """When indexing stops early (a refresh abandoned at a shard boundary, an error): cancel the
-    shards still queued, let a running one finish (one shard, at most :data:`SETTLE_SECONDS`),
-    and read every outcome, so that stopping the actors afterwards fails no task of theirs (Ray
-    would report it as a task failure, and retry it, at the end of a normal run)."""
+    """When indexing stops early (a refresh abandoned, an error): cancel every shard task (a
+    queued one never starts, a running one stops at its next batch: `ShardCancelled`), wait for
+    them (at most :data:`SETTLE_SECONDS`) and read every outcome, so that stopping the actors
+    afterwards fails no task of theirs (Ray would report it as a task failure, and retry it, at
+    the end of a normal run)."""
     for reference in references:
         with contextlib.suppress(Exception):
             ray.cancel(reference)

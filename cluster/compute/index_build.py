@@ -212,12 +212,14 @@ def index_entities(
     shard_size: int,
     encodings: Path | None = None,
     on_shard: Callable[[ShardEncoded, EncoderPool], None] | None = None,
+    stopping: Callable[[], bool] | None = None,
 ) -> BuildReport:
     """Index every unfinished shard of `builder`'s version through `pool`, then publish it.
 
     Vectors are encoded from the token store the pool was started with, or read from
     `encodings` (row i = entity i). `on_shard` is called in this process after each shard is
-    recorded (monitoring, fault tests).
+    recorded (monitoring, fault tests). Once `stopping()` is true the build stops within a batch
+    (StopRequested), its finished shards recorded for the next build to resume.
     """
     parameters = builder.parameters
     num_entities = parameters.num_entities
@@ -256,7 +258,7 @@ def index_entities(
             on_shard(encoded, pool)
 
     with bar:
-        pool.index_shards(tasks, record)
+        pool.index_shards(tasks, record, stopping=stopping)
     seconds = time.perf_counter() - started
     version = builder.publish(len(bounds))
     return BuildReport(version, len(bounds), len(finished), seconds)
@@ -270,9 +272,11 @@ def build_version(
     spec: IndexSpec,
     shard_size: int,
     on_shard: Callable[[ShardEncoded, EncoderPool], None] | None = None,
+    stopping: Callable[[], bool] | None = None,
 ) -> BuildReport:
     """A new version of `store`: the whole catalogue of `tokens` encoded with `model` (resuming
-    an unfinished build of the same parameters)."""
+    an unfinished build of the same parameters; `stopping` as in :func:`index_entities`)."""
     catalogue = tokens.manifest["catalogue"]
     parameters = build_parameters(model, catalogue, len(tokens), spec, shard_size)
-    return index_entities(pool, store.begin(parameters), spec, shard_size, on_shard=on_shard)
+    builder = store.begin(parameters)
+    return index_entities(pool, builder, spec, shard_size, on_shard=on_shard, stopping=stopping)

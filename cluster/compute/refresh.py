@@ -38,6 +38,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from hnce.cluster.compute.actors import StopRequested
 from hnce.cluster.compute.encoder_pool import EncoderPool, EncoderPoolSettings, ShardEncoded
 from hnce.cluster.compute.heldout import HeldoutSpec, score_heldout
 from hnce.cluster.compute.index_build import IndexedModel, build_version, start_pool, timed
@@ -190,10 +191,13 @@ def run_refresh(
     plan: RefreshPlan,
     step: int | None = None,
     on_shard: Callable[[ShardEncoded, EncoderPool], None] | None = None,
+    stopping: Callable[[], bool] | None = None,
 ) -> RefreshSummary:
     """One refresh from checkpoint `step` (default: the newest complete one).
 
-    `on_shard` is called in this process after each shard is indexed (for monitoring). Raises
+    `on_shard` is called in this process after each shard is indexed (for monitoring). Once
+    `stopping()` is true the refresh stops (StopRequested) within a batch while it encodes, or
+    before it mines; what it finished is recorded for the next refresh to resume. Raises
     NoCheckpointError when there is nothing to refresh from.
     """
     started = time.perf_counter()
@@ -222,9 +226,12 @@ def run_refresh(
                     plan.index,
                     plan.refresh.shard_size,
                     on_shard,
+                    stopping,
                 )
             live = report.version
             summary.num_shards, summary.resumed_shards = report.num_shards, report.resumed_shards
+        if stopping is not None and stopping():
+            raise StopRequested(f"stopped after publishing index v{live.version}, before mining")
         _mine(plan, pool, live, summary)
     summary.seconds["total"] = time.perf_counter() - started
     logger.info(summary.line())

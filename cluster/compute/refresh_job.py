@@ -10,8 +10,8 @@ the run's cluster-wide :class:`hnce.cluster.compute.lock.RunLock`, looks again u
 :func:`refresh_every` keeps a fixed cadence: slot k starts at ``first + k * interval``; a refresh
 that overruns its slots skips them (``missed_slots``) instead of pushing every later start.
 SIGTERM (:class:`StopRequest`; ``ray job stop`` and Kubernetes send it) ends the job cleanly
-between refreshes (exit 0); during a refresh, the refresh is abandoned at its next shard
-boundary: finished shards stay recorded, nothing half-written is published, and the next
+between refreshes (exit 0); during a refresh, the refresh is abandoned within a batch of
+encoding: finished shards stay recorded, nothing half-written is published, and the next
 refresh resumes it (exit 143). A refresh already mining its negatives finishes first.
 
 Exit codes of ``hnce refresh``: 0 published or up to date (or stopped between refreshes), 2 bad
@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 
-from hnce.cluster.compute.encoder_pool import EncoderPool, ShardEncoded
+from hnce.cluster.compute.actors import StopRequested
 from hnce.cluster.compute.lock import RunLock, RunLocked
 from hnce.cluster.compute.refresh import NoCheckpointError, RefreshPlan, run_refresh
 from hnce.cluster.stores.checkpoints import checkpoints_root, complete_checkpoints
@@ -54,10 +54,6 @@ _EXIT_CODES = {
 }
 _INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_SECONDS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-class RefreshAbandoned(RuntimeError):
-    """A refresh stopped at a shard boundary on request; its finished shards stay recorded."""
 
 
 class RefreshesFailing(InputError):
@@ -163,21 +159,17 @@ def _run_locked(
     """
     record.started = time.time()
 
-    def abandon_if_stopping(encoded: ShardEncoded, pool: EncoderPool) -> None:
-        if stopping():
-            raise RefreshAbandoned(f"stopped after shard {encoded.shard_no}")
-
     try:
         record.checkpoint, due = refresh_target(plan, step)
         if not due:
             return
         lock.encoding(record.checkpoint)
-        summary = run_refresh(plan, record.checkpoint, on_shard=abandon_if_stopping)
-    except RefreshAbandoned as error:
+        summary = run_refresh(plan, record.checkpoint, stopping=stopping)
+    except StopRequested as error:
         record.outcome = "abandoned"
         record.message = (
-            f"refresh of step-{record.checkpoint} {error}; its finished shards are recorded "
-            f"and the next refresh resumes them"
+            f"refresh of step-{record.checkpoint} abandoned ({error}); its finished shards are "
+            f"recorded and the next refresh resumes them"
         )
     except NoCheckpointError:
         raise  # pruned since it was chosen: reported as no-checkpoint by the caller
@@ -199,7 +191,7 @@ def _run_locked(
 
 class StopRequest:
     """SIGTERM sets :attr:`event`: a scheduled job then stops between refreshes, and a refresh
-    in progress is abandoned at its next shard boundary.
+    in progress is abandoned within a batch.
 
     ``ray.init`` installs its own SIGTERM handler in a driver, so :meth:`install` again after
     connecting to Ray. Signal handlers can only be installed from the main thread.
@@ -212,7 +204,7 @@ class StopRequest:
         signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        logger.info("SIGTERM: stopping (a refresh in progress stops at its next shard)")
+        logger.info("SIGTERM: stopping (a refresh in progress stops within a batch)")
         self.event.set()
 
 

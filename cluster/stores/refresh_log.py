@@ -7,8 +7,8 @@ interleave even on a network filesystem. The trainer (``hnce.pipeline.train.refr
 driver's progress line and ``hnce status`` follow that log.
 
 Outcomes: ``published`` (a new index and negatives version), ``up-to-date`` (the live versions
-already come from the checkpoint), ``failed``, ``abandoned`` (stopped at a shard boundary;
-finished shards are recorded and the next refresh resumes them), ``locked`` (another refresh
+already come from the checkpoint), ``failed``, ``abandoned`` (stopped within a batch of
+encoding, or before mining; finished shards are recorded and the next refresh resumes them), ``locked`` (another refresh
 holds the lock), ``no-checkpoint``, and ``stopped`` (a scheduled job ended by SIGTERM between
 refreshes). The last three never ran and are not in the run's log.
 

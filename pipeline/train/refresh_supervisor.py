@@ -62,20 +62,20 @@ def start_refresh(plan: RefreshPlan) -> tuple[Any, Any]:
 
 
 def stop_refresh(
-    coordinator: Any, watch: Any, grace_seconds: float = 10.0, boundary_seconds: float = 120.0
+    coordinator: Any, watch: Any, grace_seconds: float = 2.0, boundary_seconds: float = 120.0
 ) -> dict[str, Any]:
     """Stop the watch loop and release the coordinator; returns its last status.
 
-    A refresh still running after ``grace_seconds`` is abandoned at its next shard boundary (its
-    finished shards stay recorded, so a later ``hnce refresh`` resumes it); one that does not
-    reach a boundary within ``boundary_seconds`` (a shard of a slow or loaded machine, or
-    mining) is killed, which leaves nothing half-published either, but Ray then reports the
-    killed task.
+    A refresh still running after ``grace_seconds`` is abandoned: while it encodes, within a
+    batch (its finished shards stay recorded, so a later ``hnce refresh`` resumes it); while it
+    mines, when the mining ends. One that has not stopped within ``boundary_seconds`` (mining
+    on a slow or loaded machine) is killed, which leaves nothing half-published either, but Ray
+    then reports the killed task.
     """
     ray.get(coordinator.stop.remote(), timeout=CALL_SECONDS)
     ready, _ = ray.wait([watch], timeout=grace_seconds)
     if not ready:
-        logger.info("a refresh is still running; abandoning it at its next shard (resumable)")
+        logger.info("a refresh is still running; abandoning it (resumable)")
         ray.get(coordinator.abandon.remote(), timeout=CALL_SECONDS)
         ready, _ = ray.wait([watch], timeout=boundary_seconds)
     status: dict[str, Any] = ray.get(coordinator.status.remote(), timeout=CALL_SECONDS)
