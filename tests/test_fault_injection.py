@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import random
 import shutil
@@ -34,8 +35,9 @@ from ray_cluster_helpers import MARKER_VARIABLE, marked_processes
 
 from hnce.cluster.stores.checkpoints import EXPORT_DIR, complete_checkpoints, verify_checkpoint
 from hnce.cluster.stores.files import STAGING_PREFIX
-from hnce.cluster.stores.index_store import IndexStore
+from hnce.cluster.stores.index_store import PROGRESS_FILE, IndexStore
 from hnce.cluster.stores.negatives_store import NegativesStore
+from hnce.cluster.stores.refresh_log import read_log
 from hnce.cluster.stores.tables_read import verify_dataset
 from hnce.mining.samplers import SAMPLER_SPECS
 from hnce.pipeline.data.synthetic import generate_synthetic_dataset
@@ -108,6 +110,16 @@ def _snapshot(root: Path, inside: Path) -> dict[str, str]:
 def _no_staging_left(root: Path) -> None:
     left = [path for path in root.rglob(f"{STAGING_PREFIX}*")]
     assert left == [], left
+
+
+def _only_an_abandoned_build_left(run_dir: Path) -> None:
+    """No staging directory is left but the index build of a refresh that the end of training
+    abandoned (the refresh log's last record says so), which the next refresh resumes."""
+    left = [path for path in run_dir.rglob(f"{STAGING_PREFIX}*")]
+    if left:
+        assert read_log(run_dir).records[-1].outcome == "abandoned", left
+        assert [path.parent for path in left] == [run_dir / "index"], left
+        assert "shards" in json.loads((left[0] / PROGRESS_FILE).read_text())  # resumable
 
 
 def test_a_conversion_killed_at_random_moments_reruns_to_a_verified_dataset(
@@ -229,7 +241,7 @@ def test_training_killed_at_random_moments_resumes_to_the_uninterrupted_weights(
     _verify_run(run_dir)
     assert _weights(run_dir, 24) == _weights(uninterrupted, 24)
     assert _snapshot(inputs, run_dir) == before
-    _no_staging_left(run_dir)
+    _only_an_abandoned_build_left(run_dir)
 
 
 def test_a_refresh_killed_at_random_moments_publishes_what_a_clean_refresh_does(
