@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import ray
@@ -44,6 +45,9 @@ def layout_seconds(
     repeats: int,
 ) -> tuple[float, float, dict[str, float]]:
     """(start-up seconds, best seconds over every shard, the pool's request) of one layout."""
+    work.mkdir(parents=True)
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"]:
+        time.sleep(0.2)  # the previous layout's actors give their CPUs back asynchronously
     pool, started = harness.timed(lambda: EncoderPool(export_dir, settings, tokens))
     with pool:
         warm = shard_tasks(work / "warm", bounds[:1])
@@ -71,7 +75,7 @@ def main() -> None:
     ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False)
     rows, rates = [], {}
     for name, settings in LAYOUTS.items():
-        work = workdir / name.replace(" ", "_")
+        work = workdir / f"layout-{len(rows)}"
         started, seconds, request = layout_seconds(
             export_dir, tokens.directory, settings, bounds, work, args.repeats
         )
