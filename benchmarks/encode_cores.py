@@ -15,7 +15,7 @@ writes ``benchmarks/results/encode_cores.md``.
 
 from __future__ import annotations
 
-import os
+import itertools
 import shutil
 import tempfile
 import time
@@ -25,7 +25,7 @@ import ray
 
 from benchmarks import harness
 from benchmarks.cluster_encode import build_catalogue, shard_tasks
-from hnce.cluster.compute.encoder_pool import EncoderPool, EncoderPoolSettings
+from hnce.cluster.compute.encoder_pool import EncoderPool, EncoderPoolSettings, node_cores
 from hnce.encoders.progress import quiet
 
 LAYOUTS = {
@@ -52,7 +52,7 @@ def layout_seconds(
     with pool:
         warm = shard_tasks(work / "warm", bounds[:1])
         pool.index_shards(warm, lambda _: None)
-        rounds = iter(range(10**6))
+        rounds = itertools.count()
 
         def every_shard() -> None:
             pool.index_shards(shard_tasks(work / f"round-{next(rounds)}", bounds), lambda _: None)
@@ -65,7 +65,7 @@ def layout_seconds(
 def main() -> None:
     parser = harness.arguments(__doc__, "encode_cores", entities=4096, shard_size=512, repeats=2)
     args = harness.parse(parser)
-    cores = len(os.sched_getaffinity(0))
+    cores = node_cores()
     workdir = Path(tempfile.mkdtemp(prefix="hnce-cores-"))
     export_dir, _, tokens, _ = build_catalogue(workdir, args.entities)
     bounds = [
