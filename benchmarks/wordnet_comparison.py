@@ -72,6 +72,23 @@ def cells() -> list[tuple[str, str, list[str]]]:
     return table
 
 
+def equal_budget(steps: int) -> list[str]:
+    """The recipe overrides every cell shares: ``steps`` steps of 8 mentions × 4 negatives at
+    24 tokens, a checkpoint (so an asynchronous refresh) every ``steps / 6`` steps."""
+    return [
+        f"training.steps={steps}",
+        "training.batch_size=8",
+        "training.learning_rate=1.0e-4",
+        "training.warmup_steps=3",
+        f"training.checkpoint_every={max(1, steps // 6)}",
+        "training.negatives_check_every=2",
+        "negatives.num_negatives=4",
+        "model.mention_length=24",
+        "model.entity_length=24",
+        "refresh.top_n=16",
+    ]
+
+
 def welch_t(a: list[float], b: list[float]) -> float:
     """Welch's t statistic of the difference of two means (inf when both spreads are 0)."""
     se = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
@@ -91,18 +108,7 @@ def run_cells(args: argparse.Namespace, data: Path) -> tuple[Results, Refused]:
     """Every run of the cells asked for, seed-major (finished ones read back from the state
     file): the results by cell, and the cells the recipe refused with the reason."""
     state = harness.StageState(args.work_dir / "state.json").load()
-    budget = [
-        f"training.steps={args.steps}",
-        "training.batch_size=8",
-        "training.learning_rate=1.0e-4",
-        "training.warmup_steps=3",
-        f"training.checkpoint_every={max(1, args.steps // 6)}",  # a refresh every 5 steps
-        "training.negatives_check_every=2",
-        "negatives.num_negatives=4",
-        "model.mention_length=24",
-        "model.entity_length=24",
-        "refresh.top_n=16",
-    ]
+    budget = equal_budget(args.steps)
     results: Results = {}
     refused: Refused = {}
     table = [cell for cell in cells() if args.only is None or f"{cell[0]}/{cell[1]}" in args.only]
