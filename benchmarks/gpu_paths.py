@@ -31,20 +31,31 @@ REMAINING = [
     "(a) BERT-base entity encoding at 128 tokens, bf16, entities/s against the FLOP bound "
     "(target ≥ 60% of the bf16 peak): `python -m benchmarks.gpu_paths` on the GPU node",
     "(b) one DeepSpeed step through Ray Train with NCCL: `hnce train --config "
-    "configs/synthetic-test.yaml --set cluster.use_gpu=true --set training.num_workers=1 "
-    "--set training.steps=2`. Tried on a lent H200 (Ray 2.60, DeepSpeed 0.19.8, torch 2.11 "
-    "CUDA 13): the engine was built on the GPU, then NCCL's first broadcast failed to allocate "
-    "device memory (`Failed to CUDA calloc 536870912 bytes`, also with NCCL_CUMEM_ENABLE=0); "
-    "the cause, that VM or NCCL 2.28 under Ray Train, is not established",
+    "configs/synthetic-test.yaml --set cluster.use_gpu=true --set training.num_workers=1`. On "
+    "a lent H200 (Ray 2.60, DeepSpeed 0.19.8, torch 2.11 CUDA 13, NCCL 2.28.9) NCCL's first "
+    "broadcast in the trainer worker failed (`Failed to CUDA calloc async 4 bytes`) while a "
+    "bare NCCL broadcast, one inside a Ray actor and one under Ray Train after "
+    "deepspeed.initialize (bf16, ZeRO-1) all passed: bm25s, imported by the trainer, runs a "
+    "JAX op at import and JAX took the GPU. With JAX kept on the CPU the run trained 6 bf16 "
+    "steps on cuda:0 (0.18 s a step after the first, engine set-up 2.5 s). hnce now sets "
+    "JAX_PLATFORMS=cpu for the driver and every Ray worker and imports bm25s only where BM25 "
+    "runs; to re-run on a GPU node: the same command without exporting anything. On one GPU "
+    "the refresh's encoder actors ask for the GPU the trainer holds: that run's refresh never "
+    "encoded a shard (abandoned at the end of training, 18 s in; the pool fails with a "
+    "placement error naming the held GPU after refresh.wait_floor_seconds); sharing one GPU "
+    "between the trainer and the refresh is not designed yet",
     "(c) a refresh of ≥ 1M entities with GPU encoding: `hnce data synthetic-kilt` at 1M pages, "
     "then `hnce refresh` with `cluster.use_gpu: true` (FAISS GPU needs the `gpu` extra)",
     "(d) exact GPU top-k mining of a 5.9M × 768 fp16 matrix: `python -m benchmarks.gpu_paths`",
 ]
 
 
-def encoding_rate(device: torch.device, batch: int, seconds: float) -> float:
-    """Entities/s of a BERT-base tower (random weights) at 128 tokens under the product's autocast."""
+def encoding_rate(device: torch.device, batch: int, seconds: float, bf16_weights: bool) -> float:
+    """Entities/s of a BERT-base tower (random weights) at 128 tokens under the product's
+    autocast, its weights fp32 (as the encoder actors load them) or cast to bf16."""
     model = BertModel(BertConfig(attn_implementation="sdpa")).to(device).eval()
+    if bf16_weights:
+        model = model.to(torch.bfloat16)
     ids = torch.randint(1000, 30000, (batch, 128), device=device)
     mask = torch.ones_like(ids)
     with torch.inference_mode(), autocast(device):
@@ -87,17 +98,25 @@ def main() -> None:
     else:
         device = torch.device("cuda", 0)
         name = torch.cuda.get_device_name(device)
-        rate = encoding_rate(device, 256, 20.0)
         flops = 2 * 110e6 * 128
-        share = rate * flops / (args.peak_tflops * 1e12)
+        rates = {
+            (batch, bf16): encoding_rate(device, batch, 8.0, bf16)
+            for batch in (256, 1024)
+            for bf16 in (False, True)
+        }
         mined = mining_rate(device, args.entities, 1024, 64)
         lines += [
             f"{name}, torch {torch.__version__}, CUDA {torch.version.cuda}.",
             "",
             "| check | figure |",
             "|---|---|",
-            f"| (a) BERT-base entities/s, 128 tokens, bf16 | {rate:,.0f} ({share:.0%} of the "
-            f"{args.peak_tflops:.0f} TFLOP/s bound at {flops / 1e9:.0f} GFLOP/entity) |",
+            *(
+                f"| (a) BERT-base entities/s, 128 tokens, autocast bf16, batch {batch}, weights "
+                f"{'bf16' if bf16 else 'fp32'} | {rate:,.0f} "
+                f"({rate * flops / (args.peak_tflops * 1e12):.0%} of the {args.peak_tflops:.0f} "
+                f"TFLOP/s bound at {flops / 1e9:.0f} GFLOP/entity) |"
+                for (batch, bf16), rate in rates.items()
+            ),
             f"| (d) exact top-64 over {args.entities:,} × 768 fp16, queries/s | {mined:,.0f} |",
             "",
             "Remaining on a GPU node: " + "; ".join(REMAINING[1:3]) + ".",

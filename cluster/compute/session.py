@@ -26,8 +26,13 @@ from hnce.encoders.settings import Flag, NonNegativeInt, Text, settings
 
 logger = logging.getLogger(__name__)
 
+# JAX stays off the GPUs. bm25s (the lexical sampler) runs a JAX op when it is imported and JAX
+# is installed; JAX on a GPU then claims the device (it preallocates 75% of its memory), and on a
+# lent H200 NCCL's first allocation in the trainer worker failed ("Failed to CUDA calloc async 4
+# bytes") until these were set. hnce runs BM25 on the CPU and never runs JAX on a GPU.
+JAX_ON_CPU = {"JAX_PLATFORMS": "cpu", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 # Worker processes (Ray Train workers, encoder actors) inherit these.
-WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false"}
+WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", **JAX_ON_CPU}
 DS_ACCELERATOR = "DS_ACCELERATOR"
 RAY_AUTH_MODE = "RAY_AUTH_MODE"
 _RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
@@ -108,12 +113,17 @@ def choose_accelerator(cluster: ClusterSettings) -> str:
     """Tell DeepSpeed which accelerator the recipe chose (``DS_ACCELERATOR``: ``cuda`` with
     ``cluster.use_gpu``, else ``cpu``), for this process and the workers it starts, before
     DeepSpeed is imported; a value the user exported wins. DeepSpeed would otherwise probe, and
-    warn "Setting accelerator to CPU" in every process of a CPU run."""
+    warn "Setting accelerator to CPU" in every process of a CPU run. JAX is kept on the CPU
+    here too (:data:`JAX_ON_CPU`), before anything imports bm25s."""
+    for name, value in JAX_ON_CPU.items():
+        os.environ.setdefault(name, value)
     return os.environ.setdefault(DS_ACCELERATOR, "cuda" if cluster.use_gpu else "cpu")
 
 
 def _start_or_join(cluster: ClusterSettings, cpus_needed: float) -> None:
-    runtime_env = {"env_vars": {**WORKER_ENV, DS_ACCELERATOR: choose_accelerator(cluster)}}
+    accelerator = choose_accelerator(cluster)
+    chosen = {name: os.environ[name] for name in JAX_ON_CPU}  # a value the user exported wins
+    runtime_env = {"env_vars": {**WORKER_ENV, **chosen, DS_ACCELERATOR: accelerator}}
     if cluster.address == "local":
         cpus = cluster.num_cpus or max(os.cpu_count() or 1, int(cpus_needed + 0.999))
         if not is_loopback(cluster.dashboard_host):

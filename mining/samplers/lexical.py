@@ -20,14 +20,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
-import bm25s
 import numpy as np
 import torch
 
 from hnce.encoders.settings import Fraction, PositiveInt, PositiveReal, settings
 from hnce.mining.samplers.greedy import GreedySampler
 from hnce.mining.samplers.spec import SamplerSpec
+
+
+def _bm25s() -> ModuleType:
+    """``bm25s``, imported on first use: importing it runs a JAX op when JAX is installed, which
+    must happen after the session has pinned JAX to the CPU (``JAX_PLATFORMS``, set by
+    ``hnce.cluster.compute.session``), never at the import of a trainer or a sampler."""
+    import bm25s
+
+    return bm25s
 
 
 class Bm25Index:
@@ -50,6 +59,7 @@ class Bm25Index:
             raise ValueError(f"{__file__}: a BM25 index needs at least one entity text")
         self.num_entities = len(entity_texts)
         self.stopwords = stopwords
+        bm25s = _bm25s()
         self.retriever = bm25s.BM25(k1=k1, b=b)
         tokens = bm25s.tokenize(list(entity_texts), stopwords=stopwords, show_progress=False)
         self.retriever.index(tokens, show_progress=False)
@@ -62,7 +72,7 @@ class Bm25Index:
     def load(cls, directory: Path, stopwords: str | None = "en") -> Bm25Index:
         """The index :meth:`save` wrote (queries are tokenized with the same ``stopwords``)."""
         index = cls.__new__(cls)
-        index.retriever = bm25s.BM25.load(str(directory))
+        index.retriever = _bm25s().BM25.load(str(directory))
         index.num_entities = int(index.retriever.scores["num_docs"])
         index.stopwords = stopwords
         return index
@@ -71,7 +81,7 @@ class Bm25Index:
         """(entity ids [B, k'], BM25 scores [B, k']) with k' = min(k, M), best first; id -1 and
         score ``-inf`` where an entity shares no term with the mention (score 0)."""
         k = min(k, self.num_entities)
-        queries = bm25s.tokenize(
+        queries = _bm25s().tokenize(
             list(mention_texts), stopwords=self.stopwords, return_ids=False, show_progress=False
         )
         ids, scores = self.retriever.retrieve(queries, k=k, show_progress=False, n_threads=1)
