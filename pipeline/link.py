@@ -60,6 +60,7 @@ from hnce.pipeline.evaluate import resolve_model
 from hnce.pipeline.metrics import text_table
 from hnce.pipeline.preflight import check_dataset
 from hnce.pipeline.rerank import SplitCandidates, rerank
+from hnce.pipeline.train.distributed import local_device
 from hnce.pipeline.train.refresh_supervisor import refresh_plan
 from hnce.pipeline.train.task import RERANK_DIR
 
@@ -179,21 +180,17 @@ def check_catalogue(config: Config) -> None:
     check_dataset(config, [])
 
 
-def load_linking_reranker(path: Path) -> JointReranker:
-    """A trained joint reranker from a reranker export (``reranker.json``), or the newest
-    complete checkpoint (verified) of a reranker run: ``<run>/rerank`` or the run holding it."""
+def load_linking_reranker(path: Path, device: torch.device) -> JointReranker:
+    """A trained joint reranker on ``device`` from a reranker export (``reranker.json``), or the
+    newest complete checkpoint (verified) of a reranker run: ``<run>/rerank`` or the run holding
+    it."""
     path = Path(path)
     if (path / RERANKER_FILE).is_file():
-        return load_reranker(path, _local_device())
+        return load_reranker(path, device)
     if (path / RERANK_DIR).is_dir():
         path = path / RERANK_DIR
     _, export = resolve_checkpoint(path, "newest")
-    return load_reranker(export, _local_device())
-
-
-def _local_device() -> torch.device:
-    """Where models loaded into this process run: the GPU when torch sees one."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return load_reranker(export, device)
 
 
 class EntityLinker(ClosedOnExit):
@@ -257,7 +254,11 @@ class EntityLinker(ClosedOnExit):
             model, name = IndexedModel.from_export(Path(export)), str(export)
         else:
             model, name = resolve_model(config, checkpoint)
-        joint = None if reranker is None else load_linking_reranker(Path(reranker))
+        joint = (
+            None
+            if reranker is None
+            else load_linking_reranker(Path(reranker), local_device(config.cluster.use_gpu))
+        )
         return cls(config, model, name, joint)
 
     @classmethod
@@ -406,7 +407,8 @@ class EntityLinker(ClosedOnExit):
     def _local_biencoder(self) -> BiEncoder:
         """The bi-encoder loaded into this process (once) for the ``encode_*`` methods."""
         if self._biencoder is None:
-            self._biencoder = load_biencoder(self.model.export_dir, _local_device()).eval()
+            device = local_device(self.config.cluster.use_gpu)
+            self._biencoder = load_biencoder(self.model.export_dir, device).eval()
         return self._biencoder
 
     def close(self) -> None:

@@ -57,6 +57,7 @@ from hnce.pipeline.config import Config
 from hnce.pipeline.metrics import text_table, write_json_report
 from hnce.pipeline.preflight import check_rerank_inputs
 from hnce.pipeline.train.batch import MentionTokens
+from hnce.pipeline.train.distributed import local_device
 from hnce.pipeline.train.refresh_supervisor import refresh_plan
 from hnce.pipeline.train.task import TrainingTask, rerank_run_dir
 from hnce.pipeline.train.trainer import TrainingSummary, run_task
@@ -425,7 +426,7 @@ def run_rerank_job(
     task = TrainingTask.reranker(config, candidates)
     summary = run_task(config, task)
     reranker_step, export = resolve_checkpoint(task.run_dir, "newest")
-    reranker = load_reranker(export)
+    reranker = load_reranker(export, local_device(config.cluster.use_gpu))
     store = TokenStore.ensure(Path(config.data.root), reranker.tokenizer, reranker.entity_length)
     if denoise_negatives:
         write_false_negatives(config, reranker, store, candidates, reranker_step)

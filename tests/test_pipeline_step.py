@@ -383,6 +383,19 @@ def test_device_nccl_needs_a_cuda_device_and_a_missing_gpu_is_an_error(
     assert distributed.worker_device(use_gpu=False) == torch.device("cpu")
 
 
+def test_device_of_a_commands_own_models_follows_the_recipe_never_what_is_visible(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The linker's and the reranker job's models: the CPU unless the recipe asks for GPUs,
+    even where CUDA is visible; GPUs asked for and missing are an error."""
+    monkeypatch.setattr(distributed.torch.cuda, "is_available", lambda: True)
+    assert distributed.local_device(use_gpu=False) == torch.device("cpu")
+    assert distributed.local_device(use_gpu=True) == torch.device("cuda")
+    monkeypatch.setattr(distributed.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match=r"cluster\.use_gpu is true"):
+        distributed.local_device(use_gpu=True)
+
+
 def test_negatives_mined_over_another_catalogue_are_refused(tmp_path: Path) -> None:
     """A negatives version records the catalogue it indexes: converting the data again under
     a run makes its candidate ids name other entities, so the trainer refuses it."""

@@ -1,6 +1,7 @@
 """Helpers shared by the trainer's and the refresh's tests: a tiny BERT that reads the synthetic
-dataset, recipes for it, a tiny exported bi-encoder of any scorer, exact scores to check mining
-against, and a one-process gloo group for running the worker's code in the test process."""
+dataset, recipes for it, a tiny exported bi-encoder of any scorer, and exact scores to check
+mining against (the one-process gloo group that runs the worker's code in a test process is the
+product's own, ``hnce.pipeline.train.one_process``)."""
 
 from __future__ import annotations
 
