@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
@@ -48,6 +49,8 @@ from hnce.mining.schedule import SamplerSchedule
 from hnce.pipeline.config import Config
 from hnce.pipeline.train.distributed import Collectives
 from hnce.pipeline.train.model_scores import EntityScores
+
+logger = logging.getLogger(__name__)
 
 
 class CandidateSource(Protocol):
@@ -208,10 +211,18 @@ class NegativeDrawer:
         flagged = []
         if negatives.candidates.denoised:
             data_root = Path(config.data.root)
-            pairs = read_denoised(
-                denoised_path(config.run_dir), len(catalogue), catalogue_fingerprint(data_root)
-            )
+            path = denoised_path(config.run_dir)
+            pairs = read_denoised(path, len(catalogue), catalogue_fingerprint(data_root))
             flagged = pairs.flagged()
+            logger.info(
+                "negatives: %d (mention, entity) pairs of %d mentions never drawn, flagged by the "
+                "reranker of step %d within %g of the gold (%s)",
+                len(flagged),
+                len(pairs.pairs),
+                pairs.reranker_step,
+                pairs.margin,
+                path,
+            )
         return cls(
             spec.build(negatives, len(entity_ids)),
             negatives.num_negatives,
