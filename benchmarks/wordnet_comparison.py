@@ -74,8 +74,14 @@ def cells() -> list[tuple[str, str, list[str]]]:
 
 def equal_budget(steps: int) -> list[str]:
     """The recipe overrides every cell shares: ``steps`` steps of 8 mentions × 4 negatives at
-    24 tokens, a checkpoint (so an asynchronous refresh) every ``steps / 6`` steps."""
+    24 tokens, a checkpoint (so an asynchronous refresh) every ``steps / 6`` steps, dot-product
+    scores, no sharing and random version 0 unless a cell says otherwise (pinned here, so the
+    cells mean the same whatever configs/demo.yaml's defaults become)."""
     return [
+        "model.normalize=false",
+        "loss.options={}",
+        "negatives.share=none",
+        "negatives.initial=random",
         f"training.steps={steps}",
         "training.batch_size=8",
         "training.learning_rate=1.0e-4",

@@ -45,6 +45,10 @@ def shared_recipe(work: Path, checkpoints: Sequence[int], overrides: Sequence[st
         "training.keep_checkpoints=10",
         "training.log_every=1",
         "negatives.share=batch",  # every mention scored against every candidate of the step
+        # the demo recipe as measured: dot products, version 0 random (COSINE changes both)
+        "model.normalize=false",
+        "loss.options={}",
+        "negatives.initial=random",
         *overrides,
     ]
 
