@@ -46,6 +46,9 @@ def share_recipe(run_dir: Path, data_root: Path, share: str, steps: int) -> Conf
         "negatives.num_negatives=4",
         "negatives.sampler=random",
         "negatives.source=none",
+        "negatives.initial=random",
+        "model.normalize=false",  # dot products, as measured
+        "loss.options={}",
         f"negatives.share={share}",
         "refresh.enabled=false",
     )

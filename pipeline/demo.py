@@ -83,7 +83,7 @@ def run_demo(config: Config, announce: Callable[[str], None] = lambda _: None) -
     variants = {
         "random": replace(
             base,
-            negatives=replace(base.negatives, sampler="random", source="none"),
+            negatives=replace(base.negatives, sampler="random", source="none", initial="random"),
             refresh=replace(base.refresh, enabled=False),
         ),
         f"mixed-{round(100 * base.negatives.mixed.hard_fraction)}": base,

@@ -176,6 +176,7 @@ def test_recall_on_held_out_lemmas_rises_over_the_untrained_model(
             "negatives.num_negatives=4",
             "negatives.sampler=random",
             "negatives.source=none",
+            "negatives.initial=random",
             "refresh.enabled=false",
         ],
     )
