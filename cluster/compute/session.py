@@ -31,8 +31,9 @@ logger = logging.getLogger(__name__)
 # lent H200 NCCL's first allocation in the trainer worker failed ("Failed to CUDA calloc async 4
 # bytes") until these were set. hnce runs BM25 on the CPU and never runs JAX on a GPU.
 JAX_ON_CPU = {"JAX_PLATFORMS": "cpu", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-# Worker processes (Ray Train workers, encoder actors) inherit these.
-WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", **JAX_ON_CPU}
+# Worker processes (Ray Train workers, encoder actors) inherit these (and JAX_ON_CPU through the
+# job's runtime environment, with the values this process settled on).
+WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false"}
 DS_ACCELERATOR = "DS_ACCELERATOR"
 RAY_AUTH_MODE = "RAY_AUTH_MODE"
 _RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
