@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from hnce.encoders.errors import InputError
 from hnce.pipeline.data import kilt_synthetic
 from hnce.pipeline.data.kilt import convert_kilt, knowledge_source_text
 from hnce.pipeline.data.kilt_synthetic import (
@@ -131,3 +132,17 @@ def test_lead_lengths_follow_the_stated_distribution() -> None:
     assert 0.6 < window < 0.8
     assert max(leads) > 3000  # the long tail
     assert kilt_synthetic.LEAD_MEDIAN_CHARS == 900
+
+
+def test_a_smaller_lead_median_writes_stubs_and_is_recorded(tmp_path: Path) -> None:
+    world = KiltWorld(pages=3000, seed=0, lead_median_chars=150)
+    leads = [
+        len(knowledge_source_text(json.loads(world.page_line(line))["text"], 10**6))
+        for line in range(world.pages)
+    ]
+    assert 150 < statistics.median(leads) < 300 and min(leads) >= 120  # a sentence past L
+    record = _generate(tmp_path / "stubs", lead_median_chars=150)
+    assert record["parameters"]["lead_median_chars"] == 150
+    assert "lead_median_chars" not in _generate(tmp_path / "default")["parameters"]
+    with pytest.raises(InputError, match="median"):
+        KiltWorld(pages=300, lead_median_chars=100)

@@ -14,7 +14,13 @@ from typing import Any
 from hnce.pipeline.data.bad_rows import add_bad_row_arguments
 from hnce.pipeline.data.blink import DEFAULT_MAX_TEXT_CHARS
 from hnce.pipeline.data.conversion import DatasetOutput
-from hnce.pipeline.data.kilt_synthetic import AIDA_MENTIONS, BLOCK, KILT_PAGES
+from hnce.pipeline.data.kilt_synthetic import (
+    AIDA_MENTIONS,
+    BLOCK,
+    KILT_PAGES,
+    LEAD_CHARS,
+    LEAD_MEDIAN_CHARS,
+)
 
 KEEP_MISSING_GOLD_HELP = (
     "keep mentions whose gold entity is not in the catalogue, with gold = -1, so that evaluation "
@@ -148,6 +154,12 @@ def _add_kilt_generator(formats: Any) -> None:
     generator.add_argument(
         "--workers", type=at_least(1), default=1, help="processes writing parts at once"
     )
+    generator.add_argument(
+        "--lead-median-chars",
+        type=at_least(LEAD_CHARS[0]),
+        default=LEAD_MEDIAN_CHARS,
+        help="median characters of a page's lead (smaller: stubs for short entity windows)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -204,6 +216,7 @@ def _generate_kilt_inputs(args: argparse.Namespace) -> int:
         {split: getattr(args, split) for split in AIDA_MENTIONS},
         args.part_lines,
         args.workers,
+        args.lead_median_chars,
     )
     for name, entry in record["files"].items():
         print(f"{args.out / name}: {entry['bytes'] / 1e6:,.1f} MB")

@@ -14,13 +14,15 @@ which ``hnce data kilt --knowledge-source RAW/kilt_knowledgesource.json --aida R
 converts like the real files. Defaults: KILT's 5,903,530 pages and AIDA's 18,395 / 4,784 / 4,463
 train / dev / test mentions.
 
-**Text lengths.** The text of a page is a lead of L characters, L log-normal with median 900 and
-σ = 0.6, clipped to [120, 8000] (then a "Section::::" header and a bullet list on a third of the
+**Text lengths.** The text of a page is a lead of L characters, L log-normal with median 900
+(``lead_median_chars``) and σ = 0.6, clipped to [120, 8000] (then a "Section::::" header and a bullet list on a third of the
 pages, as KILT keeps them). Wikipedia leads run from one-line stubs to several paragraphs with a
 median of a few hundred words' worth of characters; at about 5 characters per WordPiece token
 a 128-token entity window holds ~640 characters, so ~70% of the pages fill it (P(L < 640) ≈ 0.29)
 and the rest are stubs, as in Wikipedia, where the converter's 2,048-character cut and the
-encoder's 128 tokens are what bound the cost, not the page.
+encoder's 128 tokens are what bound the cost, not the page. A smaller median (``--lead-median-chars
+150``) writes a catalogue of stubs for short entity windows (32 tokens hold ~160 characters) at a
+fraction of the bytes and the generation, conversion and tokenization time.
 
 **Names that make hard negatives matter.** Pages come in *families* that share a name token: a
 family of size k has a primary page titled ``Kelvaron``, and pages such as ``Kelvaron (band)``,
@@ -133,11 +135,16 @@ def _coprime_multiplier(pages: int, start: int) -> int:
 class KiltWorld:
     """The generated catalogue: :meth:`page` and :meth:`page_line` for any line, in O(1)."""
 
-    def __init__(self, pages: int = KILT_PAGES, seed: int = 0) -> None:
+    def __init__(
+        self, pages: int = KILT_PAGES, seed: int = 0, lead_median_chars: int = LEAD_MEDIAN_CHARS
+    ) -> None:
         if pages < BLOCK:
             raise InputError(f"a synthetic KILT catalogue needs at least {BLOCK} pages")
+        if not LEAD_CHARS[0] <= lead_median_chars <= LEAD_CHARS[1]:
+            raise InputError(f"the lead's median must lie in {list(LEAD_CHARS)} characters")
         self.pages = pages
         self.seed = seed
+        self.lead_median_chars = lead_median_chars
         self._multiplier = _coprime_multiplier(pages, 0x9E3779B1 + seed)
         self._offset = (seed * 7_919) % pages
         self._inverse = pow(self._multiplier, -1, pages)
@@ -204,7 +211,8 @@ class KiltWorld:
         return " ".join(chosen).capitalize() + "."
 
     def _paragraphs(self, rng: random.Random, page: Page) -> list[str]:
-        lead = min(max(rng.lognormvariate(math.log(LEAD_MEDIAN_CHARS), LEAD_SIGMA), 120), 8000)
+        drawn = rng.lognormvariate(math.log(self.lead_median_chars), LEAD_SIGMA)
+        lead = min(max(drawn, LEAD_CHARS[0]), LEAD_CHARS[1])
         display = page.title.split(" (")[0]
         sentences = [f"{display} is a {page.kind} from {page.place}."]
         length = len(sentences[0])
@@ -294,14 +302,17 @@ def aida_file_name(split: str) -> str:
     return f"aidayago2-{split}-kilt.jsonl"
 
 
-def _parameters(pages: int, seed: int, mentions: dict[str, int], part_lines: int) -> dict:
-    return {
+def _parameters(world: KiltWorld, mentions: dict[str, int], part_lines: int) -> dict:
+    parameters = {
         "version": GENERATOR_VERSION,
-        "pages": pages,
-        "seed": seed,
+        "pages": world.pages,
+        "seed": world.seed,
         "mentions": mentions,
         "part_lines": part_lines,
     }
+    if world.lead_median_chars != LEAD_MEDIAN_CHARS:  # the default's records stay as they were
+        parameters["lead_median_chars"] = world.lead_median_chars
+    return parameters
 
 
 def _write_part(world: KiltWorld, path: Path, lines: range) -> int:
@@ -369,20 +380,21 @@ def generate_kilt_inputs(
     mentions: dict[str, int] | None = None,
     part_lines: int = 250_000,
     workers: int = 1,
+    lead_median_chars: int = LEAD_MEDIAN_CHARS,
 ) -> dict[str, Any]:
     """Write the knowledge source and AIDA files under ``out`` (module docstring); return
     ``generator.json``'s content: parameters, per-file bytes and SHA-256, seconds per stage.
     A finished run with the same parameters is kept as it is."""
     out = Path(out)
     mentions = dict(AIDA_MENTIONS if mentions is None else mentions)
-    parameters = _parameters(pages, seed, mentions, part_lines)
+    world = KiltWorld(pages, seed, lead_median_chars)
+    parameters = _parameters(world, mentions, part_lines)
     done = out / GENERATOR_FILE
     if done.is_file():
         record = json.loads(done.read_text())
         if record["parameters"] == parameters:
             return record
         done.unlink()
-    world = KiltWorld(pages, seed)
     seconds: dict[str, float] = {}
     started = time.perf_counter()
     files = [write_knowledge_source(world, out, parameters, part_lines, workers)]
