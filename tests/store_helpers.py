@@ -10,7 +10,13 @@ from pathlib import Path
 
 import numpy as np
 
-from hnce.cluster.stores.checkpoints import DEEPSPEED_DIR, EXPORT_DIR, checkpoint_dir, mark_complete
+from hnce.cluster.stores.checkpoints import (
+    DEEPSPEED_DIR,
+    EXPORT_DIR,
+    REFRESH_REQUEST,
+    checkpoint_dir,
+    mark_complete,
+)
 from hnce.cluster.stores.index_store import BuildParameters, IndexStore, IndexVersion
 from hnce.cluster.stores.negatives_store import MinedSplit
 from hnce.cluster.stores.sharded_index import IndexSpec, build_shard_index
@@ -30,6 +36,7 @@ def write_checkpoint(
     *,
     deepspeed_state: bool = False,
     complete: bool = True,
+    refresh: bool | None = None,
 ) -> Path:
     """Write checkpoint ``step`` of the run in ``run_dir``, the way the trainer lays it out, and
     return its ``step-<S>/`` directory.
@@ -47,6 +54,8 @@ def write_checkpoint(
       bytes), for tests of the manifest over the DeepSpeed state.
     - ``complete=False``: no marker, as a checkpoint still being written or left half-written
       by a crash.
+    - ``refresh``: the state's ``refresh`` (whether it asks for a refresh); None: no such key,
+      as checkpoints written before it existed.
     """
     directory = checkpoint_dir(run_dir, step)
     if export is None:
@@ -58,7 +67,8 @@ def write_checkpoint(
         (directory / DEEPSPEED_DIR).mkdir()
         (directory / DEEPSPEED_DIR / DEEPSPEED_STATE_FILE).write_bytes(b"state")
     if complete:
-        mark_complete(directory, {"step": step})
+        state = {"step": step} if refresh is None else {"step": step, REFRESH_REQUEST: refresh}
+        mark_complete(directory, state)
     return directory
 
 

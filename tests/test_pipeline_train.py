@@ -8,6 +8,7 @@ in a few hundred steps).
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import threading
@@ -19,8 +20,15 @@ import pytest
 from training_helpers import CONFIGS, exact_scores, synthetic_config, write_syllable_bert
 
 from hnce.cluster.compute.recall import hits_at
-from hnce.cluster.stores.checkpoints import EXPORT_DIR, checkpoint_dir, newest_checkpoint
+from hnce.cluster.stores.checkpoints import (
+    EXPORT_DIR,
+    checkpoint_dir,
+    complete_checkpoints,
+    newest_checkpoint,
+    wants_refresh,
+)
 from hnce.cluster.stores.index_store import IndexStore
+from hnce.cluster.stores.refresh_log import read_log
 from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.pipeline.config import Config, config_from_dict, load_config
@@ -28,6 +36,7 @@ from hnce.pipeline.data.synthetic import generate_synthetic_dataset
 from hnce.pipeline.demo import write_demo_subset
 from hnce.pipeline.evaluate import evaluate_checkpoint, evaluate_export
 from hnce.pipeline.train.events import read_events
+from hnce.pipeline.train.staleness import STALE_EVENT
 from hnce.pipeline.train.trainer import run_training
 
 pytestmark = pytest.mark.slow
@@ -107,6 +116,48 @@ def test_training_switches_to_refreshed_negatives_without_waiting(
     newest = newest_checkpoint(run_dir)
     assert newest is not None and newest[0] == STEPS
     assert (newest[1] / EXPORT_DIR / "scorer.json").is_file()
+
+
+def test_stale_negatives_ask_for_the_only_refreshes_the_coordinator_runs(
+    tmp_path: Path, dataset: Path, tiny_model_dir: Path, ray_session: str
+) -> None:
+    """``refresh.trigger: stale``: the checkpoints published because the loss on the current
+    negatives fell to ``stale_loss_ratio`` of its first window ask for a refresh, the others
+    (every ``checkpoint_every``) do not; the coordinator refreshes only those that ask, and the
+    next request waits until the refresh asked for is live (long enough for one to land)."""
+    run_dir = tmp_path / "run"
+    ratio, steps = 0.9, 300
+    config = synthetic_config(
+        run_dir,
+        dataset,
+        tiny_model_dir,
+        f"training.steps={steps}",
+        "training.num_workers=1",
+        "training.checkpoint_every=50",
+        "training.negatives_check_every=2",
+        "training.keep_checkpoints=20",
+        "negatives.initial=model",
+        "refresh.trigger=stale",
+        f"refresh.stale_loss_ratio={ratio}",
+        "refresh.stale_window=4",
+        "refresh.poll_seconds=0.2",
+    )
+    run_training(config)
+    stale = read_events(run_dir, STALE_EVENT)
+    requested = sorted(event["step"] for event in stale)
+    assert len(requested) >= 2 and all(0 < e["loss_ratio"] <= ratio for e in stale), stale
+    asks = {step: wants_refresh(path) for step, path in complete_checkpoints(run_dir)}
+    assert {step for step, ask in asks.items() if ask} == set(requested)
+    resume_points = set(range(50, steps + 1, 50)) - set(requested)
+    assert {step for step, ask in asks.items() if not ask} == resume_points
+    refreshed = [r for r in read_log(run_dir).records if r.outcome in ("published", "abandoned")]
+    assert {r.checkpoint for r in refreshed} <= set(requested), refreshed
+    assert any(r.outcome == "published" for r in refreshed), refreshed
+    # one request per version: the next comes only once the refresh it asked for is live
+    switches = read_events(run_dir, "negatives")
+    for before, after in itertools.pairwise(requested):
+        live = {s["checkpoint_step"] for s in switches if before < s["step"] <= after}
+        assert before in live, (before, after, switches)
 
 
 def brute_force_recall(config: Config, export_dir: Path) -> dict[int, float]:

@@ -1,7 +1,9 @@
 """The refresh coordinator: a Ray actor that refreshes a run as its checkpoints appear (docs/refresh.md).
 
 The trainer starts one per run (``hnce.pipeline.train.refresh_supervisor``); its loop asks every
-``refresh.poll_seconds`` whether the newest complete checkpoint is live, and if not refreshes it
+``refresh.poll_seconds`` whether the newest complete checkpoint that asks for a refresh is live
+(every checkpoint asks, but with ``refresh.trigger: stale`` only those the trainer published for
+stale negatives: ``hnce.cluster.stores.checkpoints.wants_refresh``), and if not refreshes it
 through :func:`hnce.cluster.compute.refresh_job.attempt_refresh`, under the same run lock as ``hnce
 refresh`` (a lagging refresh therefore always jumps to the newest checkpoint, skipping stale
 ones). A refresh held off by another holder of the lock waits for the next poll; a failed one is
@@ -64,6 +66,7 @@ class RefreshCoordinator:
                 COORDINATOR_ROLE,
                 stopping=self._abandon.is_set,
                 failures=self.failures_in_a_row,
+                requests_only=True,
             )
             self._note(record)
             self._stop.wait(self.plan.refresh.poll_seconds)

@@ -51,7 +51,15 @@ from hnce.cluster.stores.sharded_index import IndexSpec
 from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import MentionSplit
 from hnce.encoders.errors import InputError
-from hnce.encoders.settings import Flag, NonNegativeInt, PositiveInt, PositiveReal, Text, settings
+from hnce.encoders.settings import (
+    Flag,
+    Fraction,
+    NonNegativeInt,
+    PositiveInt,
+    PositiveReal,
+    Text,
+    settings,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +94,15 @@ class RefreshSettings:
         wait_floor_seconds: the least time any wait on an encoder actor (its start, a shard, a
             search) may take before it is reported as hung; later waits also allow 10x the
             slowest task measured. Raise it for big shards encoded on CPUs.
+        trigger: which checkpoints the coordinator refreshes. ``checkpoints`` (default): each
+            newest checkpoint, every ``training.checkpoint_every`` steps. ``stale``: only those
+            the trainer publishes because its negatives went stale (the loss ratio of
+            :mod:`hnce.pipeline.train.staleness`); the other checkpoints are kept for resuming.
+            With ``mode: async`` only.
+        stale_loss_ratio: ``trigger: stale`` asks for a refresh when the mean loss of the last
+            ``stale_window`` steps on a negatives version is at most this share of the mean
+            loss of its first ``stale_window`` steps.
+        stale_window: steps in each of the two windows of ``stale_loss_ratio``.
         heldout_recall: after building its index, each refresh scores the eval split
             (``data.eval_split``, at most ``data.max_eval_mentions``) against it and logs
             recall@``eval.ks`` (a ``heldout_recall`` line in the refresh log), as ``hnce eval``
@@ -106,6 +123,9 @@ class RefreshSettings:
     poll_seconds: PositiveReal = 2.0
     max_consecutive_failures: PositiveInt = 3
     wait_floor_seconds: PositiveReal = 900.0
+    trigger: Literal["checkpoints", "stale"] = "checkpoints"
+    stale_loss_ratio: Fraction = 0.8
+    stale_window: PositiveInt = 10
     heldout_recall: Flag = True
 
 

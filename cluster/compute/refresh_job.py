@@ -34,7 +34,11 @@ from types import FrameType
 from hnce.cluster.compute.actors import StopRequested
 from hnce.cluster.compute.lock import RunLock, RunLocked
 from hnce.cluster.compute.refresh import NoCheckpointError, RefreshPlan, run_refresh
-from hnce.cluster.stores.checkpoints import checkpoints_root, complete_checkpoints
+from hnce.cluster.stores.checkpoints import (
+    checkpoints_root,
+    complete_checkpoints,
+    refresh_requests,
+)
 from hnce.cluster.stores.refresh_log import RefreshRecord, append_heldout, append_record
 from hnce.encoders.errors import InputError
 
@@ -80,16 +84,27 @@ def parse_interval(text: str) -> float:
     return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
 
 
-def refresh_target(plan: RefreshPlan, step: int | None = None) -> tuple[int, bool]:
-    """The checkpoint a refresh would publish (``step``, else the newest complete one) and
-    whether that is still to do (False when the live index and negatives come from it).
+def refresh_target(
+    plan: RefreshPlan, step: int | None = None, requests_only: bool = False
+) -> tuple[int, bool]:
+    """The checkpoint a refresh would publish (``step``, else the newest complete one, or with
+    ``requests_only`` the newest that asks for a refresh: the training coordinator's choice,
+    ``refresh.trigger``) and whether that is still to do (False when the live index and
+    negatives come from it).
 
     Reads manifests only (no Ray, no model). Raises NoCheckpointError before the first
-    checkpoint, or when ``step`` is not a complete checkpoint of the run.
+    checkpoint (or request), or when ``step`` is not a complete checkpoint of the run.
     """
     checkpoints = complete_checkpoints(plan.run_dir)
     if not checkpoints:
         raise NoCheckpointError(f"{checkpoints_root(plan.run_dir)}: no complete checkpoint")
+    if step is None and requests_only:
+        requests = refresh_requests(plan.run_dir)
+        if not requests:
+            raise NoCheckpointError(
+                f"{checkpoints_root(plan.run_dir)}: no checkpoint asks for a refresh yet"
+            )
+        step = requests[-1][0]
     target = checkpoints[-1][0] if step is None else step
     if target not in {found for found, _ in checkpoints}:
         steps = ", ".join(f"step-{found}" for found, _ in checkpoints)
@@ -111,8 +126,10 @@ def attempt_refresh(
     connect: Callable[[], None] | None = None,
     stopping: Callable[[], bool] = lambda: False,
     failures: int = 0,
+    requests_only: bool = False,
 ) -> RefreshRecord:
-    """One refresh of ``step`` (default: the newest checkpoint) under the run's lock.
+    """One refresh of ``step`` (default: the newest checkpoint; with ``requests_only`` the
+    newest that asks for a refresh, :func:`refresh_target`) under the run's lock.
 
     ``connect`` (starting or joining Ray) runs only once there is something to do and the lock
     file is held. ``stopping`` is asked after every indexed shard; when true, the refresh is
@@ -121,9 +138,9 @@ def attempt_refresh(
     """
     record = RefreshRecord("up-to-date", role, time.time(), consecutive_failures=failures)
     try:
-        if _worth_locking(plan, step, record):
+        if _worth_locking(plan, step, requests_only, record):
             with RunLock(plan.run_dir, role, connect) as lock:
-                _run_locked(plan, step, record, lock, stopping)
+                _run_locked(plan, step, requests_only, record, lock, stopping)
     except RunLocked as error:
         record.outcome, record.message = "locked", str(error)
     except NoCheckpointError as error:
@@ -133,11 +150,13 @@ def attempt_refresh(
     return record
 
 
-def _worth_locking(plan: RefreshPlan, step: int | None, record: RefreshRecord) -> bool:
+def _worth_locking(
+    plan: RefreshPlan, step: int | None, requests_only: bool, record: RefreshRecord
+) -> bool:
     """Whether a refresh may have work: its checkpoint is not live yet, or the check itself
     failed (it is made again under the lock, where a failure is recorded in the run's log)."""
     try:
-        record.checkpoint, due = refresh_target(plan, step)
+        record.checkpoint, due = refresh_target(plan, step, requests_only)
     except NoCheckpointError:
         raise
     except Exception:
@@ -148,6 +167,7 @@ def _worth_locking(plan: RefreshPlan, step: int | None, record: RefreshRecord) -
 def _run_locked(
     plan: RefreshPlan,
     step: int | None,
+    requests_only: bool,
     record: RefreshRecord,
     lock: RunLock,
     stopping: Callable[[], bool],
@@ -160,7 +180,7 @@ def _run_locked(
     record.started = time.time()
 
     try:
-        record.checkpoint, due = refresh_target(plan, step)
+        record.checkpoint, due = refresh_target(plan, step, requests_only)
         if not due:
             return
         lock.encoding(record.checkpoint)

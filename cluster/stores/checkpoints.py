@@ -5,7 +5,8 @@ refresh coordinator, ``hnce eval`` and ``hnce status`` read them through it. A c
 
     step-<S>/deepspeed/            DeepSpeed state, to resume training
     step-<S>/export/               the towers (save_pretrained) + scorer.json: what a refresh encodes
-    step-<S>/training_state.json   step, seed, negatives version in use
+    step-<S>/training_state.json   step, seed, negatives version in use, whether it asks for a
+                                   refresh (``refresh``; absent: it does)
     step-<S>/COMPLETE              written last: {"step", "files": {relative path: sha256}}
 
 A checkpoint is *complete* when its ``COMPLETE`` marker exists (it is written after every other
@@ -32,6 +33,7 @@ DEEPSPEED_DIR = "deepspeed"
 DEEPSPEED_TAG = "state"
 EXPORT_DIR = "export"
 STATE_FILE = "training_state.json"
+REFRESH_REQUEST = "refresh"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -80,6 +82,19 @@ def newest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
     """The newest complete checkpoint, or None before the first one is published."""
     found = complete_checkpoints(run_dir)
     return found[-1] if found else None
+
+
+def wants_refresh(directory: Path) -> bool:
+    """Whether a complete checkpoint asks the training run's refresh coordinator to refresh it:
+    every one does, except those a run with ``refresh.trigger: stale`` published only to resume
+    from (``training_state.json``'s ``refresh`` is false)."""
+    state = json.loads((directory / STATE_FILE).read_text())
+    return bool(state.get(REFRESH_REQUEST, True))
+
+
+def refresh_requests(run_dir: Path) -> list[tuple[int, Path]]:
+    """(step, directory) of every complete checkpoint that asks for a refresh, oldest first."""
+    return [(step, child) for step, child in complete_checkpoints(run_dir) if wants_refresh(child)]
 
 
 def _files_of(directory: Path) -> list[Path]:
@@ -155,13 +170,16 @@ def resolve_checkpoint(run_dir: Path, spec: str) -> tuple[int | None, Path]:
 
 
 def prune_checkpoints(run_dir: Path, keep: int) -> list[int]:
-    """Keep the newest ``keep`` complete checkpoints and the one a refresh is encoding; delete
-    the others, and unfinished ones older than the newest complete (left by a crash).
+    """Keep the newest ``keep`` complete checkpoints, the one a refresh is encoding and the
+    newest that asks for a refresh; delete the others, and unfinished ones older than the newest
+    complete (left by a crash).
 
     The checkpoint being encoded is the one the holder of the run's refresh lock records
     (:func:`hnce.cluster.stores.lock_holder.encoding_checkpoint`); a refresh that lags behind therefore pins one
-    checkpoint at most, and its next attempt jumps to the newest. Disk stays bounded at
-    ``keep + 1`` checkpoints. Returns the steps deleted, oldest first.
+    checkpoint at most, and its next attempt jumps to the newest. The newest request outlives
+    the checkpoints published after it only to resume from (``refresh.trigger: stale``), so the
+    coordinator still finds it. Disk stays bounded at ``keep + 2`` checkpoints. Returns the steps
+    deleted, oldest first.
     """
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")
@@ -170,7 +188,8 @@ def prune_checkpoints(run_dir: Path, keep: int) -> list[int]:
         return []
     encoding = encoding_checkpoint(run_dir)
     newest = complete[-1][0]
-    spared = {step for step, _ in complete[-keep:]} | {encoding}
+    requested = [step for step, directory in complete if wants_refresh(directory)]
+    spared = {step for step, _ in complete[-keep:]} | {encoding} | set(requested[-1:])
     doomed = [(step, directory) for step, directory in complete if step not in spared]
     doomed += [
         (step, directory)

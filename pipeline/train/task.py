@@ -75,6 +75,11 @@ class TrainingTask:
         """Whether the workers wait for each refresh (``refresh.mode: sync``)."""
         return self.refreshes(config) and config.refresh.mode == "sync"
 
+    def refreshes_when_stale(self, config: Config) -> bool:
+        """Whether the workers ask for refreshes when their negatives go stale
+        (``refresh.trigger: stale``, :mod:`hnce.pipeline.train.staleness`)."""
+        return self.refreshes(config) and config.refresh.trigger == "stale"
+
     def initial_negatives(self, config: Config) -> str:
         """Where negatives version 0 comes from (``negatives.initial``; random: none)."""
         return config.negatives.initial if self._on_index(config) else "random"

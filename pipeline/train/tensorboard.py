@@ -34,6 +34,7 @@ SCALARS: dict[tuple[str, str], str] = {
     ("step", "negatives_version"): "negatives/version",
     ("refresh", "seconds"): "refresh/seconds",
     ("refresh_wait", "seconds"): "refresh/wait_seconds",
+    ("stale", "loss_ratio"): "negatives/stale_loss_ratio",
     ("heldout_recall", "recall"): "heldout/recall@",  # {k: recall@k}: one tag per k
 }
 

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from hnce.cluster.compute.index_build import timed
+from hnce.cluster.stores.checkpoints import REFRESH_REQUEST
 from hnce.cluster.stores.tables import Mention, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.cluster.stores.tokens import TokenStore
@@ -68,6 +69,7 @@ from hnce.pipeline.train.nonfinite import (
     weights_cause,
 )
 from hnce.pipeline.train.refresh_health import RefreshHealth
+from hnce.pipeline.train.staleness import STALE_EVENT, StalenessMonitor
 from hnce.pipeline.train.step import ContrastiveScoring, train_micro_batch
 from hnce.pipeline.train.task import TrainingTask
 
@@ -198,6 +200,12 @@ class WorkerRun:
             else None
         )
         self.waits_for_refreshes = task.waits_for_refreshes(config)
+        refresh = config.refresh
+        self.staleness = (
+            StalenessMonitor(refresh.stale_loss_ratio, refresh.stale_window)
+            if task.refreshes_when_stale(config)
+            else None
+        )
         self.start_step = 0
         self.setup_seconds: dict[str, float] = {}
 
@@ -331,7 +339,8 @@ class WorkerRun:
             if self.diverged(done, loss):
                 return
             self.log_step(done, loss, time.perf_counter() - started, mention_ids)
-            if self.publishes_at(done) and not self.publish(done, loss):
+            stale = self.negatives_went_stale(done, loss)
+            if (stale or self.publishes_at(done)) and not self.publish(done, loss, stale):
                 return
         if self.log is not None:
             self.log.write(
@@ -412,6 +421,27 @@ class WorkerRun:
         synced = self.waits_for_refreshes and step % self.config.refresh.sync_every == 0
         return step % every == 0 or step == self.settings.steps or synced
 
+    def negatives_went_stale(self, step: int, loss: float) -> bool:
+        """``refresh.trigger: stale``: record ``step``'s loss and, every ``negatives_check_every``
+        steps, whether rank 0 finds the negatives stale (broadcast: every rank publishes the
+        checkpoint that asks for their refresh together; a ``stale`` event says why)."""
+        if self.staleness is None:
+            return False
+        self.staleness.observe(self.data.source.version, loss)
+        if step % self.settings.negatives_check_every != 0:
+            return False
+        stale = bool(self.collectives.broadcast_int(int(self.staleness.stale())))
+        if stale:
+            self.staleness.mark_requested()
+            if self.log is not None:
+                self.log.write(
+                    STALE_EVENT,
+                    step=step,
+                    version=self.data.source.version,
+                    loss_ratio=self.staleness.loss_ratio(),
+                )
+        return stale
+
     def log_step(self, done: int, loss: float, seconds: float, mention_ids: list[str]) -> None:
         """A ``step`` event every ``log_every`` steps (rank 0), with the mentions it trained on."""
         if self.log is None:
@@ -442,9 +472,10 @@ class WorkerRun:
         logger.warning("rank %d: %s", self.rank, cause)
         return stop
 
-    def publish(self, step: int, loss: float) -> bool:
+    def publish(self, step: int, loss: float, stale: bool = False) -> bool:
         """Checkpoint ``step-<step>/`` of this task's run, if every rank's weights are finite;
-        False (on every rank, a stop logged) when they are not."""
+        False (on every rank, a stop logged) when they are not. It asks for a refresh unless the
+        run refreshes only ``stale`` negatives and these are not."""
         ranks = nonfinite_ranks(self.collectives, weights_are_finite(self.model))
         if ranks:
             if self.log is not None:
@@ -456,6 +487,7 @@ class WorkerRun:
             "seed": self.config.run.seed,
             "negatives_version": self.data.source.version,
             "loss": loss,
+            REFRESH_REQUEST: stale or self.staleness is None,
         }
         publish_checkpoint(
             self.engine,
