@@ -1,10 +1,14 @@
-"""Asynchronous refresh vs a synchronous refresh every N steps vs negatives mined once: recall against wall-clock.
+"""Asynchronous refresh (every checkpoint, or when stale) vs a synchronous refresh every N steps vs negatives mined once: recall against wall-clock.
 
 The comparison the product exists for (ANCE's asynchronous refresh, docs/refresh.md), on real
 WordNet with the packaged all-MiniLM-L6-v2, mixed-50 negatives, through ``hnce train``:
 
 - ``async``: the refresh coordinator re-encodes, re-indexes and re-mines beside the trainer,
-  which never waits (``refresh.mode: async``);
+  which never waits (``refresh.mode: async``), the newest checkpoint every ``--checkpoint-every``
+  steps;
+- ``stale``: the same coordinator, but only the checkpoints the trainer publishes when the loss
+  on its negatives has fallen to ``--stale-ratio`` of the version's first ``--stale-window``
+  steps (``refresh.trigger: stale``, hnce.pipeline.train.staleness);
 - ``sync``: every ``--sync-every`` steps the trainer publishes a checkpoint and waits for the
   negatives mined with it (``refresh.mode: sync``: the paper's own code, EntQA);
 - ``once``: negatives mined once with the starting model before training and never refreshed
@@ -40,10 +44,20 @@ from hnce.pipeline.train.events import read_events
 from hnce.pipeline.train.trainer import run_training
 
 
-def modes(sync_every: int) -> dict[str, list[str]]:
+def modes(args: argparse.Namespace) -> dict[str, list[str]]:
+    stale = f"stale {args.stale_ratio} over {args.stale_window}"
     return {
         "async": ["refresh.mode=async"],
-        f"sync every {sync_every}": ["refresh.mode=sync", f"refresh.sync_every={sync_every}"],
+        stale: [
+            "refresh.mode=async",
+            "refresh.trigger=stale",
+            f"refresh.stale_loss_ratio={args.stale_ratio}",
+            f"refresh.stale_window={args.stale_window}",
+        ],
+        f"sync every {args.sync_every}": [
+            "refresh.mode=sync",
+            f"refresh.sync_every={args.sync_every}",
+        ],
         "once": ["refresh.enabled=false"],
     }
 
@@ -98,7 +112,8 @@ def plot_curves(curves: list[dict[str, Any]], png: Path) -> None:
 def report_lines(args: argparse.Namespace, curves: list[dict[str, Any]], png: Path) -> list[str]:
     """The result file's markdown lines: the setting, one row per mode, the figure."""
     lines = [
-        "# Refresh modes: asynchronous vs synchronous every N steps vs mined once",
+        "# Refresh modes: asynchronous (every checkpoint or when stale) vs synchronous every N "
+        "steps vs mined once",
         "",
         f"WordNet subset of {args.entities} synsets, {args.train_mentions} train and "
         f"{args.test_mentions} held-out mentions (lemmas never seen in training); configs/demo.yaml "
@@ -127,12 +142,14 @@ def main() -> None:
         __doc__, "refresh_modes", Path("runs/refresh-modes"), 2000, steps=60, checkpoint_every=10
     )
     parser.add_argument("--sync-every", type=int, default=20, help="steps between sync refreshes")
+    parser.add_argument("--stale-ratio", type=float, default=0.8, help="refresh.stale_loss_ratio")
+    parser.add_argument("--stale-window", type=int, default=5, help="refresh.stale_window")
     args = harness.parse(parser)
     data = prepare_dataset(args.work_dir, args.entities, args.train_mentions, args.test_mentions)
     state = harness.StageState(args.work_dir / "state.json").load()
     curves = [
         state.once(name, lambda n=name, o=overrides: curve(n, o, args, data))
-        for name, overrides in modes(args.sync_every).items()
+        for name, overrides in modes(args).items()
     ]
     png = args.output.with_suffix(".png")
     plot_curves(curves, png)
