@@ -79,6 +79,9 @@ def test_the_coordinator_refreshes_the_newest_checkpoint_that_asks(tmp_path: Pat
     assert refresh_target(plan) == (30, True)  # `hnce refresh`: the newest, request or not
     publish_index(IndexStore(tmp_path / "index"), 20, np.zeros((6, 16), np.float32))
     assert refresh_target(plan, requests_only=True)[0] == 20  # live index; negatives still due
+    publish_index(IndexStore(tmp_path / "index"), 30, np.zeros((6, 16), np.float32))
+    assert refresh_target(plan, requests_only=True) == (20, False)  # never back to an older one
+    assert refresh_target(plan) == (30, True)  # its negatives are still to mine
 
 
 def test_no_request_yet_is_no_checkpoint_for_the_coordinator(tmp_path: Path) -> None:

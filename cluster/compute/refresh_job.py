@@ -90,7 +90,8 @@ def refresh_target(
     """The checkpoint a refresh would publish (``step``, else the newest complete one, or with
     ``requests_only`` the newest that asks for a refresh: the training coordinator's choice,
     ``refresh.trigger``) and whether that is still to do (False when the live index and
-    negatives come from it).
+    negatives come from it, or, for ``requests_only``, from a newer checkpoint: a stand-alone
+    ``hnce refresh`` got there first, and the coordinator never goes back).
 
     Reads manifests only (no Ray, no model). Raises NoCheckpointError before the first
     checkpoint (or request), or when ``step`` is not a complete checkpoint of the run.
@@ -114,7 +115,10 @@ def refresh_target(
         )
     index_store = plan.index_store
     live = index_store.current_version()
-    if live is None or index_store.read_manifest(live)["checkpoint"] != target:
+    live_checkpoint = None if live is None else index_store.read_manifest(live)["checkpoint"]
+    if requests_only and live_checkpoint is not None and live_checkpoint > target:
+        return target, False
+    if live_checkpoint != target:
         return target, True
     return target, plan.negatives_store.current_version() != live
 
