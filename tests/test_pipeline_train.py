@@ -123,8 +123,12 @@ def test_stale_negatives_ask_for_the_only_refreshes_the_coordinator_runs(
 ) -> None:
     """``refresh.trigger: stale``: the checkpoints published because the loss on the current
     negatives fell to ``stale_loss_ratio`` of its first window ask for a refresh, the others
-    (every ``checkpoint_every``) do not; the coordinator refreshes only those that ask, and the
-    next request waits until the refresh asked for is live (long enough for one to land)."""
+    (every ``checkpoint_every``) do not; the coordinator refreshes only those that ask, the first
+    request's negatives go live (300 steps: long enough for a refresh to land), and any later
+    request waits until the one before it is live. (Whether the loss on the refreshed negatives
+    falls far enough again for a second request within the run depends on the tiny model's noisy
+    loss: 0.90 in one run, 0.95 in another; the reset itself is exact in
+    test_pipeline_staleness.py.)"""
     run_dir = tmp_path / "run"
     ratio, steps = 0.9, 300
     config = synthetic_config(
@@ -145,16 +149,16 @@ def test_stale_negatives_ask_for_the_only_refreshes_the_coordinator_runs(
     run_training(config)
     stale = read_events(run_dir, STALE_EVENT)
     requested = sorted(event["step"] for event in stale)
-    assert len(requested) >= 2 and all(0 < e["loss_ratio"] <= ratio for e in stale), stale
+    assert requested and all(0 < e["loss_ratio"] <= ratio for e in stale), stale
     asks = {step: wants_refresh(path) for step, path in complete_checkpoints(run_dir)}
     assert {step for step, ask in asks.items() if ask} == set(requested)
     resume_points = set(range(50, steps + 1, 50)) - set(requested)
     assert {step for step, ask in asks.items() if not ask} == resume_points
     refreshed = [r for r in read_log(run_dir).records if r.outcome in ("published", "abandoned")]
     assert {r.checkpoint for r in refreshed} <= set(requested), refreshed
-    assert any(r.outcome == "published" for r in refreshed), refreshed
-    # one request per version: the next comes only once the refresh it asked for is live
     switches = read_events(run_dir, "negatives")
+    assert requested[0] in {s["checkpoint_step"] for s in switches}, (requested, switches)
+    # one request per version: the next comes only once the refresh it asked for is live
     for before, after in itertools.pairwise(requested):
         live = {s["checkpoint_step"] for s in switches if before < s["step"] <= after}
         assert before in live, (before, after, switches)
