@@ -15,14 +15,15 @@ converts like the real files. Defaults: KILT's 5,903,530 pages and AIDA's 18,395
 train / dev / test mentions.
 
 **Text lengths.** The text of a page is a lead of L characters, L log-normal with median 900
-(``lead_median_chars``) and σ = 0.6, clipped to [120, 8000] (then a "Section::::" header and a bullet list on a third of the
-pages, as KILT keeps them). Wikipedia leads run from one-line stubs to several paragraphs with a
-median of a few hundred words' worth of characters; at about 5 characters per WordPiece token
-a 128-token entity window holds ~640 characters, so ~70% of the pages fill it (P(L < 640) ≈ 0.29)
-and the rest are stubs, as in Wikipedia, where the converter's 2,048-character cut and the
-encoder's 128 tokens are what bound the cost, not the page. A smaller median (``--lead-median-chars
-150``) writes a catalogue of stubs for short entity windows (32 tokens hold ~160 characters) at a
-fraction of the bytes and the generation, conversion and tokenization time.
+(``lead_median_chars``) and σ = 0.6, clipped to [120, 8000] (then a "Section::::" header and a
+bullet list on a third of the pages, as KILT keeps them). Wikipedia leads run from one-line stubs
+to several paragraphs with a median of a few hundred words' worth of characters; at about 5
+characters per WordPiece token a 128-token entity window holds ~640 characters, so ~70% of the
+pages fill it (P(L < 640) ≈ 0.29) and the rest are stubs, as in Wikipedia, where the converter's
+2,048-character cut and the encoder's 128 tokens are what bound the cost, not the page. A smaller
+median (``--lead-median-chars 150``) writes a catalogue of stubs for short entity windows (32
+tokens hold ~160 characters) at a fraction of the bytes and the generation, conversion and
+tokenization time.
 
 **Names that make hard negatives matter.** Pages come in *families* that share a name token: a
 family of size k has a primary page titled ``Kelvaron``, and pages such as ``Kelvaron (band)``,
