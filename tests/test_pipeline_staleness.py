@@ -73,7 +73,7 @@ def test_the_coordinator_refreshes_the_newest_checkpoint_that_asks(tmp_path: Pat
         True,
         False,
     ]
-    assert [step for step, _ in refresh_requests(tmp_path)] == [10, 20]
+    assert [step for step, _ in refresh_requests(complete_checkpoints(tmp_path))] == [10, 20]
     plan = _plan(tmp_path)
     assert refresh_target(plan, requests_only=True) == (20, True)
     assert refresh_target(plan) == (30, True)  # `hnce refresh`: the newest, request or not

@@ -100,7 +100,7 @@ def refresh_target(
     if not checkpoints:
         raise NoCheckpointError(f"{checkpoints_root(plan.run_dir)}: no complete checkpoint")
     if step is None and requests_only:
-        requests = refresh_requests(plan.run_dir)
+        requests = refresh_requests(checkpoints)
         if not requests:
             raise NoCheckpointError(
                 f"{checkpoints_root(plan.run_dir)}: no checkpoint asks for a refresh yet"

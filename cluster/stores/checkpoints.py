@@ -92,9 +92,10 @@ def wants_refresh(directory: Path) -> bool:
     return bool(state.get(REFRESH_REQUEST, True))
 
 
-def refresh_requests(run_dir: Path) -> list[tuple[int, Path]]:
-    """(step, directory) of every complete checkpoint that asks for a refresh, oldest first."""
-    return [(step, child) for step, child in complete_checkpoints(run_dir) if wants_refresh(child)]
+def refresh_requests(checkpoints: list[tuple[int, Path]]) -> list[tuple[int, Path]]:
+    """Those of ``checkpoints`` (:func:`complete_checkpoints`' pairs, listed once by the caller)
+    that ask for a refresh, in the same order."""
+    return [(step, child) for step, child in checkpoints if wants_refresh(child)]
 
 
 def _files_of(directory: Path) -> list[Path]:
@@ -188,7 +189,7 @@ def prune_checkpoints(run_dir: Path, keep: int) -> list[int]:
         return []
     encoding = encoding_checkpoint(run_dir)
     newest = complete[-1][0]
-    requested = [step for step, directory in complete if wants_refresh(directory)]
+    requested = [step for step, _ in refresh_requests(complete)]
     spared = {step for step, _ in complete[-keep:]} | {encoding} | set(requested[-1:])
     doomed = [(step, directory) for step, directory in complete if step not in spared]
     doomed += [
