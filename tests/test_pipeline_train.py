@@ -20,6 +20,7 @@ import pytest
 from training_helpers import CONFIGS, exact_scores, synthetic_config, write_syllable_bert
 
 from hnce.cluster.compute.recall import hits_at
+from hnce.cluster.compute.coordinator import COORDINATOR_ROLE
 from hnce.cluster.stores.checkpoints import (
     EXPORT_DIR,
     checkpoint_dir,
@@ -84,6 +85,11 @@ def recall(config: Config, export_dir: Path | None) -> dict[int, float]:
 def test_training_switches_to_refreshed_negatives_without_waiting(
     tmp_path: Path, dataset: Path, tiny_model_dir: Path, ray_session: str
 ) -> None:
+    """``refresh.mode: async``: training never waits for the coordinator, uses each refresh it
+    sees land (the switch comes steps after its checkpoint), and the coordinator goes straight on
+    to the newest checkpoint after each refresh. How many refreshes land within the run depends on
+    how fast the refresh runs beside training (two alone, one in CI at stop 31), so the test counts
+    the coordinator's attempts in the refresh log, which do not depend on it."""
     run_dir = tmp_path / "run"
     config = synthetic_config(
         run_dir,
@@ -100,7 +106,16 @@ def test_training_switches_to_refreshed_negatives_without_waiting(
     steps = [e["step"] for e in read_events(run_dir, "step")]
     assert steps == list(range(1, STEPS + 1))
     switches = read_events(run_dir, "negatives")
-    assert len(switches) >= 2, switches
+    assert switches, "no refreshed negatives were used"
+    attempts = [a for a in read_log(run_dir).records if a.role == COORDINATOR_ROLE]
+    assert attempts[0].outcome == "published", attempts
+    # A first refresh that finished a poll before training ended was followed by a refresh of a
+    # newer checkpoint (published, or abandoned when training ended), never an older one.
+    ended = read_events(run_dir, "end")[-1]["time"]
+    if attempts[0].finished + config.refresh.poll_seconds < ended:
+        assert len(attempts) >= 2, attempts
+    refreshed = [a.checkpoint for a in attempts]
+    assert refreshed == sorted(set(refreshed)), refreshed
     versions = [s["version"] for s in switches]
     assert versions == sorted(set(versions))
     assert len(IndexStore(run_dir / "index").versions()) >= 1
