@@ -525,6 +525,13 @@ def validate(config: Config) -> Config:
             f"evaluated exactly (its query depends on the entity, docs/math.md): its shards "
             f"store reduced entity vectors, which only a flat index keeps exactly; set index.kind: flat",
         )
+    if config.model.scorer.name == "som" and config.index.kind == "hnsw":
+        raise config.error(
+            "index.kind",
+            "is 'hnsw', but sum-of-max rescores its candidates from their token vectors, which "
+            "hnce reads from a flat index or decodes from an ivfpq one, not from HNSW; set index.kind: flat (exact) "
+            "or ivfpq (compressed, docs/engines.md)",
+        )
     if negatives.share == "global" and not config.model.scorer.indexable:
         raise config.error(
             "negatives.share",

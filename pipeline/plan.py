@@ -18,8 +18,10 @@ reranker's encoder) trained by DeepSpeed with ZeRO stage z over N = ``num_worker
   reads of each candidate and recompute one chunk at a time. Checked on CPU against measured
   peaks of real steps (``benchmarks/plan_memory.py``).
 
-Per index shard holder: ``refresh.shard_size`` entities x dimension x vectors per entity x
-(2 B fp16 on a GPU, 4 B fp32 on a CPU); the whole index is the catalogue's worth.
+Per index shard holder: ``refresh.shard_size`` entities x vectors per entity x bytes per vector,
+which is the dimension x (2 B fp16 on a GPU, 4 B fp32 on a CPU) for a flat index, and for
+``ivfpq`` the list code (``pq_m`` B) and its 8-byte id, plus, for sum-of-max, the standalone code
+rescoring decodes (``pq_m`` B and the list number); the whole index is the catalogue's worth.
 
 Example::
 
@@ -46,6 +48,8 @@ from hnce.pipeline.preflight import model_directory
 from hnce.pipeline.train.task import TaskKind
 
 GIB = 1024**3
+#: FAISS keeps a 64-bit id beside every code in an IVF list
+IVF_ID_BYTES = 8
 # DeepSpeed's default reduce and all-gather bucket sizes (elements) under ZeRO-2/3.
 ZERO_BUCKET_ELEMENTS = 5 * 10**8
 # BLINK's bi-encoder, biencoder_wiki_large.bin: bert-large-uncased (docs/input-formats.md), for recipes
@@ -269,11 +273,19 @@ def index_lines(
     scorer = config.model.scorer
     per_entity = entity_vectors_kept(scorer, config.model.entity_length)
     bound = " (som: at most one per token)" if scorer.name == "som" else ""
-    element, kind = (2, "fp16") if on_gpu else (4, "fp32")
     dimension = towers[-1].hidden
-    per_vector = dimension * per_entity * element
+    if config.index.kind == "ivfpq":
+        index = config.index
+        codes = index.pq_m + IVF_ID_BYTES
+        if scorer.name == "som":
+            codes += index.pq_m + math.ceil(math.log2(index.nlist) / 8)
+        per_vector = codes * per_entity
+        detail = f"x {per_entity} vectors x {codes} B (ivfpq codes){bound}"
+    else:
+        element, kind = (2, "fp16") if on_gpu else (4, "fp32")
+        per_vector = dimension * per_entity * element
+        detail = f"x {dimension} dims x {per_entity} vectors x {element} B ({kind}){bound}"
     shard = min(config.refresh.shard_size, entities)
-    detail = f"x {dimension} dims x {per_entity} vectors x {element} B ({kind}){bound}"
     return [
         MemoryLine("shard", f"{shard:,} entities {detail}", shard * per_vector),
         MemoryLine("whole index", f"{entities:,} entities {detail}", entities * per_vector),

@@ -99,6 +99,14 @@ def publish_index(
     return builder.publish(shards)
 
 
+def flip_byte(path: Path, offset: int) -> None:
+    """Corrupt ``path`` in place: invert the bits of its byte at ``offset`` (negative: from the
+    end), as a disk or a copy might."""
+    payload = bytearray(path.read_bytes())
+    payload[offset] ^= 0xFF
+    path.write_bytes(bytes(payload))
+
+
 def mined_split() -> MinedSplit:
     """Three mentions' top-3 over 10 entities (one with fewer candidates)."""
     return MinedSplit(

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from store_helpers import index_parameters, mined_split, publish_index
+from store_helpers import flip_byte, index_parameters, mined_split, publish_index
 
 from hnce.cluster.stores.exact_search import ExactSearcher
 from hnce.cluster.stores.files import sha256_file
@@ -219,9 +219,7 @@ def test_corrupted_shard_is_detected_by_checksum(tmp_path: Path) -> None:
     store = IndexStore(tmp_path / "index")
     publish_index(store, 1, _vectors(60))
     shard = tmp_path / "index/v1/shard-00001.faiss"
-    payload = bytearray(shard.read_bytes())
-    payload[-7] ^= 0xFF
-    shard.write_bytes(bytes(payload))
+    flip_byte(shard, -7)
     with pytest.raises(ChecksumError, match=r"shard-00001\.faiss"):
         store.current().load()
 

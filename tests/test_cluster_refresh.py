@@ -4,6 +4,7 @@ memory."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import tracemalloc
 from pathlib import Path
@@ -184,6 +185,33 @@ def test_sum_of_max_refresh_mines_the_scorers_top_n(ray_session, assets) -> None
     version = IndexStore(run_dir / "index").current()
     assert version.vectors_per_entity is None and version.num_vectors > NUM_ENTITIES
     _assert_negatives_are_exact(run_dir, assets["som"], assets["data"])
+
+
+def test_compressed_sum_of_max_refresh_rescores_from_the_token_codes(ray_session, assets) -> None:
+    """``index.kind: ivfpq`` for sum-of-max, through two encoder actors and two shard holders:
+    each shard keeps its tokens' standalone codes beside the IVF-PQ lists, the holders rescore
+    every candidate from them, and the mined top-10 keeps at least 0.8 of the exact top-10
+    (0.917 measured at candidate depth 256, which proposes every entity here: the loss is the
+    codes' alone)."""
+    run_dir = assets["root"] / "som-ivfpq"
+    write_checkpoint(run_dir, 1, assets["som"])
+    plan = _config(run_dir, assets["data"], shard_size=24, num_encoders=2)
+    plan = dataclasses.replace(
+        plan, index=IndexSpec(kind="ivfpq", nlist=8, pq_m=16, nprobe=8, faiss_device="cpu")
+    )
+    run_refresh(plan)
+    version = IndexStore(run_dir / "index").current()
+    assert [shard.codes for shard in version.manifest.shards] == [
+        "shard-00000.codes.npy",
+        "shard-00001.codes.npy",
+    ]
+    mentions = _train_mentions(assets["data"])
+    exact = np.argsort(-exact_scores(assets["som"], assets["data"], mentions), axis=1)[:, :10]
+    mined, _ = (
+        NegativesStore(run_dir / "negatives").latest().lookup([m.mention_id for m in mentions])
+    )
+    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(mined.numpy(), exact, strict=True)])
+    assert recall >= 0.8, recall
 
 
 @pytest.mark.parametrize("scorer", ["poly-16", "genpoly-4-2"])

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import LETTER_PIECES, write_wordpiece_tokenizer
+from store_helpers import flip_byte
 
 from hnce.cluster.stores.tables import Entity
 from hnce.cluster.stores.tables_write import write_dataset
@@ -83,8 +84,6 @@ def test_changed_catalogue_and_corrupt_arrays_are_refused(tmp_path: Path, tokeni
     with pytest.raises(TokenStoreError, match="built for catalogue"):
         TokenStore.ensure(root, tokenizer, 16)
     ids = store.directory / "ids.npy"
-    payload = bytearray(ids.read_bytes())
-    payload[-1] ^= 0xFF
-    ids.write_bytes(bytes(payload))
+    flip_byte(ids, -1)
     with pytest.raises(TokenStoreError, match=r"ids\.npy: sha256"):
         TokenStore.open(store.directory)

@@ -154,6 +154,15 @@ def test_scorers_mined_exactly_accept_the_index_source_with_flat_shards(scorer: 
     assert "'index.kind'" in str(error.value) and "flat" in str(error.value)
 
 
+def test_sum_of_max_takes_flat_or_compressed_shards_but_not_hnsw() -> None:
+    """Sum-of-max rescores from token vectors: a flat shard stores them, an ivfpq one decodes
+    them from its codes, HNSW has neither."""
+    for kind in ("flat", "ivfpq"):
+        assert load_config(None, ["model.scorer.name=som", f"index.kind={kind}"]).index.kind == kind
+    with pytest.raises(ConfigError, match=r"'index.kind'.*not from HNSW"):
+        load_config(None, ["model.scorer.name=som", "index.kind=hnsw"])
+
+
 def test_every_scorer_option_can_be_written_in_a_recipe(tmp_path: Path) -> None:
     path = write(
         tmp_path,

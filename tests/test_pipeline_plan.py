@@ -103,6 +103,22 @@ def test_plan_counts_the_real_parameters_and_chunks_the_candidates(tmp_path: Pat
     assert Encoder.from_config(architecture).parameters == tower
 
 
+def test_compressed_sum_of_max_plans_its_codes_not_its_vectors(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Sum-of-max over ivfpq: each token costs pq_m B of list code, an 8-byte id and the
+    standalone code (pq_m B and a list-number byte), not its 384 fp32 dimensions."""
+    arguments = ["plan", "--config", str(CONFIGS / "demo.yaml"), "--entities", "100000"]
+    som = ["--set", "model.scorer.name=som"]
+    compressed = ["--set", "index.kind=ivfpq", "--set", "index.nlist=256", "--set", "index.pq_m=16"]
+    assert main([*arguments, *som, *compressed, "--json"]) == 0
+    whole = json.loads(capsys.readouterr().out)["index"]["whole index"]
+    assert main([*arguments, *som, "--json"]) == 0
+    flat = json.loads(capsys.readouterr().out)["index"]["whole index"]
+    tokens = flat // (384 * 4)
+    assert whole == tokens * (16 + 8 + 16 + 1)
+
+
 def test_aida_blink_fits_a_24_gb_gpu_by_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
     """The recipe as shipped (bert-large towers, 8 x 64 candidates of 128 tokens, ZeRO-2 on 4
     GPUs) needs activation checkpointing and candidate chunks to fit; without them it does not."""

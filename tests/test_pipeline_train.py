@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from training_helpers import CONFIGS, exact_scores, synthetic_config, write_syllable_bert
 
-from hnce.cluster.compute.recall import hits_at
 from hnce.cluster.compute.coordinator import COORDINATOR_ROLE
+from hnce.cluster.compute.recall import hits_at
 from hnce.cluster.stores.checkpoints import (
     EXPORT_DIR,
     checkpoint_dir,

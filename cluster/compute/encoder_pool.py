@@ -53,7 +53,12 @@ from hnce.cluster.compute.actors import (
 from hnce.cluster.compute.resources import ENCODER_RESOURCE, custom_resource_request
 from hnce.cluster.compute.shard_holders import HeldIndex, ShardHolder
 from hnce.cluster.stores.index_store import IndexVersion, ShardRecord, write_shard
-from hnce.cluster.stores.sharded_index import DeviceRequest, IndexSpec, build_shard_index
+from hnce.cluster.stores.sharded_index import (
+    DeviceRequest,
+    IndexSpec,
+    build_shard_index,
+    token_codes,
+)
 from hnce.cluster.stores.tokens import TokenStore
 from hnce.encoders.biencoder import BiEncoder, load_biencoder
 from hnce.encoders.errors import InputError
@@ -253,13 +258,15 @@ class EntityEncoderActor(ShardHolder):
                 self.batch_size,
                 cancelled=ray.get_runtime_context().is_canceled,
             )
+        index = build_shard_index(vectors, task.spec)
         record = write_shard(
             Path(task.directory),
             task.shard_no,
-            build_shard_index(vectors, task.spec),
+            index,
             vector_ids,
             task.entities,
             task.vectors_per_entity,
+            token_codes(index, vectors, task.vectors_per_entity),
         )
         return ShardEncoded(
             shard_no=task.shard_no,

@@ -6,9 +6,13 @@ Layout::
     index/v7/manifest.json              {format, version, checkpoint, checkpoint_path, model,
                                          catalogue, source, scorer, dim, vectors_per_entity,
                                          num_entities, index, shards: [{file, ids, sha256,
-                                         ids_sha256, count, entities: [start, stop]}], created_at}
+                                         ids_sha256, count, entities: [start, stop], codes,
+                                         codes_sha256}], created_at}
     index/v7/shard-00000.faiss          FAISS index of shard 0
     index/v7/shard-00000.ids.npy        int64 entity id of each vector of shard 0
+    index/v7/shard-00000.codes.npy      a compressed sum-of-max shard only (index.kind ivfpq):
+                                        uint8 standalone code of each token vector, in entity
+                                        order, that rescoring decodes (sharded_index.token_codes)
     index/.building-v8/                 a build in progress: progress.json records finished
                                         shards, so a restarted build resumes
 
@@ -24,7 +28,8 @@ version checks the manifest's schema, its version against the directory, that th
 ranges tile 0..num_entities-1 exactly (no shard dropped or repeated) with the vector count the
 scorer implies; loading a shard streams its files through SHA-256, checks that its ids lie in its
 range (each entity exactly once for one-vector scorers, m times for multi-m, in order for
-sum-of-max) and memory-maps the FAISS file. File names must stay inside the version directory.
+sum-of-max), that a compressed token shard's codes match its vectors, and memory-maps the FAISS
+file and the codes. File names must stay inside the version directory.
 Every failure is a `StoreError` (an `InputError`) naming the file.
 
 Example::
@@ -89,7 +94,8 @@ PROGRESS_FILE = "progress.json"
 @manifest_record
 class ShardRecord:
     """One shard of a version, as recorded in the manifest: its files, their SHA-256, its vector
-    count and the entity range [start, stop) it covers."""
+    count and the entity range [start, stop) it covers; `codes` (and its SHA-256) only for a
+    compressed sum-of-max shard."""
 
     file: str
     ids: str
@@ -97,6 +103,8 @@ class ShardRecord:
     ids_sha256: Sha256
     count: Count
     entities: tuple[Count, Count]
+    codes: str | None = None
+    codes_sha256: Sha256 | None = None
 
 
 @manifest_record
@@ -147,15 +155,21 @@ _MANIFEST = TypeAdapter(IndexManifest)
 _PROGRESS = TypeAdapter(BuildProgress)
 
 
-def shard_file_names(shard_no: int) -> tuple[str, str]:
-    """(index file, ids file) of shard `shard_no`."""
-    return f"shard-{shard_no:05d}.faiss", f"shard-{shard_no:05d}.ids.npy"
+def shard_file_names(shard_no: int) -> tuple[str, str, str]:
+    """(index file, ids file, codes file) of shard `shard_no`."""
+    stem = f"shard-{shard_no:05d}"
+    return f"{stem}.faiss", f"{stem}.ids.npy", f"{stem}.codes.npy"
 
 
 def check_layout(manifest: IndexManifest, manifest_path: Path) -> None:
     """The shards' entity ranges tile 0..num_entities-1 in order, each with the vector count its
     scorer implies, and no file is listed twice (StoreError naming the manifest otherwise)."""
-    files = [name for shard in manifest.shards for name in (shard.file, shard.ids)]
+    files = [
+        name
+        for shard in manifest.shards
+        for name in (shard.file, shard.ids, shard.codes)
+        if name is not None
+    ]
     repeated = sorted({name for name in files if files.count(name) > 1})
     if repeated:
         raise StoreError(f"{manifest_path}: lists {repeated[0]} more than once")
@@ -172,6 +186,8 @@ def check_layout(manifest: IndexManifest, manifest_path: Path) -> None:
             )
         if stop <= start:
             raise StoreError(f"{manifest_path}: shard {number} covers no entity [{start}, {stop})")
+        if (shard.codes is None) != (shard.codes_sha256 is None):
+            raise StoreError(f"{manifest_path}: shard {number} lists codes without a SHA-256")
         _check_count(shard, number, manifest.vectors_per_entity, manifest_path)
         covered = stop
     if covered != manifest.num_entities:
@@ -235,20 +251,26 @@ def write_shard(
     ids: np.ndarray,
     entities: tuple[int, int],
     vectors_per_entity: int | None,
+    codes: np.ndarray | None = None,
 ) -> ShardRecord:
-    """Write shard `shard_no` (a CPU index and its int64 entity ids) into a version directory;
-    returns its manifest record. Encoder actors call this; retried, it writes the same bytes."""
+    """Write shard `shard_no` (a CPU index, its int64 entity ids and, for a compressed
+    sum-of-max shard, its token codes) into a version directory; returns its manifest record.
+    Encoder actors call this; retried, it writes the same bytes."""
     directory = Path(directory)
     ids = np.ascontiguousarray(ids, dtype=np.int64)
-    file_name, ids_name = shard_file_names(shard_no)
+    file_name, ids_name, codes_name = shard_file_names(shard_no)
     if len(ids) != index.ntotal:
         raise ValueError(f"shard {shard_no}: {index.ntotal} vectors but {len(ids)} ids")
     check_shard_ids(ids, entities, vectors_per_entity, directory / ids_name)
     index_path, ids_path = directory / file_name, directory / ids_name
     with AtomicPath(index_path) as temporary:
         faiss.write_index(index, str(temporary))
-    with AtomicPath(ids_path) as temporary, open(temporary, "wb") as handle:
-        np.save(handle, ids, allow_pickle=False)
+    _save_array(ids_path, ids)
+    codes_sha256 = None
+    if codes is not None:
+        check_shard_codes(codes, index, directory / codes_name)
+        _save_array(directory / codes_name, codes)
+        codes_sha256 = sha256_file(directory / codes_name)
     return ShardRecord(
         file=file_name,
         ids=ids_name,
@@ -256,7 +278,25 @@ def write_shard(
         ids_sha256=sha256_file(ids_path),
         count=int(index.ntotal),
         entities=(int(entities[0]), int(entities[1])),
+        codes=None if codes is None else codes_name,
+        codes_sha256=codes_sha256,
     )
+
+
+def _save_array(path: Path, array: np.ndarray) -> None:
+    with AtomicPath(path) as temporary, open(temporary, "wb") as handle:
+        np.save(handle, array, allow_pickle=False)
+
+
+def check_shard_codes(codes: np.ndarray, index: faiss.Index, path: Path) -> None:
+    """A compressed token shard's codes: uint8, one row of the index's standalone code size per
+    vector (StoreError naming `path` otherwise)."""
+    expected = (index.ntotal, index.sa_code_size())
+    if codes.dtype != np.uint8 or codes.shape != expected:
+        raise StoreError(
+            f"{path}: expected uint8 codes of shape {expected} (one per token vector of "
+            f"{index.ntotal}), got {codes.dtype} {codes.shape}"
+        )
 
 
 class IndexBuilder:
@@ -296,11 +336,23 @@ class IndexBuilder:
         self._write_progress()
 
     def add_shard(
-        self, shard_no: int, index: faiss.Index, ids: np.ndarray, entities: tuple[int, int]
+        self,
+        shard_no: int,
+        index: faiss.Index,
+        ids: np.ndarray,
+        entities: tuple[int, int],
+        codes: np.ndarray | None = None,
     ) -> ShardRecord:
-        """Write shard `shard_no` from this process (a CPU index and its ids) and record it."""
+        """Write shard `shard_no` from this process (a CPU index, its ids and a compressed
+        sum-of-max shard's codes) and record it."""
         record = write_shard(
-            self.directory, shard_no, index, ids, entities, self.parameters.vectors_per_entity
+            self.directory,
+            shard_no,
+            index,
+            ids,
+            entities,
+            self.parameters.vectors_per_entity,
+            codes,
         )
         self.record_shard(shard_no, record)
         return record
@@ -402,9 +454,14 @@ class IndexVersion:
         record = self.manifest.shards[number]
         index_path = confined_path(self.path, record.file, manifest_path)
         ids_path = confined_path(self.path, record.ids, manifest_path)
+        codes_path = (
+            None if record.codes is None else confined_path(self.path, record.codes, manifest_path)
+        )
         if verify:
             verify_sha256(index_path, record.sha256, manifest_path)
             verify_sha256(ids_path, record.ids_sha256, manifest_path)
+            if codes_path is not None:
+                verify_sha256(codes_path, str(record.codes_sha256), manifest_path)
         try:
             ids = np.load(ids_path, mmap_mode="r", allow_pickle=False)
         except ValueError as error:
@@ -416,7 +473,19 @@ class IndexVersion:
                 f"{index_path}: {index.ntotal} vectors of dim {index.d}, but {manifest_path} "
                 f"records {record.count} of dim {self.manifest.dim}"
             )
-        return IndexShard.on_device(index, ids, device)
+        codes = None
+        if codes_path is not None:
+            try:
+                codes = np.load(codes_path, mmap_mode="r", allow_pickle=False)
+            except ValueError as error:
+                raise StoreError(f"{codes_path}: not a .npy code array ({error})") from None
+            check_shard_codes(codes, index, codes_path)
+        elif self.vectors_per_entity is None and not isinstance(index, faiss.IndexFlat):
+            raise StoreError(
+                f"{manifest_path}: sum-of-max shard {number} is {self.manifest.index['kind']} "
+                f"without token codes to rescore from"
+            )
+        return IndexShard.on_device(index, ids, device, codes)
 
 
 class IndexStore:

@@ -17,10 +17,14 @@ Score functions (docs/math.md, eq. 9 of Zhang & Stratos 2021), per shard:
   entities are exactly the top-k entities; and the top k·m vector hits contain at least k distinct
   entities (each contributes at most m). Searching k·m vectors deep is therefore exact.
 - som: s(x, y) = Σ_i max_j ⟨x_i, y_j⟩ — the shard's token-level index proposes candidates (each
-  query token's `candidate_depth` nearest entity tokens), then the candidates are rescored exactly
-  from the shard's stored token vectors (ColBERT-style). A shard proposes at least the candidates
-  a single index over the whole catalogue would propose from it, so the result is exact whenever
-  `candidate_depth` covers what one index would need; meant for small catalogues.
+  query token's `candidate_depth` nearest entity tokens), then the candidates are rescored from
+  their token vectors (late interaction, Khattab & Zaharia 2020, ColBERT §3.6). A flat shard
+  rescores from its stored vectors, so the result is exact whenever `candidate_depth` covers what
+  one index would need. An `ivfpq` token shard is the compressed index of ColBERTv2 (Santhanam et
+  al. 2022, §3.3): each token vector is stored as its IVF centroid plus a product-quantised
+  residual, once in the IVF lists (candidate generation) and once in entity order as standalone
+  codes (`IndexShard.codes`, FAISS's `sa_encode`), which rescoring decodes for the candidates
+  only; the full-precision token vectors are never held.
 
 Because every entity lives in one shard, merging per-shard top-k lists by score is exact. Scorers
 whose query depends on the entity (poly-m, genpoly-m, general) are not searched here: their flat
@@ -35,6 +39,7 @@ without one raises instead of falling back. Shard files are read memory-mapped
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 from collections.abc import Sequence
@@ -52,6 +57,9 @@ from hnce.encoders.settings import PositiveInt, settings
 logger = logging.getLogger(__name__)
 
 IndexKind = Literal["flat", "ivfpq", "hnsw"]
+#: bits of each product-quantiser code, and the centroids each sub-quantiser trains
+PQ_BITS = 8
+PQ_CENTROIDS = 2**PQ_BITS
 DeviceRequest = Literal["auto", "cpu", "gpu"]
 
 
@@ -145,10 +153,19 @@ def train_index(sample: np.ndarray, spec: IndexSpec, seed: int = 0) -> faiss.Ind
     else:
         if dim % spec.pq_m:
             raise ValueError(f"ivfpq needs dim ({dim}) divisible by pq_m ({spec.pq_m})")
+        if min(len(vectors), spec.train_size) < PQ_CENTROIDS:
+            raise InputError(
+                f"ivfpq trains {PQ_CENTROIDS} centroids per sub-quantiser on at most "
+                f"index.train_size ({spec.train_size}) of a shard's vectors, and this shard has "
+                f"{len(vectors)}; raise refresh.shard_size (or index.train_size) or set "
+                f"index.kind: flat"
+            )
         # FAISS wants ~39 training points per centroid; fewer lists for a small shard.
         nlist = max(1, min(spec.nlist, len(vectors) // 39))
         quantizer = faiss.IndexFlatIP(dim)
-        index = faiss.IndexIVFPQ(quantizer, dim, nlist, spec.pq_m, 8, faiss.METRIC_INNER_PRODUCT)
+        index = faiss.IndexIVFPQ(
+            quantizer, dim, nlist, spec.pq_m, PQ_BITS, faiss.METRIC_INNER_PRODUCT
+        )
         index.cp.seed = seed
         index.pq.cp.seed = seed
         rng = np.random.default_rng(seed)
@@ -248,33 +265,79 @@ def resolve_faiss_device(requested: DeviceRequest = "auto") -> FaissDevice:
     return device
 
 
+def token_codes(
+    index: faiss.Index, vectors: np.ndarray, vectors_per_entity: int | None
+) -> np.ndarray | None:
+    """The standalone codes (uint8 [n, code size], FAISS ``sa_encode``) that a compressed token
+    shard keeps beside its IVF lists so that sum-of-max rescoring can decode any entity's tokens
+    (module docstring); None for every other shard, whose rescoring (if any) reads the flat
+    storage. HNSW keeps no codes, so sum-of-max over it is refused."""
+    if vectors_per_entity is not None or isinstance(index, faiss.IndexFlat):
+        return None
+    if not isinstance(index, faiss.IndexIVFPQ):
+        raise InputError(
+            "sum-of-max rescoring needs a flat or ivfpq token index; set index.kind: flat or ivfpq"
+        )
+    return index.sa_encode(np.ascontiguousarray(vectors, dtype=np.float32))
+
+
 @dataclass
 class IndexShard:
     """One searchable shard: a FAISS index and the entity id of each of its vectors.
 
     `vectors` is the shard's stored vectors (a view of a flat CPU index's storage, `storage`, kept
-    alive with it), which sum-of-max rescoring reads; None for other kinds.
+    alive with it); `codes` a compressed token shard's standalone codes (:func:`token_codes`),
+    which `storage`, the CPU index, decodes. Sum-of-max rescoring reads one or the other
+    (:meth:`token_vectors`); both are None for other shards.
     """
 
     index: faiss.Index
     ids: np.ndarray  # int64 [ntotal]
     vectors: np.ndarray | None = None
     storage: faiss.Index | None = None
+    codes: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if len(self.ids) != self.index.ntotal:
             raise ValueError(
                 f"shard has {self.index.ntotal} vectors but {len(self.ids)} entity ids"
             )
+        if self.codes is not None and len(self.codes) != len(self.ids):
+            raise ValueError(f"shard has {len(self.ids)} vectors but {len(self.codes)} codes")
 
     @classmethod
-    def on_device(cls, index: faiss.Index, ids: np.ndarray, device: FaissDevice) -> IndexShard:
-        """A shard of the CPU `index` placed on `device`, keeping its flat storage readable."""
+    def on_device(
+        cls,
+        index: faiss.Index,
+        ids: np.ndarray,
+        device: FaissDevice,
+        codes: np.ndarray | None = None,
+    ) -> IndexShard:
+        """A shard of the CPU `index` placed on `device`, keeping its flat storage (or the
+        CPU index that decodes `codes`) readable."""
         vectors = None
         if isinstance(index, faiss.IndexFlat):
             vectors = faiss.rev_swig_ptr(index.get_xb(), index.ntotal * index.d)
             vectors = vectors.reshape(index.ntotal, index.d)
-        return cls(device.place(index), ids, vectors, storage=index)
+        return cls(device.place(index), ids, vectors, storage=index, codes=codes)
+
+    @functools.cached_property
+    def entity_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """(entity ids, first row of each) of a shard whose ids are sorted entity by entity; an
+        entity's vectors are rows ``first[e] .. first[e + 1]`` (the last up to ``ntotal``)."""
+        entities, first = np.unique(self.ids, return_index=True)
+        return entities, np.append(first, len(self.ids))
+
+    def token_vectors(self, rows: np.ndarray) -> np.ndarray:
+        """The vectors of `rows` (float32 [len(rows), d]): read from flat storage, or decoded
+        from a compressed shard's codes."""
+        if self.vectors is not None:
+            return np.asarray(self.vectors[rows])
+        if self.codes is not None and self.storage is not None:
+            return self.storage.sa_decode(np.ascontiguousarray(self.codes[rows]))
+        raise InputError(
+            "sum-of-max rescoring needs a flat or ivfpq token index; set index.kind: flat or ivfpq"
+        )
 
     def search_vectors(
         self, queries: np.ndarray, depth: int, allowed: np.ndarray | None = None
@@ -397,29 +460,27 @@ def _sum_of_max_top_k(
     candidate_depth: int,
     allowed: np.ndarray | None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Sum-of-max within one shard: token-level candidates, then s = Σ_i max_j ⟨x_i, y_j⟩ exactly."""
-    if shard.vectors is None:
-        raise InputError(
-            "sum-of-max rerank needs flat shards (exact token vectors); set index.kind: flat"
-        )
+    """Sum-of-max within one shard: token-level candidates, then s = Σ_i max_j ⟨x_i, y_j⟩ over
+    each candidate's token vectors (stored, or decoded from a compressed shard's codes)."""
     batch, num_query, dim = queries.shape
     hit_ids, _ = shard.search_vectors(
         queries.reshape(batch * num_query, dim), candidate_depth, allowed
     )
     hit_ids = hit_ids.reshape(batch, -1)
-    # The shard's ids are sorted (entity by entity), so an entity's tokens are one slice.
-    entities, starts = np.unique(shard.ids, return_index=True)
-    stops = np.append(starts[1:], len(shard.ids))
+    entities, first = shard.entity_rows
     out_ids = np.full((batch, k), -1, dtype=np.int64)
     out_scores = np.full((batch, k), -np.inf, dtype=np.float32)
     for row in range(batch):
         live = queries[row][np.abs(queries[row]).sum(axis=1) > 0]
         candidates = np.unique(hit_ids[row][hit_ids[row] >= 0])
+        if not len(candidates):
+            continue
         slots = np.searchsorted(entities, candidates)
-        scores = np.array(
-            [(live @ shard.vectors[starts[s] : stops[s]].T).max(axis=1).sum() for s in slots],
-            dtype=np.float32,
-        )
+        starts, lengths = first[slots], first[slots + 1] - first[slots]
+        rows = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
+        token_scores = live @ shard.token_vectors(rows).T  # [live query tokens, candidate tokens]
+        # max_j per candidate (its tokens are one run of columns), then Σ_i
+        scores = np.maximum.reduceat(token_scores, np.cumsum(lengths) - lengths, axis=1).sum(0)
         order = np.lexsort((candidates, -scores))[:k]
         out_ids[row, : len(order)] = candidates[order]
         out_scores[row, : len(order)] = scores[order]
