@@ -1,6 +1,7 @@
 """The compressed token index for sum-of-max (``index.kind: ivfpq`` on a sum-of-max version):
-candidates from the IVF-PQ token lists, rescored from the tokens' standalone codes (no Ray, no
-model; ColBERTv2's residual compression, Santhanam et al. 2022, §3.3).
+candidates from the IVF-PQ token lists, rescored from the tokens' standalone codes (ColBERTv2's
+residual compression, Santhanam et al. 2022, §3.3), and a shard encoded into it chunk by chunk
+(no Ray; a tiny letter model for that one).
 
 Token vectors are drawn around shared "topics", as a language model's token vectors cluster
 around word senses, so that the IVF lists and the residual codes see the structure they are
@@ -14,8 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from store_helpers import flip_byte, index_parameters
+from store_helpers import flip_byte, index_parameters, random_word_dataset
+from training_helpers import write_letter_export
 
+import hnce.cluster.compute.encoder_pool as encoder_pool
+from hnce.cluster.compute.encoder_pool import encode_compressed_tokens, encode_entities
+from hnce.cluster.compute.index_build import IndexedModel, ensure_token_store
 from hnce.cluster.stores.index_store import IndexStore
 from hnce.cluster.stores.sharded_index import (
     IndexShard,
@@ -26,6 +31,7 @@ from hnce.cluster.stores.sharded_index import (
     token_codes,
 )
 from hnce.cluster.stores.versioned_dir import ChecksumError, StoreError
+from hnce.encoders.biencoder import load_biencoder
 from hnce.encoders.errors import InputError
 
 DIM = 32
@@ -75,7 +81,7 @@ def compressed_shards(vectors: np.ndarray, ids: np.ndarray, parts: int) -> list[
     for entities in np.array_split(np.arange(ids.max() + 1), parts):
         rows = np.flatnonzero((ids >= entities[0]) & (ids <= entities[-1]))
         index = build_shard_index(vectors[rows], SPEC)
-        codes = token_codes(index, vectors[rows], None)
+        codes = token_codes(index, vectors[rows])
         shards.append(IndexShard.on_device(index, ids[rows], resolve_faiss_device("cpu"), codes))
     return shards
 
@@ -194,10 +200,38 @@ def test_sum_of_max_over_hnsw_is_refused() -> None:
     vectors, _ = token_catalogue(20)
     index = build_shard_index(vectors, IndexSpec(kind="hnsw", hnsw_m=8))
     with pytest.raises(InputError, match="flat or ivfpq"):
-        token_codes(index, vectors, None)
+        token_codes(index, vectors)
 
 
 def test_a_shard_too_small_to_train_its_quantiser_is_refused_clearly() -> None:
     vectors, _ = token_catalogue(20)
     with pytest.raises(InputError, match=r"has \d+; raise refresh.shard_size"):
         build_shard_index(vectors[:200], IndexSpec(kind="ivfpq", pq_m=8))
+
+
+def test_a_shard_is_compressed_chunk_by_chunk_in_entity_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Encoding a compressed shard never holds more than one chunk of entities at full
+    precision (after the training sample), and yields exactly what compressing all of the
+    shard's vectors at once with the same quantiser would: every token, in entity order."""
+    data = random_word_dataset(tmp_path / "data", 60)
+    export = write_letter_export(tmp_path / "som", "som")
+    tokens = ensure_token_store(data, IndexedModel.from_export(export))
+    model = load_biencoder(export).eval()
+    entity_ids = np.arange(60)
+    held: list[int] = []
+
+    def counting(model, tokens, ids, *args, **kwargs):
+        held.append(len(ids))
+        return encode_entities(model, tokens, ids, *args, **kwargs)
+
+    monkeypatch.setattr(encoder_pool, "encode_entities", counting)
+    spec = IndexSpec(kind="ivfpq", nlist=4, pq_m=16, nprobe=4, train_size=300)
+    built = encode_compressed_tokens(model, tokens, entity_ids, spec, 4, 0, chunk_entities=8)
+    sample, *chunks = held
+    assert chunks == [8] * 7 + [4] and sample < 60
+    vectors, ids, _ = encode_entities(model, tokens, entity_ids, 4)
+    np.testing.assert_array_equal(built.ids, ids)
+    np.testing.assert_array_equal(built.codes, built.index.sa_encode(vectors))
+    assert built.index.ntotal == len(ids)

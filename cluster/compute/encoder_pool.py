@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+import faiss
 import numpy as np
 import ray
 import torch
@@ -58,6 +59,7 @@ from hnce.cluster.stores.sharded_index import (
     IndexSpec,
     build_shard_index,
     token_codes,
+    train_index,
 )
 from hnce.cluster.stores.tokens import TokenStore
 from hnce.encoders.biencoder import BiEncoder, load_biencoder
@@ -69,6 +71,8 @@ logger = logging.getLogger(__name__)
 
 #: How long stopping early waits for the shard tasks it cancelled to end.
 SETTLE_SECONDS = 60.0
+#: Entities encoded at once into a compressed token shard (bounds its full-precision vectors)
+COMPRESSED_CHUNK_ENTITIES = 1024
 
 
 def torch_device() -> torch.device:
@@ -143,6 +147,59 @@ def encode_entities(
     return np.concatenate(vectors)[order], entity_ids[all_rows[order]], padded
 
 
+@dataclass(frozen=True)
+class CompressedTokens:
+    """A compressed sum-of-max shard as :func:`encode_compressed_tokens` made it: the IVF-PQ
+    token index, the entity id of each token and each token's standalone code."""
+
+    index: faiss.Index
+    ids: np.ndarray
+    codes: np.ndarray
+    padded_tokens: int
+
+
+def encode_compressed_tokens(
+    model: BiEncoder,
+    tokens: TokenStore,
+    entity_ids: np.ndarray,
+    spec: IndexSpec,
+    batch_size: int,
+    seed: int,
+    cancelled: Callable[[], bool] = lambda: False,
+    chunk_entities: int = COMPRESSED_CHUNK_ENTITIES,
+) -> CompressedTokens:
+    """Sum-of-max token vectors of `entity_ids` straight into a compressed shard, so that no
+    more than one chunk of `chunk_entities` entities is ever held at full precision.
+
+    The quantiser is trained first on the tokens of a seeded random sample of the entities
+    (about `spec.train_size` tokens, encoded once more later); then the entities are encoded a
+    chunk at a time, in entity order, each chunk's vectors added to the IVF lists and encoded
+    into standalone codes before the next chunk (ColBERTv2's indexing, Santhanam et al. 2022,
+    §3.3).
+    """
+    entity_ids = np.asarray(entity_ids, dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    shuffled = rng.permutation(len(entity_ids))
+    reach = np.cumsum(np.asarray(tokens.lengths[entity_ids[shuffled]]))
+    sample = np.sort(shuffled[: int(np.searchsorted(reach, spec.train_size)) + 1])
+    sample_vectors, _, _ = encode_entities(
+        model, tokens, entity_ids[sample], batch_size, cancelled=cancelled
+    )
+    index = train_index(sample_vectors, spec, seed)
+    del sample_vectors
+    codes, ids, padded = [], [], 0
+    for start in range(0, len(entity_ids), chunk_entities):
+        chunk = entity_ids[start : start + chunk_entities]
+        vectors, vector_ids, chunk_padded = encode_entities(
+            model, tokens, chunk, batch_size, cancelled=cancelled
+        )
+        index.add(vectors)
+        codes.append(token_codes(index, vectors))
+        ids.append(vector_ids)
+        padded += chunk_padded
+    return CompressedTokens(index, np.concatenate(ids), np.concatenate(codes), padded)
+
+
 @torch.inference_mode()
 def encode_mention_queries(
     model: BiEncoder,
@@ -203,6 +260,11 @@ class ShardTask:
     vectors_per_entity: int | None
     encodings: str | None = None
 
+    @property
+    def compressed_tokens(self) -> bool:
+        """A compressed sum-of-max shard (`encode_compressed_tokens`)."""
+        return self.vectors_per_entity is None and self.spec.kind == "ivfpq"
+
 
 @dataclass(frozen=True)
 class ShardEncoded:
@@ -245,6 +307,8 @@ class EntityEncoderActor(ShardHolder):
         """Encode (or read) one shard's vectors, build its FAISS index and write it."""
         start = time.perf_counter()
         entity_ids = np.arange(*task.entities, dtype=np.int64)
+        if task.compressed_tokens and task.encodings is None:
+            return self._index_compressed_shard(task, entity_ids, start)
         if task.encodings is not None:
             vectors = read_encodings(Path(task.encodings))[task.entities[0] : task.entities[1]]
             vectors, vector_ids, padded = vectors.numpy(), entity_ids, 0
@@ -258,15 +322,13 @@ class EntityEncoderActor(ShardHolder):
                 self.batch_size,
                 cancelled=ray.get_runtime_context().is_canceled,
             )
-        index = build_shard_index(vectors, task.spec)
         record = write_shard(
             Path(task.directory),
             task.shard_no,
-            index,
+            build_shard_index(vectors, task.spec),
             vector_ids,
             task.entities,
             task.vectors_per_entity,
-            token_codes(index, vectors, task.vectors_per_entity),
         )
         return ShardEncoded(
             shard_no=task.shard_no,
@@ -274,6 +336,39 @@ class EntityEncoderActor(ShardHolder):
             num_entities=len(entity_ids),
             seconds=time.perf_counter() - start,
             padded_tokens=padded,
+            encoder_pid=os.getpid(),
+        )
+
+    def _index_compressed_shard(
+        self, task: ShardTask, entity_ids: np.ndarray, start: float
+    ) -> ShardEncoded:
+        """A compressed sum-of-max shard, encoded chunk by chunk (`encode_compressed_tokens`)."""
+        if self.tokens is None:
+            raise RuntimeError("this encoder pool was started without a token store")
+        built = encode_compressed_tokens(
+            self.model,
+            self.tokens,
+            entity_ids,
+            task.spec,
+            self.batch_size,
+            seed=task.shard_no,
+            cancelled=ray.get_runtime_context().is_canceled,
+        )
+        record = write_shard(
+            Path(task.directory),
+            task.shard_no,
+            built.index,
+            built.ids,
+            task.entities,
+            task.vectors_per_entity,
+            built.codes,
+        )
+        return ShardEncoded(
+            shard_no=task.shard_no,
+            record=record,
+            num_entities=len(entity_ids),
+            seconds=time.perf_counter() - start,
+            padded_tokens=built.padded_tokens,
             encoder_pid=os.getpid(),
         )
 

@@ -265,15 +265,11 @@ def resolve_faiss_device(requested: DeviceRequest = "auto") -> FaissDevice:
     return device
 
 
-def token_codes(
-    index: faiss.Index, vectors: np.ndarray, vectors_per_entity: int | None
-) -> np.ndarray | None:
-    """The standalone codes (uint8 [n, code size], FAISS ``sa_encode``) that a compressed token
-    shard keeps beside its IVF lists so that sum-of-max rescoring can decode any entity's tokens
-    (module docstring); None for every other shard, whose rescoring (if any) reads the flat
-    storage. HNSW keeps no codes, so sum-of-max over it is refused."""
-    if vectors_per_entity is not None or isinstance(index, faiss.IndexFlat):
-        return None
+def token_codes(index: faiss.Index, vectors: np.ndarray) -> np.ndarray:
+    """The standalone codes (uint8 [n, code size], FAISS ``sa_encode``) of `vectors` that a
+    compressed token shard keeps beside its IVF lists, so that sum-of-max rescoring can decode
+    any entity's tokens (module docstring). Only IVF-PQ has them: flat shards rescore from their
+    storage, and sum-of-max over HNSW is refused."""
     if not isinstance(index, faiss.IndexIVFPQ):
         raise InputError(
             "sum-of-max rescoring needs a flat or ivfpq token index; set index.kind: flat or ivfpq"
