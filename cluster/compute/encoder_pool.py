@@ -148,14 +148,15 @@ def encode_entities(
 
 
 @dataclass(frozen=True)
-class CompressedTokens:
-    """A compressed sum-of-max shard as :func:`encode_compressed_tokens` made it: the IVF-PQ
-    token index, the entity id of each token and each token's standalone code."""
+class BuiltShard:
+    """A shard's CPU index, the entity id of each of its vectors, a compressed sum-of-max
+    shard's standalone token codes (:func:`encode_compressed_tokens`; None otherwise) and the
+    padded tokens its encoding ran over."""
 
     index: faiss.Index
     ids: np.ndarray
-    codes: np.ndarray
-    padded_tokens: int
+    codes: np.ndarray | None = None
+    padded_tokens: int = 0
 
 
 def encode_compressed_tokens(
@@ -167,7 +168,7 @@ def encode_compressed_tokens(
     seed: int,
     cancelled: Callable[[], bool] = lambda: False,
     chunk_entities: int = COMPRESSED_CHUNK_ENTITIES,
-) -> CompressedTokens:
+) -> BuiltShard:
     """Sum-of-max token vectors of `entity_ids` straight into a compressed shard, so that no
     more than one chunk of `chunk_entities` entities is ever held at full precision.
 
@@ -197,7 +198,7 @@ def encode_compressed_tokens(
         codes.append(token_codes(index, vectors))
         ids.append(vector_ids)
         padded += chunk_padded
-    return CompressedTokens(index, np.concatenate(ids), np.concatenate(codes), padded)
+    return BuiltShard(index, np.concatenate(ids), np.concatenate(codes), padded)
 
 
 @torch.inference_mode()
@@ -307,14 +308,22 @@ class EntityEncoderActor(ShardHolder):
         """Encode (or read) one shard's vectors, build its FAISS index and write it."""
         start = time.perf_counter()
         entity_ids = np.arange(*task.entities, dtype=np.int64)
-        if task.compressed_tokens and task.encodings is None:
-            return self._index_compressed_shard(task, entity_ids, start)
         if task.encodings is not None:
             vectors = read_encodings(Path(task.encodings))[task.entities[0] : task.entities[1]]
-            vectors, vector_ids, padded = vectors.numpy(), entity_ids, 0
+            built = BuiltShard(build_shard_index(vectors.numpy(), task.spec), entity_ids)
+        elif self.tokens is None:
+            raise RuntimeError("this encoder pool was started without a token store")
+        elif task.compressed_tokens:
+            built = encode_compressed_tokens(
+                self.model,
+                self.tokens,
+                entity_ids,
+                task.spec,
+                self.batch_size,
+                seed=task.shard_no,
+                cancelled=ray.get_runtime_context().is_canceled,
+            )
         else:
-            if self.tokens is None:
-                raise RuntimeError("this encoder pool was started without a token store")
             vectors, vector_ids, padded = encode_entities(
                 self.model,
                 self.tokens,
@@ -322,38 +331,7 @@ class EntityEncoderActor(ShardHolder):
                 self.batch_size,
                 cancelled=ray.get_runtime_context().is_canceled,
             )
-        record = write_shard(
-            Path(task.directory),
-            task.shard_no,
-            build_shard_index(vectors, task.spec),
-            vector_ids,
-            task.entities,
-            task.vectors_per_entity,
-        )
-        return ShardEncoded(
-            shard_no=task.shard_no,
-            record=record,
-            num_entities=len(entity_ids),
-            seconds=time.perf_counter() - start,
-            padded_tokens=padded,
-            encoder_pid=os.getpid(),
-        )
-
-    def _index_compressed_shard(
-        self, task: ShardTask, entity_ids: np.ndarray, start: float
-    ) -> ShardEncoded:
-        """A compressed sum-of-max shard, encoded chunk by chunk (`encode_compressed_tokens`)."""
-        if self.tokens is None:
-            raise RuntimeError("this encoder pool was started without a token store")
-        built = encode_compressed_tokens(
-            self.model,
-            self.tokens,
-            entity_ids,
-            task.spec,
-            self.batch_size,
-            seed=task.shard_no,
-            cancelled=ray.get_runtime_context().is_canceled,
-        )
+            built = BuiltShard(build_shard_index(vectors, task.spec), vector_ids, None, padded)
         record = write_shard(
             Path(task.directory),
             task.shard_no,
