@@ -159,6 +159,34 @@ class BuiltShard:
     padded_tokens: int = 0
 
 
+def training_sample(lengths: np.ndarray, train_size: int, seed: int) -> np.ndarray:
+    """Positions (sorted) of a seeded random sample of entities whose `lengths` (tokens) add up
+    to at least `train_size`, or all of them: what a compressed shard's quantiser trains on."""
+    shuffled = np.random.default_rng(seed).permutation(len(lengths))
+    reach = np.cumsum(np.asarray(lengths)[shuffled])
+    return np.sort(shuffled[: int(np.searchsorted(reach, train_size)) + 1])
+
+
+def compress_tokens(
+    sample: np.ndarray,
+    chunks: Iterable[tuple[np.ndarray, np.ndarray, int]],
+    spec: IndexSpec,
+    seed: int,
+) -> BuiltShard:
+    """A compressed sum-of-max shard: the IVF-PQ quantiser trained on `sample` token vectors,
+    then each chunk of (token vectors, their entity ids, padded tokens), in entity order, added
+    to the IVF lists and encoded into standalone codes before the next chunk is asked for
+    (ColBERTv2's indexing, Santhanam et al. 2022, §3.3)."""
+    index = train_index(sample, spec, seed)
+    codes, ids, padded = [], [], 0
+    for vectors, vector_ids, chunk_padded in chunks:
+        index.add(vectors)
+        codes.append(token_codes(index, vectors))
+        ids.append(vector_ids)
+        padded += chunk_padded
+    return BuiltShard(index, np.concatenate(ids), np.concatenate(codes), padded)
+
+
 def encode_compressed_tokens(
     model: BiEncoder,
     tokens: TokenStore,
@@ -169,36 +197,26 @@ def encode_compressed_tokens(
     cancelled: Callable[[], bool] = lambda: False,
     chunk_entities: int = COMPRESSED_CHUNK_ENTITIES,
 ) -> BuiltShard:
-    """Sum-of-max token vectors of `entity_ids` straight into a compressed shard, so that no
-    more than one chunk of `chunk_entities` entities is ever held at full precision.
-
-    The quantiser is trained first on the tokens of a seeded random sample of the entities
-    (about `spec.train_size` tokens, encoded once more later); then the entities are encoded a
-    chunk at a time, in entity order, each chunk's vectors added to the IVF lists and encoded
-    into standalone codes before the next chunk (ColBERTv2's indexing, Santhanam et al. 2022,
-    §3.3).
-    """
+    """Sum-of-max token vectors of `entity_ids` straight into a compressed shard
+    (:func:`compress_tokens`), so that no more than one chunk of `chunk_entities` entities is
+    ever held at full precision: the quantiser's training sample (:func:`training_sample`,
+    about `spec.train_size` tokens) is encoded first, then the entities a chunk at a time."""
     entity_ids = np.asarray(entity_ids, dtype=np.int64)
-    rng = np.random.default_rng(seed)
-    shuffled = rng.permutation(len(entity_ids))
-    reach = np.cumsum(np.asarray(tokens.lengths[entity_ids[shuffled]]))
-    sample = np.sort(shuffled[: int(np.searchsorted(reach, spec.train_size)) + 1])
+    sample = training_sample(tokens.lengths[entity_ids], spec.train_size, seed)
     sample_vectors, _, _ = encode_entities(
         model, tokens, entity_ids[sample], batch_size, cancelled=cancelled
     )
-    index = train_index(sample_vectors, spec, seed)
-    del sample_vectors
-    codes, ids, padded = [], [], 0
-    for start in range(0, len(entity_ids), chunk_entities):
-        chunk = entity_ids[start : start + chunk_entities]
-        vectors, vector_ids, chunk_padded = encode_entities(
-            model, tokens, chunk, batch_size, cancelled=cancelled
+    chunks = (
+        encode_entities(
+            model,
+            tokens,
+            entity_ids[start : start + chunk_entities],
+            batch_size,
+            cancelled=cancelled,
         )
-        index.add(vectors)
-        codes.append(token_codes(index, vectors))
-        ids.append(vector_ids)
-        padded += chunk_padded
-    return BuiltShard(index, np.concatenate(ids), np.concatenate(codes), padded)
+        for start in range(0, len(entity_ids), chunk_entities)
+    )
+    return compress_tokens(sample_vectors, chunks, spec, seed)
 
 
 @torch.inference_mode()

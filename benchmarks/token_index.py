@@ -1,0 +1,282 @@
+"""Compressed multi-vector indexes against exact search (issue 26): sum-of-max over IVF-PQ token
+shards with rescoring from the tokens' codes, and multi-8 over IVF-PQ, at 200,000 entities.
+
+The catalogue is the synthetic KILT generator's (the full-scale benchmark's first stages,
+:mod:`benchmarks.fullscale`, in the same work directory layout: generated and converted once,
+resumed after). The model is the packaged MiniLM (d = 384) under the som or multi-8 scorer, or
+with ``--model random`` the full-scale run's small random BERT (d = 32): its vectors are all but
+identical (multi-8 scores of one mention against 20,000 entities: 32.0 ± 2·10⁻⁵), so its exact
+top-k is a ranking of float noise that no quantiser can keep, and only a model with real geometry
+measures what compression loses. For each scorer:
+
+1. every entity is encoded at full precision and the exact top-k of ``--mentions`` test mentions
+   is computed by brute force (sum-of-max: Σ_i max_j ⟨x_i, y_j⟩ over every token of every
+   entity, in chunks; multi-8: max_t ⟨x, y_t⟩);
+2. the catalogue is indexed the way the encoder actors index it, from the vectors of step 1
+   (sum-of-max: ``compress_tokens`` on each shard's ``training_sample``, then its chunks; multi-8:
+   ``build_shard_index``), in shards of ``--shard-size`` entities, for each ``pq_m`` asked;
+3. the same mentions are searched (``ShardedSearcher``, as the shard holders search) and the
+   recall of the exact top-k is reported, with the index's bytes per vector, the build time and
+   the search time per mention.
+
+    .venv/bin/python -m benchmarks.token_index --nice 5
+
+writes ``benchmarks/results/token_index.md``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import faiss
+import numpy as np
+import torch
+
+from benchmarks import harness
+from benchmarks.fullscale.run import Run, write_model
+from benchmarks.fullscale.stages import STAGES, is_done
+from hnce.cluster.compute.encoder_pool import (
+    COMPRESSED_CHUNK_ENTITIES,
+    compress_tokens,
+    encode_entities,
+    training_sample,
+)
+from hnce.cluster.stores.sharded_index import (
+    IndexShard,
+    IndexSpec,
+    ShardedSearcher,
+    build_shard_index,
+    resolve_faiss_device,
+)
+from hnce.cluster.stores.tables import mention_split_path
+from hnce.cluster.stores.tables_read import MentionSplit
+from hnce.cluster.stores.tokens import TokenStore
+from hnce.encoders.biencoder import BiEncoder, build_biencoder, minilm_path
+from hnce.encoders.progress import progress_bar
+
+#: the catalogue's preparation: generate, convert (:mod:`benchmarks.fullscale.stages`)
+PREPARATION = STAGES[:2]
+MODELS = {
+    "minilm": "the packaged all-MiniLM-L6-v2 (d = 384)",
+    "random": "the full-scale run's random BERT (d = 32)",
+}
+#: token vectors scored at once by the exact sum-of-max (bounds the [B·Q, chunk] score matrix)
+EXACT_CHUNK_TOKENS = 50_000
+
+
+def prepare(run: Run) -> None:
+    """The catalogue generated and converted (skipped when done)."""
+    write_model(run)
+    harness.run_stages(
+        run.state,
+        [(name, lambda m=measure: m(run).record()) for name, measure in PREPARATION],
+        lambda name: is_done(run, name),
+    )
+
+
+def scorer_model(run: Run, model: str, scorer: str) -> tuple[BiEncoder, TokenStore]:
+    """MiniLM or the run's random BERT (seed 0) under `scorer`, as ``hnce train`` would start it,
+    and the catalogue's token store for its tokenizer (built the first time)."""
+    torch.manual_seed(0)
+    path = minilm_path() if model == "minilm" else run.workdir / "model"
+    encoder = build_biencoder(path, scorer, entity_length=run.entity_length).eval()
+    return encoder, TokenStore.ensure(run.data, encoder.tokenizer, run.entity_length)
+
+
+def mention_queries(run: Run, model: BiEncoder, count: int) -> np.ndarray:
+    """Query vectors [B, Q, d] of the first `count` test mentions."""
+    mentions = MentionSplit.open(mention_split_path(run.data, "test")).read_all()[:count]
+    with torch.inference_mode():
+        tokens = model.tokenize_mentions(
+            [m.context_left for m in mentions],
+            [m.mention for m in mentions],
+            [m.context_right for m in mentions],
+        )
+        return model.mention_query_vectors(tokens["input_ids"], tokens["attention_mask"]).numpy()
+
+
+def exact_sum_of_max(
+    queries: np.ndarray, vectors: np.ndarray, ids: np.ndarray, k: int
+) -> np.ndarray:
+    """The exact sum-of-max top-k entities [B, k] over every token (brute force in chunks of
+    whole entities)."""
+    batch, width, dim = queries.shape
+    live = torch.from_numpy((np.abs(queries).sum(axis=2) > 0).astype(np.float32))
+    flat = torch.from_numpy(np.ascontiguousarray(queries.reshape(batch * width, dim)))
+    entities, first = np.unique(ids, return_index=True)
+    bounds = np.append(first, len(ids))
+    best_ids = np.full((batch, 0), -1, np.int64)
+    best_scores = torch.full((batch, 0), -np.inf)
+    per_chunk = max(1, EXACT_CHUNK_TOKENS * len(entities) // len(ids))
+    for start in progress_bar(range(0, len(entities), per_chunk), desc="exact sum-of-max"):
+        stop = min(start + per_chunk, len(entities))
+        rows = slice(int(bounds[start]), int(bounds[stop]))
+        token_scores = torch.from_numpy(vectors[rows]) @ flat.T  # [chunk tokens, B·Q]
+        lengths = torch.from_numpy(np.diff(bounds[start : stop + 1]))
+        per_entity = torch.segment_reduce(token_scores, "max", lengths=lengths)  # [chunk, B·Q]
+        scores = (per_entity.T.reshape(batch, width, -1) * live[:, :, None]).sum(dim=1)
+        merged = torch.cat([best_scores, scores], dim=1)
+        top = merged.topk(min(k, merged.shape[1]), dim=1)
+        candidates = np.concatenate(
+            [best_ids, np.broadcast_to(entities[start:stop], (batch, stop - start))], axis=1
+        )
+        best_ids = np.take_along_axis(candidates, top.indices.numpy(), axis=1)
+        best_scores = top.values
+    return best_ids
+
+
+def exact_multi(queries: np.ndarray, vectors: np.ndarray, m: int, k: int) -> np.ndarray:
+    """The exact multi-m top-k entities [B, k]: s = max_t ⟨x, y_t⟩."""
+    scores = torch.from_numpy(queries[:, 0]) @ torch.from_numpy(vectors).T
+    return scores.view(len(queries), -1, m).amax(dim=2).topk(k, dim=1).indices.numpy()
+
+
+def shard_ranges(entities: int, shard_size: int) -> Iterator[np.ndarray]:
+    for start in range(0, entities, shard_size):
+        yield np.arange(start, min(start + shard_size, entities), dtype=np.int64)
+
+
+def recall(found: np.ndarray, exact: np.ndarray) -> float:
+    """Mean share of each mention's exact top-k found in its searched top-k."""
+    return float(
+        np.mean([len(set(a) & set(b)) / len(b) for a, b in zip(found, exact, strict=True)])
+    )
+
+
+def index_bytes(shards: list[IndexShard]) -> int:
+    """Bytes a version of these shards writes: FAISS files, int64 ids and token codes."""
+    total = 0
+    for shard in shards:
+        total += faiss.serialize_index(shard.storage).nbytes + shard.ids.nbytes
+        total += 0 if shard.codes is None else shard.codes.nbytes
+    return total
+
+
+def timed_search(
+    searcher: ShardedSearcher, queries: np.ndarray, k: int
+) -> tuple[np.ndarray, float]:
+    started = time.perf_counter()
+    found, _ = searcher.search(queries, k)
+    return found, (time.perf_counter() - started) / len(queries)
+
+
+def compressed_shard(
+    vectors: np.ndarray,
+    ids: np.ndarray,
+    entity_ids: np.ndarray,
+    lengths: np.ndarray,
+    spec: IndexSpec,
+    seed: int,
+) -> IndexShard:
+    """The compressed shard of `entity_ids` that an encoder actor would write, made from the
+    catalogue's encoded token `vectors` (entity `ids`) instead of encoding them again."""
+    first = np.searchsorted(ids, entity_ids)
+    last = np.searchsorted(ids, entity_ids, side="right")
+    sample = training_sample(lengths[entity_ids], spec.train_size, seed)
+    sample_rows = np.concatenate([np.arange(first[i], last[i]) for i in sample])
+    chunks = (
+        (vectors[first[s] : last[e - 1]], ids[first[s] : last[e - 1]], 0)
+        for s, e in (
+            (s, min(s + COMPRESSED_CHUNK_ENTITIES, len(entity_ids)))
+            for s in range(0, len(entity_ids), COMPRESSED_CHUNK_ENTITIES)
+        )
+    )
+    built = compress_tokens(vectors[sample_rows], chunks, spec, seed)
+    return IndexShard.on_device(built.index, built.ids, resolve_faiss_device("cpu"), built.codes)
+
+
+def sum_of_max_rows(args, run: Run) -> list[str]:
+    model, tokens = scorer_model(run, args.model, "som")
+    queries = mention_queries(run, model, args.mentions)
+    vectors, ids, _ = encode_entities(model, tokens, np.arange(args.entities), 64)
+    exact = exact_sum_of_max(queries, vectors, ids, args.k)
+    lengths = np.asarray(tokens.lengths)
+    rows = []
+    for pq_m in args.pq_m:
+        spec = IndexSpec(kind="ivfpq", nlist=args.nlist, pq_m=pq_m, nprobe=args.nprobe)
+        started = time.perf_counter()
+        shards = [
+            compressed_shard(vectors, ids, entity_ids, lengths, spec, seed=number)
+            for number, entity_ids in enumerate(shard_ranges(args.entities, args.shard_size))
+        ]
+        build_seconds = time.perf_counter() - started
+        per_token = index_bytes(shards) / len(ids)
+        for depth in args.depths:
+            found, seconds = timed_search(ShardedSearcher(shards, None, depth), queries, args.k)
+            rows.append(
+                f"| som | {pq_m} | {depth} | {recall(found, exact):.3f} | {per_token:.1f} "
+                f"(flat: {4 * queries.shape[2] + 8}) | {build_seconds:.0f} | {1000 * seconds:.0f} |"
+            )
+    return rows
+
+
+def multi_rows(args, run: Run, m: int = 8) -> list[str]:
+    model, tokens = scorer_model(run, args.model, f"multi-{m}")
+    queries = mention_queries(run, model, args.mentions)
+    vectors, ids, _ = encode_entities(model, tokens, np.arange(args.entities), 64)
+    exact = exact_multi(queries, vectors, m, args.k)
+    rows = []
+    for pq_m in args.pq_m:
+        spec = IndexSpec(kind="ivfpq", nlist=args.nlist, pq_m=pq_m, nprobe=args.nprobe)
+        started = time.perf_counter()
+        shards = []
+        for entity_ids in shard_ranges(args.entities, args.shard_size):
+            rows_of = slice(int(entity_ids[0]) * m, (int(entity_ids[-1]) + 1) * m)
+            index = build_shard_index(vectors[rows_of], spec)
+            shards.append(IndexShard(index, ids[rows_of], storage=index))
+        build_seconds = time.perf_counter() - started
+        per_vector = index_bytes(shards) / len(ids)
+        found, seconds = timed_search(ShardedSearcher(shards, m), queries, args.k)
+        rows.append(
+            f"| multi-{m} | {pq_m} | {args.k} x {m} | {recall(found, exact):.3f} | "
+            f"{per_vector:.1f} (flat: {4 * queries.shape[2] + 8}) | {build_seconds:.0f} | "
+            f"{1000 * seconds:.0f} |"
+        )
+    return rows
+
+
+def main() -> int:
+    parser = harness.arguments(
+        __doc__,
+        "token_index",
+        work_dir=Path("/work/token-index"),
+        entities=200_000,
+        mentions=200,
+        k=100,
+        shard_size=50_000,
+        nlist=1024,
+        nprobe=32,
+    )
+    parser.add_argument("--model", choices=["minilm", "random"], default="minilm")
+    parser.add_argument("--pq-m", type=int, nargs="+", default=[48, 96])
+    parser.add_argument("--depths", type=int, nargs="+", default=[256, 1024])
+    args = harness.parse(parser)
+    run = Run(args.work_dir, args.entities, 128, 32, 2, "auto").load()
+    prepare(run)
+    rows = sum_of_max_rows(args, run) + multi_rows(args, run)
+    lines = [
+        "# Compressed multi-vector indexes against exact search",
+        "",
+        f"{args.entities:,} synthetic KILT entities of up to 128 tokens, "
+        f"{MODELS[args.model]} under each scorer; {args.mentions} test mentions; recall of the "
+        f"exact top-{args.k} in the searched top-{args.k}. IVF-PQ: {args.nlist} lists per shard of "
+        f"{args.shard_size:,} entities, {args.nprobe} probed, 8-bit codes. Sum-of-max rescores "
+        "every candidate (its query tokens' `candidate depth` nearest tokens' entities) from its "
+        "tokens' decoded codes; multi-8 ranks its k x m nearest vectors. Bytes per vector: the "
+        "FAISS file, the int64 id and (som) the standalone code. Command: "
+        f"`{' '.join(['.venv/bin/python -m benchmarks.token_index', *sys.argv[1:]])}`.",
+        "",
+        "| scorer | pq_m | candidate depth | recall of exact top-k | bytes per vector | "
+        "build s | search ms per mention |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+    ]
+    harness.write_result(args.output, lines)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
