@@ -77,8 +77,7 @@ class ExactSearcher:
     ) -> list[tuple[np.ndarray, np.ndarray]]:
         """Each chunk's top-k of one shard (entity ids sorted, an entity's vectors one slice)."""
         assert shard.vectors is not None
-        entities, starts = np.unique(shard.ids, return_index=True)
-        bounds = np.append(starts, len(shard.ids))
+        entities, bounds = shard.entity_rows
         parts = []
         for first in range(0, len(entities), self.entities_per_chunk):
             last = min(first + self.entities_per_chunk, len(entities))

@@ -61,6 +61,9 @@ IndexKind = Literal["flat", "ivfpq", "hnsw"]
 PQ_BITS = 8
 PQ_CENTROIDS = 2**PQ_BITS
 DeviceRequest = Literal["auto", "cpu", "gpu"]
+NO_TOKEN_VECTORS = (
+    "sum-of-max rescoring needs a flat or ivfpq token index; set index.kind: flat or ivfpq"
+)
 
 
 @settings
@@ -271,9 +274,7 @@ def token_codes(index: faiss.Index, vectors: np.ndarray) -> np.ndarray:
     any entity's tokens (module docstring). Only IVF-PQ has them: flat shards rescore from their
     storage, and sum-of-max over HNSW is refused."""
     if not isinstance(index, faiss.IndexIVFPQ):
-        raise InputError(
-            "sum-of-max rescoring needs a flat or ivfpq token index; set index.kind: flat or ivfpq"
-        )
+        raise InputError(NO_TOKEN_VECTORS)
     return index.sa_encode(np.ascontiguousarray(vectors, dtype=np.float32))
 
 
@@ -331,9 +332,7 @@ class IndexShard:
             return np.asarray(self.vectors[rows])
         if self.codes is not None and self.storage is not None:
             return self.storage.sa_decode(np.ascontiguousarray(self.codes[rows]))
-        raise InputError(
-            "sum-of-max rescoring needs a flat or ivfpq token index; set index.kind: flat or ivfpq"
-        )
+        raise InputError(NO_TOKEN_VECTORS)
 
     def search_vectors(
         self, queries: np.ndarray, depth: int, allowed: np.ndarray | None = None
@@ -472,11 +471,12 @@ def _sum_of_max_top_k(
         if not len(candidates):
             continue
         slots = np.searchsorted(entities, candidates)
-        starts, lengths = first[slots], first[slots + 1] - first[slots]
-        rows = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
+        lengths = first[slots + 1] - first[slots]
+        offsets = np.cumsum(lengths) - lengths  # each candidate's first column below
+        rows = np.repeat(first[slots] - offsets, lengths) + np.arange(lengths.sum())
         token_scores = live @ shard.token_vectors(rows).T  # [live query tokens, candidate tokens]
         # max_j per candidate (its tokens are one run of columns), then Σ_i
-        scores = np.maximum.reduceat(token_scores, np.cumsum(lengths) - lengths, axis=1).sum(0)
+        scores = np.maximum.reduceat(token_scores, offsets, axis=1).sum(0)
         order = np.lexsort((candidates, -scores))[:k]
         out_ids[row, : len(order)] = candidates[order]
         out_scores[row, : len(order)] = scores[order]
