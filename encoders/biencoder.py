@@ -46,10 +46,12 @@ def minilm_path() -> Path:
 
 
 class TowerProjection(nn.Module):
-    """BLINK's ``additional_linear``: the first vector becomes linear(dropout(first)), where first
-    is BERT's pooler output under [CLS] pooling (BLINK's ``BertEncoder`` with add_linear) or the
-    mean under mean pooling; the other token vectors go through the same linear layer so
-    multi-vector scorers keep working in the projected space.
+    """A learned linear layer after a tower (docs/math.md eq. 20): BLINK's ``additional_linear``
+    and ColBERT's projection of every token vector to a smaller width (Khattab and Zaharia 2020,
+    §3.1: 128 dimensions). The first vector becomes linear(dropout(first)), where first is BERT's
+    pooler output under [CLS] pooling (BLINK's ``BertEncoder`` with add_linear) or the mean under
+    mean pooling; the other token vectors go through the same linear layer, so multi-vector
+    scorers score, and the index stores, vectors of the projected width.
     """
 
     def __init__(self, hidden_size: int, output_size: int) -> None:
@@ -110,11 +112,16 @@ class BiEncoder(nn.Module):
         self.normalize = normalize
 
     @property
+    def projection_size(self) -> int | None:
+        """Width of the learned projection after each tower, or None without one."""
+        if self.entity_projection is None:
+            return None
+        return int(self.entity_projection.additional_linear.out_features)
+
+    @property
     def output_size(self) -> int:
         """Dimension d of the vectors the scorer sees (and of index vectors)."""
-        if self.entity_projection is not None:
-            return self.entity_projection.additional_linear.out_features
-        return int(self.entity_tower.config.hidden_size)
+        return self.projection_size or int(self.entity_tower.config.hidden_size)
 
     def encode_with(
         self,
@@ -269,7 +276,7 @@ def build_biencoder(
 
     ``model_path_or_config``: a local Hugging Face directory (e.g. ``minilm_path()``; its tokenizer
     is loaded from there unless one is given) or a ``BertConfig`` (random weights; pass a
-    tokenizer). ``projection_size`` adds BLINK's ``additional_linear`` to both towers.
+    tokenizer). ``projection_size`` adds a :class:`TowerProjection` to both towers.
     ``pooling``: auto (what the directory declares, [CLS] for a ``BertConfig``) | cls | mean.
     ``normalize``: L2-normalise every vector (:meth:`BiEncoder.encode_with`).
     """
@@ -363,7 +370,6 @@ def export_biencoder(model: BiEncoder, export_dir: Path) -> None:
     for name, tower in (("mention", model.mention_tower), ("entity", model.entity_tower)):
         tower.save_pretrained(export_dir / name)
         model.tokenizer.save_pretrained(export_dir / name)
-    projection = model.entity_projection
     description = {
         "format": EXPORT_FORMAT,
         "scorer": model.scorer.config.to_dict(),
@@ -371,9 +377,7 @@ def export_biencoder(model: BiEncoder, export_dir: Path) -> None:
         "entity_length": model.entity_length,
         "pooling": model.pooling,
         "normalize": model.normalize,
-        "projection_size": None
-        if projection is None
-        else projection.additional_linear.out_features,
+        "projection_size": model.projection_size,
         "output_size": model.output_size,
         "indexable": model.scorer.indexable,
         "vectors_per_entity": model.scorer.vectors_per_entity,

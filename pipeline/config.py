@@ -108,7 +108,12 @@ class ModelSettings:
     ``loss.options.temperature``, e.g. 0.05 as sentence-transformers' scale 20): unset, a fresh
     model is unnormalised (eq. 9 as the paper writes it) and an export keeps its own.
     ``activation_checkpointing`` recomputes each tower's layer activations in the backward pass
-    instead of keeping them (memory for time).
+    instead of keeping them (memory for time). ``projection_size`` puts one learned linear layer
+    after each tower (ColBERT's 128-d projection of every token vector, BLINK's
+    ``additional_linear``; eq. 20 of docs/math.md), trained with the towers and exported with
+    them: index vectors then have that many dimensions, which is what makes sum-of-max and
+    multi-m token vectors cheap to store and to compress (``index.kind: ivfpq``). Unset, vectors
+    keep the tower's width; a bi-encoder export keeps its own projection.
     """
 
     path: Text = "minilm"
@@ -117,6 +122,7 @@ class ModelSettings:
     pooling: Literal["auto", "cls", "mean"] = "auto"
     normalize: Flag | None = None
     activation_checkpointing: Flag = False
+    projection_size: PositiveInt | None = None
     scorer: ScorerConfig = field(default_factory=ScorerConfig)
 
 

@@ -273,7 +273,7 @@ def index_lines(
     scorer = config.model.scorer
     per_entity = entity_vectors_kept(scorer, config.model.entity_length)
     bound = " (som: at most one per token)" if scorer.name == "som" else ""
-    dimension = towers[-1].hidden
+    dimension = config.model.projection_size or towers[-1].hidden
     if config.index.kind == "ivfpq":
         index = config.index
         codes = index.pq_m + IVF_ID_BYTES
@@ -321,12 +321,15 @@ def plan_memory(config: Config, kind: TaskKind, entities: int) -> MemoryPlan:
 
 
 def _scorer_parameters(config: Config, kind: TaskKind, towers: Sequence[Encoder]) -> int:
-    """Weights outside the towers: the scorer's (codes), or the reranker's linear head."""
+    """Weights outside the towers: the scorer's (codes) and the projections
+    (``model.projection_size``), or the reranker's linear head."""
     if kind == "reranker":
         return towers[0].hidden + 1
+    hidden, projected = towers[-1].hidden, config.model.projection_size
     with torch.device("meta"):
-        scorer = build_scorer(config.model.scorer, towers[-1].hidden)
-    return sum(p.numel() for p in scorer.parameters())
+        scorer = build_scorer(config.model.scorer, projected or hidden)
+    projections = 0 if projected is None else 2 * (hidden + 1) * projected
+    return sum(p.numel() for p in scorer.parameters()) + projections
 
 
 def describe(plan: MemoryPlan) -> str:

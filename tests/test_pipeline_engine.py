@@ -122,6 +122,30 @@ def test_deepspeed_config_drives_the_engine(still_model_dir: Path, small_dataset
         build_deepspeed_config(TrainingSettings(precision="bf16"), CPU)
 
 
+def test_deepspeed_trains_the_projection_with_the_towers(
+    still_model_dir: Path, small_dataset: Path
+) -> None:
+    """``model.projection_size``: DeepSpeed's optimizer moves both projections (ColBERT's token
+    projection is trained with the towers), and sum-of-max scores the projected width."""
+    config = recipe(
+        Path("unused"),
+        small_dataset,
+        still_model_dir,
+        "model.projection_size=8",
+        "model.scorer.name=som",
+    )
+    settings = TrainingSettings(steps=2, warmup_steps=0, learning_rate=1e-3)
+    engine = start_engine(build_model(config), settings, CPU)
+    model = engine.module.model
+    projections = [model.mention_projection, model.entity_projection]
+    before = [p.additional_linear.weight.detach().clone() for p in projections]
+    batch = _micro_batches(config, [[0, 1, 2, 3]])[0]
+    train_micro_batch(engine, batch, NCELoss())
+    for projection, weight in zip(projections, before, strict=True):
+        assert projection.additional_linear.weight.shape == (8, 32)
+        assert not torch.equal(projection.additional_linear.weight, weight)
+
+
 def test_gradient_accumulation_equals_one_step_over_the_concatenated_batch(
     still_model_dir: Path, small_dataset: Path
 ) -> None:

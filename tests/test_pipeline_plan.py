@@ -103,6 +103,21 @@ def test_plan_counts_the_real_parameters_and_chunks_the_candidates(tmp_path: Pat
     assert Encoder.from_config(architecture).parameters == tower
 
 
+def test_a_projection_counts_its_weights_and_narrows_the_index(tmp_path: Path) -> None:
+    """model.projection_size 8 on 32-wide towers: two projections of (32 + 1) x 8 weights, poly
+    codes of width 8, and index vectors of 8 dimensions."""
+    tokenizer = write_wordpiece_tokenizer(tmp_path, ["a", "b"])
+    architecture = tiny_bert_config(len(tokenizer))
+    BertModel(architecture).save_pretrained(tmp_path)
+    tower = sum(p.numel() for p in BertModel(architecture).parameters())
+    overrides = [f"model.path={tmp_path}", "model.scorer.name=poly", "model.scorer.m=4"]
+    config = load_config(None, [*overrides, "model.projection_size=8"])
+    plan = plan_memory(config, "retriever", 1000)
+    parameters = 2 * tower + 2 * 33 * 8 + 4 * 8
+    assert {line.name: line.size for line in plan.trainer}["parameters"] == 4 * parameters
+    assert {line.name: line.size for line in plan.index}["whole index"] == 1000 * 8 * 4
+
+
 def test_compressed_sum_of_max_plans_its_codes_not_its_vectors(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -32,9 +32,11 @@ def build_model(config: Config) -> BiEncoder:
     """A fresh bi-encoder for the config (both towers from ``model.path``, pooled as
     ``model.pooling`` says: auto reads the directory's declaration), or, when ``model.path`` is a
     bi-encoder export directory (``scorer.json``: e.g. BLINK imported by ``hnce finetune-blink``),
-    that model with its own towers, scorer, lengths, pooling and normalisation."""
+    that model with its own towers, scorer, lengths, pooling, normalisation and projection.
+    ``model.projection_size`` adds a learned projection after each fresh tower."""
     path = model_directory(config, "model.path", config.model.path)
     pooling, normalize = config.model.pooling, config.model.normalize
+    projection_size = config.model.projection_size
     if (path / SCORER_FILE).is_file():
         model = load_biencoder(path)
         if pooling not in ("auto", model.pooling):
@@ -49,12 +51,19 @@ def build_model(config: Config) -> BiEncoder:
                 f"is {normalize} but {path / SCORER_FILE} has normalize {model.normalize}; "
                 f"leave it unset (or {model.normalize}) to continue that model",
             )
+        if projection_size not in (None, model.projection_size):
+            raise config.error(
+                "model.projection_size",
+                f"is {projection_size} but {path / SCORER_FILE} has projection_size "
+                f"{model.projection_size}; leave it unset to continue that model",
+            )
         return model
     return build_biencoder(
         path,
         config.model.scorer,
         mention_length=config.model.mention_length,
         entity_length=config.model.entity_length,
+        projection_size=projection_size,
         pooling=pooling,
         normalize=bool(normalize),
     )
