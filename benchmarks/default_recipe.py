@@ -46,7 +46,7 @@ from tqdm import tqdm
 from benchmarks import harness
 from benchmarks.peer.evaluation import HeldOut, dual_encoder, exact_recall, held_out_set
 from benchmarks.peer.hnce_training import Setup
-from benchmarks.peer.peer_training import peer_run
+from benchmarks.peer.peer_training import peer_run, require_bench_extra
 from benchmarks.training_runs import checkpoint_export
 from benchmarks.wordnet_comparison import KS, SCORERS, equal_budget, plot, spread, welch_t
 from benchmarks.wordnet_runs import (
@@ -334,6 +334,7 @@ def main() -> None:
         __doc__, "default_recipe", Path("runs/default-recipe"), 1000, steps=30, seeds=3
     )
     args = harness.parse(parser)
+    require_bench_extra()
     data = prepare_dataset(args.work_dir, args.entities, args.train_mentions, args.test_mentions)
     write_report(args, run_all(args, data))
 

@@ -38,7 +38,7 @@ import torch
 from benchmarks import harness
 from benchmarks.peer.evaluation import dual_encoder, held_out_set, recall_untrained
 from benchmarks.peer.hnce_training import DEMO, Setup, check_checkpoints, hnce_runs, shared_recipe
-from benchmarks.peer.peer_training import peer_run
+from benchmarks.peer.peer_training import peer_run, require_bench_extra
 from benchmarks.peer.report import write_raw, write_results
 from benchmarks.peer.step_profile import profile_hnce_step
 from hnce.encoders.biencoder import minilm_path
@@ -72,6 +72,7 @@ def main() -> None:
     """Measure every method (finished ones read back from ``<work>/state.json``), then write
     the results."""
     args = parse_args()
+    require_bench_extra()
     checkpoints = [int(step) for step in args.checkpoints.split(",")]
     torch.set_num_threads(2)
     timer = harness.Timer()

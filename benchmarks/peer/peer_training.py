@@ -10,6 +10,7 @@ Example::
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,6 +30,21 @@ if TYPE_CHECKING:
     from datasets import Dataset
     from sentence_transformers import SentenceTransformer, SentenceTransformerTrainingArguments
     from transformers import TrainerCallback
+
+
+#: what the ``bench`` extra installs for the peer (sentence-transformers' trainer needs both)
+PEER_MODULES = ("sentence_transformers", "datasets", "accelerate")
+
+
+def require_bench_extra() -> None:
+    """Exit before any run when the peer cannot train: without the ``bench`` extra the peer's
+    first import would fail only after the hnce runs before it had finished."""
+    missing = [name for name in PEER_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise SystemExit(
+            f"the peer needs {', '.join(missing)}: install the bench extra first "
+            "(.venv/bin/pip install -c constraints.txt -e '.[bench]')"
+        )
 
 
 def peer_texts(model: BiEncoder, mentions: Sequence[Mention], catalogue: HeldOut) -> tuple:
