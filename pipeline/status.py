@@ -11,6 +11,9 @@ machine that mounts the run's storage, while training or a refresh runs:
 - the last refresh that ran (outcome, checkpoint, duration, who ran it), refreshes published
   and failed, failures in a row;
 - the last held-out recall a refresh scored (``refresh.heldout_recall``);
+- which checkpoints are refreshed (``refresh.trigger`` in the run's ``config.yaml``) and, under
+  ``trigger: stale``, the trainer's refresh requests: how many, and the last one's step, negatives
+  version and loss ratio r_t (:mod:`hnce.pipeline.train.staleness`);
 - who holds the run's refresh lock, and what it is encoding;
 - disk use of each store under the run (checkpoints, index, negatives, tokens, Ray Train's
   state) and of the rest.
@@ -30,6 +33,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from hnce.cluster.stores.checkpoints import CHECKPOINTS_DIR, COMPLETE, complete_checkpoints
 from hnce.cluster.stores.files import AtomicPath
 from hnce.cluster.stores.index_store import IndexStore
@@ -42,6 +47,7 @@ from hnce.encoders.errors import InputError
 from hnce.pipeline.train.events import LOG_FILE, read_events
 from hnce.pipeline.train.nonfinite import STOP_EVENT as NONFINITE_STOP
 from hnce.pipeline.train.refresh_health import STOP_EVENT
+from hnce.pipeline.train.staleness import STALE_EVENT
 
 INDEX_DIR = "index"
 NEGATIVES_DIR = "negatives"
@@ -66,6 +72,7 @@ class RunStatus:
     refreshes: dict[str, int]
     lock_holder: dict[str, Any] | None
     heldout_recall: dict[str, Any] | None = None
+    refresh_trigger: dict[str, Any] | None = None
     disk_bytes: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
@@ -89,6 +96,7 @@ class RunStatus:
                 f"({self.refreshes['failures_in_a_row']} in a row)",
             ),
             ("held-out", _heldout_line(self.heldout_recall)),
+            ("trigger", _trigger_line(self.refresh_trigger)),
             ("lock", "free" if self.lock_holder is None else f"held by {self.lock_holder['by']}"),
             ("disk", _disk_line(self.disk_bytes)),
             *(("problem", problem) for problem in self.problems),
@@ -144,6 +152,7 @@ def run_status(run_dir: Path) -> RunStatus:
         refreshes=_refresh_counts(records),
         lock_holder=None if holder is None else {**asdict(holder), "by": holder.describe()},
         heldout_recall=asdict(log.heldout[-1]) if log.heldout else None,
+        refresh_trigger=read("refresh trigger", lambda: _refresh_trigger(run_dir)),
         disk_bytes=read("disk", lambda: _disk_use(run_dir)) or {},
         problems=problems,
     )
@@ -191,6 +200,30 @@ def _training(run_dir: Path) -> dict[str, Any] | None:
         "step": int(steps[-1]["step"]) if steps else int(last["step"]),
         "last_event_at": events[-1]["time"],
         "cause": last.get("cause"),
+    }
+
+
+def _refresh_trigger(run_dir: Path) -> dict[str, Any] | None:
+    """``refresh.trigger`` of the run's ``config.yaml`` (None without one) and the trainer's
+    ``stale`` requests: their number and the last one (step, version, loss ratio)."""
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return None
+    try:
+        recipe = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise InputError(f"{path}: not YAML: {error}") from error
+    refresh = recipe.get("refresh") if isinstance(recipe, dict) else None
+    if not isinstance(refresh, dict):
+        raise InputError(f"{path}: no refresh section; not a run's resolved config")
+    requests = read_events(run_dir, STALE_EVENT)
+    last = requests[-1] if requests else None
+    return {
+        "trigger": refresh.get("trigger", "checkpoints"),
+        "requests": len(requests),
+        "last_request": None
+        if last is None
+        else {key: last.get(key) for key in ("step", "version", "loss_ratio")},
     }
 
 
@@ -273,6 +306,22 @@ def _heldout_line(heldout: dict[str, Any] | None) -> str:
     if heldout is None:
         return "none recorded (refresh.heldout_recall)"
     return f"{HeldoutRecall(**heldout).line()} at {_clock(heldout['time'])}"
+
+
+def _trigger_line(trigger: dict[str, Any] | None) -> str:
+    if trigger is None:
+        return "unknown (no config.yaml in the run)"
+    if trigger["trigger"] != "stale":
+        return f"{trigger['trigger']} (every checkpoint is refreshed)"
+    last = trigger["last_request"]
+    if last is None:
+        return "stale: no refresh asked for yet"
+    ratio = last["loss_ratio"]
+    ratio = f"{ratio:.3f}" if isinstance(ratio, int | float) else "unknown"
+    return (
+        f"stale: {trigger['requests']} refresh(es) asked for; the last at step {last['step']} "
+        f"on negatives version {last['version']}, loss ratio {ratio}"
+    )
 
 
 def _disk_line(disk: dict[str, int]) -> str:

@@ -72,6 +72,18 @@ def test_status_of_a_run_whose_files_are_all_corrupt_reports_each(
     assert any(f"{run_dir / REFRESH_LOG}:2: not a JSON record" in line for line in problems)
     assert any(line.startswith("problem       index:") for line in problems)
     assert any(line.startswith("problem       negatives:") for line in problems)
+    assert any(f"{run_dir / 'config.yaml'}: no refresh section" in line for line in problems)
     assert main(["status", str(run_dir), "--json"]) == 0
     status = json.loads(capsys.readouterr().out)  # strict JSON
     assert len(status["problems"]) == len(problems)
+
+
+def test_a_config_that_is_not_yaml_is_a_problem_line_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "config.yaml").write_text("refresh: [trigger: stale\n")
+    assert main(["status", str(tmp_path)]) == 0
+    screen = capsys.readouterr().out
+    assert f"problem       refresh trigger: {tmp_path / 'config.yaml'}: not YAML" in screen
+    assert "trigger       unknown" in screen

@@ -1,7 +1,8 @@
 """Watching a run: rank 0's event log also writes TensorBoard scalars (loss, learning rate,
 negatives lag, refresh duration, held-out recall) equal to the events it records, a real training
 step included; ``hnce status --plot`` draws the curves from a run's logs into a PNG, and says
-clearly when the run has logged no step."""
+clearly when the run has logged no step; ``hnce status`` says which checkpoints are refreshed and
+the trainer's last staleness request."""
 
 from __future__ import annotations
 
@@ -21,10 +22,11 @@ from hnce.cluster.stores.refresh_log import (
 )
 from hnce.encoders.errors import InputError
 from hnce.pipeline.cli.main import main
-from hnce.pipeline.status import plot_training, training_panels
+from hnce.pipeline.status import plot_training, run_status, training_panels
 from hnce.pipeline.train.events import EventLog, read_events
 from hnce.pipeline.train.one_process import single_process_group
 from hnce.pipeline.train.refresh_health import RefreshHealth
+from hnce.pipeline.train.staleness import STALE_EVENT
 from hnce.pipeline.train.task import TrainingTask
 from hnce.pipeline.train.tensorboard import TENSORBOARD_DIR
 from hnce.pipeline.train.worker import WorkerRun
@@ -145,3 +147,32 @@ def test_plot_of_a_run_without_steps_is_a_clear_error(
     assert main(["status", str(run_dir), "--plot", str(tmp_path / "none.png")]) == 2
     assert "nothing to plot" in capsys.readouterr().err
     assert not (tmp_path / "none.png").exists()
+
+
+@pytest.mark.parametrize("trigger", ["stale", "checkpoints"])
+def test_status_reports_the_trigger_and_the_last_staleness_request(
+    trigger: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "config.yaml").write_text(f"refresh:\n  trigger: {trigger}\n")
+    log = EventLog(tmp_path)
+    log.write("start", step=0)
+    if trigger == "stale":
+        assert "stale: no refresh asked for yet" in run_status(tmp_path).render()
+    log.write(STALE_EVENT, step=40, version=0, loss_ratio=0.71)
+    log.write(STALE_EVENT, step=90, version=1, loss_ratio=0.6842)
+    log.close()
+    status = run_status(tmp_path)
+    assert status.refresh_trigger == {
+        "trigger": trigger,
+        "requests": 2,
+        "last_request": {"step": 90, "version": 1, "loss_ratio": 0.6842},
+    }
+    expected = (
+        "stale: 2 refresh(es) asked for; the last at step 90 on negatives version 1, "
+        "loss ratio 0.684"
+        if trigger == "stale"
+        else "checkpoints (every checkpoint is refreshed)"
+    )
+    assert main(["status", str(tmp_path)]) == 0
+    assert f"trigger       {expected}" in capsys.readouterr().out
