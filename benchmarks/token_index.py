@@ -1,25 +1,34 @@
 """Compressed multi-vector indexes against exact search (issue 26): sum-of-max over IVF-PQ token
-shards with rescoring from the tokens' codes, and multi-8 over IVF-PQ, at 200,000 entities.
+shards with rescoring from the tokens' codes, and multi-8 over IVF-PQ, at 200,000 entities, at the
+towers' width and through a ``model.projection_size`` projection.
 
 The catalogue is the synthetic KILT generator's (the full-scale benchmark's first stages,
 :mod:`benchmarks.fullscale`, in the same work directory layout: generated and converted once,
-resumed after). The model is the packaged MiniLM (d = 384) under the som or multi-8 scorer, or
-with ``--model random`` the full-scale run's small random BERT (d = 32): its vectors are all but
-identical (multi-8 scores of one mention against 20,000 entities: 32.0 ± 2·10⁻⁵), so its exact
-top-k is a ranking of float noise that no quantiser can keep, and only a model with real geometry
-measures what compression loses. For each scorer:
+resumed after). The model is the packaged MiniLM (d = 384), or with ``--model random`` the
+full-scale run's small random BERT (d = 32): its vectors are all but identical (multi-8 scores of
+one mention against 20,000 entities: 32.0 ± 2·10⁻⁵), so its exact top-k is a ranking of float
+noise that no quantiser can keep, and only a model with real geometry measures what compression
+loses.
 
-1. every entity is encoded at full precision and the exact top-k of ``--mentions`` test mentions
-   is computed by brute force (sum-of-max: Σ_i max_j ⟨x_i, y_j⟩ over every token of every
-   entity, in chunks; multi-8: max_t ⟨x, y_t⟩);
-2. the catalogue is indexed the way the encoder actors index it, from the vectors of step 1
-   (sum-of-max: ``compress_tokens`` on each shard's ``training_sample``, then its chunks; multi-8:
-   ``build_shard_index``), in shards of ``--shard-size`` entities, for each ``pq_m`` asked;
-3. the same mentions are searched (``ShardedSearcher``, as the shard holders search) and the
-   recall of the exact top-k is reported, with the index's bytes per vector, the build time and
-   the search time per mention.
+1. The catalogue is encoded once under the som scorer (every real token's vector, position 0
+   pooled), with the query vectors of ``--mentions`` test mentions, and cached in the work
+   directory. Multi-8's index vectors are each entity's 8 leftmost of those (a short entity's
+   missing ones repeat y_1, as ``MultiVectorScorer.entity_index_vectors`` writes them) and its
+   query is the mention's first vector.
+2. For each width of ``--codes WIDTH:PQ_M`` other than the towers' own, every vector goes through
+   one fresh :class:`~hnce.encoders.biencoder.TowerProjection` (``model.projection_size``'s layer,
+   seeded, in eval mode: W·v + b; padded query rows stay zero). Both sides go through the same
+   layer, so scores keep the model's geometry as a trained projection would (two independent
+   untrained layers would score noise).
+3. The exact top-k is computed by brute force (sum-of-max: Σ_i max_j ⟨x_i, y_j⟩ over every token
+   of every entity, in chunks; multi-8: max_t ⟨x, y_t⟩).
+4. The catalogue is indexed the way the encoder actors index it (sum-of-max: ``compress_tokens``
+   on each shard's ``training_sample``, then its chunks; multi-8: ``build_shard_index``), in
+   shards of ``--shard-size`` entities, the same mentions are searched (``ShardedSearcher``, as
+   the shard holders search) and the recall of the exact top-k is reported, with the index's
+   bytes per vector, the build time and the search time per mention.
 
-    .venv/bin/python -m benchmarks.token_index --nice 5
+    .venv/bin/python -m benchmarks.token_index --nice 5 --codes 384:96 128:64 128:128
 
 writes ``benchmarks/results/token_index.md``.
 """
@@ -44,6 +53,7 @@ from hnce.cluster.compute.encoder_pool import (
     encode_entities,
     training_sample,
 )
+from hnce.cluster.stores.files import AtomicPath
 from hnce.cluster.stores.sharded_index import (
     IndexShard,
     IndexSpec,
@@ -54,7 +64,7 @@ from hnce.cluster.stores.sharded_index import (
 from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import MentionSplit
 from hnce.cluster.stores.tokens import TokenStore
-from hnce.encoders.biencoder import BiEncoder, build_biencoder, minilm_path
+from hnce.encoders.biencoder import BiEncoder, TowerProjection, build_biencoder, minilm_path
 from hnce.encoders.progress import progress_bar
 
 #: the catalogue's preparation: generate, convert (:mod:`benchmarks.fullscale.stages`)
@@ -77,12 +87,12 @@ def prepare(run: Run) -> None:
     )
 
 
-def scorer_model(run: Run, model: str, scorer: str) -> tuple[BiEncoder, TokenStore]:
-    """MiniLM or the run's random BERT (seed 0) under `scorer`, as ``hnce train`` would start it,
-    and the catalogue's token store for its tokenizer (built the first time)."""
+def som_model(run: Run, model: str) -> tuple[BiEncoder, TokenStore]:
+    """MiniLM or the run's random BERT (seed 0) under som, as ``hnce train`` would start it, and
+    the catalogue's token store for its tokenizer (built the first time)."""
     torch.manual_seed(0)
     path = minilm_path() if model == "minilm" else run.workdir / "model"
-    encoder = build_biencoder(path, scorer, entity_length=run.entity_length).eval()
+    encoder = build_biencoder(path, "som", entity_length=run.entity_length).eval()
     return encoder, TokenStore.ensure(run.data, encoder.tokenizer, run.entity_length)
 
 
@@ -96,6 +106,50 @@ def mention_queries(run: Run, model: BiEncoder, count: int) -> np.ndarray:
             [m.context_right for m in mentions],
         )
         return model.mention_query_vectors(tokens["input_ids"], tokens["attention_mask"]).numpy()
+
+
+def encoded(run: Run, args) -> dict[str, np.ndarray]:
+    """The som encoding of the first ``args.entities`` entities and ``args.mentions`` test
+    mentions at the towers' width (`queries` [B, Q, d], `vectors` [V, d], entity `ids` [V],
+    token `lengths` of the catalogue), cached in the work directory after the first run."""
+    cache = run.workdir / f"som-{args.model}-{args.entities}-{args.mentions}.npz"
+    if cache.is_file():
+        with np.load(cache) as saved:
+            return dict(saved)
+    model, tokens = som_model(run, args.model)
+    vectors, ids, _ = encode_entities(model, tokens, np.arange(args.entities), 64)
+    arrays = {
+        "queries": mention_queries(run, model, args.mentions),
+        "vectors": vectors,
+        "ids": ids,
+        "lengths": np.asarray(tokens.lengths),
+    }
+    with AtomicPath(cache) as temporary, open(temporary, "wb") as handle:
+        np.savez(handle, **arrays)
+    return arrays
+
+
+def projected(queries: np.ndarray, vectors: np.ndarray, width: int) -> tuple[np.ndarray, ...]:
+    """Queries and index vectors through one fresh ``model.projection_size`` layer of `width`
+    (seed 0, eval mode: W·v + b); padded (all-zero) query rows stay zero."""
+    if width == vectors.shape[1]:
+        return queries, vectors
+    torch.manual_seed(0)
+    layer = TowerProjection(vectors.shape[1], width).additional_linear.eval()
+    with torch.inference_mode():
+        live = torch.from_numpy(np.abs(queries).sum(axis=2, keepdims=True) > 0)
+        query_out = layer(torch.from_numpy(queries)) * live
+        vector_out = torch.cat([layer(part) for part in torch.from_numpy(vectors).split(65_536)])
+    return query_out.numpy(), vector_out.numpy()
+
+
+def leftmost_vectors(vectors: np.ndarray, ids: np.ndarray, m: int) -> np.ndarray:
+    """Multi-m's index vectors [N·m, d] from the som encoding: each entity's m leftmost token
+    vectors, a short entity's missing ones repeating its first (``MultiVectorScorer``)."""
+    _, first, counts = np.unique(ids, return_index=True, return_counts=True)
+    offsets = np.arange(m)
+    rows = np.where(offsets < counts[:, None], first[:, None] + offsets, first[:, None])
+    return vectors[rows.reshape(-1)]
 
 
 def exact_sum_of_max(
@@ -188,54 +242,58 @@ def compressed_shard(
     return IndexShard.on_device(built.index, built.ids, resolve_faiss_device("cpu"), built.codes)
 
 
-def sum_of_max_rows(args, run: Run) -> list[str]:
-    model, tokens = scorer_model(run, args.model, "som")
-    queries = mention_queries(run, model, args.mentions)
-    vectors, ids, _ = encode_entities(model, tokens, np.arange(args.entities), 64)
+def sum_of_max_rows(
+    args, queries: np.ndarray, vectors: np.ndarray, ids: np.ndarray, lengths: np.ndarray, pq_m: int
+) -> list[str]:
     exact = exact_sum_of_max(queries, vectors, ids, args.k)
-    lengths = np.asarray(tokens.lengths)
+    spec = IndexSpec(kind="ivfpq", nlist=args.nlist, pq_m=pq_m, nprobe=args.nprobe)
+    started = time.perf_counter()
+    shards = [
+        compressed_shard(vectors, ids, entity_ids, lengths, spec, seed=number)
+        for number, entity_ids in enumerate(shard_ranges(args.entities, args.shard_size))
+    ]
+    build_seconds = time.perf_counter() - started
+    per_token = index_bytes(shards) / len(ids)
     rows = []
-    for pq_m in args.pq_m:
-        spec = IndexSpec(kind="ivfpq", nlist=args.nlist, pq_m=pq_m, nprobe=args.nprobe)
-        started = time.perf_counter()
-        shards = [
-            compressed_shard(vectors, ids, entity_ids, lengths, spec, seed=number)
-            for number, entity_ids in enumerate(shard_ranges(args.entities, args.shard_size))
-        ]
-        build_seconds = time.perf_counter() - started
-        per_token = index_bytes(shards) / len(ids)
-        for depth in args.depths:
-            found, seconds = timed_search(ShardedSearcher(shards, None, depth), queries, args.k)
-            rows.append(
-                f"| som | {pq_m} | {depth} | {recall(found, exact):.3f} | {per_token:.1f} "
-                f"(flat: {4 * queries.shape[2] + 8}) | {build_seconds:.0f} | {1000 * seconds:.0f} |"
-            )
-    return rows
-
-
-def multi_rows(args, run: Run, m: int = 8) -> list[str]:
-    model, tokens = scorer_model(run, args.model, f"multi-{m}")
-    queries = mention_queries(run, model, args.mentions)
-    vectors, ids, _ = encode_entities(model, tokens, np.arange(args.entities), 64)
-    exact = exact_multi(queries, vectors, m, args.k)
-    rows = []
-    for pq_m in args.pq_m:
-        spec = IndexSpec(kind="ivfpq", nlist=args.nlist, pq_m=pq_m, nprobe=args.nprobe)
-        started = time.perf_counter()
-        shards = []
-        for entity_ids in shard_ranges(args.entities, args.shard_size):
-            rows_of = slice(int(entity_ids[0]) * m, (int(entity_ids[-1]) + 1) * m)
-            index = build_shard_index(vectors[rows_of], spec)
-            shards.append(IndexShard(index, ids[rows_of], storage=index))
-        build_seconds = time.perf_counter() - started
-        per_vector = index_bytes(shards) / len(ids)
-        found, seconds = timed_search(ShardedSearcher(shards, m), queries, args.k)
+    for depth in args.depths:
+        found, seconds = timed_search(ShardedSearcher(shards, None, depth), queries, args.k)
         rows.append(
-            f"| multi-{m} | {pq_m} | {args.k} x {m} | {recall(found, exact):.3f} | "
-            f"{per_vector:.1f} (flat: {4 * queries.shape[2] + 8}) | {build_seconds:.0f} | "
+            f"| som | {vectors.shape[1]} | {pq_m} | {depth} | {recall(found, exact):.3f} | "
+            f"{per_token:.1f} (flat: {4 * vectors.shape[1] + 8}) | {build_seconds:.0f} | "
             f"{1000 * seconds:.0f} |"
         )
     return rows
+
+
+def multi_row(args, queries: np.ndarray, vectors: np.ndarray, pq_m: int, m: int = 8) -> str:
+    exact = exact_multi(queries, vectors, m, args.k)
+    spec = IndexSpec(kind="ivfpq", nlist=args.nlist, pq_m=pq_m, nprobe=args.nprobe)
+    ids = np.repeat(np.arange(args.entities, dtype=np.int64), m)
+    started = time.perf_counter()
+    shards = []
+    for entity_ids in shard_ranges(args.entities, args.shard_size):
+        rows_of = slice(int(entity_ids[0]) * m, (int(entity_ids[-1]) + 1) * m)
+        index = build_shard_index(vectors[rows_of], spec)
+        shards.append(IndexShard(index, ids[rows_of], storage=index))
+    build_seconds = time.perf_counter() - started
+    per_vector = index_bytes(shards) / len(ids)
+    found, seconds = timed_search(ShardedSearcher(shards, m), queries, args.k)
+    return (
+        f"| multi-{m} | {vectors.shape[1]} | {pq_m} | {args.k} x {m} | "
+        f"{recall(found, exact):.3f} | {per_vector:.1f} (flat: {4 * vectors.shape[1] + 8}) | "
+        f"{build_seconds:.0f} | {1000 * seconds:.0f} |"
+    )
+
+
+def code_settings(values: list[str]) -> list[tuple[int, int]]:
+    """``WIDTH:PQ_M`` pairs (e.g. 384:96 128:64), each width divisible by its pq_m."""
+    pairs = []
+    for value in values:
+        width, _, pq_m = value.partition(":")
+        if not (width.isdigit() and pq_m.isdigit()) or int(width) % int(pq_m):
+            raise SystemExit(f"--codes {value}: expected WIDTH:PQ_M with PQ_M dividing WIDTH")
+        pairs.append((int(width), int(pq_m)))
+    return pairs
 
 
 def main() -> int:
@@ -251,17 +309,33 @@ def main() -> int:
         nprobe=32,
     )
     parser.add_argument("--model", choices=["minilm", "random"], default="minilm")
-    parser.add_argument("--pq-m", type=int, nargs="+", default=[48, 96])
-    parser.add_argument("--depths", type=int, nargs="+", default=[256, 1024])
+    parser.add_argument(
+        "--codes",
+        nargs="+",
+        default=["384:48", "384:96", "128:64", "128:128"],
+        help="WIDTH:PQ_M pairs: vectors projected to WIDTH (the towers' own: unprojected), "
+        "PQ_M sub-quantisers",
+    )
+    parser.add_argument("--depths", type=int, nargs="+", default=[256])
     args = harness.parse(parser)
+    settings = code_settings(args.codes)
     run = Run(args.work_dir, args.entities, 128, 32, 2, "auto").load()
     prepare(run)
-    rows = sum_of_max_rows(args, run) + multi_rows(args, run)
+    arrays = encoded(run, args)
+    rows = []
+    for width, pq_m in settings:
+        queries, vectors = projected(arrays["queries"], arrays["vectors"], width)
+        rows += sum_of_max_rows(args, queries, vectors, arrays["ids"], arrays["lengths"], pq_m)
+        rows.append(
+            multi_row(args, queries[:, :1], leftmost_vectors(vectors, arrays["ids"], 8), pq_m)
+        )
     lines = [
         "# Compressed multi-vector indexes against exact search",
         "",
         f"{args.entities:,} synthetic KILT entities of up to 128 tokens, "
-        f"{MODELS[args.model]} under each scorer; {args.mentions} test mentions; recall of the "
+        f"{MODELS[args.model]} under each scorer, its vectors at their own width or through a "
+        "fresh `model.projection_size` layer (the same one on both sides: see the module's "
+        f"docstring); {args.mentions} test mentions; recall of the "
         f"exact top-{args.k} in the searched top-{args.k}. IVF-PQ: {args.nlist} lists per shard of "
         f"{args.shard_size:,} entities, {args.nprobe} probed, 8-bit codes. Sum-of-max rescores "
         "every candidate (its query tokens' `candidate depth` nearest tokens' entities) from its "
@@ -269,9 +343,9 @@ def main() -> int:
         "FAISS file, the int64 id and (som) the standalone code. Command: "
         f"`{' '.join(['.venv/bin/python -m benchmarks.token_index', *sys.argv[1:]])}`.",
         "",
-        "| scorer | pq_m | candidate depth | recall of exact top-k | bytes per vector | "
+        "| scorer | width | pq_m | candidate depth | recall of exact top-k | bytes per vector | "
         "build s | search ms per mention |",
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|",
         *rows,
     ]
     harness.write_result(args.output, lines)
