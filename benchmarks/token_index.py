@@ -317,6 +317,9 @@ def main() -> int:
         "PQ_M sub-quantisers",
     )
     parser.add_argument("--depths", type=int, nargs="+", default=[256])
+    parser.add_argument(
+        "--scorers", nargs="+", choices=["som", "multi-8"], default=["som", "multi-8"]
+    )
     args = harness.parse(parser)
     settings = code_settings(args.codes)
     run = Run(args.work_dir, args.entities, 128, 32, 2, "auto").load()
@@ -325,10 +328,12 @@ def main() -> int:
     rows = []
     for width, pq_m in settings:
         queries, vectors = projected(arrays["queries"], arrays["vectors"], width)
-        rows += sum_of_max_rows(args, queries, vectors, arrays["ids"], arrays["lengths"], pq_m)
-        rows.append(
-            multi_row(args, queries[:, :1], leftmost_vectors(vectors, arrays["ids"], 8), pq_m)
-        )
+        if "som" in args.scorers:
+            lengths = arrays["lengths"]
+            rows += sum_of_max_rows(args, queries, vectors, arrays["ids"], lengths, pq_m)
+        if "multi-8" in args.scorers:
+            leftmost = leftmost_vectors(vectors, arrays["ids"], 8)
+            rows.append(multi_row(args, queries[:, :1], leftmost, pq_m))
     lines = [
         "# Compressed multi-vector indexes against exact search",
         "",
