@@ -210,12 +210,14 @@ def _refresh_trigger(run_dir: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        recipe = yaml.safe_load(path.read_text())
+        recipe = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as error:
         raise InputError(f"{path}: not YAML: {error}") from error
-    refresh = recipe.get("refresh") if isinstance(recipe, dict) else None
+    if not isinstance(recipe, dict):
+        raise InputError(f"{path}: not a mapping of settings")
+    refresh = recipe.get("refresh") or {}
     if not isinstance(refresh, dict):
-        raise InputError(f"{path}: no refresh section; not a run's resolved config")
+        raise InputError(f"{path}: refresh is not a section of settings")
     requests = read_events(run_dir, STALE_EVENT)
     last = requests[-1] if requests else None
     return {
