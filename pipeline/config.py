@@ -437,7 +437,7 @@ def _yaml_error(path: Path, error: yaml.YAMLError) -> ConfigError:
     return ConfigError(f"{where}: not valid YAML: {problem}")
 
 
-def _read_recipe(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+def read_recipe(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     """The recipe's tree and the origin (``file:line``) of each dotted key."""
     loader = _RecipeLoader(_recipe_text(path))
     loader.source = str(path)
@@ -711,7 +711,7 @@ def load_config(path: Path | None, overrides: Sequence[str] = ()) -> Config:
     tree: dict[str, Any] = {}
     origins: dict[str, str] = {}
     if path is not None:
-        tree, origins = _read_recipe(Path(path))
+        tree, origins = read_recipe(Path(path))
     for override in overrides:
         _apply_override(tree, override, origins)
     return config_from_dict(tree, origins)

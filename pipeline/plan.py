@@ -266,6 +266,12 @@ def _chunked_tower(
     )
 
 
+def vector_width(config: Config, towers: Sequence[Encoder]) -> int:
+    """d of the vectors the scorer sees and the index stores: ``model.projection_size`` when set,
+    else the entity tower's width."""
+    return config.model.projection_size or towers[-1].hidden
+
+
 def index_lines(
     config: Config, towers: Sequence[Encoder], entities: int, on_gpu: bool
 ) -> list[MemoryLine]:
@@ -273,7 +279,7 @@ def index_lines(
     scorer = config.model.scorer
     per_entity = entity_vectors_kept(scorer, config.model.entity_length)
     bound = " (som: at most one per token)" if scorer.name == "som" else ""
-    dimension = config.model.projection_size or towers[-1].hidden
+    dimension = vector_width(config, towers)
     if config.index.kind == "ivfpq":
         index = config.index
         codes = index.pq_m + IVF_ID_BYTES
@@ -327,7 +333,7 @@ def _scorer_parameters(config: Config, kind: TaskKind, towers: Sequence[Encoder]
         return towers[0].hidden + 1
     hidden, projected = towers[-1].hidden, config.model.projection_size
     with torch.device("meta"):
-        scorer = build_scorer(config.model.scorer, projected or hidden)
+        scorer = build_scorer(config.model.scorer, vector_width(config, towers))
     projections = 0 if projected is None else 2 * (hidden + 1) * projected
     return sum(p.numel() for p in scorer.parameters()) + projections
 

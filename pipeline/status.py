@@ -33,8 +33,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from hnce.cluster.stores.checkpoints import CHECKPOINTS_DIR, COMPLETE, complete_checkpoints
 from hnce.cluster.stores.files import AtomicPath
 from hnce.cluster.stores.index_store import IndexStore
@@ -44,6 +42,7 @@ from hnce.cluster.stores.negatives_store import NegativesVersion
 from hnce.cluster.stores.refresh_log import HeldoutRecall, RefreshLog, RefreshRecord, read_log
 from hnce.cluster.stores.versioned_dir import read_current, version_dir_name
 from hnce.encoders.errors import InputError
+from hnce.pipeline.config import read_recipe
 from hnce.pipeline.train.events import LOG_FILE, read_events
 from hnce.pipeline.train.nonfinite import STOP_EVENT as NONFINITE_STOP
 from hnce.pipeline.train.refresh_health import STOP_EVENT
@@ -209,12 +208,7 @@ def _refresh_trigger(run_dir: Path) -> dict[str, Any] | None:
     path = run_dir / "config.yaml"
     if not path.is_file():
         return None
-    try:
-        recipe = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as error:
-        raise InputError(f"{path}: not YAML: {error}") from error
-    if not isinstance(recipe, dict):
-        raise InputError(f"{path}: not a mapping of settings")
+    recipe, _ = read_recipe(path)
     refresh = recipe.get("refresh") or {}
     if not isinstance(refresh, dict):
         raise InputError(f"{path}: refresh is not a section of settings")

@@ -84,5 +84,5 @@ def test_a_config_that_is_not_yaml_is_a_problem_line_naming_it(
     (tmp_path / "config.yaml").write_text("refresh: [trigger: stale\n")
     assert main(["status", str(tmp_path)]) == 0
     screen = capsys.readouterr().out
-    assert f"problem       refresh trigger: {tmp_path / 'config.yaml'}: not YAML" in screen
+    assert f"problem       refresh trigger: {tmp_path / 'config.yaml'}:2: not valid YAML" in screen
     assert "trigger       unknown" in screen
