@@ -243,57 +243,71 @@ def compressed_shard(
 
 
 def sum_of_max_rows(
-    args, queries: np.ndarray, vectors: np.ndarray, ids: np.ndarray, lengths: np.ndarray, pq_m: int
+    args,
+    queries: np.ndarray,
+    vectors: np.ndarray,
+    ids: np.ndarray,
+    lengths: np.ndarray,
+    pq_ms: list[int],
 ) -> list[str]:
+    """One row per ``pq_m`` and candidate depth, all against one exact top-k."""
     exact = exact_sum_of_max(queries, vectors, ids, args.k)
-    spec = IndexSpec(kind="ivfpq", nlist=args.nlist, pq_m=pq_m, nprobe=args.nprobe)
-    started = time.perf_counter()
-    shards = [
-        compressed_shard(vectors, ids, entity_ids, lengths, spec, seed=number)
-        for number, entity_ids in enumerate(shard_ranges(args.entities, args.shard_size))
-    ]
-    build_seconds = time.perf_counter() - started
-    per_token = index_bytes(shards) / len(ids)
     rows = []
-    for depth in args.depths:
-        found, seconds = timed_search(ShardedSearcher(shards, None, depth), queries, args.k)
+    for pq_m in pq_ms:
+        spec = IndexSpec(kind="ivfpq", nlist=args.nlist, pq_m=pq_m, nprobe=args.nprobe)
+        started = time.perf_counter()
+        shards = [
+            compressed_shard(vectors, ids, entity_ids, lengths, spec, seed=number)
+            for number, entity_ids in enumerate(shard_ranges(args.entities, args.shard_size))
+        ]
+        build_seconds = time.perf_counter() - started
+        per_token = index_bytes(shards) / len(ids)
+        for depth in args.depths:
+            found, seconds = timed_search(ShardedSearcher(shards, None, depth), queries, args.k)
+            rows.append(
+                f"| som | {vectors.shape[1]} | {pq_m} | {depth} | {recall(found, exact):.3f} | "
+                f"{per_token:.1f} (flat: {4 * vectors.shape[1] + 8}) | {build_seconds:.0f} | "
+                f"{1000 * seconds:.0f} |"
+            )
+    return rows
+
+
+def multi_rows(
+    args, queries: np.ndarray, vectors: np.ndarray, pq_ms: list[int], m: int = 8
+) -> list[str]:
+    """One row per ``pq_m``, all against one exact top-k."""
+    exact = exact_multi(queries, vectors, m, args.k)
+    ids = np.repeat(np.arange(args.entities, dtype=np.int64), m)
+    rows = []
+    for pq_m in pq_ms:
+        spec = IndexSpec(kind="ivfpq", nlist=args.nlist, pq_m=pq_m, nprobe=args.nprobe)
+        started = time.perf_counter()
+        shards = []
+        for entity_ids in shard_ranges(args.entities, args.shard_size):
+            rows_of = slice(int(entity_ids[0]) * m, (int(entity_ids[-1]) + 1) * m)
+            index = build_shard_index(vectors[rows_of], spec)
+            shards.append(IndexShard(index, ids[rows_of], storage=index))
+        build_seconds = time.perf_counter() - started
+        per_vector = index_bytes(shards) / len(ids)
+        found, seconds = timed_search(ShardedSearcher(shards, m), queries, args.k)
         rows.append(
-            f"| som | {vectors.shape[1]} | {pq_m} | {depth} | {recall(found, exact):.3f} | "
-            f"{per_token:.1f} (flat: {4 * vectors.shape[1] + 8}) | {build_seconds:.0f} | "
-            f"{1000 * seconds:.0f} |"
+            f"| multi-{m} | {vectors.shape[1]} | {pq_m} | {args.k} x {m} | "
+            f"{recall(found, exact):.3f} | {per_vector:.1f} (flat: {4 * vectors.shape[1] + 8}) | "
+            f"{build_seconds:.0f} | {1000 * seconds:.0f} |"
         )
     return rows
 
 
-def multi_row(args, queries: np.ndarray, vectors: np.ndarray, pq_m: int, m: int = 8) -> str:
-    exact = exact_multi(queries, vectors, m, args.k)
-    spec = IndexSpec(kind="ivfpq", nlist=args.nlist, pq_m=pq_m, nprobe=args.nprobe)
-    ids = np.repeat(np.arange(args.entities, dtype=np.int64), m)
-    started = time.perf_counter()
-    shards = []
-    for entity_ids in shard_ranges(args.entities, args.shard_size):
-        rows_of = slice(int(entity_ids[0]) * m, (int(entity_ids[-1]) + 1) * m)
-        index = build_shard_index(vectors[rows_of], spec)
-        shards.append(IndexShard(index, ids[rows_of], storage=index))
-    build_seconds = time.perf_counter() - started
-    per_vector = index_bytes(shards) / len(ids)
-    found, seconds = timed_search(ShardedSearcher(shards, m), queries, args.k)
-    return (
-        f"| multi-{m} | {vectors.shape[1]} | {pq_m} | {args.k} x {m} | "
-        f"{recall(found, exact):.3f} | {per_vector:.1f} (flat: {4 * vectors.shape[1] + 8}) | "
-        f"{build_seconds:.0f} | {1000 * seconds:.0f} |"
-    )
-
-
-def code_settings(values: list[str]) -> list[tuple[int, int]]:
-    """``WIDTH:PQ_M`` pairs (e.g. 384:96 128:64), each width divisible by its pq_m."""
-    pairs = []
+def code_settings(values: list[str]) -> dict[int, list[int]]:
+    """``WIDTH:PQ_M`` pairs (e.g. 384:96 128:64), each width divisible by its pq_m, as each
+    width's pq_m values in the order given (a width is projected and searched exactly once)."""
+    widths: dict[int, list[int]] = {}
     for value in values:
         width, _, pq_m = value.partition(":")
         if not (width.isdigit() and pq_m.isdigit()) or int(width) % int(pq_m):
             raise SystemExit(f"--codes {value}: expected WIDTH:PQ_M with PQ_M dividing WIDTH")
-        pairs.append((int(width), int(pq_m)))
-    return pairs
+        widths.setdefault(int(width), []).append(int(pq_m))
+    return widths
 
 
 def main() -> int:
@@ -326,14 +340,14 @@ def main() -> int:
     prepare(run)
     arrays = encoded(run, args)
     rows = []
-    for width, pq_m in settings:
+    for width, pq_ms in settings.items():
         queries, vectors = projected(arrays["queries"], arrays["vectors"], width)
         if "som" in args.scorers:
             lengths = arrays["lengths"]
-            rows += sum_of_max_rows(args, queries, vectors, arrays["ids"], lengths, pq_m)
+            rows += sum_of_max_rows(args, queries, vectors, arrays["ids"], lengths, pq_ms)
         if "multi-8" in args.scorers:
             leftmost = leftmost_vectors(vectors, arrays["ids"], 8)
-            rows.append(multi_row(args, queries[:, :1], leftmost, pq_m))
+            rows += multi_rows(args, queries[:, :1], leftmost, pq_ms)
     lines = [
         "# Compressed multi-vector indexes against exact search",
         "",
