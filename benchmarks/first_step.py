@@ -64,11 +64,8 @@ def measure(work: Path, data_root: Path, initial: str) -> dict[str, float]:
         "training.steps": 2,
         "training.checkpoint_every": 2,
     }
-    arguments = ["train", "--config", str(RECIPE), "--no-progress"]
-    for key, value in overrides.items():
-        arguments += ["--set", f"{key}={value}"]
     launched = time.time()
-    command = harness.run_hnce(arguments, log=work / "commands.log")
+    command = harness.run_recipe("train", RECIPE, overrides, log=work / "commands.log")
     rows = stages(run_dir, launched)
     rows["whole command (2 steps, exit included)"] = command.seconds
     shutil.rmtree(run_dir)

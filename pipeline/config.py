@@ -64,6 +64,9 @@ from hnce.mining.losses import build_loss
 from hnce.mining.samplers import SAMPLER_SPECS
 from hnce.mining.schedule import SamplerSchedule
 
+#: ``training.cores``: who runs on a node's cores while training (:mod:`hnce.pipeline.train.cores`)
+CoresMode = Literal["auto", "handover", "reserved"]
+
 
 class ConfigError(InputError):
     """A malformed configuration; the message names the offending key (and file:line)."""
@@ -191,6 +194,10 @@ class TrainingSettings:
     negatives is not bounded by activation memory. ``on_nonfinite``: what a NaN or infinite
     training loss does: ``stop`` training at that step with the cause (the default) or ``warn``
     and go on; a checkpoint whose weights are not finite is never published either way.
+    ``cores``: ``reserved`` runs every worker on ``cpus_per_worker`` threads; ``handover`` on
+    every core of its node while no refresh of the run is encoding or mining, and on
+    ``cpus_per_worker`` while one is; ``auto``: ``handover`` on a one-node CPU cluster, else
+    ``reserved`` (:mod:`hnce.pipeline.train.cores`).
     """
 
     steps: PositiveInt = 1000
@@ -211,6 +218,7 @@ class TrainingSettings:
     log_every: PositiveInt = 10
     candidate_chunk_size: NonNegativeInt = 0
     on_nonfinite: Literal["stop", "warn"] = "stop"
+    cores: CoresMode = "auto"
 
 
 @settings

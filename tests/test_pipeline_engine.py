@@ -13,7 +13,7 @@ import deepspeed
 import numpy as np
 import pytest
 import torch
-from training_helpers import synthetic_config, write_syllable_bert
+from training_helpers import NO_INDEX, synthetic_config, write_syllable_bert
 
 from hnce.cluster.stores.checkpoints import (
     DEEPSPEED_DIR,
@@ -43,8 +43,6 @@ from hnce.pipeline.train.worker import WorkerRun, start_engine
 pytestmark = pytest.mark.slow
 
 CPU = torch.device("cpu")
-# Random negatives without an index: nothing but the worker and DeepSpeed takes part.
-NO_INDEX = ("negatives.sampler=random", "negatives.source=none", "refresh.enabled=false")
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +64,6 @@ def recipe(run_dir: Path, small_dataset: Path, syllable_bert: Path, *overrides: 
         small_dataset,
         syllable_bert,
         *NO_INDEX,
-        "training.num_workers=1",
         "training.batch_size=4",
         "training.log_every=1",
         *overrides,

@@ -20,6 +20,7 @@ import pytest
 from training_helpers import CONFIGS, exact_scores, synthetic_config, write_syllable_bert
 
 from hnce.cluster.compute.coordinator import COORDINATOR_ROLE
+from hnce.cluster.compute.encoder_pool import node_cores
 from hnce.cluster.compute.recall import hits_at
 from hnce.cluster.stores.checkpoints import (
     EXPORT_DIR,
@@ -162,6 +163,11 @@ def test_stale_negatives_ask_for_the_only_refreshes_the_coordinator_runs(
         "refresh.poll_seconds=0.2",
     )
     run_training(config)
+    # one Ray node on CPUs: the trainer takes the refresh's core while no refresh works (the
+    # first steps, before any stale request), and gives it back while one does
+    assert read_events(run_dir, "launch")[0]["cores"] == "handover"
+    threads = [event["threads"] for event in read_events(run_dir, "step")]
+    assert threads[0] == node_cores() and set(threads) <= {1, node_cores()}, threads
     stale = read_events(run_dir, STALE_EVENT)
     requested = sorted(event["step"] for event in stale)
     assert requested and all(0 < e["loss_ratio"] <= ratio for e in stale), stale

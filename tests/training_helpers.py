@@ -20,6 +20,14 @@ from hnce.pipeline.data import synthetic
 from hnce.pipeline.data.synthetic import generate_synthetic_dataset
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+#: one in-process worker on random negatives: no index, no refresh, nothing but the worker and
+#: DeepSpeed takes part
+NO_INDEX = (
+    "negatives.sampler=random",
+    "negatives.source=none",
+    "refresh.enabled=false",
+    "training.num_workers=1",
+)
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 

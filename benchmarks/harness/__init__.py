@@ -29,7 +29,7 @@ Example (a whole benchmark; run it as ``python -m benchmarks.example --entities 
 """
 
 from benchmarks.harness.arguments import arguments, parse
-from benchmarks.harness.commands import HNCE, Command, run_command, run_hnce
+from benchmarks.harness.commands import HNCE, Command, run_command, run_hnce, run_recipe
 from benchmarks.harness.memory import (
     GIB,
     PeakMemory,
@@ -70,6 +70,7 @@ __all__ = [
     "reset_own_peak",
     "run_command",
     "run_hnce",
+    "run_recipe",
     "run_stages",
     "timed",
     "update_benchmarks_md",

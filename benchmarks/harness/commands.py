@@ -85,3 +85,14 @@ def run_hnce(
 ) -> Command:
     """``hnce <arguments>`` through :func:`run_command`."""
     return run_command([*HNCE, *arguments], "hnce " + " ".join(arguments), log, keep_stdout)
+
+
+def run_recipe(
+    command: str, recipe: Path, overrides: dict[str, object], log: Path | None = None
+) -> Command:
+    """``hnce <command> --config <recipe> --no-progress --set key=value ...`` (one ``--set`` per
+    item of ``overrides``) through :func:`run_hnce`."""
+    arguments = [command, "--config", str(recipe), "--no-progress"]
+    for key, value in overrides.items():
+        arguments += ["--set", f"{key}={value}"]
+    return run_hnce(arguments, log)

@@ -16,6 +16,7 @@ when it is up) and nothing of a run stays behind in the driver but its run direc
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,8 +31,9 @@ from hnce.cluster.compute.index_build import timed
 from hnce.cluster.compute.resources import TRAINER_RESOURCE, custom_resource_request
 from hnce.cluster.compute.session import init_ray
 from hnce.cluster.stores.checkpoints import newest_checkpoint
-from hnce.pipeline.config import Config, dump_config
+from hnce.pipeline.config import Config, CoresMode, dump_config
 from hnce.pipeline.preflight import check_training_inputs
+from hnce.pipeline.train.cores import resolve_cores
 from hnce.pipeline.train.events import EventLog, read_events
 from hnce.pipeline.train.nonfinite import raise_if_diverged
 from hnce.pipeline.train.progress import follow_progress
@@ -40,6 +42,8 @@ from hnce.pipeline.train.refresh_supervisor import refresh_plan, start_refresh, 
 from hnce.pipeline.train.task import TrainingTask
 from hnce.pipeline.train.version_zero import prepare_initial_negatives
 from hnce.pipeline.train.worker import train_loop_per_worker
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -76,12 +80,13 @@ class TrainingSummary:
         )
 
 
-def _worker_config(config: Config, task: TrainingTask) -> dict[str, Any]:
-    """What every worker gets: the config (paths made absolute) and the task."""
+def _worker_config(config: Config, task: TrainingTask, cores: CoresMode) -> dict[str, Any]:
+    """What every worker gets: the config (paths made absolute), the task and the resolved
+    ``training.cores``."""
     tree = config.to_dict()
     tree["run"]["dir"] = str(config.run_dir.resolve())
     tree["data"]["root"] = str(Path(config.data.root).resolve())
-    return {"config": tree, "task": task.to_dict()}
+    return {"config": tree, "task": task.to_dict(), "cores": cores}
 
 
 def run_training(config: Config) -> TrainingSummary:
@@ -92,7 +97,7 @@ def run_training(config: Config) -> TrainingSummary:
     return run_task(config, TrainingTask.retriever(config))
 
 
-def _trainer(config: Config, task: TrainingTask) -> TorchTrainer:
+def _trainer(config: Config, task: TrainingTask, cores: CoresMode) -> TorchTrainer:
     """Ray Train's trainer for ``task``: one worker per ``num_workers``, each with its CPUs, a
     GPU when ``cluster.use_gpu`` (NCCL; gloo without), and the ``hnce_trainer`` resource."""
     settings = task.settings(config)
@@ -104,7 +109,7 @@ def _trainer(config: Config, task: TrainingTask) -> TorchTrainer:
     )
     return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config=_worker_config(config, task),
+        train_loop_config=_worker_config(config, task, cores),
         scaling_config=scaling,
         torch_config=TorchConfig(backend="nccl" if config.cluster.use_gpu else "gloo"),
         run_config=RunConfig(
@@ -132,12 +137,15 @@ def run_task(config: Config, task: TrainingTask) -> TrainingSummary:
         init_ray(config.cluster, cpus_needed)
     with timed(seconds, "initial negatives"):
         prepare_initial_negatives(config, initial)
-    trainer = _trainer(config, task)
+    nodes = sum(1 for node in ray.nodes() if node["Alive"])
+    cores, why = resolve_cores(settings.cores, nodes, config.cluster.use_gpu)
+    logger.info("training cores: %s (%s)", cores, why)
+    trainer = _trainer(config, task, cores)
     coordinator = watch = None
     if with_refresh:
         with timed(seconds, "refresh coordinator"):
             coordinator, watch = start_refresh(refresh_plan(config))
-    EventLog(task.run_dir).write("launch", seconds=seconds)
+    EventLog(task.run_dir).write("launch", seconds=seconds, cores=cores, cores_reason=why)
     done = threading.Event()
     follower = threading.Thread(
         target=follow_progress, args=(task.run_dir, settings.steps, done), daemon=True

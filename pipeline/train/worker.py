@@ -28,6 +28,7 @@ import ray.train
 import torch
 from torch import nn
 
+from hnce.cluster.compute.encoder_pool import node_cores
 from hnce.cluster.compute.index_build import timed
 from hnce.cluster.stores.checkpoints import REFRESH_REQUEST
 from hnce.cluster.stores.tables import Mention, mention_split_path
@@ -38,7 +39,7 @@ from hnce.encoders.progress import quiet
 from hnce.encoders.reranker import JointReranker
 from hnce.mining.losses import build_loss
 from hnce.mining.samplers import SAMPLER_SPECS, LossColumns
-from hnce.pipeline.config import Config, TrainingSettings, config_from_dict
+from hnce.pipeline.config import Config, CoresMode, TrainingSettings, config_from_dict
 from hnce.pipeline.train.batch import ContrastiveBatch, MentionTokens, assemble_batch
 from hnce.pipeline.train.checkpointing import (
     agreed_resume_step,
@@ -48,6 +49,7 @@ from hnce.pipeline.train.checkpointing import (
     reported_checkpoint_step,
     use_weights_only_loading,
 )
+from hnce.pipeline.train.cores import TrainerThreads
 from hnce.pipeline.train.data_order import MentionOrder
 from hnce.pipeline.train.deepspeed_config import build_deepspeed_config
 from hnce.pipeline.train.distributed import Collectives, worker_device
@@ -181,6 +183,7 @@ class WorkerRun:
         engine: deepspeed.DeepSpeedEngine,
         data: TrainingData,
         report: CheckpointReport,
+        threads: TrainerThreads,
     ) -> None:
         self.config = config
         self.task = task
@@ -191,6 +194,7 @@ class WorkerRun:
         self.engine = engine
         self.data = data
         self.report = report
+        self.threads = threads
         self.device = engine.device
         self.loss = build_loss(config.loss.name, **config.loss.options)
         self.log = EventLog(task.run_dir, tensorboard=True) if self.rank == 0 else None
@@ -210,12 +214,12 @@ class WorkerRun:
         self.setup_seconds: dict[str, float] = {}
 
     @classmethod
-    def start(cls, config: Config, task: TrainingTask) -> WorkerRun:
+    def start(cls, config: Config, task: TrainingTask, cores: CoresMode) -> WorkerRun:
         """Inside a Ray Train worker: its device, world size and reported checkpoint."""
         device = worker_device(config.cluster.use_gpu)
         world_size = ray.train.get_context().get_world_size()
         return cls.build(
-            config, task, device, world_size, report_checkpoint, reported_checkpoint_step()
+            config, task, device, world_size, report_checkpoint, reported_checkpoint_step(), cores
         )
 
     @classmethod
@@ -227,11 +231,16 @@ class WorkerRun:
         world_size: int,
         report: CheckpointReport,
         reported_step: int | None = None,
+        cores: CoresMode = "reserved",
     ) -> WorkerRun:
         """Model and engine on ``device``, resume point and data, in the initialised process
-        group; ``report`` hears of every published checkpoint (step, loss, rank)."""
+        group; ``report`` hears of every published checkpoint (step, loss, rank); ``cores``:
+        the run's resolved ``training.cores`` (:mod:`hnce.pipeline.train.cores`)."""
         settings = task.settings(config)
-        torch.set_num_threads(max(1, int(settings.cpus_per_worker)))
+        threads = TrainerThreads.for_worker(
+            task.run_dir, cores, settings.cpus_per_worker, node_cores(), settings.num_workers
+        )
+        threads.for_step()
         seconds: dict[str, float] = {}
         with timed(seconds, "process group"):
             collectives = Collectives(device)
@@ -249,7 +258,7 @@ class WorkerRun:
             data, skipped = load_training_data(
                 config, task, model, collectives, world_size, engine.device
             )
-        run = cls(config, task, collectives, model, engine, data, report)
+        run = cls(config, task, collectives, model, engine, data, report, threads)
         run.setup_seconds = seconds
         run.resume(reported_step, world_size, skipped)
         run.start_loss_columns()
@@ -319,6 +328,7 @@ class WorkerRun:
         for step in range(self.start_step, self.settings.steps):
             if self.poll_negatives(step):
                 return
+            threads = self.threads.for_step()
             started = time.perf_counter()
             mention_ids: list[str] = []
             losses = []
@@ -338,7 +348,7 @@ class WorkerRun:
             done = step + 1
             if self.diverged(done, loss):
                 return
-            self.log_step(done, loss, time.perf_counter() - started, mention_ids)
+            self.log_step(done, loss, time.perf_counter() - started, mention_ids, threads)
             stale = self.negatives_went_stale(done, loss)
             if (stale or self.publishes_at(done)) and not self.publish(done, loss, stale):
                 return
@@ -442,8 +452,11 @@ class WorkerRun:
                 )
         return stale
 
-    def log_step(self, done: int, loss: float, seconds: float, mention_ids: list[str]) -> None:
-        """A ``step`` event every ``log_every`` steps (rank 0), with the mentions it trained on."""
+    def log_step(
+        self, done: int, loss: float, seconds: float, mention_ids: list[str], threads: int
+    ) -> None:
+        """A ``step`` event every ``log_every`` steps (rank 0), with the mentions it trained on
+        and the torch threads it ran on."""
         if self.log is None:
             return
         if done % self.settings.log_every != 0 and done != self.settings.steps:
@@ -454,6 +467,7 @@ class WorkerRun:
             loss=loss,
             lr=float(self.engine.get_lr()[0]),
             seconds=seconds,
+            threads=threads,
             negatives_version=self.data.source.version,
             lag=self.data.source.lag(done - 1),
             mentions=mention_ids,
@@ -503,7 +517,8 @@ class WorkerRun:
 
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
-    """Ray Train entry point: ``{"config": Config.to_dict(), "task": TrainingTask.to_dict()}``."""
+    """Ray Train entry point: ``{"config": Config.to_dict(), "task": TrainingTask.to_dict(),
+    "cores": the resolved training.cores}``."""
     config = config_from_dict(loop_config["config"])
     task = TrainingTask.from_dict(loop_config["task"])
-    WorkerRun.start(config, task).train()
+    WorkerRun.start(config, task, loop_config["cores"]).train()

@@ -1,0 +1,83 @@
+"""Who runs on a machine's cores while training: the trainer, or the refresh beside it (``training.cores``).
+
+On a cluster whose encoders have their own CPUs or GPUs, every trainer worker runs its
+``training.cpus_per_worker`` threads and the refresh never touches them (``reserved``). On the one
+machine where users try hnce, the trainer and the refresh's encoder actors share the cores, and a
+fixed split leaves the refresh's cores idle whenever it has nothing to encode: between refreshes,
+with ``refresh.trigger: stale`` most of the run, and in every run without a refresh. With
+``handover`` each trainer worker runs on every core of its node (split among the node's workers)
+while no refresh of the run is working, and drops back to ``cpus_per_worker`` threads for as long
+as one is, so trainer and encoders never fight for a core.
+
+"A refresh is working" is read, once per step, from the run lock's holder record
+(``<run>/refresh.lock.json``, :func:`hnce.cluster.stores.lock_holder.encoding_checkpoint`): the
+coordinator and ``hnce refresh`` record the checkpoint they refresh from choosing it to publishing
+its negatives (encoding, held-out recall, mining), and the record is gone, or provably stale, when
+they are not. Reading it costs a file read per step and needs no collective: each rank decides
+for itself.
+
+``auto`` (the default) is ``handover`` when Ray is one node and the run trains on CPUs, else
+``reserved``; the driver logs which and why (:func:`resolve_cores`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from hnce.cluster.stores.lock_holder import encoding_checkpoint
+from hnce.pipeline.config import CoresMode
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_cores(requested: CoresMode, nodes: int, use_gpu: bool) -> tuple[CoresMode, str]:
+    """The mode a run uses for ``training.cores: requested`` on a Ray cluster of ``nodes`` alive
+    nodes, and why (the driver logs both)."""
+    if requested != "auto":
+        return requested, "training.cores"
+    if use_gpu:
+        return "reserved", "auto: the trainer trains on GPUs"
+    if nodes > 1:
+        return "reserved", f"auto: {nodes} Ray nodes, the encoders may have their own"
+    return "handover", "auto: one Ray node, trainer and refresh share its cores"
+
+
+@dataclass
+class TrainerThreads:
+    """One worker's torch threads, set before each step (module docs).
+
+    Attributes:
+        run_dir: the run whose refreshes the worker gives way to.
+        reserved: threads while a refresh works (``cpus_per_worker``), and always in ``reserved``.
+        idle: threads while none does.
+    """
+
+    run_dir: Path
+    reserved: int
+    idle: int
+    current: int = 0
+
+    @classmethod
+    def for_worker(
+        cls, run_dir: Path, mode: CoresMode, cpus_per_worker: float, node_cores: int, workers: int
+    ) -> TrainerThreads:
+        """A worker's threads: ``cpus_per_worker`` (at least 1) reserved; with ``handover`` its
+        share of its node's ``node_cores`` among the ``workers`` there while no refresh works."""
+        reserved = max(1, int(cpus_per_worker))
+        idle = max(reserved, node_cores // workers) if mode == "handover" else reserved
+        return cls(Path(run_dir), reserved, idle)
+
+    def for_step(self) -> int:
+        """Set and return the threads of the next step."""
+        threads = self.idle
+        if self.idle != self.reserved and encoding_checkpoint(self.run_dir) is not None:
+            threads = self.reserved
+        if threads != self.current:
+            torch.set_num_threads(threads)
+            logger.debug("trainer threads %d -> %d", self.current, threads)
+            self.current = threads
+        return threads
