@@ -10,19 +10,25 @@ child process, once per cell:
   ``--checkpoint-every`` steps): with ``handover`` the trainer runs on both cores whenever no
   refresh is encoding or mining, and on one while one is;
 - the same with ``refresh.trigger: stale`` (a refresh only when the negatives went stale), where
-  the refresh idles longer.
+  the refresh idles longer;
+- mixed-50 on synchronous refreshes (``refresh.mode: sync``, every ``--checkpoint-every`` steps):
+  with ``handover`` the waiting trainer also lends its thread to each refresh's encoder.
+
+Both runs of a recipe are measured in one invocation; ``--recipes`` re-measures some recipes and
+keeps the others' rows (``<output>.json``).
 
 Every step is logged (its seconds and the torch threads it ran on), so the table gives each
 cell's mean step at 1 and at 2 threads, the share of steps on 2, the seconds inside the steps
 and the whole command, the refreshes published and the negatives versions used.
 
-    python -m benchmarks.core_handover [--steps 60] [--checkpoint-every 15]
+    python -m benchmarks.core_handover [--steps 60] [--checkpoint-every 15] [--recipes sync]
 
 writes ``benchmarks/results/core_handover.md``.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -45,6 +51,7 @@ RECIPES = {
     },
     "mixed-50, async refresh": {},
     "mixed-50, stale trigger": {"refresh.trigger": "stale"},
+    "mixed-50, sync refresh": {"refresh.mode": "sync"},
 }
 
 
@@ -59,6 +66,7 @@ def train(work: Path, data_root: Path, recipe: str, cores: str, args: Any) -> di
         "training.steps": args.steps,
         "training.checkpoint_every": args.checkpoint_every,
         "training.log_every": 1,
+        "refresh.sync_every": args.checkpoint_every,
         **RECIPES[recipe],
     }
     command = harness.run_recipe("train", RECIPE, overrides, log=work / "commands.log")
@@ -74,6 +82,7 @@ def train(work: Path, data_root: Path, recipe: str, cores: str, args: Any) -> di
         "steps by threads": {t: len(v) for t, v in sorted(by_threads.items())},
         "refreshes published": len(published_refreshes(run_dir)),
         "versions used": len(read_events(run_dir, "negatives")),
+        "waiting seconds": sum(e["seconds"] for e in read_events(run_dir, "refresh_wait")),
     }
     shutil.rmtree(run_dir)
     return row
@@ -83,8 +92,9 @@ def table(rows: dict[str, dict[str, Any]]) -> list[str]:
     """The result's markdown table, one line per (recipe, cores) cell."""
     lines = [
         "| recipe | training.cores | whole command s | inside steps s | step s on 1 thread "
-        "| step s on 2 threads | steps on 2 threads | refreshes published | negatives versions trained on (v0 included) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| step s on 2 threads | steps on 2 threads | waiting for refreshes s | refreshes published "
+        "| negatives versions trained on (v0 included) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for cell, row in rows.items():
         recipe = cell.rsplit(" / ", 1)[0]
@@ -94,6 +104,7 @@ def table(rows: dict[str, dict[str, Any]]) -> list[str]:
         lines.append(
             f"| {recipe} | {row['cores']} | {row['command seconds']:.0f} "
             f"| {row['step seconds']:.0f} | {one} | {two} | {on_two:.0%} "
+            f"| {row.get('waiting seconds', 0.0):.0f} "
             f"| {row['refreshes published']} | {row['versions used']} |"
         )
     return lines
@@ -104,22 +115,36 @@ def main() -> None:
     parser = harness.arguments(
         __doc__, "core_handover", work_dir=None, steps=60, checkpoint_every=15
     )
+    parser.add_argument(
+        "--recipes",
+        nargs="+",
+        default=None,
+        help="measure only the recipes whose name contains one of these words (default: all)",
+    )
     args = harness.parse(parser)
     work = Path(args.work_dir)
     config, _ = demo_dataset(load_config(RECIPE, [f"run.dir={work}"]))
     data_root = Path(config.data.root)
+    state_path = args.output.with_suffix(".json")
+    rows = json.loads(state_path.read_text()) if state_path.is_file() else {}
+    for row in rows.values():  # JSON keys are strings
+        for key in ("mean step by threads", "steps by threads"):
+            row[key] = {int(threads): value for threads, value in row[key].items()}
+    chosen = [r for r in RECIPES if args.recipes is None or any(w in r for w in args.recipes)]
+    for recipe in chosen:
+        for cores in CORES:
+            rows[f"{recipe} / {cores}"] = train(work, data_root, recipe, cores, args)
     rows = {
-        f"{recipe} / {cores}": train(work, data_root, recipe, cores, args)
-        for recipe in RECIPES
-        for cores in CORES
+        f"{r} / {c}": rows[f"{r} / {c}"] for r in RECIPES for c in CORES if f"{r} / {c}" in rows
     }
-    harness.write_json(args.output.with_suffix(".json"), rows)
+    harness.write_json(state_path, rows)
+    measured = [r for r in RECIPES if f"{r} / reserved" in rows]
     ratios = [
         f"- {recipe}: handover / reserved, whole command "
         f"{rows[f'{recipe} / handover']['command seconds'] / rows[f'{recipe} / reserved']['command seconds']:.2f}, "
         f"inside the steps "
         f"{rows[f'{recipe} / handover']['step seconds'] / rows[f'{recipe} / reserved']['step seconds']:.2f}"
-        for recipe in RECIPES
+        for recipe in measured
     ]
     lines = [
         "# Trainer and refresh on one machine's cores (benchmarks/core_handover.py)",
@@ -127,10 +152,11 @@ def main() -> None:
         f"The demo recipe (configs/demo.yaml: WordNet subset of 8,000 synsets, all-MiniLM-L6-v2, "
         f"one trainer worker and one encoder actor of 1 CPU each) trained {args.steps} steps "
         f"(checkpoint every {args.checkpoint_every}) by `hnce train` on this 2-core machine, one "
-        f"run per cell, all in one invocation. `reserved`: the trainer runs on "
+        f"run per cell, both runs of a recipe in one invocation. `reserved`: the trainer runs on "
         f"`cpus_per_worker` (1) threads; `handover`: on both cores while no refresh is encoding "
         f"or mining, on 1 while one is (`training.cores`, the default `auto` is `handover` on a "
-        f"one-node CPU cluster).",
+        f"one-node CPU cluster); with `refresh.mode: sync` the waiting trainer also lends its "
+        f"thread to each refresh's encoder.",
         "",
         *table(rows),
         "",

@@ -262,7 +262,8 @@ def test_a_pool_with_no_trainer_beside_it_shares_the_free_cpus_and_a_refresh_poo
 ) -> None:
     """Version 0, evaluation and linking (``free_cpus``) split the CPUs Ray has free among the
     actors, each on as many torch threads as its node has cores; a refresh beside a trainer
-    keeps ``refresh.encoder_cpus``."""
+    keeps ``refresh.encoder_cpus``, plus the threads a waiting (sync) trainer lends it, on the
+    same CPU request."""
     free = int(ray.available_resources()["CPU"])
     assert free == 4  # the session's instance, idle between tests
     alone = EncoderPoolSettings(num_encoders=2, free_cpus=True)
@@ -271,8 +272,15 @@ def test_a_pool_with_no_trainer_beside_it_shares_the_free_cpus_and_a_refresh_poo
         assert _torch_threads(pool) == [min(2, node_cores())] * 2
     with EncoderPool(assets["dual"], EncoderPoolSettings(num_encoders=1)) as pool:
         assert pool.request == {"CPU": 1.0} and _torch_threads(pool) == [1]
+    lent = EncoderPoolSettings(num_encoders=1, lent_threads=1)
+    with EncoderPool(assets["dual"], lent) as pool:
+        assert pool.request == {"CPU": 1.0} and _torch_threads(pool) == [min(2, node_cores())]
     plan = _config(assets["root"] / "plan", assets["data"])
     assert plan.pool_settings(alone=True).free_cpus and not plan.pool_settings().free_cpus
+    plan = dataclasses.replace(plan, lent_threads=1)
+    assert (
+        plan.pool_settings().lent_threads == 1 and plan.pool_settings(alone=True).lent_threads == 0
+    )
 
 
 @ray.remote(num_cpus=0)

@@ -159,7 +159,9 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def recipe(inputs: Path) -> Callable[[Path], list[str]]:
     """``hnce train`` of a small run with the asynchronous refresh, random negatives (an
-    exact-replay sampler), a checkpoint every 4 of 24 steps, all kept."""
+    exact-replay sampler), a checkpoint every 4 of 24 steps, all kept, and a fixed thread count
+    (``training.cores: reserved``: with ``handover`` a step's threads, and so the order its CPU
+    matmuls sum in, depend on when the refreshes run)."""
     assert SAMPLER_SPECS["random"].resumes_exactly
     settings = [
         f"data.root={inputs / 'data'}",
@@ -170,6 +172,7 @@ def recipe(inputs: Path) -> Callable[[Path], list[str]]:
         "training.keep_checkpoints=10",
         "training.num_workers=1",
         "training.batch_size=8",
+        "training.cores=reserved",
         "refresh.shard_size=16",
         "refresh.poll_seconds=0.2",
         "index.faiss_device=cpu",

@@ -15,7 +15,7 @@ from hnce.cluster.stores.files import atomic_write_json
 from hnce.cluster.stores.lock_holder import HOLDER_FILE, LockHolder
 from hnce.pipeline.config import ConfigError, load_config
 from hnce.pipeline.train import worker
-from hnce.pipeline.train.cores import TrainerThreads, resolve_cores
+from hnce.pipeline.train.cores import TrainerThreads, resolve_cores, threads_lent_to_refresh
 from hnce.pipeline.train.events import read_events
 from hnce.pipeline.train.one_process import single_process_group
 from hnce.pipeline.train.task import TrainingTask
@@ -57,11 +57,25 @@ def test_auto_hands_cores_over_only_on_one_cpu_node(
     assert why.startswith("auto:") == (requested == "auto")
 
 
+def test_a_waiting_trainer_lends_its_threads_only_when_it_hands_cores_over() -> None:
+    assert threads_lent_to_refresh("handover", True, 2, 1.0) == 2
+    assert threads_lent_to_refresh("handover", False, 2, 1.0) == 0  # async: it never waits
+    assert threads_lent_to_refresh("reserved", True, 2, 1.0) == 0
+
+
 def test_a_worker_gets_its_share_of_the_node_and_never_less_than_reserved() -> None:
     assert TrainerThreads.for_worker(Path("r"), "handover", 1.0, 8, 2).idle == 4
     assert TrainerThreads.for_worker(Path("r"), "handover", 3.0, 4, 2).idle == 3
     reserved = TrainerThreads.for_worker(Path("r"), "reserved", 1.0, 8, 1)
     assert (reserved.reserved, reserved.idle) == (1, 1)
+
+
+def test_a_sync_trainer_never_gives_its_cores_back(tmp_path: Path) -> None:
+    """Its refreshes run only while it waits: it keeps every core, whatever the lock says."""
+    run_dir = tmp_path / "run"
+    threads = TrainerThreads.for_worker(run_dir, "handover", 1.0, 2, 1, waits_for_refreshes=True)
+    hold_lock(run_dir, checkpoint=10)
+    assert threads.for_step() == 2
 
 
 def test_threads_follow_the_refresh_lock(tmp_path: Path) -> None:

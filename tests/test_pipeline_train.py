@@ -322,15 +322,18 @@ def test_sync_refreshes_hold_training_until_their_negatives_are_live(
     tmp_path: Path, dataset: Path, tiny_model_dir: Path, ray_session: str
 ) -> None:
     """``refresh.mode: sync`` with ``negatives.initial: model``: negatives version 0 comes from
-    the starting model before step 0, and at every ``sync_every`` steps training waits for the negatives of that very checkpoint
-    (lag 0), as the paper's own code does."""
+    the starting model before step 0, and at every ``sync_every`` steps training waits for the
+    negatives of that very checkpoint (lag 0), as the paper's own code does. The checkpoints in
+    between (every ``checkpoint_every``) are kept for resuming and never refreshed, so every
+    refresh runs while the trainer waits and can take its cores."""
     run_dir = tmp_path / "run"
     config = synthetic_config(
         run_dir,
         dataset,
         tiny_model_dir,
         "training.steps=24",
-        "training.checkpoint_every=100",
+        "training.checkpoint_every=4",
+        "training.keep_checkpoints=10",
         "negatives.initial=model",
         "refresh.mode=sync",
         "refresh.sync_every=8",
@@ -345,5 +348,9 @@ def test_sync_refreshes_hold_training_until_their_negatives_are_live(
     ]
     waits = read_events(run_dir, "refresh_wait")
     assert [w["step"] for w in waits] == [8, 16]
+    asks = {step: wants_refresh(path) for step, path in complete_checkpoints(run_dir)}
+    assert asks == {4: False, 8: True, 12: False, 16: True, 20: False, 24: True}, asks
+    refreshed = {r.checkpoint for r in read_log(run_dir).records if r.outcome == "published"}
+    assert refreshed <= {8, 16, 24}, refreshed
     steps = read_events(run_dir, "step")
     assert all(e["negatives_version"] == (e["step"] - 1) // 8 for e in steps), steps

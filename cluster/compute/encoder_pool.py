@@ -386,14 +386,17 @@ class EncoderPoolSettings:
     per GPU, or 1 without GPUs. `num_threads` is each CPU actor's torch threads (and CPUs asked);
     with `free_cpus`, for a pool that runs with no trainer beside it (version 0, evaluation,
     linking), each CPU actor instead takes an equal share of the CPUs Ray has free, at least
-    `num_threads`. `wait_floor_seconds` is the least time any wait on an actor may take before
-    it is reported as hung (`hnce.cluster.compute.actors.TaskClock`).
+    `num_threads`. `lent_threads`: torch threads a trainer that waits for this pool lends it
+    (``refresh.mode: sync`` with ``training.cores: handover``), shared among the CPU actors on
+    top of the CPUs they ask for. `wait_floor_seconds` is the least time any wait on an actor
+    may take before it is reported as hung (`hnce.cluster.compute.actors.TaskClock`).
     """
 
     num_encoders: int = 0
     batch_size: int = 64
     num_threads: int = 1
     free_cpus: bool = False
+    lent_threads: int = 0
     wait_floor_seconds: float = 900.0
     faiss_device: DeviceRequest = "auto"
     max_restarts: int = 3
@@ -427,6 +430,9 @@ class EncoderPool:
         cpus, why = self._cpus_per_actor(gpus, bool(custom))
         self.request = actor_request(cpus, 1 if gpus else 0, custom)
         check_placeable(self.request, self.num_encoders, "encoder")
+        threads = cpus if gpus else cpus + settings.lent_threads // self.num_encoders
+        if threads > cpus:
+            why += f"; {threads - cpus} more torch thread(s) lent by the waiting trainer"
         logger.info(
             "starting %d entity encoder actor(s), each %s (%s)",
             self.num_encoders,
@@ -444,7 +450,7 @@ class EncoderPool:
                 num_cpus=cpus,
                 num_gpus=1 if gpus else 0,
                 resources=custom,
-            ).remote(str(export_dir), settings.batch_size, cpus, _text(token_store))
+            ).remote(str(export_dir), settings.batch_size, threads, _text(token_store))
             for name in self.names
         ]
         starting = TaskClock(settings.wait_floor_seconds, "encoder start")

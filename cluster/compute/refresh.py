@@ -77,8 +77,9 @@ class RefreshSettings:
         mode: ``async`` (default): a coordinator refreshes beside the trainer, which never
             waits (ANCE's asynchronous refresh, docs/refresh.md). ``sync``: every ``sync_every``
             steps the trainer publishes a checkpoint and waits until the negatives mined with it
-            are live (the paper's own code, EntQA). Negatives mined once and never refreshed
-            are ``negatives.initial`` with ``enabled: false``.
+            are live (the paper's own code, EntQA); only those checkpoints are refreshed.
+            Negatives mined once and never refreshed are ``negatives.initial`` with
+            ``enabled: false``.
         sync_every: steps between the synchronous refreshes of ``mode: sync``.
         num_encoders: encoder actors (0: one per ``hnce_encoder`` slot the cluster advertises,
             else one per GPU, else 1).
@@ -132,13 +133,16 @@ class RefreshSettings:
 @dataclass(frozen=True)
 class RefreshPlan:
     """What the refreshes of one run do: where (run and dataset directories), how (the
-    ``refresh`` and ``index`` sections) and which held-out mentions each scores (None: none)."""
+    ``refresh`` and ``index`` sections), which held-out mentions each scores (None: none) and
+    how many torch threads a trainer waiting for each refresh lends its encoders
+    (``lent_threads``, :class:`hnce.cluster.compute.encoder_pool.EncoderPoolSettings`)."""
 
     run_dir: Path
     data_dir: Path
     refresh: RefreshSettings = field(default_factory=RefreshSettings)
     index: IndexSpec = field(default_factory=IndexSpec)
     heldout: HeldoutSpec | None = None
+    lent_threads: int = 0
 
     @property
     def index_store(self) -> IndexStore:
@@ -156,6 +160,7 @@ class RefreshPlan:
             batch_size=self.refresh.batch_size,
             num_threads=self.refresh.encoder_cpus,
             free_cpus=alone,
+            lent_threads=0 if alone else self.lent_threads,
             wait_floor_seconds=self.refresh.wait_floor_seconds,
             faiss_device=self.index.faiss_device,
         )

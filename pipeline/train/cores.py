@@ -16,6 +16,12 @@ its negatives (encoding, held-out recall, mining), and the record is gone, or pr
 they are not. Reading it costs a file read per step and needs no collective: each rank decides
 for itself.
 
+With ``refresh.mode: sync`` the trainer waits while each refresh works, so ``handover`` also
+goes the other way: the trainer lends its threads to that refresh's encoder actors
+(:func:`threads_lent_to_refresh`), and every core works on whichever of the two is running.
+Sync runs therefore refresh only the checkpoints training waits for (every
+``refresh.sync_every`` steps; the ``training.checkpoint_every`` ones are kept for resuming).
+
 ``auto`` (the default) is ``handover`` when Ray is one node and the run trains on CPUs, else
 ``reserved``; the driver logs which and why (:func:`resolve_cores`).
 """
@@ -46,6 +52,16 @@ def resolve_cores(requested: CoresMode, nodes: int, use_gpu: bool) -> tuple[Core
     return "handover", "auto: one Ray node, trainer and refresh share its cores"
 
 
+def threads_lent_to_refresh(
+    mode: CoresMode, waits_for_refreshes: bool, num_workers: int, cpus_per_worker: float
+) -> int:
+    """Torch threads the trainer lends each refresh's encoders: its workers' reserved threads
+    when it waits for the refreshes (``refresh.mode: sync``) and hands cores over; else 0."""
+    if mode != "handover" or not waits_for_refreshes:
+        return 0
+    return num_workers * max(1, int(cpus_per_worker))
+
+
 @dataclass
 class TrainerThreads:
     """One worker's torch threads, set before each step (module docs).
@@ -63,13 +79,21 @@ class TrainerThreads:
 
     @classmethod
     def for_worker(
-        cls, run_dir: Path, mode: CoresMode, cpus_per_worker: float, node_cores: int, workers: int
+        cls,
+        run_dir: Path,
+        mode: CoresMode,
+        cpus_per_worker: float,
+        node_cores: int,
+        workers: int,
+        waits_for_refreshes: bool = False,
     ) -> TrainerThreads:
         """A worker's threads: ``cpus_per_worker`` (at least 1) reserved; with ``handover`` its
-        share of its node's ``node_cores`` among the ``workers`` there while no refresh works."""
+        share of its node's ``node_cores`` among the ``workers`` there while no refresh works,
+        and always when it ``waits_for_refreshes`` (sync: its refreshes run only while it
+        waits, so a step never shares the cores and its threads never depend on timing)."""
         reserved = max(1, int(cpus_per_worker))
         idle = max(reserved, node_cores // workers) if mode == "handover" else reserved
-        return cls(Path(run_dir), reserved, idle)
+        return cls(Path(run_dir), idle if waits_for_refreshes else reserved, idle)
 
     def for_step(self) -> int:
         """Set and return the threads of the next step."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from hnce.cluster.compute.session import init_ray
 from hnce.cluster.stores.checkpoints import newest_checkpoint
 from hnce.pipeline.config import Config, CoresMode, dump_config
 from hnce.pipeline.preflight import check_training_inputs
-from hnce.pipeline.train.cores import resolve_cores
+from hnce.pipeline.train.cores import resolve_cores, threads_lent_to_refresh
 from hnce.pipeline.train.events import EventLog, read_events
 from hnce.pipeline.train.nonfinite import raise_if_diverged
 from hnce.pipeline.train.progress import follow_progress
@@ -143,8 +143,13 @@ def run_task(config: Config, task: TrainingTask) -> TrainingSummary:
     trainer = _trainer(config, task, cores)
     coordinator = watch = None
     if with_refresh:
+        lent = threads_lent_to_refresh(
+            cores, task.waits_for_refreshes(config), settings.num_workers, settings.cpus_per_worker
+        )
+        if lent:
+            logger.info("the waiting trainer lends each refresh %d torch thread(s)", lent)
         with timed(seconds, "refresh coordinator"):
-            coordinator, watch = start_refresh(refresh_plan(config))
+            coordinator, watch = start_refresh(replace(refresh_plan(config), lent_threads=lent))
     EventLog(task.run_dir).write("launch", seconds=seconds, cores=cores, cores_reason=why)
     done = threading.Event()
     follower = threading.Thread(

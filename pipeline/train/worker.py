@@ -238,7 +238,12 @@ class WorkerRun:
         the run's resolved ``training.cores`` (:mod:`hnce.pipeline.train.cores`)."""
         settings = task.settings(config)
         threads = TrainerThreads.for_worker(
-            task.run_dir, cores, settings.cpus_per_worker, node_cores(), settings.num_workers
+            task.run_dir,
+            cores,
+            settings.cpus_per_worker,
+            node_cores(),
+            settings.num_workers,
+            task.waits_for_refreshes(config),
         )
         threads.for_step()
         seconds: dict[str, float] = {}
@@ -486,10 +491,21 @@ class WorkerRun:
         logger.warning("rank %d: %s", self.rank, cause)
         return stop
 
+    def asks_for_refresh(self, step: int, stale: bool) -> bool:
+        """Whether the checkpoint of ``step`` asks the coordinator for a refresh: every one by
+        default; with ``refresh.trigger: stale`` those of ``stale`` negatives; with
+        ``refresh.mode: sync`` those training waits for (every ``sync_every`` steps), so that
+        each refresh runs while the trainer waits (:mod:`hnce.pipeline.train.cores`)."""
+        if self.staleness is not None:
+            return stale
+        if self.waits_for_refreshes:
+            return step % self.config.refresh.sync_every == 0
+        return True
+
     def publish(self, step: int, loss: float, stale: bool = False) -> bool:
         """Checkpoint ``step-<step>/`` of this task's run, if every rank's weights are finite;
-        False (on every rank, a stop logged) when they are not. It asks for a refresh unless the
-        run refreshes only ``stale`` negatives and these are not."""
+        False (on every rank, a stop logged) when they are not. Whether it asks for a refresh:
+        :meth:`asks_for_refresh`."""
         ranks = nonfinite_ranks(self.collectives, weights_are_finite(self.model))
         if ranks:
             if self.log is not None:
@@ -501,7 +517,7 @@ class WorkerRun:
             "seed": self.config.run.seed,
             "negatives_version": self.data.source.version,
             "loss": loss,
-            REFRESH_REQUEST: stale or self.staleness is None,
+            REFRESH_REQUEST: self.asks_for_refresh(step, stale),
         }
         publish_checkpoint(
             self.engine,
