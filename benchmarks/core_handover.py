@@ -119,7 +119,7 @@ def main() -> None:
         "--recipes",
         nargs="+",
         default=None,
-        help="measure only the recipes whose name contains one of these words (default: all)",
+        help="measure only the recipes with one of these words in their name (default: all)",
     )
     args = harness.parse(parser)
     work = Path(args.work_dir)
@@ -130,7 +130,11 @@ def main() -> None:
     for row in rows.values():  # JSON keys are strings
         for key in ("mean step by threads", "steps by threads"):
             row[key] = {int(threads): value for threads, value in row[key].items()}
-    chosen = [r for r in RECIPES if args.recipes is None or any(w in r for w in args.recipes)]
+    chosen = [
+        r
+        for r in RECIPES
+        if args.recipes is None or set(args.recipes) & set(r.replace(",", "").split())
+    ]
     for recipe in chosen:
         for cores in CORES:
             rows[f"{recipe} / {cores}"] = train(work, data_root, recipe, cores, args)
