@@ -52,6 +52,11 @@ def resolve_cores(requested: CoresMode, nodes: int, use_gpu: bool) -> tuple[Core
     return "handover", "auto: one Ray node, trainer and refresh share its cores"
 
 
+def reserved_threads(cpus_per_worker: float) -> int:
+    """A worker's own torch threads: its ``cpus_per_worker``, at least 1."""
+    return max(1, int(cpus_per_worker))
+
+
 def threads_lent_to_refresh(
     mode: CoresMode, waits_for_refreshes: bool, num_workers: int, cpus_per_worker: float
 ) -> int:
@@ -59,7 +64,7 @@ def threads_lent_to_refresh(
     when it waits for the refreshes (``refresh.mode: sync``) and hands cores over; else 0."""
     if mode != "handover" or not waits_for_refreshes:
         return 0
-    return num_workers * max(1, int(cpus_per_worker))
+    return num_workers * reserved_threads(cpus_per_worker)
 
 
 @dataclass
@@ -91,7 +96,7 @@ class TrainerThreads:
         share of its node's ``node_cores`` among the ``workers`` there while no refresh works,
         and always when it ``waits_for_refreshes`` (sync: its refreshes run only while it
         waits, so a step never shares the cores and its threads never depend on timing)."""
-        reserved = max(1, int(cpus_per_worker))
+        reserved = reserved_threads(cpus_per_worker)
         idle = max(reserved, node_cores // workers) if mode == "handover" else reserved
         return cls(Path(run_dir), idle if waits_for_refreshes else reserved, idle)
 
