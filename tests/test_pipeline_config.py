@@ -272,12 +272,14 @@ def test_no_warm_up_trains_at_the_full_learning_rate_from_the_first_step() -> No
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_every_device_trains_with_torchs_adam_so_no_op_is_compiled_on_a_worker(device: str) -> None:
     """DeepSpeed's FusedAdam is compiled by nvcc on each GPU worker at start-up (and its builder
-    failed on an H200's ``9.0a`` architecture); torch's Adam needs no compiler anywhere."""
+    failed on an H200's ``9.0a`` architecture); torch's Adam needs no compiler anywhere, and its
+    fused kernel updates every tensor at once (tensor by tensor, a CPU spent 0.3 s a step)."""
     from hnce.pipeline.train.deepspeed_config import build_deepspeed_config
 
     settings = load_config(None, ["training.precision=fp32"]).training
     optimizer = build_deepspeed_config(settings, torch.device(device))["optimizer"]
     assert optimizer["params"]["torch_adam"] is True
+    assert optimizer["params"]["fused"] is True
 
 
 HOSTILE_RECIPES = {

@@ -143,6 +143,35 @@ def test_deepspeed_trains_the_projection_with_the_towers(
         assert not torch.equal(projection.additional_linear.weight, weight)
 
 
+@pytest.mark.parametrize("zero_stage", [0, 1])
+def test_a_lone_worker_skips_only_the_averaging_that_changes_nothing(
+    still_model_dir: Path, small_dataset: Path, zero_stage: int
+) -> None:
+    """One rank with torch's own optimizer (ZeRO 0) has no gradient to average, so the engine
+    skips DeepSpeed's averaging pass, and its weights after three steps are exactly those of
+    the same engine averaging. Under ZeRO 1 the averaging also hands the gradients to DeepSpeed's
+    optimizer, so it stays: skipping it there would leave the weights untrained, and the two
+    would differ. The optimizer is torch's fused Adam (one kernel, not a loop over tensors)."""
+    config = recipe(Path("unused"), small_dataset, still_model_dir)
+    settings = TrainingSettings(steps=3, warmup_steps=0, learning_rate=1e-3, zero_stage=zero_stage)
+    batch = _micro_batches(config, [[0, 1, 2, 3]])[0]
+    weights = []
+    for averaging in (None, True):
+        engine = start_engine(build_model(config), settings, CPU)
+        if averaging is None:
+            assert engine.enable_backward_allreduce == (zero_stage != 0)
+        else:
+            engine.enable_backward_allreduce = averaging
+        before = _parameters(engine.module)
+        for _ in range(settings.steps):
+            train_micro_batch(engine, batch, NCELoss())
+        weights.append(_parameters(engine.module))
+        assert not torch.equal(weights[-1], before)
+    assert torch.equal(weights[0], weights[1])
+    if zero_stage == 0:
+        assert engine.optimizer.defaults["fused"] is True
+
+
 def test_gradient_accumulation_equals_one_step_over_the_concatenated_batch(
     still_model_dir: Path, small_dataset: Path
 ) -> None:
