@@ -115,8 +115,8 @@ def measure(config: Config, warmup: int, steps: int) -> dict[str, list[float]]:
         for index in range(warmup + steps):
             batch = run.micro_batch(index)
             columns = peer_columns(batch)
-            hnce_seconds = harness.timed(lambda: train_micro_batch(run.engine, batch, run.loss))[1]
-            peer_seconds = harness.timed(lambda: peer(columns))[1]
+            hnce_seconds = harness.timed(train_micro_batch, run.engine, batch, run.loss)[1]
+            peer_seconds = harness.timed(peer, columns)[1]
             if index >= warmup:
                 seconds["hnce"].append(hnce_seconds)
                 seconds["peer"].append(peer_seconds)

@@ -71,3 +71,12 @@ class Trained:
             list(raw.get("trained", [])),
             recall_from_json(raw.get("product")),
         )
+
+
+@dataclass
+class SeedRuns:
+    """Both methods' finished runs with one seed."""
+
+    seed: int
+    hnce: Trained
+    peer: Trained

@@ -5,7 +5,7 @@ exact path as hnce's.
 
 Example::
 
-    peer = peer_run(setup, runs[0].trained, untrained)     # from the state file, or trained
+    peer = peer_run(setup, hnce.trained, untrained)     # from the state file, or trained
 """
 
 from __future__ import annotations

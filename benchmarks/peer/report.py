@@ -1,98 +1,171 @@
-"""The comparison's result file: how it was measured, each method's final recall and wall time,
-recall during training, the product-path check, plain findings and the profiled hnce step; and
-the raw figures as JSON beside it.
+"""The comparison's result file: how it was measured, each method's final recall and wall time
+over the seeds (mean ± sd, Welch's t), when hnce reached the peer's final R@1, recall during
+training seed by seed (also as a plot), where each method's seconds went, the product-path
+check; and the raw figures as JSON beside it.
 
 Example::
 
-    write_results(args.output, counts, untrained, runs, peer, total_seconds, profile)
+    write_results(args.output, counts, untrained, seeds, total_seconds)
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks import harness
-from benchmarks.peer.curves import KS, Curve, Recall, Trained
+from benchmarks.peer.curves import KS, Curve, Recall, SeedRuns, Trained
+from benchmarks.wordnet_comparison import spread, welch_t
+
+PEER = "sentence-transformers (mined once, MNRL)"
 
 
 def recall_cells(recall: Recall) -> str:
     return " | ".join(f"{recall[k]:.3f}" for k in KS)
 
 
-def reach(curve: Curve, other: Curve) -> str:
-    """When ``curve`` first reached ``other``'s final R@1, or that it never did."""
-    target = other.final[1]
-    seconds = curve.seconds_to_reach(target)
-    if seconds is None:
-        return f"not reached (final R@1 {curve.final[1]:.3f} < {target:.3f})"
-    return f"{seconds:.0f} s (R@1 ≥ {target:.3f})"
-
-
-def how_measured(counts: dict[str, int], total_seconds: float) -> str:
+def how_measured(counts: dict[str, int], seeds: int, total_seconds: float) -> str:
     """The paragraph on the machine, the data, both methods' settings and the evaluation."""
     return (
         f"Measured by `benchmarks/peer_sentence_transformers.py` ({total_seconds / 60:.1f} min "
-        f"for the methods not already in its work directory's state.json; "
-        f"{platform.machine()}, {os.cpu_count()} cores shared with other jobs). Data: the "
-        f"demo's subset (configs/demo.yaml): "
-        f"{counts['eval_mentions']} held-out mentions whose lemmas training never saw, "
-        f"{counts['entities']} synsets; both start from all-MiniLM-L6-v2 (mean pooling, as it "
-        f"declares) and train 60 steps × 8 mentions, 8 negatives each, lr 5e-5, 6 warm-up steps. "
-        f"hnce: mixed-50 on the asynchronous refresh, 1 trainer core + 1 refresh core, "
-        f"`negatives.share: batch` (every mention against every candidate of its step); the "
-        f"cosine row adds `model.normalize: true`, temperature 0.05 and `negatives.initial: "
-        f"model` (hard negatives from step 1, as the peer's). Peer: "
-        f"`mine_hard_negatives` (top 8 by cosine over the catalogue) once, then "
-        f"MultipleNegativesRankingLoss (in-batch + mined negatives, cosine × 20, no-duplicates "
-        f"batches) on the same 480 mentions, 2 torch threads. Evaluation: one exact path for "
+        f"for the runs not already in its work directory's state files; "
+        f"{platform.machine()}, {os.cpu_count()} cores, nothing else running). Data: the demo's "
+        f"subset (configs/demo.yaml): {counts['eval_mentions']} held-out mentions whose lemmas "
+        f"training never saw, {counts['entities']} synsets; both start from all-MiniLM-L6-v2 "
+        f"(mean pooling, as it declares) and train 60 steps × 8 mentions, 8 negatives each, "
+        f"lr 5e-5, 6 warm-up steps, cosine scores at temperature 0.05 (the peer's scale 20). "
+        f"hnce: configs/demo.yaml as shipped (mixed-50 on the asynchronous refresh, negatives "
+        f"version 0 mined with the starting model, `negatives.share: batch`, `training.cores: "
+        f"auto`: the trainer on both cores while no refresh works). Peer: `mine_hard_negatives` "
+        f"(top 8 by cosine over the catalogue) once, then MultipleNegativesRankingLoss (in-batch "
+        f"+ mined negatives, no-duplicates batches) on the same 480 mentions as hnce's run of "
+        f"the same seed, 2 torch threads. Seeds 0..{seeds - 1}: hnce's `run.seed` (data order, "
+        f"negative draws, dropout) and the peer trainer's seed. Evaluation: one exact path for "
         f"every model (hnce's towers embed, exact scores over the whole catalogue; the peer's "
         f"vectors L2-normalised as its Normalize module and cosine loss use them)."
     )
 
 
-def final_recall_table(
-    runs: Sequence[Trained], peer: Trained, untrained: dict[str, Recall]
-) -> list[str]:
-    """Each method's final recall, wall seconds and time to reach the other's final R@1, then
-    the untrained model under either scoring."""
-    rows = [
-        f"| {run.curve.name} | {recall_cells(run.curve.final)} | {run.seconds['total']:.0f} | "
-        f"{reach(run.curve, peer.curve)} |"
-        for run in runs
-    ]
-    rows += [
-        f"| {peer.curve.name} | {recall_cells(peer.curve.final)} | {peer.seconds['total']:.0f} | "
-        f"{reach(peer.curve, runs[0].curve)}, against the first row |"
-    ]
+def final_recall_table(seeds: Sequence[SeedRuns], untrained: dict[str, Recall]) -> list[str]:
+    """Each method's final recall and wall seconds, mean ± sd over the seeds, then the untrained
+    model under either scoring."""
+
+    def row(name: str, runs: list[Trained]) -> str:
+        cells = " | ".join(spread([run.curve.final[k] for run in runs]) for k in KS)
+        seconds = [run.seconds["total"] for run in runs]
+        return f"| {name} | {cells} | {statistics.mean(seconds):.0f} ± {statistics.stdev(seconds):.0f} |"
+
     return [
-        "| method | R@1 | R@8 | R@64 | wall s | time to reach the other's final R@1 |",
-        "|---|---:|---:|---:|---:|---|",
-        *rows,
-        f"| untrained MiniLM, mean pooling, dot product (hnce's scoring) | "
-        f"{recall_cells(untrained['dot'])} | | |",
-        f"| untrained MiniLM, mean pooling, cosine (the peer's scoring) | "
-        f"{recall_cells(untrained['cosine'])} | | |",
+        "| method | R@1 | R@8 | R@64 | wall s |",
+        "|---|---:|---:|---:|---:|",
+        row(seeds[0].hnce.curve.name, [s.hnce for s in seeds]),
+        row(PEER, [s.peer for s in seeds]),
+        f"| untrained MiniLM, mean pooling, dot product | {recall_cells(untrained['dot'])} | |",
+        f"| untrained MiniLM, mean pooling, cosine | {recall_cells(untrained['cosine'])} | |",
     ]
 
 
-def recall_during_training(runs: Sequence[Trained], peer: Trained) -> list[str]:
-    """The table of every method's recall at each of its checkpoints, with its wall seconds."""
+def reach(curve: Curve, target: float) -> str:
+    """When ``curve`` first reached R@1 ``target`` at one of its checkpoints, or that it did not."""
+    seconds = curve.seconds_to_reach(target)
+    return "not by its last checkpoint" if seconds is None else f"{seconds:.0f} s"
+
+
+def reach_table(seeds: Sequence[SeedRuns]) -> list[str]:
+    """Seed by seed: the peer's final R@1 and wall seconds, and when hnce reached that R@1."""
+    return [
+        "| seed | peer's final R@1 | peer's wall s | hnce reached it at (its checkpoints) |",
+        "|---:|---:|---:|---|",
+        *(
+            f"| {s.seed} | {s.peer.curve.final[1]:.3f} | {s.peer.seconds['total']:.0f} | "
+            f"{reach(s.hnce.curve, s.peer.curve.final[1])} |"
+            for s in seeds
+        ),
+    ]
+
+
+def recall_during_training(seeds: Sequence[SeedRuns]) -> list[str]:
+    """Every method's recall at each of its checkpoints, seed by seed, with its wall seconds."""
     return [
         "Recall during training (wall seconds from each method's start: hnce from the "
-        "`run_training` call, Ray and DeepSpeed start-up included; the peer from loading the "
-        "model, mining included):",
+        "`run_training` call, Ray and DeepSpeed start-up and version 0 included; the peer from "
+        "loading the model, mining included):",
         "",
-        "| method | step | seconds | R@1 | R@8 | R@64 |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| seed | method | step | seconds | R@1 | R@8 | R@64 |",
+        "|---:|---|---:|---:|---:|---:|---:|",
         *(
-            f"| {run.curve.name} | {step} | {secs:.0f} | {recall_cells(recall)} |"
-            for run in [*runs, peer]
+            f"| {s.seed} | {name} | {step} | {secs:.0f} | {recall_cells(recall)} |"
+            for s in seeds
+            for name, run in (("hnce", s.hnce), ("peer", s.peer))
             for secs, step, recall in run.curve.points
         ),
     ]
+
+
+def recall_plot(path: Path, seeds: Sequence[SeedRuns]) -> None:
+    """R@1 against wall seconds, one line per method and seed, the untrained start left out."""
+    with harness.plot(path, figsize=(6.5, 4)) as (_, axis):
+        for s in seeds:
+            for run, colour, name in ((s.hnce, "tab:blue", "hnce"), (s.peer, "tab:orange", "peer")):
+                points = run.curve.points
+                axis.plot(
+                    [secs for secs, _, _ in points],
+                    [recall[1] for _, _, recall in points],
+                    marker="o",
+                    color=colour,
+                    alpha=0.8,
+                    label=name if s.seed == 0 else None,
+                )
+        axis.set_xlabel("wall seconds from the method's start")
+        axis.set_ylabel("held-out R@1")
+        axis.set_title("hnce (demo recipe) vs sentence-transformers, one line per seed")
+        axis.legend()
+
+
+def findings(seeds: Sequence[SeedRuns]) -> list[str]:
+    """Who wins each cutoff by more than the seeds' spread, the wall-clock, and where each
+    method's seconds went (means over the seeds)."""
+    hnce, peer = [s.hnce for s in seeds], [s.peer for s in seeds]
+    lines = []
+    for k in KS:
+        ours = [run.curve.final[k] for run in hnce]
+        theirs = [run.curve.final[k] for run in peer]
+        t = welch_t(ours, theirs)
+        verdict = (
+            "**hnce, beyond the spread**"
+            if t > 2
+            else "**sentence-transformers, beyond the spread**"
+            if t < -2
+            else "within the spread"
+        )
+        lines.append(
+            f"- R@{k}: hnce {spread(ours)} vs peer {spread(theirs)}, Welch's t {t:.1f}: {verdict}."
+        )
+
+    def mean(runs: list[Trained], part: str) -> float:
+        return statistics.mean(run.seconds[part] for run in runs)
+
+    lines.append(
+        f"- Wall-clock to the end of training: hnce {mean(hnce, 'total'):.0f} s vs peer "
+        f"{mean(peer, 'total'):.0f} s (means)."
+    )
+    lines.append(
+        f"- Where hnce's {mean(hnce, 'total'):.0f} s went: {mean(hnce, 'before first step'):.0f} s "
+        f"before its first step (Ray, Ray Train and DeepSpeed start-up, model load, negatives "
+        f"version 0 mined with the starting model), {mean(hnce, 'steps'):.0f} s in its steps "
+        f"({mean(hnce, 'per step'):.2f} s a step, on 1 or 2 threads as the refresh works), "
+        f"{mean(hnce, 'rest'):.0f} s checkpoints, polls and shutdown."
+    )
+    mining = mean(peer, "mine_hard_negatives")
+    steps = peer[0].curve.points[-1][1]
+    lines.append(
+        f"- Where the peer's {mean(peer, 'total'):.0f} s went: {mining:.0f} s loading and "
+        f"mining, {(mean(peer, 'total') - mining) / steps:.2f} s a step on 2 threads."
+    )
+    return lines
 
 
 def product_path_check(run: Trained) -> list[str]:
@@ -101,77 +174,24 @@ def product_path_check(run: Trained) -> list[str]:
     if run.product is None:
         return []
     return [
-        f"Check of the evaluation path: hnce's final export through the product's "
+        f"Check of the evaluation path: seed 0's final hnce export through the product's "
         f"`evaluate_export` (encoder actors + FAISS flat index): {recall_cells(run.product)} "
-        f"(R@1 / R@8 / R@64), against {recall_cells(run.curve.final)} by the exact "
-        f"path.",
+        f"(R@1 / R@8 / R@64), against {recall_cells(run.curve.final)} by the exact path.",
         "",
     ]
 
 
-def recall_findings(runs: Sequence[Trained], peer: Trained) -> list[str]:
-    """Who wins each cutoff and the wall-clock to the end of training, hnce run by hnce run."""
-    lines = []
-    theirs_seconds = peer.seconds["total"]
-    for run in runs:
-        name = run.curve.name.split(" (")[0]
-        for k in KS:
-            ours, theirs = run.curve.final[k], peer.curve.final[k]
-            winner = name if ours > theirs else "sentence-transformers" if theirs > ours else "tie"
-            lines.append(f"- R@{k}: {name} {ours:.3f} vs peer {theirs:.3f}: **{winner}**.")
-        faster = name if run.seconds["total"] < theirs_seconds else "sentence-transformers"
-        lines.append(
-            f"- Wall-clock to the end of training: {name} {run.seconds['total']:.0f} s vs peer "
-            f"{theirs_seconds:.0f} s (of which mining {peer.seconds['mine_hard_negatives']:.0f} "
-            f"s): **{faster}**."
-        )
-    return lines
-
-
-def findings(runs: Sequence[Trained], peer: Trained) -> list[str]:
-    """Plain statements of who wins what, from the measured figures, and where the time went."""
-    lines = recall_findings(runs, peer)
-    for run in runs:
-        parts = run.seconds
-        lines.append(
-            f"- Where {run.curve.name.split(' (')[0]}'s {parts['total']:.0f} s went: "
-            f"{parts['before first step']:.0f} s before its first step (Ray, Ray Train and "
-            f"DeepSpeed start-up, model load, negatives version 0), {parts['steps']:.0f} s in "
-            f"its steps ({parts['per step']:.2f} s a step on 1 thread, the refresh on the other "
-            f"core), {parts['rest']:.0f} s checkpoints, polls and shutdown."
-        )
-    theirs_seconds = peer.seconds["total"]
-    mining, steps = peer.seconds["mine_hard_negatives"], peer.curve.points[-1][1]
-    lines.append(
-        f"- Where the peer's {theirs_seconds:.0f} s went: {mining:.0f} s loading and mining, "
-        f"{(theirs_seconds - mining) / steps:.2f} s a step on 2 threads."
-    )
-    return lines
-
-
-def step_profile(table: str, phases: dict[str, float]) -> list[str]:
-    """The profiled hnce step: seconds of batch assembly vs the rest, and the operator table."""
-    return [
-        f"Profile of one hnce training step (torch.profiler, in-process worker loop, 1 thread as "
-        f"in the run; random negatives before any refresh, same batch shape): batch assembly "
-        f"(Parquet look-ups of the candidates, tokenization, negatives drawn) "
-        f"{phases['batch assembly']:.2f} s, forward + backward + optimizer step "
-        f"{phases['train_micro_batch']:.2f} s per step. Top operators by total CPU time:",
-        "",
-        "```",
-        table.strip(),
-        "```",
-    ]
-
-
-def write_raw(
-    path: Path, untrained: dict[str, Recall], runs: Sequence[Trained], peer: Trained
-) -> None:
-    """The measured figures as JSON: untrained recall, each hnce run and the peer."""
+def write_raw(path: Path, untrained: dict[str, Recall], seeds: Sequence[SeedRuns]) -> None:
+    """The measured figures as JSON: untrained recall, then each seed's two runs."""
     raw = {
         "untrained": untrained,
-        "runs": {run.curve.name: run.__dict__ | {"curve": run.curve.points} for run in runs},
-        "peer": peer.__dict__ | {"curve": peer.curve.points},
+        "seeds": {
+            s.seed: {
+                name: run.__dict__ | {"curve": run.curve.points}
+                for name, run in (("hnce", s.hnce), ("peer", s.peer))
+            }
+            for s in seeds
+        },
     }
     harness.write_json(path, raw)
 
@@ -180,27 +200,30 @@ def write_results(
     out: Path,
     counts: dict[str, int],
     untrained: dict[str, Recall],
-    runs: Sequence[Trained],
-    peer: Trained,
+    seeds: Sequence[SeedRuns],
     total_seconds: float,
-    profile: tuple[str, dict[str, float]],
 ) -> None:
-    """The markdown result file (how it was measured, final recall, recall during training, the
-    product-path check, findings, the step profile); BENCHMARKS.md rebuilt, the file printed."""
+    """The markdown result file and its plot; BENCHMARKS.md rebuilt, the file printed."""
+    plot_path = out.with_suffix(".png")
+    recall_plot(plot_path, seeds)
     lines = [
         "# Against the peer: sentence-transformers vs `hnce train` (WordNet demo subset)",
         "",
-        how_measured(counts, total_seconds),
+        how_measured(counts, len(seeds), total_seconds),
         "",
-        *final_recall_table(runs, peer, untrained),
+        *final_recall_table(seeds, untrained),
         "",
-        *recall_during_training(runs, peer),
+        "When hnce's run first reached the peer's final R@1 (the same seed's):",
         "",
-        *product_path_check(runs[0]),
+        *reach_table(seeds),
+        "",
         "Findings:",
         "",
-        *findings(runs, peer),
+        *findings(seeds),
         "",
-        *step_profile(*profile),
+        *product_path_check(seeds[0].hnce),
+        *recall_during_training(seeds),
+        "",
+        f"![held-out R@1 against wall seconds, each seed]({plot_path.name})",
     ]
     harness.write_result(out, lines)
