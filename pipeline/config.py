@@ -281,12 +281,18 @@ class DemoSettings:
     The catalogue holds ``catalogue_entities`` synsets (0: all 117,659): every gold, then the
     other senses of the golds' lemmas (the ambiguous senses, the hard distractors; held-out
     mentions first), then random synsets.
+
+    ``curve_every``: besides its final checkpoint, each training run's checkpoints at every
+    ``curve_every`` steps are evaluated after it, so the demo prints and plots recall against
+    wall-clock (0: the final checkpoint only). A multiple of ``training.checkpoint_every`` whose
+    checkpoints the run keeps (``training.keep_checkpoints``); ``hnce demo`` checks both.
     """
 
     wordnet_dir: Text = "/usr/share/wordnet"
     catalogue_entities: NonNegativeInt = 10000
     train_mentions: NonNegativeInt = 2000
     eval_mentions: NonNegativeInt = 500
+    curve_every: NonNegativeInt = 0
 
 
 @settings

@@ -6,7 +6,9 @@
    held-out test mentions, a catalogue of every synset sharing a lemma with their golds (the
    ambiguous senses) plus random synsets.
 3. Evaluate the untrained encoder, train with random negatives, train with mixed-50 negatives
-   on the asynchronous refresh, evaluate each; print recall@1/@64 and write JSON.
+   on the asynchronous refresh, evaluate each (its checkpoints at every ``demo.curve_every``
+   steps too); print recall@k, recall against each run's wall-clock, write JSON and plot the
+   curves (``demo_recall.png``).
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ import json
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from hnce.cluster.compute.index_build import IndexedModel
 from hnce.cluster.compute.recall import RecallReport
-from hnce.cluster.stores.checkpoints import EXPORT_DIR, newest_checkpoint
+from hnce.cluster.stores.checkpoints import EXPORT_DIR, checkpoint_dir, is_complete
+from hnce.cluster.stores.files import AtomicPath, atomic_write_text
 from hnce.cluster.stores.tables import MANIFEST_FILE
 from hnce.pipeline.config import Config
 from hnce.pipeline.data.conversion import DatasetOutput
@@ -28,8 +31,23 @@ from hnce.pipeline.data.demo_subset import write_demo_subset
 from hnce.pipeline.data.wordnet import convert_wordnet
 from hnce.pipeline.evaluate import evaluate_export, evaluate_model
 from hnce.pipeline.metrics import format_table, write_reports
+from hnce.pipeline.train.events import read_events
 from hnce.pipeline.train.model import untrained_export
 from hnce.pipeline.train.trainer import TrainingSummary, run_training
+
+CURVE_FILE = "demo_curves.json"
+PLOT_FILE = "demo_recall.png"
+
+
+@dataclass
+class CurvePoint:
+    """A training run's recall at one checkpoint, with the wall seconds from the run's start to
+    the checkpoint's publication (step 0, second 0: the untrained model)."""
+
+    run: str
+    step: int
+    seconds: float
+    recall: dict[int, float]
 
 
 @dataclass
@@ -38,6 +56,7 @@ class DemoResult:
     trainings: dict[str, TrainingSummary]
     counts: dict[str, int]
     seconds: dict[str, float]
+    curve: list[CurvePoint]
 
 
 def demo_dataset(config: Config) -> tuple[Config, dict[str, int]]:
@@ -68,10 +87,11 @@ def run_demo(config: Config, announce: Callable[[str], None] = lambda _: None) -
     ``announce`` receives the table so far after each evaluation (the CLI prints it).
     """
     work_dir = config.run_dir
+    steps = curve_steps(config)
     seconds: dict[str, float] = {}
-    started = time.perf_counter()
+    started_all = time.perf_counter()
     base, counts = demo_dataset(config)
-    seconds["data"] = time.perf_counter() - started
+    seconds["data"] = time.perf_counter() - started_all
 
     reports: list[RecallReport] = []
     mark = time.perf_counter()
@@ -89,26 +109,121 @@ def run_demo(config: Config, announce: Callable[[str], None] = lambda _: None) -
         f"mixed-{round(100 * base.negatives.mixed.hard_fraction)}": base,
     }
     trainings: dict[str, TrainingSummary] = {}
+    curve: list[CurvePoint] = []
     for name, variant in variants.items():
         run_dir = work_dir / "runs" / name
         if run_dir.exists():
             shutil.rmtree(run_dir)
         variant = replace(variant, run=replace(variant.run, dir=str(run_dir)))
-        mark = time.perf_counter()
+        mark, started = time.perf_counter(), time.time()
         trainings[name] = run_training(variant)
         seconds[f"train {name}"] = time.perf_counter() - mark
-        newest = newest_checkpoint(run_dir)
-        if newest is None:
-            raise RuntimeError(f"{run_dir}: training finished without a complete checkpoint")
         mark = time.perf_counter()
-        reports.append(evaluate_export(base, newest[1] / EXPORT_DIR, f"trained, {name}"))
+        points = training_curve(
+            name,
+            run_dir,
+            started,
+            steps,
+            lambda export, label: evaluate_export(base, export, label),
+        )
+        reports.append(points[-1][1])
+        curve += [CurvePoint(name, 0, 0.0, reports[0].recall)] + [p for p, _ in points]
         seconds[f"eval {name}"] = time.perf_counter() - mark
         announce(f"{name}: {trainings[name].line()}\n{format_table(reports)}")
-    seconds["total"] = time.perf_counter() - started
-    result = DemoResult(reports, trainings, counts, seconds)
+    seconds["total"] = time.perf_counter() - started_all
+    result = DemoResult(reports, trainings, counts, seconds, curve)
     write_reports(reports, work_dir / "demo_results.json")
     (work_dir / "demo_timings.json").write_text(json.dumps(seconds, indent=2) + "\n")
+    atomic_write_text(work_dir / CURVE_FILE, json.dumps([asdict(p) for p in curve], indent=2))
+    plot_curve(curve, work_dir / PLOT_FILE)
     return result
+
+
+def curve_steps(config: Config) -> list[int]:
+    """The checkpoints of each run evaluated besides the final one: every ``demo.curve_every``
+    steps. ConfigError when a run does not write them or does not keep them to its end."""
+    every, training = config.demo.curve_every, config.training
+    if every == 0:
+        return []
+    if every % training.checkpoint_every:
+        raise config.error(
+            "demo.curve_every",
+            f"({every}) must be a multiple of 'training.checkpoint_every' "
+            f"({training.checkpoint_every}): the curve evaluates checkpoints",
+        )
+    oldest_kept = training.steps - (training.keep_checkpoints - 1) * training.checkpoint_every
+    if every < oldest_kept:
+        raise config.error(
+            "demo.curve_every",
+            f"({every}) asks for the checkpoint of step {every}, but a run of "
+            f"{training.steps} steps keeps only its newest {training.keep_checkpoints} "
+            f"('training.keep_checkpoints'), from step {oldest_kept} on: raise "
+            f"'training.keep_checkpoints' or 'demo.curve_every'",
+        )
+    return list(range(every, training.steps, every))
+
+
+def training_curve(
+    name: str,
+    run_dir: Path,
+    started: float,
+    steps: list[int],
+    evaluate: Callable[[Path, str], RecallReport],
+) -> list[tuple[CurvePoint, RecallReport]]:
+    """Run ``name``'s checkpoints at ``steps`` and its final one, each evaluated by
+    ``evaluate(export directory, report name)``, with the wall seconds from ``started`` (the
+    run's start, epoch seconds) to its publication in the run's event log; RuntimeError naming
+    the checkpoint when one is missing."""
+    published = {
+        int(e["step"]): float(e["time"]) - started for e in read_events(run_dir, "checkpoint")
+    }
+    if not published:
+        raise RuntimeError(f"{run_dir}: training finished without a complete checkpoint")
+    points = []
+    final = max(published)
+    for step in [*steps, final]:
+        directory = checkpoint_dir(run_dir, step)
+        if step not in published or not is_complete(directory):
+            raise RuntimeError(f"{directory}: no complete checkpoint to evaluate for the curve")
+        label = f"trained, {name}" if step == final else f"{name}, step {step}"
+        report = evaluate(directory / EXPORT_DIR, label)
+        points.append((CurvePoint(name, step, published[step], report.recall), report))
+    return points
+
+
+def plot_curve(curve: list[CurvePoint], out: Path) -> Path:
+    """Held-out R@k against wall seconds, one line per run, one panel per k (the first and the
+    last of ``eval.ks``), into the PNG ``out``, published atomically."""
+    from matplotlib.figure import Figure  # no pyplot: no display, no global state
+
+    ks = sorted(curve[0].recall)
+    ks = sorted({ks[0], ks[-1]})
+    runs = list(dict.fromkeys(p.run for p in curve))
+    figure = Figure(figsize=(5 * len(ks), 3.6), layout="constrained")
+    for axis, k in zip(figure.subplots(1, len(ks), squeeze=False)[0], ks, strict=True):
+        for run in runs:
+            points = [p for p in curve if p.run == run]
+            axis.plot(
+                [p.seconds for p in points], [p.recall[k] for p in points], marker="o", label=run
+            )
+        axis.set_xlabel("seconds from the training run's start")
+        axis.set_ylabel(f"held-out R@{k}")
+        axis.legend()
+    figure.suptitle("hnce demo: recall against wall-clock")
+    with AtomicPath(out) as temporary:
+        figure.savefig(temporary, format="png", dpi=100)
+    return out
+
+
+def curve_table(curve: list[CurvePoint]) -> str:
+    """Recall against wall-clock, one line per run and checkpoint."""
+    ks = sorted(curve[0].recall)
+    header = f"{'run':<12}{'step':>6}{'seconds':>9}" + "".join(f"{'R@' + str(k):>8}" for k in ks)
+    rows = [
+        f"{p.run:<12}{p.step:>6}{p.seconds:>9.0f}" + "".join(f"{p.recall[k]:>8.3f}" for k in ks)
+        for p in curve
+    ]
+    return "\n".join([header, *rows])
 
 
 def demo_table(result: DemoResult) -> str:
@@ -125,6 +240,9 @@ def demo_summary(result: DemoResult, work_dir: Path) -> str:
         f"{counts['entities']} synsets in the catalogue",
         demo_table(result),
         *(f"{name}: {training.line()}" for name, training in result.trainings.items()),
+        "recall against wall-clock (seconds from each training run's start to the checkpoint):",
+        curve_table(result.curve),
+        f"plot: {work_dir / PLOT_FILE}",
         "timings: " + ", ".join(f"{k} {v:.0f}s" for k, v in result.seconds.items()),
         f"results: {work_dir / 'demo_results.json'}",
     ]
