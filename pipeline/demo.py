@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from collections.abc import Callable
@@ -23,14 +22,14 @@ from pathlib import Path
 from hnce.cluster.compute.index_build import IndexedModel
 from hnce.cluster.compute.recall import RecallReport
 from hnce.cluster.stores.checkpoints import EXPORT_DIR, checkpoint_dir, is_complete
-from hnce.cluster.stores.files import AtomicPath, atomic_write_text
+from hnce.cluster.stores.files import AtomicPath
 from hnce.cluster.stores.tables import MANIFEST_FILE
 from hnce.pipeline.config import Config
 from hnce.pipeline.data.conversion import DatasetOutput
 from hnce.pipeline.data.demo_subset import write_demo_subset
 from hnce.pipeline.data.wordnet import convert_wordnet
 from hnce.pipeline.evaluate import evaluate_export, evaluate_model
-from hnce.pipeline.metrics import format_table, write_reports
+from hnce.pipeline.metrics import format_table, write_json_report, write_reports
 from hnce.pipeline.train.events import read_events
 from hnce.pipeline.train.model import untrained_export
 from hnce.pipeline.train.trainer import TrainingSummary, run_training
@@ -133,8 +132,8 @@ def run_demo(config: Config, announce: Callable[[str], None] = lambda _: None) -
     seconds["total"] = time.perf_counter() - started_all
     result = DemoResult(reports, trainings, counts, seconds, curve)
     write_reports(reports, work_dir / "demo_results.json")
-    (work_dir / "demo_timings.json").write_text(json.dumps(seconds, indent=2) + "\n")
-    atomic_write_text(work_dir / CURVE_FILE, json.dumps([asdict(p) for p in curve], indent=2))
+    write_json_report(work_dir / "demo_timings.json", seconds)
+    write_json_report(work_dir / CURVE_FILE, [asdict(p) for p in curve])
     plot_curve(curve, work_dir / PLOT_FILE)
     return result
 
