@@ -257,11 +257,19 @@ def _torch_threads(pool: EncoderPool) -> list[int]:
     return ray.get([a.__ray_call__.remote(lambda _: torch.get_num_threads()) for a in pool.actors])
 
 
+def _wait_for_free_cpus(cpus: int, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while ray.available_resources().get("CPU", 0) < cpus:
+        assert time.monotonic() < deadline, ray.available_resources()
+        time.sleep(0.1)
+
+
 def test_a_pool_with_no_trainer_beside_it_shares_the_free_cpus_and_a_refresh_pool_keeps_its_own(
     ray_session, assets
 ) -> None:
     """Version 0, evaluation and linking (``free_cpus``) split the CPUs Ray has free among the
-    actors, each on as many torch threads as its node has cores; a refresh beside a trainer
+    actors, each on as many torch threads as its node has cores, leaving those of a trainer that
+    starts beside them (``reserved_cpus``: version 0 of ``hnce train``); a refresh beside a trainer
     keeps ``refresh.encoder_cpus``, plus the threads a waiting (sync) trainer lends it, on the
     same CPU request."""
     free = int(ray.available_resources()["CPU"])
@@ -275,6 +283,12 @@ def test_a_pool_with_no_trainer_beside_it_shares_the_free_cpus_and_a_refresh_poo
     lent = EncoderPoolSettings(num_encoders=1, lent_threads=1)
     with EncoderPool(assets["dual"], lent) as pool:
         assert pool.request == {"CPU": 1.0} and _torch_threads(pool) == [min(2, node_cores())]
+    # version 0 of `hnce train`: a trainer asking for 1 CPU starts beside it, lending 1 thread
+    _wait_for_free_cpus(free)  # the pools above are released asynchronously
+    beside = EncoderPoolSettings(num_encoders=1, free_cpus=True, reserved_cpus=1, lent_threads=1)
+    with EncoderPool(assets["dual"], beside) as pool:
+        assert pool.request == {"CPU": 3.0}
+        assert _torch_threads(pool) == [min(4, node_cores())]
     plan = _config(assets["root"] / "plan", assets["data"])
     assert plan.pool_settings(alone=True).free_cpus and not plan.pool_settings().free_cpus
     plan = dataclasses.replace(plan, lent_threads=1)

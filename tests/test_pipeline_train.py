@@ -322,7 +322,7 @@ def test_sync_refreshes_hold_training_until_their_negatives_are_live(
     tmp_path: Path, dataset: Path, tiny_model_dir: Path, ray_session: str
 ) -> None:
     """``refresh.mode: sync`` with ``negatives.initial: model``: negatives version 0 comes from
-    the starting model before step 0, and at every ``sync_every`` steps training waits for the
+    the starting model, prepared while the workers start, before step 0, and at every ``sync_every`` steps training waits for the
     negatives of that very checkpoint (lag 0), as the paper's own code does. The checkpoints in
     between (every ``checkpoint_every``) are kept for resuming and never refreshed, so every
     refresh runs while the trainer waits and can take its cores."""
@@ -340,6 +340,11 @@ def test_sync_refreshes_hold_training_until_their_negatives_are_live(
         "refresh.poll_seconds=0.2",
     )
     run_training(config)
+    # version 0 was prepared while the workers started, and the first step waited for it
+    [ready] = read_events(run_dir, "initial_negatives")
+    assert ready["initial"] == "model" and "error" not in ready
+    [waited] = read_events(run_dir, "initial_negatives_wait")
+    assert waited["step"] == 0
     switches = read_events(run_dir, "negatives")
     assert [(s["step"], s["checkpoint_step"], s["lag"]) for s in switches] == [
         (0, 0, 0),
@@ -354,3 +359,40 @@ def test_sync_refreshes_hold_training_until_their_negatives_are_live(
     assert refreshed <= {8, 16, 24}, refreshed
     steps = read_events(run_dir, "step")
     assert all(e["negatives_version"] == (e["step"] - 1) // 8 for e in steps), steps
+
+
+@pytest.mark.timeout(240)  # workers that ignored the failure would wait for version 0 forever
+def test_a_failing_version_zero_stops_the_waiting_workers_and_reaches_the_driver(
+    tmp_path: Path,
+    dataset: Path,
+    tiny_model_dir: Path,
+    ray_session: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Negatives version 0 is prepared in the driver while Ray Train starts the workers, which
+    hold their first step for it: when it fails, the workers stand down without a step (no
+    random-negative training in its place, no worker restarts) and ``run_training`` raises its
+    error."""
+    import hnce.pipeline.train.version_zero as version_zero
+
+    def fail(config: Config, initial: str, trainer: object = None) -> None:
+        raise OSError(f"planted: {initial} negatives version 0 unreadable")
+
+    monkeypatch.setattr(version_zero, "prepare_initial_negatives", fail)
+    run_dir = tmp_path / "run"
+    config = synthetic_config(
+        run_dir,
+        dataset,
+        tiny_model_dir,
+        "training.steps=8",
+        "training.max_failures=1",
+        "negatives.initial=model",
+        "refresh.poll_seconds=0.2",
+    )
+    with pytest.raises(OSError, match="planted: model negatives version 0 unreadable"):
+        run_training(config)
+    assert read_events(run_dir, "start"), "the workers started"
+    assert not read_events(run_dir, "step") and not read_events(run_dir, "end")
+    assert not read_events(run_dir, "initial_negatives_wait")
+    [failed] = read_events(run_dir, "initial_negatives")
+    assert failed["error"] == "OSError: planted: model negatives version 0 unreadable"

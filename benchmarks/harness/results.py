@@ -41,6 +41,7 @@ SECTION_ORDER = (
     "cluster_scale",
     "cluster_scale_1024",
     "pipeline_demo",
+    "demo_seeds",
     "pipeline_refresh_overlap",
     "full_scale",
     "wordnet_comparison",

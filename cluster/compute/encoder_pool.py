@@ -384,18 +384,21 @@ class EncoderPoolSettings:
 
     `num_encoders` 0 means one per `hnce_encoder` slot when the cluster advertises them, else one
     per GPU, or 1 without GPUs. `num_threads` is each CPU actor's torch threads (and CPUs asked);
-    with `free_cpus`, for a pool that runs with no trainer beside it (version 0, evaluation,
-    linking), each CPU actor instead takes an equal share of the CPUs Ray has free, at least
-    `num_threads`. `lent_threads`: torch threads a trainer that waits for this pool lends it
-    (``refresh.mode: sync`` with ``training.cores: handover``), shared among the CPU actors on
-    top of the CPUs they ask for. `wait_floor_seconds` is the least time any wait on an actor
-    may take before it is reported as hung (`hnce.cluster.compute.actors.TaskClock`).
+    with `free_cpus`, for a pool that runs with no trainer training beside it (version 0,
+    evaluation, linking), each CPU actor instead takes an equal share of the CPUs Ray has free
+    less `reserved_cpus` (those of a trainer that starts beside it and is not placed yet: version
+    0 of ``hnce train``), at least `num_threads`. `lent_threads`: torch threads a trainer that
+    waits for this pool lends it (``refresh.mode: sync`` with ``training.cores: handover``, or
+    version 0 of ``hnce train``), shared among the CPU actors on top of the CPUs they ask for.
+    `wait_floor_seconds` is the least time any wait on an actor may take before it is reported
+    as hung (`hnce.cluster.compute.actors.TaskClock`).
     """
 
     num_encoders: int = 0
     batch_size: int = 64
     num_threads: int = 1
     free_cpus: bool = False
+    reserved_cpus: float = 0.0
     lent_threads: int = 0
     wait_floor_seconds: float = 900.0
     faiss_device: DeviceRequest = "auto"
@@ -467,7 +470,8 @@ class EncoderPool:
         if not self.settings.free_cpus or slots:
             return self.settings.num_threads, "refresh.encoder_cpus"
         largest = max(node["Resources"].get("CPU", 0) for node in ray.nodes() if node["Alive"])
-        free = int(min(ray.available_resources().get("CPU", 0) / self.num_encoders, largest))
+        available = ray.available_resources().get("CPU", 0) - self.settings.reserved_cpus
+        free = int(min(available / self.num_encoders, largest))
         if free <= self.settings.num_threads:
             return self.settings.num_threads, "refresh.encoder_cpus; no more CPUs free"
         return free, "no trainer beside it: an equal share of the CPUs Ray has free"

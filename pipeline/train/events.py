@@ -1,9 +1,11 @@
 """The run's event log ``<run>/train_log.jsonl``: one JSON object per line.
 
-Events: ``launch`` (the driver, as it hands over to Ray Train: the seconds it spent starting Ray,
-preparing negatives version 0 and starting the refresh coordinator), ``start`` and ``resume``
-(rank 0 before its first step, with the seconds each worker set-up stage took: process group,
-model, engine, data), ``step`` (loss, learning rate, negatives version and lag), ``negatives``
+Events: ``launch`` (the driver, as it hands over to Ray Train: the seconds it spent starting Ray
+and the refresh coordinator), ``initial_negatives`` (the driver, when negatives version 0, which
+it prepares while Ray Train starts the workers, is ready or has failed: its seconds, and the error),
+``start`` and ``resume`` (rank 0 after its set-up, with the seconds each worker set-up stage took:
+process group, model, engine, data), ``initial_negatives_wait`` (rank 0, how long its first step
+waited for version 0), ``step`` (loss, learning rate, negatives version and lag), ``negatives``
 (switch to a newer version, with its lag in steps), ``checkpoint`` (published),
 ``refresh_failed`` and ``refresh_stop`` (``hnce.pipeline.train.refresh_health``), ``refresh`` (a
 published refresh that rank 0 read in the refresh log, with its duration), ``end``.

@@ -10,6 +10,10 @@ a launched cluster) never wait for it (docs/refresh.md). A worker failure restar
 up to ``training.max_failures`` times; the new group resumes from the newest complete checkpoint
 (``FailureConfig`` + the checkpoint pointer each publish reports to Ray Train).
 
+Negatives version 0 (``negatives.initial`` lexical or model) is prepared in a driver thread while
+Ray Train starts the workers, which hold their first step until it is published
+(:class:`~hnce.pipeline.train.version_zero.VersionZeroBeside`).
+
 The driver can run many trainings in one process: Ray is started once (``init_ray`` is a no-op
 when it is up) and nothing of a run stays behind in the driver but its run directory.
 """
@@ -40,7 +44,7 @@ from hnce.pipeline.train.progress import follow_progress
 from hnce.pipeline.train.refresh_health import raise_if_stopped
 from hnce.pipeline.train.refresh_supervisor import refresh_plan, start_refresh, stop_refresh
 from hnce.pipeline.train.task import TrainingTask
-from hnce.pipeline.train.version_zero import prepare_initial_negatives
+from hnce.pipeline.train.version_zero import TrainerBeside, VersionZeroBeside
 from hnce.pipeline.train.worker import train_loop_per_worker
 
 logger = logging.getLogger(__name__)
@@ -80,13 +84,21 @@ class TrainingSummary:
         )
 
 
-def _worker_config(config: Config, task: TrainingTask, cores: CoresMode) -> dict[str, Any]:
-    """What every worker gets: the config (paths made absolute), the task and the resolved
-    ``training.cores``."""
+def _worker_config(
+    config: Config, task: TrainingTask, cores: CoresMode, initial_negatives_since: float | None
+) -> dict[str, Any]:
+    """What every worker gets: the config (paths made absolute), the task, the resolved
+    ``training.cores`` and, when the driver prepares negatives version 0 beside the workers'
+    start-up, the driver's start (the workers wait for it from then)."""
     tree = config.to_dict()
     tree["run"]["dir"] = str(config.run_dir.resolve())
     tree["data"]["root"] = str(Path(config.data.root).resolve())
-    return {"config": tree, "task": task.to_dict(), "cores": cores}
+    return {
+        "config": tree,
+        "task": task.to_dict(),
+        "cores": cores,
+        "initial_negatives_since": initial_negatives_since,
+    }
 
 
 def run_training(config: Config) -> TrainingSummary:
@@ -97,7 +109,9 @@ def run_training(config: Config) -> TrainingSummary:
     return run_task(config, TrainingTask.retriever(config))
 
 
-def _trainer(config: Config, task: TrainingTask, cores: CoresMode) -> TorchTrainer:
+def _trainer(
+    config: Config, task: TrainingTask, cores: CoresMode, initial_negatives_since: float | None
+) -> TorchTrainer:
     """Ray Train's trainer for ``task``: one worker per ``num_workers``, each with its CPUs, a
     GPU when ``cluster.use_gpu`` (NCCL; gloo without), and the ``hnce_trainer`` resource."""
     settings = task.settings(config)
@@ -109,7 +123,7 @@ def _trainer(config: Config, task: TrainingTask, cores: CoresMode) -> TorchTrain
     )
     return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config=_worker_config(config, task, cores),
+        train_loop_config=_worker_config(config, task, cores, initial_negatives_since),
         scaling_config=scaling,
         torch_config=TorchConfig(backend="nccl" if config.cluster.use_gpu else "gloo"),
         run_config=RunConfig(
@@ -133,14 +147,20 @@ def run_task(config: Config, task: TrainingTask) -> TrainingSummary:
         config.refresh.num_encoders * config.refresh.encoder_cpus if encoders else 0
     )
     seconds: dict[str, float] = {}
+    since = time.time()
     with timed(seconds, "ray"):
         init_ray(config.cluster, cpus_needed)
-    with timed(seconds, "initial negatives"):
-        prepare_initial_negatives(config, initial)
     nodes = sum(1 for node in ray.nodes() if node["Alive"])
     cores, why = resolve_cores(settings.cores, nodes, config.cluster.use_gpu)
     logger.info("training cores: %s (%s)", cores, why)
-    trainer = _trainer(config, task, cores)
+    version_zero = None
+    if initial != "random" and refresh_plan(config).negatives_store.current_version() is None:
+        workers, cpus = settings.num_workers, settings.cpus_per_worker
+        lent = threads_lent_to_refresh(cores, True, workers, cpus)
+        trainer_beside = TrainerBeside(cpus=workers * cpus, lent_threads=lent)
+        logger.info("negatives version 0 (%s) is prepared while the workers start", initial)
+        version_zero = VersionZeroBeside(config, initial, trainer_beside).start()
+    trainer = _trainer(config, task, cores, since if version_zero is not None else None)
     coordinator = watch = None
     if with_refresh:
         lent = threads_lent_to_refresh(
@@ -155,7 +175,7 @@ def run_task(config: Config, task: TrainingTask) -> TrainingSummary:
     follower = threading.Thread(
         target=follow_progress, args=(task.run_dir, settings.steps, done), daemon=True
     )
-    started, since = time.perf_counter(), time.time()
+    started = time.perf_counter()
     follower.start()
     try:
         fit_interruptibly(trainer, task.run_dir)
@@ -165,6 +185,8 @@ def run_task(config: Config, task: TrainingTask) -> TrainingSummary:
         status: dict[str, Any] = {}
         if coordinator is not None:
             status = stop_refresh(coordinator, watch)
+    if version_zero is not None:
+        version_zero.raise_if_failed()
     raise_if_stopped(task.run_dir, since)
     raise_if_diverged(task.run_dir, since)
     summary = summarise_run(task.run_dir, time.perf_counter() - started)

@@ -15,11 +15,25 @@ checkpoint.
 The train mentions are then mined against version 0 by the same actors (top-N, docs/stores.md
 negatives version), so the trainer uses hard negatives from its first step instead of random
 ones (docs/refresh.md).
+
+``hnce train`` prepares it while Ray Train starts its controller and workers
+(:class:`VersionZeroBeside`). The encoder actors share the CPUs Ray has free less those the
+trainer's workers ask for, plus the threads the waiting trainer lends them under
+``training.cores: handover``, and the workers hold their first step until version 0 is published.
+Where the encoders have devices of their own, Ray Train's start-up is hidden behind version 0; on
+2 shared cores the start-up itself keeps both cores busy, and the first step comes only about 3 s
+sooner (BENCHMARKS.md, "From `hnce train` to its first step"). A failure is logged the moment it
+happens and written to the run's event log as an ``initial_negatives`` event with its error; the
+workers read it there and stand down without training, and the driver raises the error.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from hnce.cluster.compute.encoder_pool import EncoderPool, read_encodings
@@ -38,11 +52,16 @@ from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit, catal
 from hnce.cluster.stores.tokens import TokenStore
 from hnce.encoders.errors import InputError
 from hnce.pipeline.config import Config
+from hnce.pipeline.train.events import EventLog, read_events
 from hnce.pipeline.train.model import untrained_export
 from hnce.pipeline.train.refresh_supervisor import refresh_plan
 
+logger = logging.getLogger(__name__)
+
 INITIAL_VERSION = 0
 INITIAL_STEP = 0
+#: the driver's event when negatives version 0 is ready or has failed (``error`` then set)
+INITIAL_NEGATIVES_EVENT = "initial_negatives"
 
 
 def check_encodings(path: Path, model: IndexedModel, num_entities: int) -> None:
@@ -74,9 +93,12 @@ def prepare_version_zero(
     model: IndexedModel,
     train_split: str,
     encodings: Path | None = None,
+    trainer_cpus: float = 0.0,
 ) -> IndexVersion | None:
     """Index and train negatives version 0 of the imported `model` (kept when the run already
-    has them); None when a resumed run's retention has already removed version 0."""
+    has them); None when a resumed run's retention has already removed version 0. Its encoder
+    actors share the CPUs Ray has free, less `trainer_cpus` (a trainer starting beside them),
+    and run the plan's lent threads on top."""
     store, negatives = plan.index_store, plan.negatives_store
     versions = store.versions()
     if versions and INITIAL_VERSION not in versions:
@@ -85,7 +107,10 @@ def prepare_version_zero(
     if encodings is not None:
         check_encodings(encodings, model, len(EntityCatalogue.open(plan.data_dir)))
     encode = plan.data_dir if encodings is None else None
-    pool, tokens = start_pool(model, plan.pool_settings(alone=True), encode, {})
+    settings = dataclasses.replace(
+        plan.pool_settings(alone=True), reserved_cpus=trainer_cpus, lent_threads=plan.lent_threads
+    )
+    pool, tokens = start_pool(model, settings, encode, {})
     with pool:
         if versions:
             version = store.open(INITIAL_VERSION)
@@ -125,11 +150,26 @@ def _build_version_zero(
     return index_entities(pool, builder, plan.index, shard_size, encodings).version
 
 
-def prepare_initial_negatives(config: Config, initial: str) -> None:
+@dataclass(frozen=True)
+class TrainerBeside:
+    """The trainer that starts while version 0 is prepared: the CPUs its workers will ask for
+    (left to it) and the torch threads it lends the encoder actors while it waits for them."""
+
+    cpus: float = 0.0
+    lent_threads: int = 0
+
+
+def prepare_initial_negatives(
+    config: Config, initial: str, trainer: TrainerBeside | None = None
+) -> None:
     """Negatives version 0 of a retriever run from ``initial`` (``negatives.initial``, as the
     task resolves it): nothing for random, BM25's top-N for lexical, the starting model's top-N
-    (index version 0 built by the encoder actors) for model. A run that has it keeps it."""
+    (index version 0 built by the encoder actors) for model. A run that has it keeps it.
+
+    ``trainer``: the trainer that starts beside the encoder actors (None: nothing else runs)."""
     plan = refresh_plan(config)
+    trainer = trainer or TrainerBeside()
+    plan = dataclasses.replace(plan, lent_threads=trainer.lent_threads)
     if initial == "lexical":
         lexical = config.negatives.lexical
         publish_lexical_negatives(
@@ -142,4 +182,58 @@ def prepare_initial_negatives(config: Config, initial: str) -> None:
         )
     elif initial == "model":
         starting_model = IndexedModel.from_export(untrained_export(config))
-        prepare_version_zero(plan, starting_model, config.data.train_split)
+        split = config.data.train_split
+        prepare_version_zero(plan, starting_model, split, trainer_cpus=trainer.cpus)
+
+
+class VersionZeroBeside:
+    """Negatives version 0 prepared in a driver thread while Ray Train starts the workers (module
+    docs). :meth:`raise_if_failed` after the workers have stood down raises its error."""
+
+    def __init__(self, config: Config, initial: str, trainer: TrainerBeside) -> None:
+        self.run_dir = config.run_dir
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(
+            target=self._prepare,
+            args=(config, initial, trainer),
+            name="negatives-version-0",
+            daemon=True,
+        )
+
+    def start(self) -> VersionZeroBeside:
+        self.thread.start()
+        return self
+
+    def _prepare(self, config: Config, initial: str, trainer: TrainerBeside) -> None:
+        started = time.perf_counter()
+        try:
+            prepare_initial_negatives(config, initial, trainer)
+        except BaseException as error:  # raised in the driver's thread by raise_if_failed
+            self.error = error
+            logger.error("negatives version 0 (%s) failed: %s", initial, error)
+            EventLog(self.run_dir).write(
+                INITIAL_NEGATIVES_EVENT,
+                initial=initial,
+                seconds=time.perf_counter() - started,
+                error=f"{type(error).__name__}: {error}",
+            )
+            return
+        seconds = time.perf_counter() - started
+        logger.info("negatives version 0 (%s) ready in %.1fs", initial, seconds)
+        EventLog(self.run_dir).write(INITIAL_NEGATIVES_EVENT, initial=initial, seconds=seconds)
+
+    def raise_if_failed(self) -> None:
+        """Wait for the thread and raise what it raised, if anything."""
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
+def initial_negatives_error(run_dir: Path, since: float) -> str | None:
+    """The error of negatives version 0 prepared beside the workers by the driver that started
+    at ``since`` (an ``initial_negatives`` event of this launch), None while it is not known to
+    have failed."""
+    for event in read_events(run_dir, INITIAL_NEGATIVES_EVENT):
+        if event["time"] >= since and event.get("error"):
+            return str(event["error"])
+    return None

@@ -74,6 +74,7 @@ from hnce.pipeline.train.refresh_health import RefreshHealth
 from hnce.pipeline.train.staleness import STALE_EVENT, StalenessMonitor
 from hnce.pipeline.train.step import ContrastiveScoring, train_micro_batch
 from hnce.pipeline.train.task import TrainingTask
+from hnce.pipeline.train.version_zero import initial_negatives_error
 
 logger = logging.getLogger(__name__)
 
@@ -218,15 +219,26 @@ class WorkerRun:
         )
         self.start_step = 0
         self.setup_seconds: dict[str, float] = {}
+        self.initial_negatives_since: float | None = None
 
     @classmethod
-    def start(cls, config: Config, task: TrainingTask, cores: CoresMode) -> WorkerRun:
-        """Inside a Ray Train worker: its device, world size and reported checkpoint."""
+    def start(
+        cls,
+        config: Config,
+        task: TrainingTask,
+        cores: CoresMode,
+        initial_negatives_since: float | None = None,
+    ) -> WorkerRun:
+        """Inside a Ray Train worker: its device, world size and reported checkpoint;
+        ``initial_negatives_since``: the start of the driver that prepares negatives version 0
+        beside the workers' start-up (:meth:`wait_for_initial_negatives`), None when it is ready."""
         device = worker_device(config.cluster.use_gpu)
         world_size = ray.train.get_context().get_world_size()
-        return cls.build(
+        run = cls.build(
             config, task, device, world_size, report_checkpoint, reported_checkpoint_step(), cores
         )
+        run.initial_negatives_since = initial_negatives_since
+        return run
 
     @classmethod
     def build(
@@ -336,6 +348,8 @@ class WorkerRun:
         """Steps from the resume point to ``steps``: poll, micro-batches, log, checkpoint."""
         self.engine.train()
         loss = float("nan")
+        if self.initial_negatives_since is not None and self.wait_for_initial_negatives():
+            return
         for step in range(self.start_step, self.settings.steps):
             if self.poll_negatives(step):
                 return
@@ -411,6 +425,31 @@ class WorkerRun:
             self.switch_negatives(step)
         if self.log is not None:
             self.log.write("refresh_wait", step=step, seconds=time.perf_counter() - started)
+        return False
+
+    def wait_for_initial_negatives(self) -> bool:
+        """Hold the first step until negatives version 0, which the driver prepares while Ray
+        Train starts the workers, is live (an ``initial_negatives_wait`` event says how long
+        that took); True when the driver reports that it failed: every rank stands down without
+        training, and the driver raises the error (:mod:`hnce.pipeline.train.version_zero`)."""
+        assert self.initial_negatives_since is not None
+        started = time.perf_counter()
+        source = self.data.source
+        self.switch_negatives(self.start_step)
+        while source.current is None:
+            failed = self.rank == 0 and (
+                initial_negatives_error(self.task.run_dir, self.initial_negatives_since) is not None
+            )
+            if self.collectives.broadcast_int(int(failed)):
+                return True
+            time.sleep(self.config.refresh.poll_seconds)
+            self.switch_negatives(self.start_step)
+        if self.log is not None:
+            self.log.write(
+                "initial_negatives_wait",
+                step=self.start_step,
+                seconds=time.perf_counter() - started,
+            )
         return False
 
     def micro_batch(self, micro_step: int) -> ContrastiveBatch:
@@ -540,7 +579,9 @@ class WorkerRun:
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     """Ray Train entry point: ``{"config": Config.to_dict(), "task": TrainingTask.to_dict(),
-    "cores": the resolved training.cores}``."""
+    "cores": the resolved training.cores, "initial_negatives_since": the driver's start when it
+    prepares negatives version 0 beside the workers, else None}``."""
     config = config_from_dict(loop_config["config"])
     task = TrainingTask.from_dict(loop_config["task"])
-    WorkerRun.start(config, task, loop_config["cores"]).train()
+    since = loop_config["initial_negatives_since"]
+    WorkerRun.start(config, task, loop_config["cores"], since).train()
