@@ -5,7 +5,7 @@ directory under ``--work-dir`` (a seed whose ``demo_results.json`` is there is n
 seed (``run.seed``) draws the WordNet subset and the held-out mentions as well as the data order,
 the negatives and the dropout, so the spread is that of a user re-running the demo with another
 seed. The report: each run's final R@1/R@8/R@64 as mean ± sd, Welch's t of mixed-50 against
-random, R@1 at every evaluated checkpoint (the demo's ``demo.curve_every``), and the demo's
+random, R@1 and R@8 at every evaluated checkpoint (the demo's ``demo.curve_every``), and the demo's
 seconds per stage.
 
     .venv/bin/python -m benchmarks.demo_seeds --seeds 3 --work-dir /work/demo-seeds
@@ -111,7 +111,7 @@ def main() -> None:
     args = harness.parse(parser)
     seeds = [run_seed(Path(args.work_dir), seed) for seed in range(args.seeds)]
     lines = [
-        "# The demo at 3 seeds: mixed-50 against random (benchmarks/demo_seeds.py)",
+        f"# The demo at {args.seeds} seeds: mixed-50 against random (benchmarks/demo_seeds.py)",
         "",
         f"`hnce demo` with configs/demo.yaml as shipped, seeds 0..{args.seeds - 1}, one after the "
         "other on this 2-core machine with nothing else running. The seed draws the WordNet "

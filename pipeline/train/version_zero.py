@@ -88,17 +88,30 @@ def check_encodings(path: Path, model: IndexedModel, num_entities: int) -> None:
         )
 
 
+@dataclass(frozen=True)
+class TrainerBeside:
+    """The trainer that starts while version 0 is prepared: the CPUs its workers will ask for
+    (left to it) and the torch threads it lends the encoder actors while it waits for them."""
+
+    cpus: float = 0.0
+    lent_threads: int = 0
+
+
+#: version 0 with nothing beside it (``hnce refresh --initial``, ``hnce finetune-blink``)
+NO_TRAINER = TrainerBeside()
+
+
 def prepare_version_zero(
     plan: RefreshPlan,
     model: IndexedModel,
     train_split: str,
     encodings: Path | None = None,
-    trainer_cpus: float = 0.0,
+    trainer: TrainerBeside = NO_TRAINER,
 ) -> IndexVersion | None:
     """Index and train negatives version 0 of the imported `model` (kept when the run already
     has them); None when a resumed run's retention has already removed version 0. Its encoder
-    actors share the CPUs Ray has free, less `trainer_cpus` (a trainer starting beside them),
-    and run the plan's lent threads on top."""
+    actors share the CPUs Ray has free less those of the `trainer` starting beside them, and run
+    the threads it lends them on top."""
     store, negatives = plan.index_store, plan.negatives_store
     versions = store.versions()
     if versions and INITIAL_VERSION not in versions:
@@ -108,7 +121,9 @@ def prepare_version_zero(
         check_encodings(encodings, model, len(EntityCatalogue.open(plan.data_dir)))
     encode = plan.data_dir if encodings is None else None
     settings = dataclasses.replace(
-        plan.pool_settings(alone=True), reserved_cpus=trainer_cpus, lent_threads=plan.lent_threads
+        plan.pool_settings(alone=True),
+        reserved_cpus=trainer.cpus,
+        lent_threads=trainer.lent_threads,
     )
     pool, tokens = start_pool(model, settings, encode, {})
     with pool:
@@ -150,26 +165,15 @@ def _build_version_zero(
     return index_entities(pool, builder, plan.index, shard_size, encodings).version
 
 
-@dataclass(frozen=True)
-class TrainerBeside:
-    """The trainer that starts while version 0 is prepared: the CPUs its workers will ask for
-    (left to it) and the torch threads it lends the encoder actors while it waits for them."""
-
-    cpus: float = 0.0
-    lent_threads: int = 0
-
-
 def prepare_initial_negatives(
-    config: Config, initial: str, trainer: TrainerBeside | None = None
+    config: Config, initial: str, trainer: TrainerBeside = NO_TRAINER
 ) -> None:
     """Negatives version 0 of a retriever run from ``initial`` (``negatives.initial``, as the
     task resolves it): nothing for random, BM25's top-N for lexical, the starting model's top-N
     (index version 0 built by the encoder actors) for model. A run that has it keeps it.
 
-    ``trainer``: the trainer that starts beside the encoder actors (None: nothing else runs)."""
+    ``trainer``: the trainer that starts beside the encoder actors (:data:`NO_TRAINER`: none)."""
     plan = refresh_plan(config)
-    trainer = trainer or TrainerBeside()
-    plan = dataclasses.replace(plan, lent_threads=trainer.lent_threads)
     if initial == "lexical":
         lexical = config.negatives.lexical
         publish_lexical_negatives(
@@ -183,7 +187,7 @@ def prepare_initial_negatives(
     elif initial == "model":
         starting_model = IndexedModel.from_export(untrained_export(config))
         split = config.data.train_split
-        prepare_version_zero(plan, starting_model, split, trainer_cpus=trainer.cpus)
+        prepare_version_zero(plan, starting_model, split, trainer=trainer)
 
 
 class VersionZeroBeside:
