@@ -318,6 +318,32 @@ def test_killed_worker_resumes_and_repeats_the_uninterrupted_run(
         assert event["loss"] == same["loss"], event["step"]
 
 
+def test_a_launch_killed_while_ray_train_wrote_its_snapshot_resumes_from_the_newest_checkpoint(
+    tmp_path: Path, dataset: Path, tiny_model_dir: Path, ray_session: str
+) -> None:
+    """Ray Train writes its checkpoint manager's snapshot in place; a launch killed mid-write
+    leaves it empty (as CI once saw), and Ray Train refuses to start from it. The next launch of
+    the same command discards that state and resumes from the newest complete checkpoint."""
+    overrides = (
+        "training.checkpoint_every=2",
+        "negatives.sampler=random",
+        "negatives.source=none",
+        "refresh.enabled=false",
+    )
+    run_dir = tmp_path / "run"
+    run_training(synthetic_config(run_dir, dataset, tiny_model_dir, "training.steps=4", *overrides))
+    snapshots = list((run_dir / "ray").rglob("checkpoint_manager_snapshot.json"))
+    assert len(snapshots) == 1, snapshots
+    snapshots[0].write_bytes(b"")
+
+    config = synthetic_config(run_dir, dataset, tiny_model_dir, "training.steps=6", *overrides)
+    summary = run_training(config)
+
+    assert summary.resumed_from == [4]
+    assert summary.steps == 6
+    assert (checkpoint_dir(run_dir, 6) / "COMPLETE").is_file()
+
+
 def test_sync_refreshes_hold_training_until_their_negatives_are_live(
     tmp_path: Path, dataset: Path, tiny_model_dir: Path, ray_session: str
 ) -> None:

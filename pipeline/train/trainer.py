@@ -8,7 +8,9 @@ or GPUs, and ``hnce_encoder`` on a launched cluster), watching ``<run>/checkpoin
 publishing index and negatives versions; the trainer workers (one ``hnce_trainer`` slot each on
 a launched cluster) never wait for it (docs/refresh.md). A worker failure restarts the worker group
 up to ``training.max_failures`` times; the new group resumes from the newest complete checkpoint
-(``FailureConfig`` + the checkpoint pointer each publish reports to Ray Train).
+(``FailureConfig`` + the checkpoint pointer each publish reports to Ray Train). That pointer
+serves one launch: a new launch resumes from hnce's own newest complete checkpoint and starts
+Ray Train's state afresh (:func:`discard_earlier_launch_state`).
 
 Negatives version 0 (``negatives.initial`` lexical or model) is prepared in a driver thread while
 Ray Train starts the workers, which hold their first step until it is published
@@ -21,6 +23,7 @@ when it is up) and nothing of a run stays behind in the driver but its run direc
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -115,6 +118,9 @@ def _trainer(
     """Ray Train's trainer for ``task``: one worker per ``num_workers``, each with its CPUs, a
     GPU when ``cluster.use_gpu`` (NCCL; gloo without), and the ``hnce_trainer`` resource."""
     settings = task.settings(config)
+    name = f"hnce-{task.kind}-{task.run_dir.name}"
+    storage = task.run_dir / "ray"
+    discard_earlier_launch_state(storage / name)
     resources = custom_resource_request(TRAINER_RESOURCE, ray.cluster_resources())
     scaling = ScalingConfig(
         num_workers=settings.num_workers,
@@ -127,11 +133,26 @@ def _trainer(
         scaling_config=scaling,
         torch_config=TorchConfig(backend="nccl" if config.cluster.use_gpu else "gloo"),
         run_config=RunConfig(
-            name=f"hnce-{task.kind}-{task.run_dir.name}",
-            storage_path=str(task.run_dir / "ray"),
+            name=name,
+            storage_path=str(storage),
             failure_config=FailureConfig(max_failures=settings.max_failures),
         ),
     )
+
+
+def discard_earlier_launch_state(experiment_dir: Path) -> None:
+    """Remove what an earlier launch left of Ray Train's own run state in ``experiment_dir``
+    (its checkpoint manager's snapshot and the checkpoint pointers reported to it).
+
+    That state serves one launch: a worker group Ray Train restarts resumes from the pointer it
+    holds in memory. A new launch resumes from the newest complete checkpoint on disk
+    (:func:`~hnce.pipeline.train.checkpointing.agreed_resume_step`), which is never older than the
+    last pointer reported. Ray Train writes its snapshot in place, so a launch killed mid-write
+    leaves it truncated, and Ray Train then refuses to start (``CheckpointManagerInitializationError``);
+    starting from none makes a killed launch always resumable."""
+    if experiment_dir.exists():
+        logger.info("Ray Train's state of an earlier launch is discarded: %s", experiment_dir)
+        shutil.rmtree(experiment_dir)
 
 
 def run_task(config: Config, task: TrainingTask) -> TrainingSummary:
