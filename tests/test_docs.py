@@ -45,3 +45,17 @@ def test_every_relative_link_of_the_docs_resolves() -> None:
     ]
     assert (REPO / "docs" / "README.md").is_file()
     assert not broken, "\n".join(broken)
+
+
+def test_no_text_file_holds_a_control_character() -> None:
+    """A Python string that meant a LaTeX command (``"\\begin"``) writes a backspace instead of a
+    backslash; Markdown shows the broken formula without a word. Tabs and newlines only."""
+    control = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+    found = [
+        f"{path.relative_to(REPO)}:{number}: {line.strip()!r}"
+        for path in _tracked_files()
+        if path.suffix in {".py", ".md", ".yaml", ".sh", ".toml", ".txt"}
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if control.search(line)
+    ]
+    assert not found, "\n".join(found)
