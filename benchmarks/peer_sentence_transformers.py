@@ -58,7 +58,12 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="also evaluate seed 0's final hnce export through evaluate_export (actors + FAISS)",
     )
-    parser.add_argument("--set", action="append", default=[], help="recipe overrides (smoke runs)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        help="hnce recipe overrides (the result file names them; give it its own --output)",
+    )
     return harness.parse(parser)
 
 
@@ -90,7 +95,7 @@ def main() -> None:
             seeds.append(SeedRuns(seed, hnce, peer_run(setup, hnce.trained, untrained)))
     total = timer.elapsed()
     write_raw(args.output.with_suffix(".json"), untrained_recall, seeds)
-    write_results(args.output, counts, untrained_recall, seeds, total)
+    write_results(args.output, counts, untrained_recall, seeds, total, args.set)
 
 
 if __name__ == "__main__":

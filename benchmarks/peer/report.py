@@ -5,7 +5,7 @@ check; and the raw figures as JSON beside it.
 
 Example::
 
-    write_results(args.output, counts, untrained, seeds, total_seconds)
+    write_results(args.output, counts, untrained, seeds, total_seconds, args.set)
 """
 
 from __future__ import annotations
@@ -27,7 +27,22 @@ def recall_cells(recall: Recall) -> str:
     return " | ".join(f"{recall[k]:.3f}" for k in KS)
 
 
-def how_measured(counts: dict[str, int], seeds: int, total_seconds: float) -> str:
+def hnce_recipe(overrides: Sequence[str]) -> str:
+    """What hnce trained with: the demo recipe as shipped, or with ``--set`` overrides."""
+    shipped = (
+        "mixed-50 on the asynchronous refresh, negatives version 0 mined with the starting model, "
+        "`negatives.share: batch`, `training.cores: auto`: the trainer on both cores while no "
+        "refresh works"
+    )
+    if not overrides:
+        return f"configs/demo.yaml as shipped ({shipped})"
+    changed = ", ".join(f"`{override}`" for override in overrides)
+    return f"configs/demo.yaml ({shipped}) with {changed}"
+
+
+def how_measured(
+    counts: dict[str, int], seeds: int, total_seconds: float, overrides: Sequence[str]
+) -> str:
     """The paragraph on the machine, the data, both methods' settings and the evaluation."""
     return (
         f"Measured by `benchmarks/peer_sentence_transformers.py` ({total_seconds / 60:.1f} min "
@@ -37,9 +52,7 @@ def how_measured(counts: dict[str, int], seeds: int, total_seconds: float) -> st
         f"training never saw, {counts['entities']} synsets; both start from all-MiniLM-L6-v2 "
         f"(mean pooling, as it declares) and train 60 steps × 8 mentions, 8 negatives each, "
         f"lr 5e-5, 6 warm-up steps, cosine scores at temperature 0.05 (the peer's scale 20). "
-        f"hnce: configs/demo.yaml as shipped (mixed-50 on the asynchronous refresh, negatives "
-        f"version 0 mined with the starting model, `negatives.share: batch`, `training.cores: "
-        f"auto`: the trainer on both cores while no refresh works). Peer: `mine_hard_negatives` "
+        f"hnce: {hnce_recipe(overrides)}. Peer: `mine_hard_negatives` "
         f"(top 8 by cosine over the catalogue) once, then MultipleNegativesRankingLoss (in-batch "
         f"+ mined negatives, no-duplicates batches) on the same 480 mentions as hnce's run of "
         f"the same seed, 2 torch threads. Seeds 0..{seeds - 1}: hnce's `run.seed` (data order, "
@@ -202,14 +215,18 @@ def write_results(
     untrained: dict[str, Recall],
     seeds: Sequence[SeedRuns],
     total_seconds: float,
+    overrides: Sequence[str],
 ) -> None:
-    """The markdown result file and its plot; BENCHMARKS.md rebuilt, the file printed."""
+    """The markdown result file and its plot; BENCHMARKS.md rebuilt, the file printed.
+    ``overrides``: the ``--set`` options hnce's recipe ran with (none: as shipped)."""
     plot_path = out.with_suffix(".png")
     recall_plot(plot_path, seeds)
     lines = [
-        "# Against the peer: sentence-transformers vs `hnce train` (WordNet demo subset)",
+        "# Against the peer: sentence-transformers vs `hnce train` (WordNet demo subset"
+        + "".join(f", {override}" for override in overrides)
+        + ")",
         "",
-        how_measured(counts, len(seeds), total_seconds),
+        how_measured(counts, len(seeds), total_seconds, overrides),
         "",
         *final_recall_table(seeds, untrained),
         "",
