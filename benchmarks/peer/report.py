@@ -62,9 +62,12 @@ def how_measured(
     )
 
 
-def final_recall_table(seeds: Sequence[SeedRuns], untrained: dict[str, Recall]) -> list[str]:
+def final_recall_table(
+    seeds: Sequence[SeedRuns], untrained: dict[str, Recall], overrides: Sequence[str]
+) -> list[str]:
     """Each method's final recall and wall seconds, mean ± sd over the seeds, then the untrained
-    model under either scoring."""
+    model under either scoring; hnce's row names the ``--set`` overrides it ran with."""
+    hnce_name = seeds[0].hnce.curve.name + "".join(f", `{override}`" for override in overrides)
 
     def row(name: str, runs: list[Trained]) -> str:
         cells = " | ".join(spread([run.curve.final[k] for run in runs]) for k in KS)
@@ -74,7 +77,7 @@ def final_recall_table(seeds: Sequence[SeedRuns], untrained: dict[str, Recall]) 
     return [
         "| method | R@1 | R@8 | R@64 | wall s |",
         "|---|---:|---:|---:|---:|",
-        row(seeds[0].hnce.curve.name, [s.hnce for s in seeds]),
+        row(hnce_name, [s.hnce for s in seeds]),
         row(PEER, [s.peer for s in seeds]),
         f"| untrained MiniLM, mean pooling, dot product | {recall_cells(untrained['dot'])} | |",
         f"| untrained MiniLM, mean pooling, cosine | {recall_cells(untrained['cosine'])} | |",
@@ -228,7 +231,7 @@ def write_results(
         "",
         how_measured(counts, len(seeds), total_seconds, overrides),
         "",
-        *final_recall_table(seeds, untrained),
+        *final_recall_table(seeds, untrained, overrides),
         "",
         "When hnce's run first reached the peer's final R@1 (the same seed's):",
         "",
