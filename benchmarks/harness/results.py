@@ -46,6 +46,8 @@ SECTION_ORDER = (
     "full_scale",
     "wordnet_comparison",
     "peer_sentence_transformers",
+    "peer_sentence_transformers_mixed_t005",
+    "peer_sentence_transformers_hard_t005",
 )
 
 HEADER = """# Benchmarks
