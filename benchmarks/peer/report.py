@@ -121,8 +121,9 @@ def recall_during_training(seeds: Sequence[SeedRuns]) -> list[str]:
     ]
 
 
-def recall_plot(path: Path, seeds: Sequence[SeedRuns]) -> None:
-    """R@1 against wall seconds, one line per method and seed, the untrained start left out."""
+def recall_plot(path: Path, seeds: Sequence[SeedRuns], overrides: Sequence[str]) -> None:
+    """R@1 against wall seconds, one line per method and seed, the untrained start left out; the
+    title names hnce's ``--set`` overrides."""
     with harness.plot(path, figsize=(6.5, 4)) as (_, axis):
         for s in seeds:
             for run, colour, name in ((s.hnce, "tab:blue", "hnce"), (s.peer, "tab:orange", "peer")):
@@ -137,7 +138,8 @@ def recall_plot(path: Path, seeds: Sequence[SeedRuns]) -> None:
                 )
         axis.set_xlabel("wall seconds from the method's start")
         axis.set_ylabel("held-out R@1")
-        axis.set_title("hnce (demo recipe) vs sentence-transformers, one line per seed")
+        recipe = "demo recipe" + "".join(f", {override}" for override in overrides)
+        axis.set_title(f"hnce ({recipe}) vs sentence-transformers, one line per seed", wrap=True)
         axis.legend()
 
 
@@ -223,7 +225,7 @@ def write_results(
     """The markdown result file and its plot; BENCHMARKS.md rebuilt, the file printed.
     ``overrides``: the ``--set`` options hnce's recipe ran with (none: as shipped)."""
     plot_path = out.with_suffix(".png")
-    recall_plot(plot_path, seeds)
+    recall_plot(plot_path, seeds, overrides)
     lines = [
         "# Against the peer: sentence-transformers vs `hnce train` (WordNet demo subset"
         + "".join(f", {override}" for override in overrides)
