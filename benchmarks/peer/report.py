@@ -27,6 +27,11 @@ def recall_cells(recall: Recall) -> str:
     return " | ".join(f"{recall[k]:.3f}" for k in KS)
 
 
+def listed(overrides: Sequence[str], quote: str = "`") -> str:
+    """``overrides`` as a suffix to a label: ", `a`, `b`" (nothing without any)."""
+    return "".join(f", {quote}{override}{quote}" for override in overrides)
+
+
 def hnce_recipe(overrides: Sequence[str]) -> str:
     """What hnce trained with: the demo recipe as shipped, or with ``--set`` overrides."""
     shipped = (
@@ -36,8 +41,7 @@ def hnce_recipe(overrides: Sequence[str]) -> str:
     )
     if not overrides:
         return f"configs/demo.yaml as shipped ({shipped})"
-    changed = ", ".join(f"`{override}`" for override in overrides)
-    return f"configs/demo.yaml ({shipped}) with {changed}"
+    return f"configs/demo.yaml ({shipped}) with {listed(overrides)[2:]}"
 
 
 def how_measured(
@@ -67,7 +71,7 @@ def final_recall_table(
 ) -> list[str]:
     """Each method's final recall and wall seconds, mean ± sd over the seeds, then the untrained
     model under either scoring; hnce's row names the ``--set`` overrides it ran with."""
-    hnce_name = seeds[0].hnce.curve.name + "".join(f", `{override}`" for override in overrides)
+    hnce_name = seeds[0].hnce.curve.name + listed(overrides)
 
     def row(name: str, runs: list[Trained]) -> str:
         cells = " | ".join(spread([run.curve.final[k] for run in runs]) for k in KS)
@@ -138,7 +142,7 @@ def recall_plot(path: Path, seeds: Sequence[SeedRuns], overrides: Sequence[str])
                 )
         axis.set_xlabel("wall seconds from the method's start")
         axis.set_ylabel("held-out R@1")
-        recipe = "demo recipe" + "".join(f", {override}" for override in overrides)
+        recipe = "demo recipe" + listed(overrides, quote="")
         axis.set_title(f"hnce ({recipe}) vs sentence-transformers, one line per seed", wrap=True)
         axis.legend()
 
@@ -228,7 +232,7 @@ def write_results(
     recall_plot(plot_path, seeds, overrides)
     lines = [
         "# Against the peer: sentence-transformers vs `hnce train` (WordNet demo subset"
-        + "".join(f", {override}" for override in overrides)
+        + listed(overrides, quote="")
         + ")",
         "",
         how_measured(counts, len(seeds), total_seconds, overrides),

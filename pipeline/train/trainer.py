@@ -116,7 +116,8 @@ def _trainer(
     config: Config, task: TrainingTask, cores: CoresMode, initial_negatives_since: float | None
 ) -> TorchTrainer:
     """Ray Train's trainer for ``task``: one worker per ``num_workers``, each with its CPUs, a
-    GPU when ``cluster.use_gpu`` (NCCL; gloo without), and the ``hnce_trainer`` resource."""
+    GPU when ``cluster.use_gpu`` (NCCL; gloo without), and the ``hnce_trainer`` resource; Ray
+    Train's state of an earlier launch is discarded first."""
     settings = task.settings(config)
     name = f"hnce-{task.kind}-{task.run_dir.name}"
     storage = task.run_dir / "ray"
