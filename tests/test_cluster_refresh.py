@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import ray
 import torch
+from conftest import SESSION_RAY_CPUS
 from store_helpers import random_word_dataset, write_checkpoint
 from training_helpers import assert_exact_top_k, exact_scores, write_letter_export
 
@@ -272,8 +273,8 @@ def test_a_pool_with_no_trainer_beside_it_shares_the_free_cpus_and_a_refresh_poo
     starts beside them (``reserved_cpus``: version 0 of ``hnce train``); a refresh beside a trainer
     keeps ``refresh.encoder_cpus``, plus the threads a waiting (sync) trainer lends it, on the
     same CPU request."""
-    free = int(ray.available_resources()["CPU"])
-    assert free == 4  # the session's instance, idle between tests
+    free = SESSION_RAY_CPUS  # the session's instance, idle once the module's earlier actors
+    _wait_for_free_cpus(free)  # are released (asynchronously; "CPU" is absent while none is free)
     alone = EncoderPoolSettings(num_encoders=2, free_cpus=True)
     with EncoderPool(assets["dual"], alone) as pool:
         assert pool.request == {"CPU": 2.0}
