@@ -592,6 +592,11 @@ def validate(config: Config) -> Config:
         raise config.error(
             "training.precision", "is bf16, which needs GPUs ('cluster.use_gpu: true')"
         )
+    if config.cluster.gpu_sharing != "auto" and not config.cluster.use_gpu:
+        raise config.error(
+            "cluster.gpu_sharing",
+            f"is {config.cluster.gpu_sharing}, which needs GPUs ('cluster.use_gpu: true')",
+        )
     return config
 
 

@@ -51,6 +51,7 @@ from hnce.cluster.compute.actors import (
     actor_request,
     check_placeable,
 )
+from hnce.cluster.compute.gpu_sharing import encoders_on_gpus
 from hnce.cluster.compute.resources import ENCODER_RESOURCE, custom_resource_request
 from hnce.cluster.compute.shard_holders import HeldIndex, ShardHolder
 from hnce.cluster.stores.index_store import IndexVersion, ShardRecord, write_shard
@@ -383,7 +384,8 @@ class EncoderPoolSettings:
     """How many encoder actors, how big, how patient (from the ``refresh`` section).
 
     `num_encoders` 0 means one per `hnce_encoder` slot when the cluster advertises them, else one
-    per GPU, or 1 without GPUs. `num_threads` is each CPU actor's torch threads (and CPUs asked);
+    per `gpus_per_actor` of the GPUs a trainer beside the pool leaves (`reserved_gpus`,
+    :mod:`hnce.cluster.compute.gpu_sharing`), or 1 without GPUs. `num_threads` is each CPU actor's torch threads (and CPUs asked);
     with `free_cpus`, for a pool that runs with no trainer training beside it (version 0,
     evaluation, linking), each CPU actor instead takes an equal share of the CPUs Ray has free
     less `reserved_cpus` (those of a trainer that starts beside it and is not placed yet: version
@@ -400,6 +402,8 @@ class EncoderPoolSettings:
     free_cpus: bool = False
     reserved_cpus: float = 0.0
     lent_threads: int = 0
+    gpus_per_actor: float = 1.0
+    reserved_gpus: float = 0.0
     wait_floor_seconds: float = 900.0
     faiss_device: DeviceRequest = "auto"
     max_restarts: int = 3
@@ -421,17 +425,22 @@ class EncoderPool:
     ) -> None:
         self.settings = settings
         resources = ray.cluster_resources()
-        gpus = int(resources.get("GPU", 0))
+        gpus = resources.get("GPU", 0.0)
         custom = custom_resource_request(ENCODER_RESOURCE, resources)
         # With the launcher's encoder slots, one actor per slot (trainer GPUs are not ours).
-        slots = int(resources[ENCODER_RESOURCE]) if custom else max(1, gpus)
+        slots = (
+            int(resources[ENCODER_RESOURCE])
+            if custom
+            else encoders_on_gpus(gpus, settings.reserved_gpus, settings.gpus_per_actor)
+        )
         self.num_encoders = settings.num_encoders or slots
         if settings.faiss_device == "gpu" and not gpus:
             raise PlacementError(
                 "index.faiss_device is gpu but the cluster offers no GPU for the shard holders"
             )
         cpus, why = self._cpus_per_actor(gpus, bool(custom))
-        self.request = actor_request(cpus, 1 if gpus else 0, custom)
+        actor_gpus = settings.gpus_per_actor if gpus else 0.0
+        self.request = actor_request(cpus, actor_gpus, custom)
         check_placeable(self.request, self.num_encoders, "encoder")
         threads = cpus if gpus else cpus + settings.lent_threads // self.num_encoders
         if threads > cpus:
@@ -451,7 +460,7 @@ class EncoderPool:
                 max_restarts=settings.max_restarts,
                 max_task_retries=settings.max_task_retries,
                 num_cpus=cpus,
-                num_gpus=1 if gpus else 0,
+                num_gpus=actor_gpus,
                 resources=custom,
             ).remote(str(export_dir), settings.batch_size, threads, _text(token_store))
             for name in self.names
@@ -461,12 +470,12 @@ class EncoderPool:
             [actor.ready.remote() for actor in self.actors], self.names, self.request
         )
 
-    def _cpus_per_actor(self, gpus: int, slots: bool) -> tuple[int, str]:
+    def _cpus_per_actor(self, gpus: float, slots: bool) -> tuple[int, str]:
         """CPUs (and torch threads) each actor asks for, and why (logged). A share of the free
         CPUs never exceeds the largest node's; encoder slots of a launched cluster keep
         ``refresh.encoder_cpus`` (their nodes are sized for it)."""
         if gpus:
-            return 1, "one GPU each"
+            return 1, f"{self.settings.gpus_per_actor:g} GPU each"
         if not self.settings.free_cpus or slots:
             return self.settings.num_threads, "refresh.encoder_cpus"
         largest = max(node["Resources"].get("CPU", 0) for node in ray.nodes() if node["Alive"])

@@ -133,9 +133,11 @@ class RefreshSettings:
 @dataclass(frozen=True)
 class RefreshPlan:
     """What the refreshes of one run do: where (run and dataset directories), how (the
-    ``refresh`` and ``index`` sections), which held-out mentions each scores (None: none) and
-    how many torch threads a trainer waiting for each refresh lends its encoders
-    (``lent_threads``, :class:`hnce.cluster.compute.encoder_pool.EncoderPoolSettings`)."""
+    ``refresh`` and ``index`` sections), which held-out mentions each scores (None: none), how
+    many torch threads a trainer waiting for each refresh lends its encoders (``lent_threads``,
+    :class:`hnce.cluster.compute.encoder_pool.EncoderPoolSettings`), and, on GPUs, the share of a
+    GPU each encoder actor takes and the GPUs the trainer beside it holds (``encoder_gpus``,
+    ``trainer_gpus``: :mod:`hnce.cluster.compute.gpu_sharing`)."""
 
     run_dir: Path
     data_dir: Path
@@ -143,6 +145,8 @@ class RefreshPlan:
     index: IndexSpec = field(default_factory=IndexSpec)
     heldout: HeldoutSpec | None = None
     lent_threads: int = 0
+    encoder_gpus: float = 1.0
+    trainer_gpus: float = 0.0
 
     @property
     def index_store(self) -> IndexStore:
@@ -161,6 +165,8 @@ class RefreshPlan:
             num_threads=self.refresh.encoder_cpus,
             free_cpus=alone,
             lent_threads=0 if alone else self.lent_threads,
+            gpus_per_actor=self.encoder_gpus,
+            reserved_gpus=0.0 if alone else self.trainer_gpus,
             wait_floor_seconds=self.refresh.wait_floor_seconds,
             faiss_device=self.index.faiss_device,
         )

@@ -21,6 +21,7 @@ import ray
 import torch
 from pydantic import ValidationInfo, field_validator
 
+from hnce.cluster.compute.gpu_sharing import GpuSharing
 from hnce.cluster.stores.sharded_index import faiss_gpu_count
 from hnce.encoders.settings import Flag, NonNegativeInt, Text, settings
 
@@ -58,8 +59,11 @@ class ClusterSettings:
         address: ``local`` starts an instance on this machine; ``auto`` or ``host:port`` joins a
             running cluster (``ray start``, the cluster launcher, ``ray job submit``).
         num_cpus: CPUs a local instance advertises (0: enough for the run, at least the cores).
-        use_gpu: trainer workers take one GPU each (and train in bf16); asking for GPUs that are
-            not there is an error.
+        use_gpu: trainer workers train on GPUs; asking for GPUs that are not there is an error.
+        gpu_sharing: ``dedicated``: each trainer worker and each encoder actor takes a GPU of its
+            own; ``shared``: half a GPU each, the two sharing a device; ``auto`` (default):
+            ``shared`` where the trainer's workers leave no GPU to the encoders beside them
+            (:mod:`hnce.cluster.compute.gpu_sharing`).
         dashboard_host: where a local instance's dashboard would listen; loopback only unless
             ``allow_public_dashboard`` is set (then a warning is logged).
         allow_public_dashboard: permit a non-loopback ``dashboard_host``.
@@ -68,6 +72,7 @@ class ClusterSettings:
     address: Text = "local"
     num_cpus: NonNegativeInt = 0
     use_gpu: Flag = False
+    gpu_sharing: GpuSharing = "auto"
     allow_public_dashboard: Flag = False
     dashboard_host: Text = "127.0.0.1"
 

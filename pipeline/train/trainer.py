@@ -34,8 +34,13 @@ import ray
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
+from hnce.cluster.compute.gpu_sharing import GpuPlan, resolve_gpu_sharing
 from hnce.cluster.compute.index_build import timed
-from hnce.cluster.compute.resources import TRAINER_RESOURCE, custom_resource_request
+from hnce.cluster.compute.resources import (
+    ENCODER_RESOURCE,
+    TRAINER_RESOURCE,
+    custom_resource_request,
+)
 from hnce.cluster.compute.session import init_ray
 from hnce.cluster.stores.checkpoints import newest_checkpoint
 from hnce.pipeline.config import Config, CoresMode, dump_config
@@ -113,16 +118,22 @@ def run_training(config: Config) -> TrainingSummary:
 
 
 def _trainer(
-    config: Config, task: TrainingTask, cores: CoresMode, initial_negatives_since: float | None
+    config: Config,
+    task: TrainingTask,
+    cores: CoresMode,
+    gpus: GpuPlan,
+    initial_negatives_since: float | None,
 ) -> TorchTrainer:
-    """Ray Train's trainer for ``task``: one worker per ``num_workers``, each with its CPUs, a
-    GPU when ``cluster.use_gpu`` (NCCL; gloo without), and the ``hnce_trainer`` resource; Ray
-    Train's state of an earlier launch is discarded first."""
+    """Ray Train's trainer for ``task``: one worker per ``num_workers``, each with its CPUs, its
+    share of a GPU when ``cluster.use_gpu`` (``gpus``; NCCL, gloo without), and the
+    ``hnce_trainer`` resource; Ray Train's state of an earlier launch is discarded first."""
     settings = task.settings(config)
     name = f"hnce-{task.kind}-{task.run_dir.name}"
     storage = task.run_dir / "ray"
     discard_earlier_launch_state(storage / name)
     resources = custom_resource_request(TRAINER_RESOURCE, ray.cluster_resources())
+    if config.cluster.use_gpu:
+        resources["GPU"] = gpus.worker_gpus
     scaling = ScalingConfig(
         num_workers=settings.num_workers,
         use_gpu=config.cluster.use_gpu,
@@ -175,14 +186,30 @@ def run_task(config: Config, task: TrainingTask) -> TrainingSummary:
     nodes = sum(1 for node in ray.nodes() if node["Alive"])
     cores, why = resolve_cores(settings.cores, nodes, config.cluster.use_gpu)
     logger.info("training cores: %s (%s)", cores, why)
+    resources = ray.cluster_resources()
+    gpus = resolve_gpu_sharing(
+        config.cluster.gpu_sharing,
+        config.cluster.use_gpu,
+        resources.get("GPU", 0.0),
+        settings.num_workers,
+        encoders_beside=encoders,
+        encoder_slots=bool(custom_resource_request(ENCODER_RESOURCE, resources)),
+    )
+    if config.cluster.use_gpu:
+        logger.info("training GPUs: %s (%s)", gpus.mode, gpus.why)
     version_zero = None
     if initial != "random" and refresh_plan(config).negatives_store.current_version() is None:
         workers, cpus = settings.num_workers, settings.cpus_per_worker
         lent = threads_lent_to_refresh(cores, True, workers, cpus)
-        trainer_beside = TrainerBeside(cpus=workers * cpus, lent_threads=lent)
+        trainer_beside = TrainerBeside(
+            cpus=workers * cpus,
+            lent_threads=lent,
+            gpus=gpus.trainer_gpus,
+            encoder_gpus=gpus.encoder_gpus,
+        )
         logger.info("negatives version 0 (%s) is prepared while the workers start", initial)
         version_zero = VersionZeroBeside(config, initial, trainer_beside).start()
-    trainer = _trainer(config, task, cores, since if version_zero is not None else None)
+    trainer = _trainer(config, task, cores, gpus, since if version_zero is not None else None)
     coordinator = watch = None
     if with_refresh:
         lent = threads_lent_to_refresh(
@@ -190,9 +217,22 @@ def run_task(config: Config, task: TrainingTask) -> TrainingSummary:
         )
         if lent:
             logger.info("the waiting trainer lends each refresh %d torch thread(s)", lent)
+        plan = replace(
+            refresh_plan(config),
+            lent_threads=lent,
+            encoder_gpus=gpus.encoder_gpus,
+            trainer_gpus=gpus.trainer_gpus,
+        )
         with timed(seconds, "refresh coordinator"):
-            coordinator, watch = start_refresh(replace(refresh_plan(config), lent_threads=lent))
-    EventLog(task.run_dir).write("launch", seconds=seconds, cores=cores, cores_reason=why)
+            coordinator, watch = start_refresh(plan)
+    EventLog(task.run_dir).write(
+        "launch",
+        seconds=seconds,
+        cores=cores,
+        cores_reason=why,
+        gpus=gpus.mode,
+        gpus_reason=gpus.why,
+    )
     done = threading.Event()
     follower = threading.Thread(
         target=follow_progress, args=(task.run_dir, settings.steps, done), daemon=True

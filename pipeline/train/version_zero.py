@@ -90,11 +90,15 @@ def check_encodings(path: Path, model: IndexedModel, num_entities: int) -> None:
 
 @dataclass(frozen=True)
 class TrainerBeside:
-    """The trainer that starts while version 0 is prepared: the CPUs its workers will ask for
-    (left to it) and the torch threads it lends the encoder actors while it waits for them."""
+    """The trainer that starts while version 0 is prepared: the CPUs and GPUs its workers will
+    ask for (left to it), the torch threads it lends the encoder actors while it waits for them,
+    and the share of a GPU each encoder actor takes beside it
+    (:mod:`hnce.cluster.compute.gpu_sharing`)."""
 
     cpus: float = 0.0
     lent_threads: int = 0
+    gpus: float = 0.0
+    encoder_gpus: float = 1.0
 
 
 #: version 0 with nothing beside it (``hnce refresh --initial``, ``hnce finetune-blink``)
@@ -124,6 +128,8 @@ def prepare_version_zero(
         plan.pool_settings(alone=True),
         reserved_cpus=trainer.cpus,
         lent_threads=trainer.lent_threads,
+        reserved_gpus=trainer.gpus,
+        gpus_per_actor=trainer.encoder_gpus,
     )
     pool, tokens = start_pool(model, settings, encode, {})
     with pool:
