@@ -80,6 +80,10 @@ def with_extra_entities(
 class BiEncoder(nn.Module):
     """Two BERT towers and a scorer (eq. 9). Inputs are BLINK-formatted (``hnce.encoders.formatting``).
 
+    The towers may be one module (``shared_towers``: the same tower, and projection, encodes
+    mentions and entities, as sentence-transformers and Tevatron train by default; BLINK and DPR
+    train two); its parameters then count once (``parameters()`` yields each tensor once).
+
     ``forward(mention_batch, entity_batch)`` scores every mention against every entity -> [B, E];
     ``score_matrix`` does the same with the training step's options (chunked candidates).
     Batches are mappings with ``input_ids`` and ``attention_mask``. ``pooling`` (cls | mean) is
@@ -110,6 +114,11 @@ class BiEncoder(nn.Module):
         self.entity_projection = entity_projection
         self.pooling: Pooling = pooling
         self.normalize = normalize
+
+    @property
+    def shared_towers(self) -> bool:
+        """True when one tower (and projection) encodes both mentions and entities."""
+        return self.entity_tower is self.mention_tower
 
     @property
     def projection_size(self) -> int | None:
@@ -271,8 +280,10 @@ def build_biencoder(
     dtype: torch.dtype | None = None,
     pooling: str = "auto",
     normalize: bool = False,
+    shared_towers: bool = False,
 ) -> BiEncoder:
-    """A fresh bi-encoder whose two towers start from the same weights.
+    """A fresh bi-encoder whose two towers start from the same weights (or, with
+    ``shared_towers``, are one tower).
 
     ``model_path_or_config``: a local Hugging Face directory (e.g. ``minilm_path()``; its tokenizer
     is loaded from there unless one is given) or a ``BertConfig`` (random weights; pass a
@@ -284,13 +295,13 @@ def build_biencoder(
         if tokenizer is None:
             raise ValueError("build_biencoder from a BertConfig needs a tokenizer")
         mention_tower: PreTrainedModel = BertModel(model_path_or_config)
-        entity_tower: PreTrainedModel = BertModel(model_path_or_config)
+        entity_tower = mention_tower if shared_towers else BertModel(model_path_or_config)
         resolved = resolve_pooling(pooling, None)
     else:
         path = Path(model_path_or_config)
         resolved = resolve_pooling(pooling, path)
         mention_tower = _load_tower(path, dtype)
-        entity_tower = _load_tower(path, dtype)
+        entity_tower = mention_tower if shared_towers else _load_tower(path, dtype)
         if tokenizer is None:
             tokenizer = load_local(AutoTokenizer, path)
     scorer_config = ScorerConfig.parse(scorer) if isinstance(scorer, str) else scorer
@@ -320,15 +331,21 @@ def _assemble(
     normalize: bool,
 ) -> BiEncoder:
     """Towers (SDPA attention where supported), tokenizer (BLINK markers registered), scorer,
-    optional projections, the pooling and whether vectors are normalised."""
+    optional projections (one when the towers are one module), the pooling and whether vectors
+    are normalised."""
     register_markers(tokenizer)
     use_sdpa(mention_tower, "mention")
-    use_sdpa(entity_tower, "entity")
+    if entity_tower is not mention_tower:
+        use_sdpa(entity_tower, "entity")
     hidden_size = int(mention_tower.config.hidden_size)
     mention_projection = entity_projection = None
     if projection_size is not None:
         mention_projection = TowerProjection(hidden_size, projection_size)
-        entity_projection = TowerProjection(hidden_size, projection_size)
+        entity_projection = (
+            mention_projection
+            if entity_tower is mention_tower
+            else TowerProjection(hidden_size, projection_size)
+        )
     return BiEncoder(
         mention_tower,
         entity_tower,
@@ -344,11 +361,12 @@ def _assemble(
 
 
 def _extra_modules(model: BiEncoder) -> list[tuple[str, nn.Module | None]]:
-    """The modules outside the towers with the prefixes their weights are saved under."""
+    """The modules outside the towers with the prefixes their weights are saved under (a
+    projection shared by one tower once, as the mention side's)."""
     return [
         ("scorer.", model.scorer),
         ("mention_projection.", model.mention_projection),
-        ("entity_projection.", model.entity_projection),
+        ("entity_projection.", None if model.shared_towers else model.entity_projection),
     ]
 
 
@@ -364,7 +382,9 @@ def _extra_state(model: BiEncoder) -> dict[str, Tensor]:
 
 def export_biencoder(model: BiEncoder, export_dir: Path) -> None:
     """Write ``mention/``, ``entity/`` (``save_pretrained`` + tokenizer), ``scorer.json``
-    and, when there are weights outside the towers, ``scorer.safetensors``."""
+    and, when there are weights outside the towers, ``scorer.safetensors``. Shared towers are
+    written to both directories (each loads with plain ``transformers``); ``scorer.json`` says
+    ``shared_towers`` and :func:`load_biencoder` makes them one module again."""
     export_dir = Path(export_dir)
     export_dir.mkdir(parents=True, exist_ok=True)
     for name, tower in (("mention", model.mention_tower), ("entity", model.entity_tower)):
@@ -377,6 +397,7 @@ def export_biencoder(model: BiEncoder, export_dir: Path) -> None:
         "entity_length": model.entity_length,
         "pooling": model.pooling,
         "normalize": model.normalize,
+        "shared_towers": model.shared_towers,
         "projection_size": model.projection_size,
         "output_size": model.output_size,
         "indexable": model.scorer.indexable,
@@ -409,8 +430,11 @@ def load_biencoder(
     normalize = description.get("normalize", False)  # older exports: unnormalised
     if not isinstance(normalize, bool):
         raise ValueError(f"{description_path}: normalize {normalize!r}, expected true or false")
+    shared = description.get("shared_towers", False)  # older exports: two towers
+    if not isinstance(shared, bool):
+        raise ValueError(f"{description_path}: shared_towers {shared!r}, expected true or false")
     mention_tower = _load_tower(export_dir / "mention", dtype)
-    entity_tower = _load_tower(export_dir / "entity", dtype)
+    entity_tower = mention_tower if shared else _load_tower(export_dir / "entity", dtype)
     model = _assemble(
         mention_tower,
         entity_tower,

@@ -116,7 +116,11 @@ class ModelSettings:
     ``additional_linear``; eq. 20 of docs/math.md), trained with the towers and exported with
     them: index vectors then have that many dimensions, which is what makes sum-of-max and
     multi-m token vectors cheap to store and to compress (``index.kind: ivfpq``). Unset, vectors
-    keep the tower's width; a bi-encoder export keeps its own projection.
+    keep the tower's width; a bi-encoder export keeps its own projection. ``shared_towers``
+    makes the mention and entity towers (and projections) one module, as sentence-transformers
+    and Tevatron train by default (BLINK and DPR train two): half the parameters to update and
+    hold, the same matmuls per step. Unset, a fresh model has two towers and a bi-encoder export
+    keeps its own.
     """
 
     path: Text = "minilm"
@@ -126,6 +130,7 @@ class ModelSettings:
     normalize: Flag | None = None
     activation_checkpointing: Flag = False
     projection_size: PositiveInt | None = None
+    shared_towers: Flag | None = None
     scorer: ScorerConfig = field(default_factory=ScorerConfig)
 
 
@@ -591,6 +596,12 @@ def validate(config: Config) -> Config:
     if config.training.precision == "bf16" and not config.cluster.use_gpu:
         raise config.error(
             "training.precision", "is bf16, which needs GPUs ('cluster.use_gpu: true')"
+        )
+    if config.model.shared_towers and config.training.zero_stage == 3:
+        raise config.error(
+            "model.shared_towers",
+            "with training.zero_stage 3 is not supported (one tower registered twice under "
+            "ZeRO-3's partitioned weights is untested here); use ZeRO 0, 1 or 2",
         )
     if config.cluster.gpu_sharing != "auto" and not config.cluster.use_gpu:
         raise config.error(

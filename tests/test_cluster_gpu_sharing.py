@@ -5,6 +5,7 @@ trainer leaves. The placement itself on a real GPU is checked by ``benchmarks/gp
 from __future__ import annotations
 
 import pytest
+from training_helpers import CONFIGS
 
 from hnce.cluster.compute.actors import PlacementError
 from hnce.cluster.compute.gpu_sharing import (
@@ -14,7 +15,6 @@ from hnce.cluster.compute.gpu_sharing import (
     resolve_gpu_sharing,
 )
 from hnce.pipeline.config import ConfigError, load_config
-from training_helpers import CONFIGS
 
 
 def fits(plan: GpuPlan, cluster_gpus: float, workers: int) -> bool:
@@ -67,7 +67,7 @@ def test_no_sharing_without_encoders_beside_or_with_encoder_slots(
 
 
 def test_dedicated_with_no_gpu_left_for_the_encoders_is_refused_at_once() -> None:
-    with pytest.raises(PlacementError, match="cluster.gpu_sharing is dedicated.*none is left"):
+    with pytest.raises(PlacementError, match=r"cluster\.gpu_sharing is dedicated.*none is left"):
         resolve_gpu_sharing("dedicated", True, 2.0, 2, encoders_beside=True)
 
 
@@ -85,5 +85,5 @@ def test_a_cpu_run_asks_for_no_gpu_and_a_cpu_pool_has_one_actor() -> None:
 
 
 def test_sharing_asked_for_without_gpus_is_a_recipe_error() -> None:
-    with pytest.raises(ConfigError, match="cluster.gpu_sharing"):
+    with pytest.raises(ConfigError, match=r"cluster\.gpu_sharing"):
         load_config(CONFIGS / "synthetic-test.yaml", ["cluster.gpu_sharing=shared"])

@@ -169,6 +169,74 @@ def test_export_and_reload_give_the_same_scores(
         torch.testing.assert_close(reloaded.scorer.codes, model.scorer.codes)
 
 
+def shared_and_two_towers(tiny_config, tiny_tokenizer) -> tuple[BiEncoder, BiEncoder]:
+    """A shared-tower model and a two-tower one whose towers (and projections) all hold the
+    shared model's weights, in eval mode (no dropout; gradients still flow): the same function
+    of their inputs."""
+    torch.manual_seed(0)
+    shared = build_biencoder(
+        tiny_config, "dual", tokenizer=tiny_tokenizer, projection_size=16, shared_towers=True
+    )
+    two = build_biencoder(tiny_config, "dual", tokenizer=tiny_tokenizer, projection_size=16)
+    for tower in (two.mention_tower, two.entity_tower):
+        tower.load_state_dict(shared.mention_tower.state_dict())
+    for projection in (two.mention_projection, two.entity_projection):
+        projection.load_state_dict(shared.mention_projection.state_dict())
+    return shared.eval(), two.eval()
+
+
+def test_shared_towers_are_one_module_whose_gradient_sums_both_sides(
+    tiny_config, tiny_tokenizer
+) -> None:
+    """One tower for mentions and entities: its parameters count once, it scores as two equal
+    towers would, and its gradient is the mention side's plus the entity side's."""
+    shared, two = shared_and_two_towers(tiny_config, tiny_tokenizer)
+    assert shared.shared_towers and not two.shared_towers
+    assert shared.entity_projection is shared.mention_projection
+
+    def count(modules: list[torch.nn.Module]) -> int:
+        return sum(p.numel() for module in modules for p in module.parameters())
+
+    assert count([shared]) == count([two.mention_tower, two.mention_projection])
+    assert count([two]) == 2 * count([shared])
+    mentions, entities = batches(shared)
+    gold = torch.tensor([0, 2, 1])
+    for model in (shared, two):
+        torch.nn.functional.cross_entropy(model(mentions, entities), gold).backward()
+    torch.testing.assert_close(shared(mentions, entities), two(mentions, entities))
+    for name, parameter in shared.mention_tower.named_parameters():
+        if parameter.grad is None:  # the unused pooler
+            continue
+        both = (
+            two.mention_tower.get_parameter(name).grad + two.entity_tower.get_parameter(name).grad
+        )
+        torch.testing.assert_close(parameter.grad, both, rtol=1e-5, atol=1e-6)
+    weight = "additional_linear.weight"
+    torch.testing.assert_close(
+        shared.mention_projection.get_parameter(weight).grad,
+        two.mention_projection.get_parameter(weight).grad
+        + two.entity_projection.get_parameter(weight).grad,
+        rtol=1e-5,
+        atol=1e-6,
+    )
+
+
+def test_shared_towers_export_both_directories_and_reload_as_one(
+    tiny_config, tiny_tokenizer, tmp_path: Path
+) -> None:
+    shared, _ = shared_and_two_towers(tiny_config, tiny_tokenizer)
+    export_biencoder(shared, tmp_path / "export")
+    description = json.loads((tmp_path / "export" / "scorer.json").read_text())
+    assert description["shared_towers"] is True
+    assert (tmp_path / "export" / "entity" / "config.json").is_file()  # plain transformers
+    reloaded = load_biencoder(tmp_path / "export")
+    assert reloaded.entity_tower is reloaded.mention_tower
+    assert reloaded.entity_projection is reloaded.mention_projection
+    mentions, entities = batches(shared)
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(mentions, entities), shared(mentions, entities))
+
+
 @pytest.mark.parametrize("tower", ["mention", "entity"])
 def test_an_export_with_a_non_finite_weight_is_refused(
     tower: str, tiny_config, tiny_tokenizer, tmp_path: Path

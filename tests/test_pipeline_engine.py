@@ -26,10 +26,10 @@ from hnce.cluster.stores.checkpoints import (
 from hnce.cluster.stores.negatives_store import MinedSplit, NegativesStore
 from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
-from hnce.encoders.biencoder import load_biencoder
+from hnce.encoders.biencoder import BiEncoder, export_biencoder, load_biencoder
 from hnce.mining.losses import NCELoss
 from hnce.mining.samplers import SampledNegatives
-from hnce.pipeline.config import Config, TrainingSettings
+from hnce.pipeline.config import Config, ConfigError, TrainingSettings
 from hnce.pipeline.train.batch import ContrastiveBatch, assemble_batch
 from hnce.pipeline.train.checkpointing import UnsafeCheckpointError
 from hnce.pipeline.train.deepspeed_config import build_deepspeed_config
@@ -265,6 +265,69 @@ def test_export_after_zero_stage_equals_the_trained_weights(
         assert torch.equal(exported[name], value), name
     moved = [name for name, value in initial.items() if not torch.equal(exported[name], value)]
     assert "scorer.codes" in moved and len(moved) > len(initial) // 2
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_shared_towers_train_checkpoint_and_resume_as_one_module(
+    stage: int, still_model_dir: Path, small_dataset: Path, tmp_path: Path
+) -> None:
+    """``model.shared_towers``: DeepSpeed trains the one tower (and projection), the checkpoint's
+    export holds the trained weights and reloads as one module, and a longer run resumes from
+    the checkpoint with the two sides still one."""
+    overrides = (
+        "model.shared_towers=true",
+        "model.projection_size=8",
+        f"training.zero_stage={stage}",
+    )
+    config = recipe(tmp_path, small_dataset, still_model_dir, *overrides, "training.steps=3")
+    run = train(config)
+    model = run.model
+    assert model.entity_tower is model.mention_tower
+    trained = {name: value.clone() for name, value in model.state_dict().items()}
+    exported = load_biencoder(checkpoint_dir(config.run_dir, 3) / EXPORT_DIR)
+    assert exported.entity_tower is exported.mention_tower
+    assert exported.entity_projection is exported.mention_projection
+    initial = build_model(config).state_dict()
+    for name, value in exported.state_dict().items():
+        assert torch.equal(value, trained[name]), name
+    assert not torch.equal(
+        initial["mention_projection.additional_linear.weight"],
+        trained["mention_projection.additional_linear.weight"],
+    )
+    longer = recipe(tmp_path, small_dataset, still_model_dir, *overrides, "training.steps=5")
+    resumed = train(longer)
+    assert resumed.start_step == 3
+    assert resumed.model.entity_tower is resumed.model.mention_tower
+    final = load_biencoder(checkpoint_dir(config.run_dir, 5) / EXPORT_DIR).state_dict()
+    assert not torch.equal(
+        final["entity_tower.embeddings.word_embeddings.weight"],
+        trained["entity_tower.embeddings.word_embeddings.weight"],
+    )
+
+
+def test_shared_towers_follow_the_recipe_or_the_export(
+    still_model_dir: Path, small_dataset: Path, tmp_path: Path
+) -> None:
+    """Unset, a fresh model has two towers and an export keeps its own; a recipe that asks
+    otherwise of an export (e.g. BLINK's two towers, imported) or asks ZeRO-3 is refused."""
+
+    def model_for(path: Path, *overrides: str) -> BiEncoder:
+        return build_model(recipe(tmp_path, small_dataset, path, *overrides))
+
+    assert not model_for(still_model_dir).shared_towers
+    export_biencoder(model_for(still_model_dir, "model.shared_towers=true"), tmp_path / "one")
+    export_biencoder(model_for(still_model_dir), tmp_path / "two")
+    assert model_for(tmp_path / "one").shared_towers
+    with pytest.raises(ConfigError, match=r"model\.shared_towers.*shared_towers False"):
+        model_for(tmp_path / "two", "model.shared_towers=true")
+    with pytest.raises(ConfigError, match=r"model\.shared_towers.*zero_stage 3"):
+        recipe(
+            tmp_path,
+            small_dataset,
+            still_model_dir,
+            "model.shared_towers=true",
+            "training.zero_stage=3",
+        )
 
 
 @pytest.mark.parametrize("kind", ["retriever", "reranker"])

@@ -33,10 +33,11 @@ def build_model(config: Config) -> BiEncoder:
     ``model.pooling`` says: auto reads the directory's declaration), or, when ``model.path`` is a
     bi-encoder export directory (``scorer.json``: e.g. BLINK imported by ``hnce finetune-blink``),
     that model with its own towers, scorer, lengths, pooling, normalisation and projection.
-    ``model.projection_size`` adds a learned projection after each fresh tower."""
+    ``model.projection_size`` adds a learned projection after each fresh tower;
+    ``model.shared_towers`` makes the two towers one."""
     path = model_directory(config, "model.path", config.model.path)
     pooling, normalize = config.model.pooling, config.model.normalize
-    projection_size = config.model.projection_size
+    projection_size, shared = config.model.projection_size, config.model.shared_towers
     if (path / SCORER_FILE).is_file():
         model = load_biencoder(path)
         if pooling not in ("auto", model.pooling):
@@ -57,6 +58,12 @@ def build_model(config: Config) -> BiEncoder:
                 f"is {projection_size} but {path / SCORER_FILE} has projection_size "
                 f"{model.projection_size}; leave it unset to continue that model",
             )
+        if shared not in (None, model.shared_towers):
+            raise config.error(
+                "model.shared_towers",
+                f"is {shared} but {path / SCORER_FILE} has shared_towers {model.shared_towers}; "
+                f"leave it unset to continue that model",
+            )
         return model
     return build_biencoder(
         path,
@@ -66,6 +73,7 @@ def build_model(config: Config) -> BiEncoder:
         projection_size=projection_size,
         pooling=pooling,
         normalize=bool(normalize),
+        shared_towers=bool(shared),
     )
 
 
