@@ -313,8 +313,9 @@ def plan_memory(config: Config, kind: TaskKind, entities: int) -> MemoryPlan:
     mixed = on_gpu and settings.precision != "fp32"
     element = 2 if mixed else 4
     towers = [Encoder.from_config(tower) for tower in tower_configs(config, kind)]
-    scorer_parameters = _scorer_parameters(config, kind, towers)
-    parameters = sum(t.parameters for t in towers) + scorer_parameters
+    shared = towers_shared(config, kind)
+    scorer_parameters = _scorer_parameters(config, kind, towers, shared)
+    parameters = sum(t.parameters for t in towers[: 1 if shared else None]) + scorer_parameters
     states = model_states(parameters, settings.zero_stage, settings.num_workers, mixed)
     fused = on_gpu  # SDPA's fused kernels on CUDA; the math path on a CPU
     trainer = states + activation_lines(config, kind, towers, element, fused)
@@ -322,20 +323,37 @@ def plan_memory(config: Config, kind: TaskKind, entities: int) -> MemoryPlan:
     title = (
         f"{kind}: {settings.num_workers} worker(s), ZeRO-{settings.zero_stage}, {device}, "
         f"micro-batch {settings.batch_size}, {entities:,} entities"
+        + (", one tower for both sides" if shared else "")
     )
     return MemoryPlan(title, trainer, index_lines(config, towers, entities, on_gpu))
 
 
-def _scorer_parameters(config: Config, kind: TaskKind, towers: Sequence[Encoder]) -> int:
+def _scorer_parameters(
+    config: Config, kind: TaskKind, towers: Sequence[Encoder], shared: bool
+) -> int:
     """Weights outside the towers: the scorer's (codes) and the projections
-    (``model.projection_size``), or the reranker's linear head."""
+    (``model.projection_size``; one when the towers are one), or the reranker's linear head."""
     if kind == "reranker":
         return towers[0].hidden + 1
     hidden, projected = towers[-1].hidden, config.model.projection_size
     with torch.device("meta"):
         scorer = build_scorer(config.model.scorer, vector_width(config, towers))
-    projections = 0 if projected is None else 2 * (hidden + 1) * projected
+    sides = 1 if shared else 2
+    projections = 0 if projected is None else sides * (hidden + 1) * projected
     return sum(p.numel() for p in scorer.parameters()) + projections
+
+
+def towers_shared(config: Config, kind: TaskKind) -> bool:
+    """Whether the retriever's mention and entity towers are one module: ``model.shared_towers``,
+    or, unset, what a bi-encoder export in ``model.path`` says (``scorer.json``)."""
+    if kind == "reranker" or config.model.path == "blink":
+        return False
+    if config.model.shared_towers is not None:
+        return config.model.shared_towers
+    description = model_directory(config, "model.path", config.model.path) / "scorer.json"
+    if not description.is_file():
+        return False
+    return bool(json.loads(description.read_text()).get("shared_towers", False))
 
 
 def describe(plan: MemoryPlan) -> str:

@@ -105,7 +105,8 @@ def test_plan_counts_the_real_parameters_and_chunks_the_candidates(tmp_path: Pat
 
 def test_a_projection_counts_its_weights_and_narrows_the_index(tmp_path: Path) -> None:
     """model.projection_size 8 on 32-wide towers: two projections of (32 + 1) x 8 weights, poly
-    codes of width 8, and index vectors of 8 dimensions."""
+    codes of width 8, and index vectors of 8 dimensions; with model.shared_towers one tower and
+    one projection."""
     tokenizer = write_wordpiece_tokenizer(tmp_path, ["a", "b"])
     architecture = tiny_bert_config(len(tokenizer))
     BertModel(architecture).save_pretrained(tmp_path)
@@ -116,6 +117,13 @@ def test_a_projection_counts_its_weights_and_narrows_the_index(tmp_path: Path) -
     parameters = 2 * tower + 2 * 33 * 8 + 4 * 8
     assert {line.name: line.size for line in plan.trainer}["parameters"] == 4 * parameters
     assert {line.name: line.size for line in plan.index}["whole index"] == 1000 * 8 * 4
+    one = plan_memory(
+        load_config(None, [*overrides, "model.projection_size=8", "model.shared_towers=true"]),
+        "retriever",
+        1000,
+    )
+    shared = tower + 33 * 8 + 4 * 8  # one tower, one projection
+    assert {line.name: line.size for line in one.trainer}["parameters"] == 4 * shared
 
 
 def test_compressed_sum_of_max_plans_its_codes_not_its_vectors(
