@@ -48,6 +48,7 @@ SECTION_ORDER = (
     "peer_sentence_transformers",
     "peer_sentence_transformers_mixed_t005",
     "peer_sentence_transformers_hard_t005",
+    "peer_sentence_transformers_shared",
 )
 
 HEADER = """# Benchmarks
