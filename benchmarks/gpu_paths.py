@@ -10,7 +10,7 @@
 (b, e) with ``--train``, where Ray and DeepSpeed are installed: the product's own ``hnce train``
     on one GPU with the refresh beside it (``cluster.gpu_sharing: auto``, which shares the GPU
     half and half: :mod:`hnce.cluster.compute.gpu_sharing`): a synthetic catalogue
-    (``--entities`` per world, 3 worlds), a random BERT (``--layers`` × ``--hidden``) with a
+    (``--train-entities`` per world, 3 worlds), a random BERT (``--layers`` × ``--hidden``) with a
     WordPiece tokenizer (``--tokenizer``, default the packaged MiniLM's), bf16 DeepSpeed steps
     through Ray Train with NCCL, and refreshes encoded on the same GPU while it trains: where
     the run's seconds went, the step time, the refreshes published and used.
@@ -32,9 +32,10 @@ import shutil
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, BertConfig, BertModel
+from transformers import BertConfig, BertModel
 
 from benchmarks import harness
+from benchmarks.harness.models import write_random_bert
 from benchmarks.training_runs import published_refreshes, wall_clock_parts
 from hnce.encoders.precision import autocast
 from hnce.pipeline.train.events import read_events
@@ -101,29 +102,6 @@ def mining_rate(device: torch.device, entities: int, queries: int, k: int) -> fl
     return queries / timer.seconds
 
 
-def write_bert(directory: Path, tokenizer_dir: Path, layers: int, hidden: int) -> Path:
-    """A BERT of ``layers`` × ``hidden`` (random weights, seed 0) with the tokenizer of
-    ``tokenizer_dir``, saved as a Hugging Face model directory."""
-    if (directory / "config.json").is_file():
-        return directory
-    torch.manual_seed(0)
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=max(1, hidden // 64),
-        intermediate_size=4 * hidden,
-        attn_implementation="sdpa",
-    )
-    building = directory.with_name(".building-model")
-    shutil.rmtree(building, ignore_errors=True)
-    BertModel(config).save_pretrained(building)
-    tokenizer.save_pretrained(building)
-    building.replace(directory)
-    return directory
-
-
 def one_gpu_training(args: argparse.Namespace) -> list[str]:
     """(b, e): ``hnce train`` on one GPU with the refresh beside it (module docs); the result's
     lines."""
@@ -146,7 +124,9 @@ def one_gpu_training(args: argparse.Namespace) -> list[str]:
                 "--no-progress",
             ]
         )
-    model = write_bert(work / "model", args.tokenizer, args.layers, args.hidden)
+    model = write_random_bert(
+        work / "model", args.tokenizer, args.layers, args.hidden, head_width=64
+    )
     shutil.rmtree(run, ignore_errors=True)
     overrides = {
         "run.dir": run,

@@ -231,8 +231,8 @@ class BiEncoder(nn.Module):
 
     def enable_activation_checkpointing(self) -> None:
         """Recompute both towers' layers in the backward pass (``model.activation_checkpointing``)."""
-        enable_activation_checkpointing(self.mention_tower, "mention")
-        enable_activation_checkpointing(self.entity_tower, "entity")
+        for name, tower in distinct_towers(self.mention_tower, self.entity_tower):
+            enable_activation_checkpointing(tower, name)
 
     def entity_index_vectors(
         self, input_ids: Tensor, attention_mask: Tensor
@@ -259,6 +259,16 @@ class BiEncoder(nn.Module):
     ) -> dict[str, Tensor]:
         """BLINK-formatted entity batch at this model's entity length."""
         return tokenize_entities(self.tokenizer, titles, texts, self.entity_length)
+
+
+def distinct_towers(
+    mention_tower: PreTrainedModel, entity_tower: PreTrainedModel
+) -> list[tuple[str, PreTrainedModel]]:
+    """The towers by name, a shared tower once (as ``mention``): what a per-tower setting
+    (attention kernel, activation checkpointing) is applied to."""
+    if entity_tower is mention_tower:
+        return [("mention", mention_tower)]
+    return [("mention", mention_tower), ("entity", entity_tower)]
 
 
 def _load_tower(path: Path, dtype: torch.dtype | None) -> PreTrainedModel:
@@ -334,9 +344,8 @@ def _assemble(
     optional projections (one when the towers are one module), the pooling and whether vectors
     are normalised."""
     register_markers(tokenizer)
-    use_sdpa(mention_tower, "mention")
-    if entity_tower is not mention_tower:
-        use_sdpa(entity_tower, "entity")
+    for name, tower in distinct_towers(mention_tower, entity_tower):
+        use_sdpa(tower, name)
     hidden_size = int(mention_tower.config.hidden_size)
     mention_projection = entity_projection = None
     if projection_size is not None:

@@ -12,7 +12,6 @@ Example::
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -169,26 +168,7 @@ def write_recipe(run: Run, steps: int) -> None:
 
 def write_model(run: Run) -> None:
     """A small BERT (random weights, seed 0) with the packaged MiniLM's tokenizer."""
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
+    from benchmarks.harness.models import write_random_bert
     from hnce.encoders.biencoder import minilm_path
 
-    directory = run.workdir / "model"
-    if (directory / "config.json").is_file():
-        return
-    torch.manual_seed(0)
-    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
-    config = BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=run.hidden,
-        num_hidden_layers=run.layers,
-        num_attention_heads=max(1, run.hidden // 32),
-        intermediate_size=4 * run.hidden,
-        max_position_embeddings=512,
-    )
-    building = directory.with_name(".building-model")
-    shutil.rmtree(building, ignore_errors=True)
-    BertModel(config).save_pretrained(building)
-    tokenizer.save_pretrained(building)
-    building.replace(directory)
+    write_random_bert(run.workdir / "model", minilm_path(), run.layers, run.hidden, head_width=32)

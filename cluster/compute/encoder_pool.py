@@ -385,15 +385,15 @@ class EncoderPoolSettings:
 
     `num_encoders` 0 means one per `hnce_encoder` slot when the cluster advertises them, else one
     per `gpus_per_actor` of the GPUs a trainer beside the pool leaves (`reserved_gpus`,
-    :mod:`hnce.cluster.compute.gpu_sharing`), or 1 without GPUs. `num_threads` is each CPU actor's torch threads (and CPUs asked);
-    with `free_cpus`, for a pool that runs with no trainer training beside it (version 0,
-    evaluation, linking), each CPU actor instead takes an equal share of the CPUs Ray has free
-    less `reserved_cpus` (those of a trainer that starts beside it and is not placed yet: version
-    0 of ``hnce train``), at least `num_threads`. `lent_threads`: torch threads a trainer that
-    waits for this pool lends it (``refresh.mode: sync`` with ``training.cores: handover``, or
-    version 0 of ``hnce train``), shared among the CPU actors on top of the CPUs they ask for.
-    `wait_floor_seconds` is the least time any wait on an actor may take before it is reported
-    as hung (`hnce.cluster.compute.actors.TaskClock`).
+    :mod:`hnce.cluster.compute.gpu_sharing`), or 1 without GPUs. `num_threads` is each CPU actor's
+    torch threads (and CPUs asked); with `free_cpus`, for a pool that runs with no trainer training
+    beside it (version 0, evaluation, linking), each CPU actor instead takes an equal share of the
+    CPUs Ray has free less `reserved_cpus` (those of a trainer that starts beside it and is not
+    placed yet: version 0 of ``hnce train``), at least `num_threads`. `lent_threads`: torch threads
+    a trainer that waits for this pool lends it (``refresh.mode: sync`` with ``training.cores:
+    handover``, or version 0 of ``hnce train``), shared among the CPU actors on top of the CPUs they
+    ask for. `wait_floor_seconds` is the least time any wait on an actor may take before it is
+    reported as hung (`hnce.cluster.compute.actors.TaskClock`).
     """
 
     num_encoders: int = 0

@@ -18,7 +18,7 @@ which and why (:func:`resolve_gpu_sharing`).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 from hnce.cluster.compute.actors import PlacementError
@@ -39,15 +39,20 @@ class GpuPlan:
         mode: ``dedicated`` or ``shared``.
         worker_gpus: GPUs each trainer worker asks for (0 on CPUs).
         encoder_gpus: GPUs each encoder actor asks for where the cluster has GPUs.
-        trainer_gpus: GPUs the trainer's workers hold together (left to them by the encoders).
+        workers: the trainer's workers.
         why: the reason, logged by the driver.
     """
 
     mode: Literal["dedicated", "shared"]
     worker_gpus: float
     encoder_gpus: float
-    trainer_gpus: float
+    workers: int
     why: str
+
+    @property
+    def trainer_gpus(self) -> float:
+        """GPUs the trainer's workers hold together (left to them by the encoders)."""
+        return self.worker_gpus * self.workers
 
 
 def resolve_gpu_sharing(
@@ -64,22 +69,26 @@ def resolve_gpu_sharing(
     when ``encoder_slots``. Raises PlacementError for ``dedicated`` with no GPU left to an
     encoder, which would otherwise wait for a GPU the trainer never gives back."""
     if not use_gpu:
-        return GpuPlan("dedicated", 0.0, 1.0, 0.0, "the trainer trains on CPUs")
-    whole = GpuPlan("dedicated", 1.0, 1.0, float(trainer_workers), "cluster.gpu_sharing")
+        return GpuPlan("dedicated", 0.0, 1.0, trainer_workers, "the trainer trains on CPUs")
+
+    def plan(mode: Literal["dedicated", "shared"], why: str) -> GpuPlan:
+        if mode == "dedicated":
+            return GpuPlan(mode, 1.0, 1.0, trainer_workers, why)
+        share = f"; each trainer worker and each encoder actor takes {SHARED_GPU:g} of a GPU"
+        return GpuPlan(mode, SHARED_GPU, SHARED_GPU, trainer_workers, why + share)
+
     spare = cluster_gpus - trainer_workers
     if requested == "shared":
-        return _shared(trainer_workers, "cluster.gpu_sharing")
+        return plan("shared", "cluster.gpu_sharing")
     if not encoders_beside:
-        return replace(whole, why=f"{requested}: no encoder runs beside the trainer")
+        return plan("dedicated", f"{requested}: no encoder runs beside the trainer")
     if encoder_slots:
-        return replace(
-            whole, why=f"{requested}: the encoders have the cluster's hnce_encoder slots"
-        )
+        return plan("dedicated", f"{requested}: the encoders have the cluster's hnce_encoder slots")
     if spare >= 1:
-        return replace(
-            whole,
-            why=f"{requested}: {cluster_gpus:g} GPU(s), {trainer_workers} for the trainer's "
-            f"workers and {spare:g} for the encoders",
+        return plan(
+            "dedicated",
+            f"{requested}: {cluster_gpus:g} GPU(s), {trainer_workers} for the trainer's workers "
+            f"and {spare:g} for the encoders",
         )
     if requested == "dedicated":
         raise PlacementError(
@@ -87,20 +96,10 @@ def resolve_gpu_sharing(
             f"to the trainer's {trainer_workers} worker(s) and none is left for the refresh's "
             f"encoders; add a GPU, train on fewer workers, or set cluster.gpu_sharing: shared"
         )
-    return _shared(
-        trainer_workers,
-        f"auto: {cluster_gpus:g} GPU(s) for {trainer_workers} trainer worker(s) and the "
-        "encoders beside them",
-    )
-
-
-def _shared(trainer_workers: int, why: str) -> GpuPlan:
-    return GpuPlan(
+    return plan(
         "shared",
-        SHARED_GPU,
-        SHARED_GPU,
-        SHARED_GPU * trainer_workers,
-        f"{why}; each trainer worker and each encoder actor takes {SHARED_GPU:g} of a GPU",
+        f"auto: {cluster_gpus:g} GPU(s) for {trainer_workers} trainer worker(s) and the encoders "
+        "beside them",
     )
 
 
