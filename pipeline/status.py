@@ -37,7 +37,7 @@ from hnce.cluster.stores.checkpoints import CHECKPOINTS_DIR, COMPLETE, complete_
 from hnce.cluster.stores.files import AtomicPath
 from hnce.cluster.stores.index_store import IndexStore
 from hnce.cluster.stores.jsonl import finite_json
-from hnce.cluster.stores.lock_holder import read_holder
+from hnce.cluster.stores.lock_holder import TRAINING, LockHolder, read_holder
 from hnce.cluster.stores.negatives_store import NegativesVersion
 from hnce.cluster.stores.refresh_log import HeldoutRecall, RefreshLog, RefreshRecord, read_log
 from hnce.cluster.stores.versioned_dir import read_current, version_dir_name
@@ -70,6 +70,7 @@ class RunStatus:
     last_refresh: dict[str, Any] | None
     refreshes: dict[str, int]
     lock_holder: dict[str, Any] | None
+    training_holder: dict[str, Any] | None = None
     heldout_recall: dict[str, Any] | None = None
     refresh_trigger: dict[str, Any] | None = None
     disk_bytes: dict[str, int] = field(default_factory=dict)
@@ -96,7 +97,8 @@ class RunStatus:
             ),
             ("held-out", _heldout_line(self.heldout_recall)),
             ("trigger", _trigger_line(self.refresh_trigger)),
-            ("lock", "free" if self.lock_holder is None else f"held by {self.lock_holder['by']}"),
+            ("refresh lock", _holder_line(self.lock_holder)),
+            ("training lock", _holder_line(self.training_holder)),
             ("disk", _disk_line(self.disk_bytes)),
             *(("problem", problem) for problem in self.problems),
         ]
@@ -137,6 +139,7 @@ def run_status(run_dir: Path) -> RunStatus:
     log = read("refresh log", lambda: read_log(run_dir, problems=problems)) or RefreshLog()
     records = log.records
     holder = read("lock", lambda: read_holder(run_dir))
+    trainer = read("training lock", lambda: read_holder(run_dir, TRAINING))
     return RunStatus(
         run_dir=str(run_dir),
         checked_at=now,
@@ -149,12 +152,21 @@ def run_status(run_dir: Path) -> RunStatus:
         lag_minutes=lag_minutes,
         last_refresh=records[-1].to_json() if records else None,
         refreshes=_refresh_counts(records),
-        lock_holder=None if holder is None else {**asdict(holder), "by": holder.describe()},
+        lock_holder=_holder(holder),
+        training_holder=_holder(trainer),
         heldout_recall=asdict(log.heldout[-1]) if log.heldout else None,
         refresh_trigger=read("refresh trigger", lambda: _refresh_trigger(run_dir)),
         disk_bytes=read("disk", lambda: _disk_use(run_dir)) or {},
         problems=problems,
     )
+
+
+def _holder(holder: LockHolder | None) -> dict[str, Any] | None:
+    return None if holder is None else {**asdict(holder), "by": holder.describe()}
+
+
+def _holder_line(holder: dict[str, Any] | None) -> str:
+    return "free" if holder is None else f"held by {holder['by']}"
 
 
 def _live_index(root: Path) -> dict[str, Any] | None:

@@ -16,10 +16,9 @@ import numpy as np
 import pytest
 from store_helpers import mined_split, publish_index, write_checkpoint
 
-from hnce.cluster.compute.lock import RunLock, RunLocked
+from hnce.cluster.compute.lock import RunLock
 from hnce.cluster.compute.refresh import RefreshPlan, RefreshSettings
 from hnce.cluster.compute.refresh_job import (
-    EXIT_LOCKED,
     EXIT_NO_CHECKPOINT,
     EXIT_OK,
     JOB_ROLE,
@@ -29,7 +28,13 @@ from hnce.cluster.compute.refresh_job import (
     refresh_every,
     refresh_once,
 )
-from hnce.cluster.stores.lock_holder import HOLDER_FILE, read_holder
+from hnce.cluster.stores.lock_holder import (
+    EXIT_LOCKED,
+    REFRESH,
+    RunLocked,
+    holder_file,
+    read_holder,
+)
 from hnce.cluster.stores.refresh_log import LOG_FILE, RefreshRecord, append_record, read_log
 from hnce.cluster.stores.tables import Entity, Mention
 from hnce.cluster.stores.tables_write import write_dataset
@@ -54,7 +59,7 @@ def test_second_lock_on_one_run_fails_and_names_the_holder(tmp_path: Path) -> No
         with pytest.raises(RunLocked, match=rf"first holder \(pid {os.getpid()} .*step-40"):
             RunLock(tmp_path, "second").__enter__()
         assert read_holder(tmp_path).checkpoint == 40
-    assert read_holder(tmp_path) is None and not (tmp_path / HOLDER_FILE).exists()
+    assert read_holder(tmp_path) is None and not (tmp_path / holder_file(REFRESH)).exists()
     with RunLock(tmp_path, "again"):  # released: taken again
         assert read_holder(tmp_path).role == "again"
 
@@ -80,7 +85,7 @@ def test_lock_of_a_killed_holder_is_free_and_its_record_ignored(tmp_path: Path) 
     finally:
         holder.kill()
         holder.wait()
-    assert (tmp_path / HOLDER_FILE).exists()  # a SIGKILL leaves the record behind ...
+    assert (tmp_path / holder_file(REFRESH)).exists()  # a SIGKILL leaves the record behind ...
     assert read_holder(tmp_path) is None  # ... but its holder is provably gone
     with RunLock(tmp_path, "next"):  # and the kernel released the lock file
         pass

@@ -28,10 +28,10 @@ from training_helpers import write_letter_export
 
 from hnce.cluster.compute.coordinator import COORDINATOR_ROLE
 from hnce.cluster.compute.refresh import RefreshPlan, RefreshSettings, run_refresh
-from hnce.cluster.compute.refresh_job import EXIT_LOCKED, EXIT_OK, JOB_ROLE, attempt_refresh
+from hnce.cluster.compute.refresh_job import EXIT_OK, JOB_ROLE, attempt_refresh
 from hnce.cluster.stores.checkpoints import checkpoint_dir
 from hnce.cluster.stores.index_store import PROGRESS_FILE, IndexStore
-from hnce.cluster.stores.lock_holder import LockHolder, read_holder
+from hnce.cluster.stores.lock_holder import EXIT_LOCKED, LockHolder, read_holder
 from hnce.cluster.stores.negatives_store import NegativesStore
 from hnce.cluster.stores.refresh_log import read_log
 from hnce.cluster.stores.sharded_index import IndexSpec

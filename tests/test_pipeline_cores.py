@@ -12,7 +12,7 @@ import torch
 from training_helpers import NO_INDEX, synthetic_config
 
 from hnce.cluster.stores.files import atomic_write_json
-from hnce.cluster.stores.lock_holder import HOLDER_FILE, LockHolder
+from hnce.cluster.stores.lock_holder import REFRESH, LockHolder, holder_file
 from hnce.pipeline.config import ConfigError, load_config
 from hnce.pipeline.train import worker
 from hnce.pipeline.train.cores import TrainerThreads, resolve_cores, threads_lent_to_refresh
@@ -36,7 +36,7 @@ def hold_lock(run_dir: Path, checkpoint: int | None, pid: int | None = None) -> 
     if pid is not None:
         holder = replace(holder, pid=pid)
     run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(run_dir / HOLDER_FILE, asdict(holder))
+    atomic_write_json(run_dir / holder_file(REFRESH), asdict(holder))
 
 
 @pytest.mark.parametrize(
@@ -86,7 +86,7 @@ def test_threads_follow_the_refresh_lock(tmp_path: Path) -> None:
     assert threads.for_step() == 2
     hold_lock(run_dir, checkpoint=10)
     assert threads.for_step() == 1 and torch.get_num_threads() == 1
-    (run_dir / HOLDER_FILE).unlink()
+    (run_dir / holder_file(REFRESH)).unlink()
     assert threads.for_step() == 2 and torch.get_num_threads() == 2
 
 

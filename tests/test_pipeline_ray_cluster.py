@@ -248,5 +248,5 @@ def test_hnce_status_reports_the_trained_run(
     assert disk["total"] == sum(size for name, size in disk.items() if name != "total")
     assert main(["status", str(jobs["serving"])]) == 0
     screen = capsys.readouterr().out
-    assert f"v1 from step-{TRAINED_STEPS}" in screen and "lock          free" in screen
+    assert f"v1 from step-{TRAINED_STEPS}" in screen and "refresh lock  free" in screen
     assert f"published, step-{TRAINED_STEPS} → index v1, negatives v1" in screen

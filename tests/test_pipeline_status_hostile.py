@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hnce.cluster.stores.jsonl import append_jsonl, read_jsonl
-from hnce.cluster.stores.lock_holder import HOLDER_FILE
+from hnce.cluster.stores.lock_holder import REFRESH, holder_file
 from hnce.cluster.stores.refresh_log import LOG_FILE as REFRESH_LOG
 from hnce.pipeline.cli.main import main
 from hnce.pipeline.train.events import LOG_FILE as EVENT_LOG
@@ -54,7 +54,7 @@ def _broken_run(run_dir: Path) -> Path:
     (run_dir / "config.yaml").write_text("run: {}\n")
     (run_dir / EVENT_LOG).write_text('{"event": "start", "step": 0, "time": 1.0}\n{"event": "st')
     (run_dir / REFRESH_LOG).write_text('{"event": "refresh", "outcome": "published"}\nnonsense\n')
-    (run_dir / HOLDER_FILE).write_text("{not json")
+    (run_dir / holder_file(REFRESH)).write_text("{not json")
     for store in ("index", "negatives"):
         (run_dir / store).mkdir()
         (run_dir / store / "CURRENT").write_text("v7\n")  # names a version that is not there

@@ -32,13 +32,14 @@ from dataclasses import dataclass
 from types import FrameType
 
 from hnce.cluster.compute.actors import StopRequested
-from hnce.cluster.compute.lock import RunLock, RunLocked
+from hnce.cluster.compute.lock import RunLock
 from hnce.cluster.compute.refresh import NoCheckpointError, RefreshPlan, run_refresh
 from hnce.cluster.stores.checkpoints import (
     checkpoints_root,
     complete_checkpoints,
     refresh_requests,
 )
+from hnce.cluster.stores.lock_holder import EXIT_LOCKED, RunLocked
 from hnce.cluster.stores.refresh_log import RefreshRecord, append_heldout, append_record
 from hnce.encoders.errors import InputError
 
@@ -47,7 +48,6 @@ logger = logging.getLogger(__name__)
 JOB_ROLE = "hnce refresh"
 EXIT_OK = 0
 EXIT_NO_CHECKPOINT = 3
-EXIT_LOCKED = 75  # EX_TEMPFAIL: another refresh holds the lock; try again later
 EXIT_ABANDONED = 128 + signal.SIGTERM
 _EXIT_CODES = {
     "published": EXIT_OK,

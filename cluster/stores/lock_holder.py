@@ -1,9 +1,13 @@
-"""Who holds a run's refresh lock, as recorded on disk (the lock itself is
+"""Who holds a run's locks, as recorded on disk (the locks themselves are
 :class:`hnce.cluster.compute.lock.RunLock`; docs/refresh.md, "The run lock").
 
-The holder of ``<run>/refresh.lock`` records itself in ``<run>/refresh.lock.json``: role, pid,
-host, since, and the checkpoint it is encoding. Readers need no Ray: ``hnce status`` shows the
-holder, and checkpoint retention spares the checkpoint it is encoding (:func:`encoding_checkpoint`).
+A run has two locks, one per activity that must never run twice at once: ``refresh`` (every
+refresh of the run: the coordinator inside ``hnce train`` and ``hnce refresh``) and ``training``
+(a launch of ``hnce train``, so two launches never write one run's checkpoints and event log).
+The holder of ``<run>/<kind>.lock`` records itself in ``<run>/<kind>.lock.json``: role, pid,
+host, since, and for a refresh the checkpoint it is encoding. Readers need no Ray: ``hnce
+status`` shows both holders, and checkpoint retention spares the checkpoint a refresh is encoding
+(:func:`encoding_checkpoint`).
 """
 
 from __future__ import annotations
@@ -17,8 +21,36 @@ from pathlib import Path
 
 from hnce.encoders.errors import InputError
 
-LOCK_FILE = "refresh.lock"
-HOLDER_FILE = "refresh.lock.json"
+#: the lock every refresh of a run takes, and the one every launch of ``hnce train`` takes
+REFRESH, TRAINING = "refresh", "training"
+#: what each lock guards, as a refused contender is told ("another <activity> of <run> is running")
+ACTIVITY = {REFRESH: "refresh", TRAINING: "training launch"}
+
+
+#: the exit status of a command refused by a lock (sysexits' EX_TEMPFAIL: try again later)
+EXIT_LOCKED = 75
+
+
+class RunLocked(RuntimeError):
+    """Another refresh (or training launch) of the same run holds the lock."""
+
+    def __init__(self, run_dir: Path, holder: LockHolder | None, kind: str = REFRESH) -> None:
+        self.holder = holder
+        named = holder.describe() if holder is not None else "holder unknown"
+        super().__init__(
+            f"another {ACTIVITY[kind]} of {run_dir} is running: {named}; "
+            f"lock {Path(run_dir) / lock_file(kind)}"
+        )
+
+
+def lock_file(kind: str) -> str:
+    """The file name of the ``kind`` lock (``refresh.lock``), in the run directory."""
+    return f"{kind}.lock"
+
+
+def holder_file(kind: str) -> str:
+    """The file name of the ``kind`` lock's holder record (``refresh.lock.json``)."""
+    return f"{lock_file(kind)}.json"
 
 
 @dataclass(frozen=True)
@@ -53,10 +85,10 @@ class LockHolder:
         return False
 
 
-def read_holder(run_dir: Path) -> LockHolder | None:
-    """The recorded holder of ``run_dir``'s lock; None when free or when the holder provably
-    died without releasing it (a killed process leaves its record behind)."""
-    path = Path(run_dir) / HOLDER_FILE
+def read_holder(run_dir: Path, kind: str = REFRESH) -> LockHolder | None:
+    """The recorded holder of ``run_dir``'s ``kind`` lock; None when free or when the holder
+    provably died without releasing it (a killed process leaves its record behind)."""
+    path = Path(run_dir) / holder_file(kind)
     try:
         holder = LockHolder(**json.loads(path.read_text(encoding="utf-8")))
     except FileNotFoundError:
@@ -64,7 +96,8 @@ def read_holder(run_dir: Path) -> LockHolder | None:
     except (UnicodeDecodeError, json.JSONDecodeError, TypeError) as error:
         raise InputError(
             f"{path}: not a lock holder record ({error}); it is written atomically by the "
-            f"holder, so it was changed by hand: remove it if no refresh of this run is running"
+            f"holder, so it was changed by hand: remove it if no {ACTIVITY[kind]} of this run "
+            f"is running"
         ) from None
     return None if holder.is_stale() else holder
 

@@ -8,7 +8,9 @@ torch, Ray or DeepSpeed.
 A mistake of the user's (a bad recipe, a bad input row, a missing file: ``InputError``, also when
 it happened inside a Ray actor or worker) ends in one line naming the file and line, and exit
 status 2. What the machine refuses (a full disk, a read-only file system, a permission) is one
-line naming the file, exit 74; an interrupt (SIGINT) exits 130 with one line. Anything else is a
+line naming the file, exit 74; a command refused by a run's lock (a second ``hnce train`` of a run
+that is training) is one line naming the holder, exit 75 (EX_TEMPFAIL: try again later); an
+interrupt (SIGINT) exits 130 with one line. Anything else is a
 bug of ours and keeps its traceback. ``--debug`` shows tracebacks for everything and logs at
 DEBUG level.
 """
@@ -23,6 +25,7 @@ import signal
 import sys
 from collections.abc import Callable
 
+from hnce.cluster.stores.lock_holder import EXIT_LOCKED, RunLocked
 from hnce.encoders.errors import InputError
 from hnce.encoders.progress import quiet
 
@@ -176,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:
         if args.debug:
             raise
+        if isinstance(error, RunLocked):
+            print(f"hnce {args.command}: {error}", file=sys.stderr)
+            return EXIT_LOCKED
         if (found := user_error(error)) is not None:
             print(f"hnce {args.command}: {found}", file=sys.stderr)
             return EXIT_INPUT_ERROR

@@ -84,6 +84,11 @@ class TrainingTask:
         """Where negatives version 0 comes from (``negatives.initial``; random: none)."""
         return config.negatives.initial if self._on_index(config) else "random"
 
+    def encoders_beside(self, config: Config) -> bool:
+        """Whether encoder actors run beside the workers: a refresh, or version 0 mined with the
+        starting model."""
+        return self.refreshes(config) or self.initial_negatives(config) == "model"
+
     def _on_index(self, config: Config) -> bool:
         return self.kind == "retriever" and config.negatives.source == "index"
 

@@ -16,6 +16,11 @@ Negatives version 0 (``negatives.initial`` lexical or model) is prepared in a dr
 Ray Train starts the workers, which hold their first step until it is published
 (:class:`~hnce.pipeline.train.version_zero.VersionZeroBeside`).
 
+A launch holds the run's ``training`` lock (:class:`~hnce.cluster.compute.lock.RunLock`) from
+before Ray starts until it returns: a second launch on the same run directory (a job submitted
+twice, a retry while the first still runs, on this machine or another node of the cluster) is
+refused, naming the first, before it writes or starts anything.
+
 The driver can run many trainings in one process: Ray is started once (``init_ray`` is a no-op
 when it is up) and nothing of a run stays behind in the driver but its run directory.
 """
@@ -36,6 +41,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 
 from hnce.cluster.compute.gpu_sharing import GpuPlan, resolve_gpu_sharing
 from hnce.cluster.compute.index_build import timed
+from hnce.cluster.compute.lock import RunLock
 from hnce.cluster.compute.resources import (
     ENCODER_RESOURCE,
     TRAINER_RESOURCE,
@@ -43,6 +49,7 @@ from hnce.cluster.compute.resources import (
 )
 from hnce.cluster.compute.session import init_ray
 from hnce.cluster.stores.checkpoints import newest_checkpoint
+from hnce.cluster.stores.lock_holder import TRAINING
 from hnce.pipeline.config import Config, CoresMode, dump_config
 from hnce.pipeline.preflight import check_training_inputs
 from hnce.pipeline.train.cores import resolve_cores, threads_lent_to_refresh
@@ -169,20 +176,34 @@ def discard_earlier_launch_state(experiment_dir: Path) -> None:
 
 def run_task(config: Config, task: TrainingTask) -> TrainingSummary:
     """Train ``task`` to its ``steps`` through Ray Train (resuming from the newest checkpoint in
-    its run directory); returns what the run did, read back from its event log."""
+    its run directory); returns what the run did, read back from its event log. Raises
+    :class:`~hnce.cluster.compute.lock.RunLocked` when another launch is training the run."""
     settings = task.settings(config)
-    task.run_dir.mkdir(parents=True, exist_ok=True)
-    dump_config(config, task.run_dir / "config.yaml")
-    with_refresh = task.refreshes(config)
-    initial = task.initial_negatives(config)
-    encoders = with_refresh or initial == "model"
     cpus_needed = settings.num_workers * settings.cpus_per_worker + (
-        config.refresh.num_encoders * config.refresh.encoder_cpus if encoders else 0
+        config.refresh.num_encoders * config.refresh.encoder_cpus
+        if task.encoders_beside(config)
+        else 0
     )
     seconds: dict[str, float] = {}
     since = time.time()
-    with timed(seconds, "ray"):
-        init_ray(config.cluster, cpus_needed)
+
+    def start_ray() -> None:
+        with timed(seconds, "ray"):
+            init_ray(config.cluster, cpus_needed)
+
+    with RunLock(task.run_dir, f"hnce train ({task.kind})", start_ray, kind=TRAINING):
+        return _launch(config, task, seconds, since)
+
+
+def _launch(
+    config: Config, task: TrainingTask, seconds: dict[str, float], since: float
+) -> TrainingSummary:
+    """:func:`run_task` once Ray is up and the run's training lock held (``seconds``: the
+    driver's stages so far; ``since``: the launch's start)."""
+    settings = task.settings(config)
+    dump_config(config, task.run_dir / "config.yaml")
+    with_refresh = task.refreshes(config)
+    initial = task.initial_negatives(config)
     nodes = sum(1 for node in ray.nodes() if node["Alive"])
     cores, why = resolve_cores(settings.cores, nodes, config.cluster.use_gpu)
     logger.info("training cores: %s (%s)", cores, why)
@@ -192,7 +213,7 @@ def run_task(config: Config, task: TrainingTask) -> TrainingSummary:
         config.cluster.use_gpu,
         resources.get("GPU", 0.0),
         settings.num_workers,
-        encoders_beside=encoders,
+        encoders_beside=task.encoders_beside(config),
         encoder_slots=bool(custom_resource_request(ENCODER_RESOURCE, resources)),
     )
     if config.cluster.use_gpu:

@@ -1,0 +1,119 @@
+"""The run's training lock: one launch of the trainer per run directory (docs/refresh.md, "The
+training lock"). A second launch is refused before it writes or starts anything, on the Python
+API and on the command line (exit 75, the holder named); the cluster layer waits out a holder
+that provably died and refuses a live one at once."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import pytest
+from training_helpers import synthetic_config
+
+from hnce.cluster.compute import lock
+from hnce.cluster.compute.lock import (
+    NAMESPACE,
+    ClusterLockToken,
+    RunLock,
+    cluster_lock_name,
+)
+from hnce.cluster.stores.lock_holder import (
+    EXIT_LOCKED,
+    REFRESH,
+    TRAINING,
+    LockHolder,
+    RunLocked,
+    read_holder,
+)
+from hnce.pipeline.train.trainer import run_training
+
+REPO = Path(__file__).resolve().parents[1]
+LOCK_FILES = {"training.lock", "training.lock.json"}
+
+
+def test_a_second_launch_is_refused_before_it_writes_anything(
+    tmp_path: Path, small_dataset: Path, syllable_bert: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    config = synthetic_config(run_dir, small_dataset, syllable_bert, "training.steps=2")
+    with RunLock(run_dir, "the first launch", kind=TRAINING):
+        with pytest.raises(RunLocked, match=r"another training launch of .* the first launch"):
+            run_training(config)
+        assert {path.name for path in run_dir.iterdir()} == LOCK_FILES  # no config.yaml, no log
+        assert read_holder(run_dir, TRAINING).role == "the first launch"
+        with RunLock(run_dir, "a refresh"):  # the refresh lock is another lock
+            assert read_holder(run_dir, REFRESH).role == "a refresh"
+    assert read_holder(run_dir, TRAINING) is None
+
+
+def test_hnce_train_exits_75_naming_the_launch_that_holds_the_run(
+    tmp_path: Path, small_dataset: Path, syllable_bert: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    recipe = REPO / "configs" / "synthetic-test.yaml"
+    command = [sys.executable, "-m", "hnce.pipeline.cli.main", "train", "--config", str(recipe)]
+    for override in (
+        f"run.dir={run_dir}",
+        f"data.root={small_dataset}",
+        f"model.path={syllable_bert}",
+    ):
+        command += ["--set", override]
+    with RunLock(run_dir, "a launch in another terminal", kind=TRAINING):
+        refused = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == EXIT_LOCKED, refused.stderr
+    assert "another training launch" in refused.stderr
+    assert "a launch in another terminal" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert {path.name for path in run_dir.iterdir()} <= LOCK_FILES
+
+
+def test_a_cluster_lock_held_by_a_dead_holder_is_taken_once_ray_frees_it(
+    tmp_path: Path, ray_session: str
+) -> None:
+    """The named actor of a holder whose pid is gone: the contender waits for Ray to free the
+    name (here: the actor killed a second later) instead of refusing."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # its pid is gone: the holder provably died
+    holder = replace(LockHolder.this_process("killed launch"), pid=dead.pid)
+    name = cluster_lock_name(tmp_path, TRAINING)
+    token = ClusterLockToken.options(name=name, namespace=NAMESPACE).remote(asdict(holder))
+    import ray
+
+    ray.get(token.holder.remote())
+    freed = threading.Timer(1.0, lambda: ray.kill(token, no_restart=True))
+    freed.start()
+    started = time.monotonic()
+    try:
+        with RunLock(tmp_path, "the retry", kind=TRAINING):
+            assert read_holder(tmp_path, TRAINING).role == "the retry"
+    finally:
+        freed.join()
+    assert time.monotonic() - started >= 1.0  # it waited for the name
+
+
+def test_a_cluster_lock_held_by_a_live_holder_refuses_at_once(
+    tmp_path: Path, ray_session: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A holder that lives (here: this process, as another node's launch would be) is asked
+    once and the contender refused, without waiting for the name."""
+    name = cluster_lock_name(tmp_path, TRAINING)
+    holder = LockHolder.this_process("a launch on another node")
+    token = ClusterLockToken.options(name=name, namespace=NAMESPACE).remote(asdict(holder))
+    asked = []
+    monkeypatch.setattr(lock, "_cluster_holder", lambda n: asked.append(n) or holder)
+    import ray
+
+    try:
+        ray.get(token.holder.remote())
+        with pytest.raises(RunLocked, match="a launch on another node"):
+            RunLock(tmp_path, "the second launch", kind=TRAINING).__enter__()
+        assert asked == [name]
+        assert not (tmp_path / "training.lock.json").exists()  # the holder's record, if any
+    finally:
+        ray.kill(token, no_restart=True)
+    assert cluster_lock_name(tmp_path, REFRESH) != name
