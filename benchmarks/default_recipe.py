@@ -21,7 +21,7 @@ at the equal budget of ``benchmarks.wordnet_comparison`` on the same WordNet sub
   the very mentions the baseline trained on, same steps, batch, learning rate and negatives.
 
 Final recall is ``hnce eval``'s (through the cluster); the curves (recall against wall-clock at
-every third checkpoint) come from the exact path of ``benchmarks.peer`` for the refreshed, the
+every ``--curve-every``-th checkpoint) come from the exact path of ``benchmarks.peer`` for the refreshed, the
 mined-once and the baseline dual runs and the peer. A cell is reported by Welch's t against its
 family's random + shared cell (``som: ``, ``cosine: ``; that cell against the dot-product one); a
 recipe can be the default when it is not worse at any of R@1, R@8, R@64 (t > -2) and better at
@@ -29,7 +29,11 @@ R@1 beyond the spread (t > 2). Runs resume from ``--work-dir``.
 
     .venv/bin/python -m benchmarks.default_recipe --nice 10    # 2-4 min per run on 2 cores
 
-writes ``benchmarks/results/default_recipe.md`` and two plots beside it.
+writes ``benchmarks/results/default_recipe.md`` and two plots beside it. The long budget, where
+several refreshes land and are trained on, in the demo's scoring (every dual cell cosine):
+
+    .venv/bin/python -m benchmarks.default_recipe --steps 90 --scoring cosine --curve-every 2 \
+        --work-dir runs/default-recipe-long --output benchmarks/results/default_recipe_long.md
 """
 
 from __future__ import annotations
@@ -72,32 +76,42 @@ BASELINE = "random + shared"
 PEER = "sentence-transformers (mined once, MNRL)"
 
 
-def recipes(steps: int) -> dict[str, tuple[str, list[str]]]:
-    """Each cell's scorer and overrides, the baseline first."""
-    return {
-        BASELINE: ("dual", [*NO_INDEX, SHARED]),
-        "mixed-50 + shared": ("dual", [*MIXED, SHARED]),
-        "mixed-50 + shared + margin 5%": (
-            "dual",
-            [*MIXED, SHARED, "negatives.candidates.relative_margin=0.05"],
-        ),
-        "mixed-50 + shared + rank window [2, 16)": (
-            "dual",
-            [*MIXED, SHARED, "negatives.candidates.rank_window=[2, 16]"],
-        ),
-        "mixed-50 + shared + schedule 0 → 0.5": (
-            "dual",
-            [*MIXED, SHARED, f"negatives.schedule.hard_fraction=[[0, 0.0], [{steps // 2}, 0.5]]"],
-        ),
-        "mixed-50 + shared, mined once": ("dual", [*MIXED, SHARED, "refresh.enabled=false"]),
-        "cosine: random + shared": ("dual", [*NO_INDEX, SHARED, *COSINE]),
-        "cosine: mixed-50 + shared": ("dual", [*MIXED, SHARED, *COSINE]),
-        "som: random + shared": ("som", [*NO_INDEX, SHARED]),
-        "som: hard + shared": (
-            "som",
-            ["negatives.sampler=hard", "negatives.initial=model", SHARED],
-        ),
+def recipes(steps: int, scoring: str) -> dict[str, tuple[str, list[str]]]:
+    """Each cell's scorer and overrides, the baseline first. ``scoring`` ``both``: the dual cells
+    with dot-product scores, then the ``cosine:`` family; ``cosine``: every dual cell scored as
+    ``configs/demo.yaml`` scores (cosine at temperature 0.05), no family prefix. Sum-of-max keeps
+    dot-product scores (a sum of up to 24 cosines at temperature 0.05 saturates the softmax)."""
+    scored = COSINE if scoring == "cosine" else []
+    dual = {
+        BASELINE: [*NO_INDEX, SHARED],
+        "mixed-50 + shared": [*MIXED, SHARED],
+        "mixed-50 + shared + margin 5%": [
+            *MIXED,
+            SHARED,
+            "negatives.candidates.relative_margin=0.05",
+        ],
+        "mixed-50 + shared + rank window [2, 16)": [
+            *MIXED,
+            SHARED,
+            "negatives.candidates.rank_window=[2, 16]",
+        ],
+        "mixed-50 + shared + schedule 0 → 0.5": [
+            *MIXED,
+            SHARED,
+            f"negatives.schedule.hard_fraction=[[0, 0.0], [{steps // 2}, 0.5]]",
+        ],
+        "mixed-50 + shared, mined once": [*MIXED, SHARED, "refresh.enabled=false"],
     }
+    cells = {name: ("dual", [*overrides, *scored]) for name, overrides in dual.items()}
+    if scoring == "both":
+        cells["cosine: random + shared"] = ("dual", [*NO_INDEX, SHARED, *COSINE])
+        cells["cosine: mixed-50 + shared"] = ("dual", [*MIXED, SHARED, *COSINE])
+    cells["som: random + shared"] = ("som", [*NO_INDEX, SHARED])
+    cells["som: hard + shared"] = (
+        "som",
+        ["negatives.sampler=hard", "negatives.initial=model", SHARED],
+    )
+    return cells
 
 
 CURVES = (BASELINE, "mixed-50 + shared", "mixed-50 + shared, mined once")
@@ -125,9 +139,9 @@ class Run:
         return cls(**{**raw, "recall": keyed(raw["recall"]), "points": points})
 
 
-def hnce_run(name: str, config: Config, held_out: HeldOut) -> dict[str, Any]:
+def hnce_run(name: str, config: Config, held_out: HeldOut, curve_every: int) -> dict[str, Any]:
     """Train ``config`` from scratch and evaluate it: the final export by ``hnce eval``, every
-    third checkpoint by the exact path when ``name`` is a curve cell."""
+    ``curve_every``-th checkpoint by the exact path when ``name`` is a curve cell."""
     run_dir = config.run_dir
     shutil.rmtree(run_dir, ignore_errors=True)  # an interrupted run starts over
     timer = harness.Timer()
@@ -136,7 +150,7 @@ def hnce_run(name: str, config: Config, held_out: HeldOut) -> dict[str, Any]:
     final = evaluate_export(config, checkpoint_export(run_dir), name).recall
     points = []
     if name in CURVES:
-        every = 3 * config.training.checkpoint_every
+        every = curve_every * config.training.checkpoint_every
         for event in read_events(run_dir, "checkpoint"):
             if event["step"] % every == 0:
                 model = load_biencoder(checkpoint_export(run_dir, event["step"]))
@@ -154,7 +168,7 @@ def peer(args: argparse.Namespace, baseline: Config, trained: list[str], held: H
     """The peer on the baseline's mentions and budget (its own state file per seed)."""
     work = args.work_dir / "peer" / f"s{baseline.run.seed}"
     state = harness.StageState(work / "state.json").load()
-    every = 3 * baseline.training.checkpoint_every
+    every = args.curve_every * baseline.training.checkpoint_every
     checkpoints = list(range(every, baseline.training.steps + 1, every))
     setup = Setup(work, state, [], baseline, checkpoints, held)
     done = peer_run(setup, trained, dual_encoder(minilm_path(), baseline))
@@ -167,7 +181,7 @@ Results = dict[str, list[Run]]
 def run_all(args: argparse.Namespace, data: Path) -> Results:
     """Every run, seed-major, finished ones read back from the state file."""
     state = harness.StageState(args.work_dir / "state.json").load()
-    cells = recipes(args.steps)
+    cells = recipes(args.steps, args.scoring)
     results: Results = {}
     held_out = None
     for seed in tqdm(range(args.seeds), desc="seeds", unit="seed"):
@@ -185,7 +199,8 @@ def run_all(args: argparse.Namespace, data: Path) -> Results:
             )
             held_out = held_out or held_out_set(config)
             raw = state.once(
-                run_key(slug, seed), lambda n=name, c=config, h=held_out: hnce_run(n, c, h)
+                run_key(slug, seed),
+                lambda n=name, c=config, h=held_out: hnce_run(n, c, h, args.curve_every),
             )
             results.setdefault(name, []).append(Run.from_json(raw))
             if name == BASELINE:
@@ -300,17 +315,26 @@ def write_report(args: argparse.Namespace, results: Results) -> None:
     harness.write_result(
         args.output,
         [
-            f"# Which negatives recipe is the default (issue 27): WordNet, {args.seeds} seeds",
+            f"# Which negatives recipe is the default (issue 27): WordNet, {args.seeds} seeds"
+            + (f", {args.steps} steps, cosine scores" if args.scoring == "cosine" else ""),
             "",
             f"{args.entities} synsets, {args.train_mentions} train and {args.test_mentions} "
             f"held-out mentions (lemmas never seen in training); the equal budget of the scorers "
             f"× negatives table ({args.steps} steps × 8 mentions × 4 negatives, a checkpoint "
             f"and an asynchronous refresh every {max(1, args.steps // 6)} steps), every hnce run "
-            f"with `negatives.share: batch`; the peer on the baseline's mentions at the same "
-            f"budget. Mean ± sd over seeds 0..{args.seeds - 1}; **bold**: Welch's |t| > 2 "
-            f"against the family's random + shared cell (a family's random cell: against the "
-            f"dot-product one). {minutes:.0f} min of training on 2 "
-            f"cores. Command: `.venv/bin/python -m benchmarks.default_recipe`.",
+            f"with `negatives.share: batch`"
+            + (
+                " and the demo's cosine scores (temperature 0.05) in every dual cell"
+                if args.scoring == "cosine"
+                else ""
+            )
+            + f"; the peer on the baseline's mentions at the same budget; curves every "
+            f"{args.curve_every * max(1, args.steps // 6)} steps. Mean ± sd over seeds "
+            f"0..{args.seeds - 1}; **bold**: Welch's |t| > 2 against the family's random + "
+            f"shared cell (a family's random cell: against the dot-product one). "
+            f"{minutes:.0f} min of training on 2 cores. Command: `.venv/bin/python -m "
+            f"benchmarks.default_recipe --steps {args.steps} --scoring {args.scoring} "
+            f"--curve-every {args.curve_every} --output {args.output}`.",
             "",
             *table(results),
             "",
@@ -331,7 +355,20 @@ def write_report(args: argparse.Namespace, results: Results) -> None:
 @quiet()  # no progress bars from hnce in this process
 def main() -> None:
     parser = wordnet_arguments(
-        __doc__, "default_recipe", Path("runs/default-recipe"), 1000, steps=30, seeds=3
+        __doc__,
+        "default_recipe",
+        Path("runs/default-recipe"),
+        1000,
+        steps=30,
+        seeds=3,
+        curve_every=3,
+    )
+    parser.add_argument(
+        "--scoring",
+        choices=("both", "cosine"),
+        default="both",
+        help="both: dot-product dual cells and a cosine family; cosine: every dual cell scored "
+        "as configs/demo.yaml scores (default: %(default)s)",
     )
     args = harness.parse(parser)
     require_bench_extra()
