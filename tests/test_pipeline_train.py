@@ -13,12 +13,14 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 from training_helpers import CONFIGS, exact_scores, synthetic_config, write_syllable_bert
 
+from hnce.cluster.compute.actors import StopRequested
 from hnce.cluster.compute.coordinator import COORDINATOR_ROLE
 from hnce.cluster.compute.encoder_pool import node_cores
 from hnce.cluster.compute.recall import hits_at
@@ -401,7 +403,7 @@ def test_a_failing_version_zero_stops_the_waiting_workers_and_reaches_the_driver
     error."""
     import hnce.pipeline.train.version_zero as version_zero
 
-    def fail(config: Config, initial: str, trainer: object = None) -> None:
+    def fail(config: Config, initial: str, trainer: object = None, stopping: object = None) -> None:
         raise OSError(f"planted: {initial} negatives version 0 unreadable")
 
     monkeypatch.setattr(version_zero, "prepare_initial_negatives", fail)
@@ -422,3 +424,45 @@ def test_a_failing_version_zero_stops_the_waiting_workers_and_reaches_the_driver
     assert not read_events(run_dir, "initial_negatives_wait")
     [failed] = read_events(run_dir, "initial_negatives")
     assert failed["error"] == "OSError: planted: model negatives version 0 unreadable"
+
+
+@pytest.mark.timeout(240)
+def test_a_failing_trainer_abandons_version_zero_before_its_error_is_raised(
+    tmp_path: Path,
+    dataset: Path,
+    tiny_model_dir: Path,
+    ray_session: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The trainer fails while negatives version 0 is still being built beside it: the build is
+    told to stop and has ended (its encoder actors released) when ``run_training`` raises the
+    trainer's error, so nothing of the run goes on in the driver's process."""
+    import hnce.pipeline.train.trainer as trainer
+    import hnce.pipeline.train.version_zero as version_zero
+
+    building, stopped = threading.Event(), threading.Event()
+
+    def build_until_stopped(*args: object, stopping: Callable[[], bool], **kwargs: object) -> None:
+        building.set()
+        deadline = time.monotonic() + 60  # the unstopped build of a broken abandon ends here
+        while time.monotonic() < deadline:
+            if stopping():
+                stopped.set()
+                raise StopRequested("planted build: stopped within a batch")
+            time.sleep(0.05)
+
+    def worker_dies(*args: object) -> None:
+        assert building.wait(120), "version 0 never started"
+        raise RuntimeError("planted: the worker group failed")
+
+    monkeypatch.setattr(version_zero, "index_entities", build_until_stopped)
+    monkeypatch.setattr(trainer, "fit_interruptibly", worker_dies)
+    run_dir = tmp_path / "run"
+    config = synthetic_config(
+        run_dir, dataset, tiny_model_dir, "negatives.initial=model", "refresh.enabled=false"
+    )
+    with pytest.raises(RuntimeError, match="planted: the worker group failed"):
+        run_training(config)
+    assert stopped.is_set()
+    assert not [t for t in threading.enumerate() if t.name == "negatives-version-0"]
+    assert IndexStore(run_dir / "index").current() is None  # nothing half-built was published

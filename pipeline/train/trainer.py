@@ -14,7 +14,8 @@ Ray Train's state afresh (:func:`discard_earlier_launch_state`).
 
 Negatives version 0 (``negatives.initial`` lexical or model) is prepared in a driver thread while
 Ray Train starts the workers, which hold their first step until it is published
-(:class:`~hnce.pipeline.train.version_zero.VersionZeroBeside`).
+(:class:`~hnce.pipeline.train.version_zero.VersionZeroBeside`); a trainer that fails first
+abandons it before its error is raised.
 
 A launch holds the run's ``training`` lock (:class:`~hnce.cluster.compute.lock.RunLock`) from
 before Ray starts until it returns: a second launch on the same run directory (a job submitted
@@ -262,6 +263,10 @@ def _launch(
     follower.start()
     try:
         fit_interruptibly(trainer, task.run_dir)
+    except BaseException:
+        if version_zero is not None:
+            version_zero.abandon()
+        raise
     finally:
         done.set()
         follower.join()

@@ -24,7 +24,11 @@ Where the encoders have devices of their own, Ray Train's start-up is hidden beh
 2 shared cores the start-up itself keeps both cores busy, and the first step comes only about 3 s
 sooner (BENCHMARKS.md, "From `hnce train` to its first step"). A failure is logged the moment it
 happens and written to the run's event log as an ``initial_negatives`` event with its error; the
-workers read it there and stand down without training, and the driver raises the error.
+workers read it there and stand down without training, and the driver raises the error. The other
+way round, a trainer that fails while version 0 is still being built abandons it
+(:meth:`VersionZeroBeside.abandon`): the encoding stops within a batch, its finished shards
+recorded for the next launch to resume, and the encoder actors are released before the driver
+raises the trainer's error, so a process that goes on (a notebook, a test) keeps nothing running.
 """
 
 from __future__ import annotations
@@ -33,9 +37,11 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from hnce.cluster.compute.actors import StopRequested
 from hnce.cluster.compute.encoder_pool import EncoderPool, read_encodings
 from hnce.cluster.compute.index_build import (
     IndexedModel,
@@ -62,6 +68,8 @@ INITIAL_VERSION = 0
 INITIAL_STEP = 0
 #: the driver's event when negatives version 0 is ready or has failed (``error`` then set)
 INITIAL_NEGATIVES_EVENT = "initial_negatives"
+#: how long :meth:`VersionZeroBeside.abandon` waits for the build to stop and its actors to go
+ABANDON_SECONDS = 120.0
 
 
 def check_encodings(path: Path, model: IndexedModel, num_entities: int) -> None:
@@ -111,11 +119,13 @@ def prepare_version_zero(
     train_split: str,
     encodings: Path | None = None,
     trainer: TrainerBeside = NO_TRAINER,
+    stopping: Callable[[], bool] | None = None,
 ) -> IndexVersion | None:
     """Index and train negatives version 0 of the imported `model` (kept when the run already
     has them); None when a resumed run's retention has already removed version 0. Its encoder
     actors share the CPUs Ray has free less those of the `trainer` starting beside them, and run
-    the threads it lends them on top."""
+    the threads it lends them on top. Once `stopping()` is true the build stops within a batch
+    (StopRequested, as :func:`~hnce.cluster.compute.index_build.index_entities`)."""
     store, negatives = plan.index_store, plan.negatives_store
     versions = store.versions()
     if versions and INITIAL_VERSION not in versions:
@@ -136,7 +146,7 @@ def prepare_version_zero(
         if versions:
             version = store.open(INITIAL_VERSION)
         else:
-            version = _build_version_zero(plan, pool, model, tokens, encodings)
+            version = _build_version_zero(plan, pool, model, tokens, encodings, stopping)
         if negatives.current_version() is None:
             held = pool.hold(version, plan.index.candidate_depth)
             split = MentionSplit.open(mention_split_path(plan.data_dir, train_split))
@@ -158,6 +168,7 @@ def _build_version_zero(
     model: IndexedModel,
     tokens: TokenStore | None,
     encodings: Path | None,
+    stopping: Callable[[], bool] | None,
 ) -> IndexVersion:
     """Version 0 (whatever the store's next number), from `encodings` or from `tokens`."""
     if tokens is not None:
@@ -168,17 +179,23 @@ def _build_version_zero(
     shard_size = plan.refresh.shard_size
     parameters = build_parameters(model, catalogue, num_entities, plan.index, shard_size, encodings)
     builder = IndexBuilder(plan.index_store, INITIAL_VERSION, parameters)
-    return index_entities(pool, builder, plan.index, shard_size, encodings).version
+    return index_entities(
+        pool, builder, plan.index, shard_size, encodings, stopping=stopping
+    ).version
 
 
 def prepare_initial_negatives(
-    config: Config, initial: str, trainer: TrainerBeside = NO_TRAINER
+    config: Config,
+    initial: str,
+    trainer: TrainerBeside = NO_TRAINER,
+    stopping: Callable[[], bool] | None = None,
 ) -> None:
     """Negatives version 0 of a retriever run from ``initial`` (``negatives.initial``, as the
     task resolves it): nothing for random, BM25's top-N for lexical, the starting model's top-N
     (index version 0 built by the encoder actors) for model. A run that has it keeps it.
 
-    ``trainer``: the trainer that starts beside the encoder actors (:data:`NO_TRAINER`: none)."""
+    ``trainer``: the trainer that starts beside the encoder actors (:data:`NO_TRAINER`: none);
+    ``stopping``: once true, the model's build stops within a batch (StopRequested)."""
     plan = refresh_plan(config)
     if initial == "lexical":
         lexical = config.negatives.lexical
@@ -193,16 +210,18 @@ def prepare_initial_negatives(
     elif initial == "model":
         starting_model = IndexedModel.from_export(untrained_export(config))
         split = config.data.train_split
-        prepare_version_zero(plan, starting_model, split, trainer=trainer)
+        prepare_version_zero(plan, starting_model, split, trainer=trainer, stopping=stopping)
 
 
 class VersionZeroBeside:
     """Negatives version 0 prepared in a driver thread while Ray Train starts the workers (module
-    docs). :meth:`raise_if_failed` after the workers have stood down raises its error."""
+    docs). :meth:`raise_if_failed` after the workers have stood down raises its error;
+    :meth:`abandon` stops it when the trainer has failed first."""
 
     def __init__(self, config: Config, initial: str, trainer: TrainerBeside) -> None:
         self.run_dir = config.run_dir
         self.error: BaseException | None = None
+        self._abandoned = threading.Event()
         self.thread = threading.Thread(
             target=self._prepare,
             args=(config, initial, trainer),
@@ -217,7 +236,10 @@ class VersionZeroBeside:
     def _prepare(self, config: Config, initial: str, trainer: TrainerBeside) -> None:
         started = time.perf_counter()
         try:
-            prepare_initial_negatives(config, initial, trainer)
+            prepare_initial_negatives(config, initial, trainer, self._abandoned.is_set)
+        except StopRequested:
+            logger.info("negatives version 0 (%s) abandoned: the trainer failed", initial)
+            return
         except BaseException as error:  # raised in the driver's thread by raise_if_failed
             self.error = error
             logger.error("negatives version 0 (%s) failed: %s", initial, error)
@@ -231,6 +253,16 @@ class VersionZeroBeside:
         seconds = time.perf_counter() - started
         logger.info("negatives version 0 (%s) ready in %.1fs", initial, seconds)
         EventLog(self.run_dir).write(INITIAL_NEGATIVES_EVENT, initial=initial, seconds=seconds)
+
+    def abandon(self) -> None:
+        """Stop preparing version 0 (the trainer failed): the build stops within a batch and its
+        encoder actors are released; waits up to :data:`ABANDON_SECONDS` for that."""
+        self._abandoned.set()
+        self.thread.join(ABANDON_SECONDS)
+        if self.thread.is_alive():
+            logger.warning(
+                "negatives version 0 still running %.0fs after it was abandoned", ABANDON_SECONDS
+            )
 
     def raise_if_failed(self) -> None:
         """Wait for the thread and raise what it raised, if anything."""
