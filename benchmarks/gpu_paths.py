@@ -62,8 +62,9 @@ REMAINING = [
     "checkpoint still running (abandoned, resumable) and nothing published; in a 60-step run "
     "over 6,000 entities no step was logged for the last 60 s before the call's limit, while "
     "the refresh of step 15 ran beside it. Remaining: a run to its end that trains on a "
-    "negatives version refreshed on the shared GPU, where that stall came from, and why a "
-    "checkpoint takes 10 s",
+    "negatives version refreshed on the shared GPU, where that stall came from, why a "
+    "checkpoint takes 10 s, and `hnce refresh` as a separate job beside that training on the "
+    "one GPU (it takes half a GPU while the launch holds the run's training lock)",
     "(c) a refresh of ≥ 1M entities with GPU encoding: `hnce data synthetic-kilt` at 1M pages, "
     "then `hnce refresh` with `cluster.use_gpu: true` (FAISS GPU needs the `gpu` extra)",
     "(d) exact GPU top-k mining of a 5.9M × 768 fp16 matrix: `python -m benchmarks.gpu_paths`",

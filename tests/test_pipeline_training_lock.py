@@ -1,7 +1,8 @@
 """The run's training lock: one launch of the trainer per run directory (docs/refresh.md, "The
 training lock"). A second launch is refused before it writes or starts anything, on the Python
 API and on the command line (exit 75, the holder named); the cluster layer waits out a holder
-that provably died and refuses a live one at once."""
+that provably died and refuses a live one at once; a stand-alone refresh beside a launch that
+holds it takes the GPUs that launch leaves."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ from hnce.cluster.stores.lock_holder import (
     RunLocked,
     read_holder,
 )
+from hnce.pipeline.train.events import EventLog
+from hnce.pipeline.train.refresh_supervisor import standalone_refresh_plan
 from hnce.pipeline.train.trainer import run_training
 
 REPO = Path(__file__).resolve().parents[1]
@@ -117,3 +120,27 @@ def test_a_cluster_lock_held_by_a_live_holder_refuses_at_once(
     finally:
         ray.kill(token, no_restart=True)
     assert cluster_lock_name(tmp_path, REFRESH) != name
+
+
+@pytest.mark.parametrize(("chosen", "share"), [("shared", 0.5), ("dedicated", 1.0)])
+def test_a_standalone_refresh_beside_a_training_launch_takes_the_gpus_it_leaves(
+    tmp_path: Path, small_dataset: Path, syllable_bert: Path, chosen: str, share: float
+) -> None:
+    """``hnce refresh`` while a launch trains the run on GPUs: its encoders take the share of a
+    GPU the launch chose (half of the one GPU it shares) and count the workers' GPUs as taken;
+    once no launch holds the run, the refresh has the cluster's GPUs to itself."""
+    run_dir = tmp_path / "run"
+    config = synthetic_config(
+        run_dir,
+        small_dataset,
+        syllable_bert,
+        "cluster.use_gpu=true",
+        "training.num_workers=2",
+    )
+    alone = standalone_refresh_plan(config)
+    assert (alone.encoder_gpus, alone.trainer_gpus) == (1.0, 0.0)
+    with RunLock(run_dir, "hnce train (retriever)", kind=TRAINING):
+        EventLog(run_dir).write("launch", gpus=chosen, gpus_reason="a test")
+        beside = standalone_refresh_plan(config).pool_settings()
+        assert (beside.gpus_per_actor, beside.reserved_gpus) == (share, 2 * share)
+    assert standalone_refresh_plan(config).encoder_gpus == 1.0

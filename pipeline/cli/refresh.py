@@ -45,10 +45,10 @@ def run(args: argparse.Namespace) -> int:
     )
     from hnce.cluster.compute.session import init_ray
     from hnce.pipeline.preflight import check_refresh_inputs
-    from hnce.pipeline.train.refresh_supervisor import refresh_plan
+    from hnce.pipeline.train.refresh_supervisor import standalone_refresh_plan
 
     check_refresh_inputs(config)
-    plan = refresh_plan(config)
+    plan = standalone_refresh_plan(config)
     if args.initial:
         return _initial_version(config, plan)
     interval = parse_interval(args.every) if args.every is not None else None
