@@ -20,11 +20,8 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel, BertTokenizerFast
 
-# Ray Train's controller polls its workers every 2 s by default, which adds up to a poll's wait
-# to the start and end of every training run; tests poll faster. Nodes may take longer than
-# Ray's 60 s to register on a loaded 2-core machine. Set before any Ray instance starts, so
-# every instance and its workers inherit them.
-os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+# Nodes may take longer than Ray's 60 s to register on a loaded 2-core machine. Set before any
+# Ray instance starts, so every instance and its workers inherit it.
 os.environ.setdefault("RAY_raylet_start_wait_time_s", "600")
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Two test processes share the cores: one torch thread each, or their thread pools fight

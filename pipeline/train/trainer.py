@@ -29,6 +29,7 @@ when it is up) and nothing of a run stays behind in the driver but its run direc
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import threading
 import time
@@ -125,6 +126,12 @@ def run_training(config: Config) -> TrainingSummary:
     return run_task(config, TrainingTask.retriever(config))
 
 
+#: Ray Train's controller polls its workers this often (Ray's default is 2 s): a run's start and
+#: end each waited up to one interval for the next poll. Ray Train hands the driver's value to the
+#: controller; a value the user exported wins.
+CONTROLLER_POLL = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+
+
 def _trainer(
     config: Config,
     task: TrainingTask,
@@ -136,6 +143,7 @@ def _trainer(
     share of a GPU when ``cluster.use_gpu`` (``gpus``; NCCL, gloo without), and the
     ``hnce_trainer`` resource; Ray Train's state of an earlier launch is discarded first."""
     settings = task.settings(config)
+    os.environ.setdefault(*CONTROLLER_POLL)
     name = f"hnce-{task.kind}-{task.run_dir.name}"
     storage = task.run_dir / "ray"
     discard_earlier_launch_state(storage / name)
