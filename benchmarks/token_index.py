@@ -23,14 +23,19 @@ loses.
 3. The exact top-k is computed by brute force (sum-of-max: Σ_i max_j ⟨x_i, y_j⟩ over every token
    of every entity, in chunks; multi-8: max_t ⟨x, y_t⟩).
 4. The catalogue is indexed the way the encoder actors index it (sum-of-max: ``compress_tokens``
-   on each shard's ``training_sample``, then its chunks; multi-8: ``build_shard_index``), in
-   shards of ``--shard-size`` entities, the same mentions are searched (``ShardedSearcher``, as
-   the shard holders search) and the recall of the exact top-k is reported, with the index's
-   bytes per vector, the build time and the search time per mention.
+   on each shard's ``training_sample``, then its chunks; multi-8: ``build_shard_index`` and the
+   float16 copy of the shard's vectors its candidates are rescored from), in shards of
+   ``--shard-size`` entities, the same mentions are searched (``ShardedSearcher``, as the shard
+   holders search, at each of ``--depths``) and the recall of the exact top-k is reported, with
+   the index's bytes per vector, the build time and the search time per mention.
 
     .venv/bin/python -m benchmarks.token_index --nice 5 --codes 384:96 128:64 128:128
 
-writes ``benchmarks/results/token_index.md``.
+writes ``benchmarks/results/token_index.md``. Multi-8 alone, at several candidate depths:
+
+    .venv/bin/python -m benchmarks.token_index --entities 20000 --shard-size 10000 \
+        --scorers multi-8 --codes 128:32 128:64 --depths 256 1600 \
+        --output benchmarks/results/token_index_multi.md
 """
 
 from __future__ import annotations
@@ -201,7 +206,8 @@ def recall(found: np.ndarray, exact: np.ndarray) -> float:
 
 
 def index_bytes(shards: list[IndexShard]) -> int:
-    """Bytes a version of these shards writes: FAISS files, int64 ids and token codes."""
+    """Bytes a version of these shards holds in memory: FAISS files, int64 ids and token codes
+    (a multi-m shard's float16 copy stays on disk, memory-mapped: counted apart)."""
     total = 0
     for shard in shards:
         total += faiss.serialize_index(shard.storage).nbytes + shard.ids.nbytes
@@ -275,7 +281,9 @@ def sum_of_max_rows(
 def multi_rows(
     args, queries: np.ndarray, vectors: np.ndarray, pq_ms: list[int], m: int = 8
 ) -> list[str]:
-    """One row per ``pq_m``, all against one exact top-k."""
+    """One row per ``pq_m`` and candidate depth, all against one exact top-k: IVF-PQ shards with
+    the float16 copy of their vectors the encoder actors keep, so each shard's candidates (the
+    entities of its ``max(depth, k·m)`` nearest vectors) are rescored exactly."""
     exact = exact_multi(queries, vectors, m, args.k)
     ids = np.repeat(np.arange(args.entities, dtype=np.int64), m)
     rows = []
@@ -286,15 +294,19 @@ def multi_rows(
         for entity_ids in shard_ranges(args.entities, args.shard_size):
             rows_of = slice(int(entity_ids[0]) * m, (int(entity_ids[-1]) + 1) * m)
             index = build_shard_index(vectors[rows_of], spec)
-            shards.append(IndexShard(index, ids[rows_of], storage=index))
+            copy = vectors[rows_of].astype(np.float16)
+            cpu = resolve_faiss_device("cpu")
+            shards.append(IndexShard.on_device(index, ids[rows_of], cpu, vectors=copy))
         build_seconds = time.perf_counter() - started
         per_vector = index_bytes(shards) / len(ids)
-        found, seconds = timed_search(ShardedSearcher(shards, m), queries, args.k)
-        rows.append(
-            f"| multi-{m} | {vectors.shape[1]} | {pq_m} | {args.k} x {m} | "
-            f"{recall(found, exact):.3f} | {per_vector:.1f} (flat: {4 * vectors.shape[1] + 8}) | "
-            f"{build_seconds:.0f} | {1000 * seconds:.0f} |"
-        )
+        for depth in args.depths:
+            searcher = ShardedSearcher(shards, m, candidate_depth=depth)
+            found, seconds = timed_search(searcher, queries, args.k)
+            rows.append(
+                f"| multi-{m} | {vectors.shape[1]} | {pq_m} | {max(depth, args.k * m)} | "
+                f"{recall(found, exact):.3f} | {per_vector:.1f} + {2 * vectors.shape[1]} on disk "
+                f"(flat: {4 * vectors.shape[1] + 8}) | {build_seconds:.0f} | {1000 * seconds:.0f} |"
+            )
     return rows
 
 
@@ -358,8 +370,10 @@ def main() -> int:
         f"exact top-{args.k} in the searched top-{args.k}. IVF-PQ: {args.nlist} lists per shard of "
         f"{args.shard_size:,} entities, {args.nprobe} probed, 8-bit codes. Sum-of-max rescores "
         "every candidate (its query tokens' `candidate depth` nearest tokens' entities) from its "
-        "tokens' decoded codes; multi-8 ranks its k x m nearest vectors. Bytes per vector: the "
-        "FAISS file, the int64 id and (som) the standalone code. Command: "
+        "tokens' decoded codes; multi-8 rescores the entities of its `candidate depth` (at least "
+        "k x m) nearest vectors from the float16 copy of its vectors kept on disk. Bytes per "
+        "vector: the FAISS file, the int64 id and (som) the standalone code; multi-8's copy "
+        "apart. Command: "
         f"`{' '.join(['.venv/bin/python -m benchmarks.token_index', *sys.argv[1:]])}`.",
         "",
         "| scorer | width | pq_m | candidate depth | recall of exact top-k | bytes per vector | "

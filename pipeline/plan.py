@@ -21,7 +21,9 @@ reranker's encoder) trained by DeepSpeed with ZeRO stage z over N = ``num_worker
 Per index shard holder: ``refresh.shard_size`` entities x vectors per entity x bytes per vector,
 which is the dimension x (2 B fp16 on a GPU, 4 B fp32 on a CPU) for a flat index, and for
 ``ivfpq`` the list code (``pq_m`` B) and its 8-byte id, plus, for sum-of-max, the standalone code
-rescoring decodes (``pq_m`` B and the list number); the whole index is the catalogue's worth.
+rescoring decodes (``pq_m`` B and the list number); the whole index is the catalogue's worth. A
+compressed multi-m index (``ivfpq``, ``hnsw``) also keeps a float16 copy of its vectors on disk,
+memory-mapped and read for the candidates only: listed apart, as disk, not memory.
 
 Example::
 
@@ -292,10 +294,20 @@ def index_lines(
         per_vector = dimension * per_entity * element
         detail = f"x {dimension} dims x {per_entity} vectors x {element} B ({kind}){bound}"
     shard = min(config.refresh.shard_size, entities)
-    return [
+    lines = [
         MemoryLine("shard", f"{shard:,} entities {detail}", shard * per_vector),
         MemoryLine("whole index", f"{entities:,} entities {detail}", entities * per_vector),
     ]
+    if scorer.name == "multi" and config.index.kind != "flat":
+        copy = f"{entities:,} entities x {dimension} dims x {per_entity} vectors x 2 B (fp16)"
+        lines.append(
+            MemoryLine(
+                "vector copy",
+                f"{copy} on disk, memory-mapped: candidates are rescored from it",
+                entities * dimension * per_entity * 2,
+            )
+        )
+    return lines
 
 
 def catalogue_size(config: Config) -> int | None:

@@ -215,6 +215,29 @@ def test_compressed_sum_of_max_refresh_rescores_from_the_token_codes(ray_session
     assert recall >= 0.8, recall
 
 
+def test_compressed_multi_vector_refresh_rescores_from_its_vector_copy(ray_session, assets) -> None:
+    """A compressed multi-m index (``hnsw`` here: it needs no quantiser trained, which this small
+    catalogue could not feed), through two encoder actors and two shard holders: each shard
+    keeps a float16 copy of its vectors, the holders rescore every candidate from it, and the
+    mined top-10 is the scorer's own, up to the copy's float16 rounding."""
+    run_dir = assets["root"] / "multi-hnsw"
+    write_checkpoint(run_dir, 1, assets["multi"])
+    plan = _config(run_dir, assets["data"], shard_size=24, num_encoders=2)
+    plan = dataclasses.replace(plan, index=IndexSpec(kind="hnsw", hnsw_m=8, faiss_device="cpu"))
+    run_refresh(plan)
+    version = IndexStore(run_dir / "index").current()
+    assert [shard.vectors for shard in version.manifest.shards] == [
+        "shard-00000.vectors.npy",
+        "shard-00001.vectors.npy",
+    ]
+    mentions = _train_mentions(assets["data"])
+    scores = exact_scores(assets["multi"], assets["data"], mentions)
+    mined, _ = (
+        NegativesStore(run_dir / "negatives").latest().lookup([m.mention_id for m in mentions])
+    )
+    assert_exact_top_k(mined.numpy(), scores, atol=2e-3 * np.abs(scores).max())
+
+
 @pytest.mark.parametrize("scorer", ["poly-16", "genpoly-4-2"])
 def test_exact_refresh_and_evaluation_of_entity_dependent_scorers(
     ray_session, assets, scorer: str

@@ -235,3 +235,105 @@ def test_a_shard_is_compressed_chunk_by_chunk_in_entity_order(
     np.testing.assert_array_equal(built.ids, ids)
     np.testing.assert_array_equal(built.codes, built.index.sa_encode(vectors))
     assert built.index.ntotal == len(ids)
+
+
+# Compressed multi-m: candidates from the IVF-PQ vectors, rescored from a float16 copy. Codes of
+# 4 bytes per 32-d vector: as coarse, against their width, as 32-byte codes of 128-d vectors.
+M = 4
+MULTI_SPEC = IndexSpec(kind="ivfpq", nlist=256, pq_m=4, nprobe=32)
+
+
+def multi_catalogue(entities: int, seed: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    """(vectors [entities·M, DIM], entity id of each): M vectors per entity around the topics of
+    :func:`token_catalogue`, in entity order, as a multi-M shard stores them."""
+    vectors, _ = token_catalogue(entities * M // 7 + 1, seed)
+    vectors = vectors[np.random.default_rng(seed).permutation(len(vectors))]
+    if len(vectors) < entities * M:
+        vectors = np.concatenate([vectors] * (entities * M // len(vectors) + 1))
+    return vectors[: entities * M], np.repeat(np.arange(entities, dtype=np.int64), M)
+
+
+def multi_shards(vectors: np.ndarray, ids: np.ndarray, parts: int, copy: bool) -> list[IndexShard]:
+    """`parts` IVF-PQ multi-M shards over contiguous entity ranges, with (as the encoder actors
+    write them) or without their float16 vector copy."""
+    shards = []
+    for entities in np.array_split(np.arange(ids.max() + 1), parts):
+        rows = np.flatnonzero((ids >= entities[0]) & (ids <= entities[-1]))
+        index = build_shard_index(vectors[rows], MULTI_SPEC)
+        kept = vectors[rows].astype(np.float16) if copy else None
+        cpu = resolve_faiss_device("cpu")
+        shards.append(IndexShard.on_device(index, ids[rows], cpu, vectors=kept))
+    return shards
+
+
+def max_over_vectors(queries: np.ndarray, vectors: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """s(x, y) = max_t ⟨x, y_t⟩ of every query [B, DIM] against every entity [B, E]."""
+    first = np.unique(ids, return_index=True)[1]
+    return np.maximum.reduceat(queries @ vectors.T, first, axis=1)
+
+
+def test_compressed_multi_m_rescores_its_candidates_from_the_vector_copy() -> None:
+    """Against the exact multi-M top-20, IVF-PQ ranking alone (k·M vector hits by their
+    approximate scores) keeps 0.623 of it (measured); the same shards with their float16 copy
+    rescore the candidates of `candidate_depth` hits exactly and keep at least 0.9 (0.959
+    measured)."""
+    vectors, ids = multi_catalogue(3000)
+    rng = np.random.default_rng(3)
+    picked = vectors[rng.integers(0, len(vectors), size=60)]
+    queries = _unit(picked + 0.1 * rng.standard_normal(picked.shape))
+    k = 20
+    exact = np.argsort(-max_over_vectors(queries, vectors, ids), axis=1)[:, :k]
+
+    def recall(copy: bool) -> float:
+        searcher = ShardedSearcher(multi_shards(vectors, ids, 2, copy), M, candidate_depth=256)
+        found, _ = searcher.search(queries, k)
+        return np.mean([len(set(a) & set(b)) / k for a, b in zip(found, exact, strict=True)])
+
+    ranked, rescored = recall(copy=False), recall(copy=True)
+    assert rescored >= 0.9, (ranked, rescored)
+    assert ranked < 0.8, ranked  # the rescoring, not the candidates alone, reaches the floor
+
+
+def test_compressed_multi_m_scores_are_the_max_over_the_copy() -> None:
+    """Each score is max_t ⟨x, y_t⟩ over the entity's float16 copy, and at full candidate depth
+    the list is the top-k over every entity."""
+    vectors, ids = multi_catalogue(200)
+    shards = multi_shards(vectors, ids, 2, copy=True)
+    copy = np.concatenate([np.asarray(shard.vectors, np.float32) for shard in shards])
+    queries = vectors[::97][:12]
+    found, scores = ShardedSearcher(shards, M, candidate_depth=len(ids)).search(queries, 10)
+    brute = max_over_vectors(queries, copy, ids)
+    np.testing.assert_array_equal(found, np.argsort(-brute, axis=1, kind="stable")[:, :10])
+    np.testing.assert_allclose(scores, np.take_along_axis(brute, found, axis=1), rtol=1e-5)
+
+
+def test_store_keeps_verifies_and_maps_the_vector_copy(tmp_path: Path) -> None:
+    """A published compressed multi-M version keeps each shard's copy memory-mapped, searches
+    as the shards it was built from, and refuses a copy that changed or has the wrong shape."""
+    vectors, ids = multi_catalogue(400)
+    store = IndexStore(tmp_path / "index")
+    parameters = dataclasses.replace(
+        index_parameters(1, 400),
+        scorer={"name": "multi", "m": M},
+        dim=DIM,
+        vectors_per_entity=M,
+        index={**MULTI_SPEC.to_json(), "shard_size": 200},
+    )
+    shards = multi_shards(vectors, ids, 2, copy=True)
+    builder = store.begin(parameters)
+    with pytest.raises(StoreError, match=r"shard-00000\.vectors\.npy: expected a float16"):
+        builder.add_shard(0, shards[0].storage, shards[0].ids, (0, 200), vectors=vectors[:800])
+    for number, shard in enumerate(shards):
+        entities = (200 * number, 200 * (number + 1))
+        builder.add_shard(number, shard.storage, shard.ids, entities, vectors=shard.vectors)
+    builder.publish(2)
+    searcher = store.current().load()
+    assert all(isinstance(shard.vectors, np.memmap) for shard in searcher.shards)
+    queries = vectors[::53][:8]
+    expected = ShardedSearcher(shards, M).search(queries, 5)
+    got = searcher.search(queries, 5)
+    np.testing.assert_array_equal(got[0], expected[0])
+    np.testing.assert_allclose(got[1], expected[1], rtol=1e-6)
+    flip_byte(tmp_path / "index/v1/shard-00001.vectors.npy", -3)
+    with pytest.raises(ChecksumError, match=r"shard-00001\.vectors\.npy"):
+        store.current().load()

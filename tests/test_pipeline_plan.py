@@ -103,6 +103,27 @@ def test_plan_counts_the_real_parameters_and_chunks_the_candidates(tmp_path: Pat
     assert Encoder.from_config(architecture).parameters == tower
 
 
+@pytest.mark.parametrize(("kind", "copied"), [("flat", False), ("ivfpq", True), ("hnsw", True)])
+def test_a_compressed_multi_m_index_lists_its_vector_copy_on_disk(
+    tmp_path: Path, kind: str, copied: bool
+) -> None:
+    """multi-8 over 32-wide towers: a compressed index keeps 1,000 x 8 x 32 x 2 B of float16 copy
+    on disk beside its codes; a flat one needs none."""
+    tokenizer = write_wordpiece_tokenizer(tmp_path, ["a", "b"])
+    BertModel(tiny_bert_config(len(tokenizer))).save_pretrained(tmp_path)
+    config = load_config(
+        None,
+        [
+            f"model.path={tmp_path}",
+            "model.scorer.name=multi",
+            "model.scorer.m=8",
+            f"index.kind={kind}",
+        ],
+    )
+    index = {line.name: line.size for line in plan_memory(config, "retriever", 1000).index}
+    assert index.get("vector copy") == (1000 * 8 * 32 * 2 if copied else None)
+
+
 def test_a_projection_counts_its_weights_and_narrows_the_index(tmp_path: Path) -> None:
     """model.projection_size 8 on 32-wide towers: two projections of (32 + 1) x 8 weights, poly
     codes of width 8, and index vectors of 8 dimensions; with model.shared_towers one tower and

@@ -151,13 +151,15 @@ def encode_entities(
 @dataclass(frozen=True)
 class BuiltShard:
     """A shard's CPU index, the entity id of each of its vectors, a compressed sum-of-max
-    shard's standalone token codes (:func:`encode_compressed_tokens`; None otherwise) and the
-    padded tokens its encoding ran over."""
+    shard's standalone token codes (:func:`encode_compressed_tokens`; None otherwise), the
+    padded tokens its encoding ran over, and a compressed multi-m shard's float16 copy of its
+    vectors (None otherwise)."""
 
     index: faiss.Index
     ids: np.ndarray
     codes: np.ndarray | None = None
     padded_tokens: int = 0
+    vectors: np.ndarray | None = None
 
 
 def training_sample(lengths: np.ndarray, train_size: int, seed: int) -> np.ndarray:
@@ -285,6 +287,12 @@ class ShardTask:
         """A compressed sum-of-max shard (`encode_compressed_tokens`)."""
         return self.vectors_per_entity is None and self.spec.kind == "ivfpq"
 
+    @property
+    def keeps_vector_copy(self) -> bool:
+        """A compressed multi-m shard, which keeps a float16 copy of its vectors to rescore its
+        candidates from (:mod:`hnce.cluster.stores.sharded_index`)."""
+        return (self.vectors_per_entity or 1) > 1 and self.spec.kind != "flat"
+
 
 @dataclass(frozen=True)
 class ShardEncoded:
@@ -350,7 +358,9 @@ class EntityEncoderActor(ShardHolder):
                 self.batch_size,
                 cancelled=ray.get_runtime_context().is_canceled,
             )
-            built = BuiltShard(build_shard_index(vectors, task.spec), vector_ids, None, padded)
+            copy = vectors.astype(np.float16) if task.keeps_vector_copy else None
+            index = build_shard_index(vectors, task.spec)
+            built = BuiltShard(index, vector_ids, None, padded, copy)
         record = write_shard(
             Path(task.directory),
             task.shard_no,
@@ -359,6 +369,7 @@ class EntityEncoderActor(ShardHolder):
             task.entities,
             task.vectors_per_entity,
             built.codes,
+            built.vectors,
         )
         return ShardEncoded(
             shard_no=task.shard_no,

@@ -7,12 +7,15 @@ Layout::
                                          catalogue, source, scorer, dim, vectors_per_entity,
                                          num_entities, index, shards: [{file, ids, sha256,
                                          ids_sha256, count, entities: [start, stop], codes,
-                                         codes_sha256}], created_at}
+                                         codes_sha256, vectors, vectors_sha256}], created_at}
     index/v7/shard-00000.faiss          FAISS index of shard 0
     index/v7/shard-00000.ids.npy        int64 entity id of each vector of shard 0
     index/v7/shard-00000.codes.npy      a compressed sum-of-max shard only (index.kind ivfpq):
                                         uint8 standalone code of each token vector, in entity
                                         order, that rescoring decodes (sharded_index.token_codes)
+    index/v7/shard-00000.vectors.npy    a compressed multi-m shard only (index.kind ivfpq or
+                                        hnsw): float16 copy of each vector, in entity order,
+                                        memory-mapped, that rescoring reads for the candidates
     index/.building-v8/                 a build in progress: progress.json records finished
                                         shards, so a restarted build resumes
 
@@ -28,8 +31,8 @@ version checks the manifest's schema, its version against the directory, that th
 ranges tile 0..num_entities-1 exactly (no shard dropped or repeated) with the vector count the
 scorer implies; loading a shard streams its files through SHA-256, checks that its ids lie in its
 range (each entity exactly once for one-vector scorers, m times for multi-m, in order for
-sum-of-max), that a compressed token shard's codes match its vectors, and memory-maps the FAISS
-file and the codes. File names must stay inside the version directory.
+sum-of-max), that a compressed token shard's codes and a compressed multi-m shard's vector copy
+match its vectors, and memory-maps the FAISS file, the codes and the copy. File names must stay inside the version directory.
 Every failure is a `StoreError` (an `InputError`) naming the file.
 
 Example::
@@ -95,7 +98,8 @@ PROGRESS_FILE = "progress.json"
 class ShardRecord:
     """One shard of a version, as recorded in the manifest: its files, their SHA-256, its vector
     count and the entity range [start, stop) it covers; `codes` (and its SHA-256) only for a
-    compressed sum-of-max shard."""
+    compressed sum-of-max shard, `vectors` (and its SHA-256) only for a compressed multi-m
+    shard."""
 
     file: str
     ids: str
@@ -105,6 +109,8 @@ class ShardRecord:
     entities: tuple[Count, Count]
     codes: str | None = None
     codes_sha256: Sha256 | None = None
+    vectors: str | None = None
+    vectors_sha256: Sha256 | None = None
 
 
 @manifest_record
@@ -155,10 +161,10 @@ _MANIFEST = TypeAdapter(IndexManifest)
 _PROGRESS = TypeAdapter(BuildProgress)
 
 
-def shard_file_names(shard_no: int) -> tuple[str, str, str]:
-    """(index file, ids file, codes file) of shard `shard_no`."""
+def shard_file_names(shard_no: int) -> tuple[str, str, str, str]:
+    """(index file, ids file, codes file, vector copy file) of shard `shard_no`."""
     stem = f"shard-{shard_no:05d}"
-    return f"{stem}.faiss", f"{stem}.ids.npy", f"{stem}.codes.npy"
+    return f"{stem}.faiss", f"{stem}.ids.npy", f"{stem}.codes.npy", f"{stem}.vectors.npy"
 
 
 def check_layout(manifest: IndexManifest, manifest_path: Path) -> None:
@@ -167,7 +173,7 @@ def check_layout(manifest: IndexManifest, manifest_path: Path) -> None:
     files = [
         name
         for shard in manifest.shards
-        for name in (shard.file, shard.ids, shard.codes)
+        for name in (shard.file, shard.ids, shard.codes, shard.vectors)
         if name is not None
     ]
     repeated = sorted({name for name in files if files.count(name) > 1})
@@ -188,6 +194,8 @@ def check_layout(manifest: IndexManifest, manifest_path: Path) -> None:
             raise StoreError(f"{manifest_path}: shard {number} covers no entity [{start}, {stop})")
         if (shard.codes is None) != (shard.codes_sha256 is None):
             raise StoreError(f"{manifest_path}: shard {number} lists codes without a SHA-256")
+        if (shard.vectors is None) != (shard.vectors_sha256 is None):
+            raise StoreError(f"{manifest_path}: shard {number} lists vectors without a SHA-256")
         _check_count(shard, number, manifest.vectors_per_entity, manifest_path)
         covered = stop
     if covered != manifest.num_entities:
@@ -252,13 +260,15 @@ def write_shard(
     entities: tuple[int, int],
     vectors_per_entity: int | None,
     codes: np.ndarray | None = None,
+    vectors: np.ndarray | None = None,
 ) -> ShardRecord:
     """Write shard `shard_no` (a CPU index, its int64 entity ids and, for a compressed
-    sum-of-max shard, its token codes) into a version directory; returns its manifest record.
-    Encoder actors call this; retried, it writes the same bytes."""
+    sum-of-max shard, its token codes, for a compressed multi-m shard its float16 vector copy)
+    into a version directory; returns its manifest record. Encoder actors call this; retried, it
+    writes the same bytes."""
     directory = Path(directory)
     ids = np.ascontiguousarray(ids, dtype=np.int64)
-    file_name, ids_name, codes_name = shard_file_names(shard_no)
+    file_name, ids_name, codes_name, vectors_name = shard_file_names(shard_no)
     if len(ids) != index.ntotal:
         raise ValueError(f"shard {shard_no}: {index.ntotal} vectors but {len(ids)} ids")
     check_shard_ids(ids, entities, vectors_per_entity, directory / ids_name)
@@ -271,6 +281,11 @@ def write_shard(
         check_shard_codes(codes, index, directory / codes_name)
         _save_array(directory / codes_name, codes)
         codes_sha256 = sha256_file(directory / codes_name)
+    vectors_sha256 = None
+    if vectors is not None:
+        check_shard_vectors(vectors, index, directory / vectors_name)
+        _save_array(directory / vectors_name, vectors)
+        vectors_sha256 = sha256_file(directory / vectors_name)
     return ShardRecord(
         file=file_name,
         ids=ids_name,
@@ -280,7 +295,17 @@ def write_shard(
         entities=(int(entities[0]), int(entities[1])),
         codes=None if codes is None else codes_name,
         codes_sha256=codes_sha256,
+        vectors=None if vectors is None else vectors_name,
+        vectors_sha256=vectors_sha256,
     )
+
+
+def _load_array(path: Path, what: str) -> np.ndarray:
+    """A shard's ``.npy`` array, memory-mapped (StoreError naming `path` if it is not one)."""
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except ValueError as error:
+        raise StoreError(f"{path}: not a .npy {what} array ({error})") from None
 
 
 def _save_array(path: Path, array: np.ndarray) -> None:
@@ -296,6 +321,17 @@ def check_shard_codes(codes: np.ndarray, index: faiss.Index, path: Path) -> None
         raise StoreError(
             f"{path}: expected uint8 codes of shape {expected} (one per token vector of "
             f"{index.ntotal}), got {codes.dtype} {codes.shape}"
+        )
+
+
+def check_shard_vectors(vectors: np.ndarray, index: faiss.Index, path: Path) -> None:
+    """A compressed multi-m shard's vector copy: float16, one row of the index's width per vector
+    (StoreError naming `path` otherwise)."""
+    expected = (index.ntotal, index.d)
+    if vectors.dtype != np.float16 or vectors.shape != expected:
+        raise StoreError(
+            f"{path}: expected a float16 vector copy of shape {expected}, got {vectors.dtype} "
+            f"{vectors.shape}"
         )
 
 
@@ -342,9 +378,10 @@ class IndexBuilder:
         ids: np.ndarray,
         entities: tuple[int, int],
         codes: np.ndarray | None = None,
+        vectors: np.ndarray | None = None,
     ) -> ShardRecord:
-        """Write shard `shard_no` from this process (a CPU index, its ids and a compressed
-        sum-of-max shard's codes) and record it."""
+        """Write shard `shard_no` from this process (a CPU index, its ids, a compressed
+        sum-of-max shard's codes or a compressed multi-m shard's vector copy) and record it."""
         record = write_shard(
             self.directory,
             shard_no,
@@ -353,6 +390,7 @@ class IndexBuilder:
             entities,
             self.parameters.vectors_per_entity,
             codes,
+            vectors,
         )
         self.record_shard(shard_no, record)
         return record
@@ -454,18 +492,18 @@ class IndexVersion:
         record = self.manifest.shards[number]
         index_path = confined_path(self.path, record.file, manifest_path)
         ids_path = confined_path(self.path, record.ids, manifest_path)
-        codes_path = (
-            None if record.codes is None else confined_path(self.path, record.codes, manifest_path)
+        codes_path, vectors_path = (
+            None if name is None else confined_path(self.path, name, manifest_path)
+            for name in (record.codes, record.vectors)
         )
         if verify:
             verify_sha256(index_path, record.sha256, manifest_path)
             verify_sha256(ids_path, record.ids_sha256, manifest_path)
             if codes_path is not None:
                 verify_sha256(codes_path, str(record.codes_sha256), manifest_path)
-        try:
-            ids = np.load(ids_path, mmap_mode="r", allow_pickle=False)
-        except ValueError as error:
-            raise StoreError(f"{ids_path}: not a .npy id array ({error})") from None
+            if vectors_path is not None:
+                verify_sha256(vectors_path, str(record.vectors_sha256), manifest_path)
+        ids = _load_array(ids_path, "id")
         check_shard_ids(ids, record.entities, self.vectors_per_entity, ids_path)
         index = read_index_file(index_path, self.manifest.index["kind"])
         if index.ntotal != record.count or index.d != self.manifest.dim:
@@ -473,19 +511,19 @@ class IndexVersion:
                 f"{index_path}: {index.ntotal} vectors of dim {index.d}, but {manifest_path} "
                 f"records {record.count} of dim {self.manifest.dim}"
             )
-        codes = None
+        codes = copy = None
         if codes_path is not None:
-            try:
-                codes = np.load(codes_path, mmap_mode="r", allow_pickle=False)
-            except ValueError as error:
-                raise StoreError(f"{codes_path}: not a .npy code array ({error})") from None
+            codes = _load_array(codes_path, "code")
             check_shard_codes(codes, index, codes_path)
         elif self.vectors_per_entity is None and not isinstance(index, faiss.IndexFlat):
             raise StoreError(
                 f"{manifest_path}: sum-of-max shard {number} is {self.manifest.index['kind']} "
                 f"without token codes to rescore from"
             )
-        return IndexShard.on_device(index, ids, device, codes)
+        if vectors_path is not None:
+            copy = _load_array(vectors_path, "vector")
+            check_shard_vectors(copy, index, vectors_path)
+        return IndexShard.on_device(index, ids, device, codes, copy)
 
 
 class IndexStore:

@@ -15,7 +15,13 @@ Score functions (docs/math.md, eq. 9 of Zhang & Stratos 2021), per shard:
 - multi-m: s(x, y) = max_{t≤m} ⟨x_1, y_t⟩ — the shard holds m vectors per entity. Walking vector
   hits in descending score order, an entity's first hit is its max, so the first k distinct
   entities are exactly the top-k entities; and the top k·m vector hits contain at least k distinct
-  entities (each contributes at most m). Searching k·m vectors deep is therefore exact.
+  entities (each contributes at most m). Searching a flat shard k·m vectors deep is therefore
+  exact. A compressed shard (`ivfpq`, `hnsw`) ranks by approximate scores, which at 8-bit codes
+  keep a quarter of the exact top-100 (BENCHMARKS.md); it proposes candidates instead (the
+  entities of its `max(candidate_depth, k·m)` nearest vectors), and the candidates are rescored
+  exactly from a float16 copy of the shard's vectors kept on disk and memory-mapped
+  (`IndexShard.vectors`): max_t ⟨x_1, y_t⟩ is sum-of-max with one query vector, so it is the
+  same late-interaction rescoring as below, reading the candidates' rows only.
 - som: s(x, y) = Σ_i max_j ⟨x_i, y_j⟩ — the shard's token-level index proposes candidates (each
   query token's `candidate_depth` nearest entity tokens), then the candidates are rescored from
   their token vectors (late interaction, Khattab & Zaharia 2020, ColBERT §3.6). A flat shard
@@ -283,9 +289,10 @@ class IndexShard:
     """One searchable shard: a FAISS index and the entity id of each of its vectors.
 
     `vectors` is the shard's stored vectors (a view of a flat CPU index's storage, `storage`, kept
-    alive with it); `codes` a compressed token shard's standalone codes (:func:`token_codes`),
-    which `storage`, the CPU index, decodes. Sum-of-max rescoring reads one or the other
-    (:meth:`token_vectors`); both are None for other shards.
+    alive with it), or a compressed multi-m shard's float16 copy of them, memory-mapped; `codes`
+    a compressed token shard's standalone codes (:func:`token_codes`), which `storage`, the CPU
+    index, decodes. Rescoring reads one or the other (:meth:`token_vectors`); both are None for
+    other shards.
     """
 
     index: faiss.Index
@@ -309,10 +316,10 @@ class IndexShard:
         ids: np.ndarray,
         device: FaissDevice,
         codes: np.ndarray | None = None,
+        vectors: np.ndarray | None = None,
     ) -> IndexShard:
         """A shard of the CPU `index` placed on `device`, keeping its flat storage (or the
-        CPU index that decodes `codes`) readable."""
-        vectors = None
+        CPU index that decodes `codes`, or the copy of its `vectors`) readable."""
         if isinstance(index, faiss.IndexFlat):
             vectors = faiss.rev_swig_ptr(index.get_xb(), index.ntotal * index.d)
             vectors = vectors.reshape(index.ntotal, index.d)
@@ -329,10 +336,16 @@ class IndexShard:
         """The vectors of `rows` (float32 [len(rows), d]): read from flat storage, or decoded
         from a compressed shard's codes."""
         if self.vectors is not None:
-            return np.asarray(self.vectors[rows])
+            return np.asarray(self.vectors[rows], dtype=np.float32)
         if self.codes is not None and self.storage is not None:
             return self.storage.sa_decode(np.ascontiguousarray(self.codes[rows]))
         raise InputError(NO_TOKEN_VECTORS)
+
+    @property
+    def approximate(self) -> bool:
+        """Whether its FAISS index ranks by approximate scores (every kind but flat)."""
+        cpu_index = self.storage if self.storage is not None else self.index
+        return not isinstance(cpu_index, faiss.IndexFlat)
 
     def search_vectors(
         self, queries: np.ndarray, depth: int, allowed: np.ndarray | None = None
@@ -430,9 +443,14 @@ class ShardedSearcher:
         """Hits holding one shard's top-k entities, exact under the scorer (module docstring)."""
         if self.vectors_per_entity is None:
             return _sum_of_max_top_k(shard, queries, k, self.candidate_depth, allowed)
+        depth = k * self.vectors_per_entity
+        if shard.approximate and shard.vectors is not None:
+            # a compressed multi-m shard: candidates, rescored exactly (module docstring)
+            depth = max(self.candidate_depth, depth)
+            return _sum_of_max_top_k(shard, queries[:, None, :], k, depth, allowed)
         # k·m vector hits hold the shard's top-k entities (module docstring); the merge keeps each
         # entity's first, i.e. best, hit.
-        return shard.search_vectors(queries, k * self.vectors_per_entity, allowed)
+        return shard.search_vectors(queries, depth, allowed)
 
 
 def _check_disjoint(shards: Sequence[IndexShard]) -> None:
