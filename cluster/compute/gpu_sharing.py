@@ -55,6 +55,15 @@ class GpuPlan:
         return self.worker_gpus * self.workers
 
 
+def gpu_plan(mode: Literal["dedicated", "shared"], trainer_workers: int, why: str) -> GpuPlan:
+    """The plan of ``mode`` on GPUs: a whole GPU for each trainer worker and encoder actor
+    (``dedicated``), or :data:`SHARED_GPU` of one each (``shared``, said in ``why``)."""
+    if mode == "dedicated":
+        return GpuPlan(mode, 1.0, 1.0, trainer_workers, why)
+    share = f"; each trainer worker and each encoder actor takes {SHARED_GPU:g} of a GPU"
+    return GpuPlan(mode, SHARED_GPU, SHARED_GPU, trainer_workers, why + share)
+
+
 def resolve_gpu_sharing(
     requested: GpuSharing,
     use_gpu: bool,
@@ -72,10 +81,7 @@ def resolve_gpu_sharing(
         return GpuPlan("dedicated", 0.0, 1.0, trainer_workers, "the trainer trains on CPUs")
 
     def plan(mode: Literal["dedicated", "shared"], why: str) -> GpuPlan:
-        if mode == "dedicated":
-            return GpuPlan(mode, 1.0, 1.0, trainer_workers, why)
-        share = f"; each trainer worker and each encoder actor takes {SHARED_GPU:g} of a GPU"
-        return GpuPlan(mode, SHARED_GPU, SHARED_GPU, trainer_workers, why + share)
+        return gpu_plan(mode, trainer_workers, why)
 
     spare = cluster_gpus - trainer_workers
     if requested == "shared":

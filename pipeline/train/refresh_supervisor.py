@@ -20,7 +20,7 @@ from typing import Any
 import ray
 
 from hnce.cluster.compute.coordinator import RefreshCoordinator
-from hnce.cluster.compute.gpu_sharing import SHARED_GPU
+from hnce.cluster.compute.gpu_sharing import gpu_plan
 from hnce.cluster.compute.heldout import HeldoutSpec
 from hnce.cluster.compute.refresh import RefreshPlan
 from hnce.cluster.compute.session import WORKER_ENV
@@ -55,7 +55,7 @@ def refresh_plan(config: Config) -> RefreshPlan:
 def standalone_refresh_plan(config: Config) -> RefreshPlan:
     """:func:`refresh_plan` for ``hnce refresh``: while a launch of ``hnce train`` holds the run's
     training lock on GPUs, the job's encoder actors take the share of a GPU that launch chose for
-    its own (``shared``: :data:`~hnce.cluster.compute.gpu_sharing.SHARED_GPU` each, as the
+    its own (:func:`~hnce.cluster.compute.gpu_sharing.gpu_plan` of the mode its
     ``launch`` event records) and count the GPUs its workers hold as taken; an encoder asking for
     a whole GPU could otherwise never be placed beside a trainer on one GPU. Without a training
     launch, or on CPUs, the refresh has the cluster to itself."""
@@ -63,16 +63,10 @@ def standalone_refresh_plan(config: Config) -> RefreshPlan:
     if not config.cluster.use_gpu or read_holder(config.run_dir, TRAINING) is None:
         return plan
     launches = read_events(config.run_dir, "launch")
-    shared = bool(launches) and launches[-1].get("gpus") == "shared"
-    share = SHARED_GPU if shared else 1.0
-    logger.info(
-        "a launch is training this run: its %d worker(s) hold %g GPU(s) each, each encoder "
-        "actor takes %g of a GPU",
-        config.training.num_workers,
-        share,
-        share,
-    )
-    return replace(plan, encoder_gpus=share, trainer_gpus=share * config.training.num_workers)
+    mode = "shared" if launches and launches[-1].get("gpus") == "shared" else "dedicated"
+    gpus = gpu_plan(mode, config.training.num_workers, "a launch is training this run")
+    logger.info("refresh GPUs beside training: %s (%s)", gpus.mode, gpus.why)
+    return replace(plan, encoder_gpus=gpus.encoder_gpus, trainer_gpus=gpus.trainer_gpus)
 
 
 def start_refresh(plan: RefreshPlan) -> tuple[Any, Any]:

@@ -186,7 +186,7 @@ def discard_earlier_launch_state(experiment_dir: Path) -> None:
 def run_task(config: Config, task: TrainingTask) -> TrainingSummary:
     """Train ``task`` to its ``steps`` through Ray Train (resuming from the newest checkpoint in
     its run directory); returns what the run did, read back from its event log. Raises
-    :class:`~hnce.cluster.compute.lock.RunLocked` when another launch is training the run."""
+    :class:`~hnce.cluster.stores.lock_holder.RunLocked` when another launch is training the run."""
     settings = task.settings(config)
     cpus_needed = settings.num_workers * settings.cpus_per_worker + (
         config.refresh.num_encoders * config.refresh.encoder_cpus
