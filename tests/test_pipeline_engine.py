@@ -13,6 +13,9 @@ import deepspeed
 import numpy as np
 import pytest
 import torch
+from deepspeed.comm import comm as deepspeed_comm
+from deepspeed.ops.op_builder.builder import OpBuilder
+from torch.utils.file_baton import FileBaton
 from training_helpers import NO_INDEX, synthetic_config, write_syllable_bert
 
 from hnce.cluster.stores.checkpoints import (
@@ -117,6 +120,32 @@ def test_deepspeed_config_drives_the_engine(still_model_dir: Path, small_dataset
     assert rates == pytest.approx(expected), rates
     with pytest.raises(ValueError, match="bf16 support"):
         build_deepspeed_config(TrainingSettings(precision="bf16"), CPU)
+
+
+def test_a_lock_left_by_a_killed_worker_does_not_stop_the_next_engine(
+    still_model_dir: Path, small_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed while DeepSpeed JIT-loaded its shared-memory op left torch's lock file
+    behind, and every later engine on the machine waited on it for ever (a CI run hung so).
+    Here a new communication backend starts, as in a fresh worker, with the op compatible and
+    not yet loaded and such a lock in the extensions folder; waiting on the lock fails at once."""
+    lock = tmp_path / "torch-extensions" / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(lock.parent.parent))
+
+    def wait_for_ever(baton: FileBaton) -> None:
+        raise AssertionError(f"waited on {baton.lock_file_path}")
+
+    monkeypatch.setattr(FileBaton, "wait", wait_for_ever)
+    monkeypatch.setattr(OpBuilder, "_loaded_ops", {})
+    compatible = {**deepspeed.ops.__compatible_ops__, "deepspeed_shm_comm": True}
+    monkeypatch.setattr(deepspeed.ops, "__compatible_ops__", compatible)
+    monkeypatch.setattr(deepspeed_comm, "cdb", None)
+    config = recipe(Path("unused"), small_dataset, still_model_dir)
+    engine = start_engine(build_model(config), TrainingSettings(steps=2), CPU)
+    assert deepspeed_comm.cdb.shm_comm_op is None and engine.global_steps == 0
+    assert lock.exists()
 
 
 def test_deepspeed_trains_the_projection_with_the_towers(

@@ -26,6 +26,7 @@ from typing import Any
 import deepspeed
 import ray.train
 import torch
+from deepspeed.accelerator import get_accelerator
 from torch import nn
 
 from hnce.cluster.compute.encoder_pool import node_cores
@@ -150,6 +151,21 @@ def load_training_data(
     return data, skipped
 
 
+def skip_shared_memory_op() -> None:
+    """Keep DeepSpeed from building its shared-memory all-reduce op (``deepspeed_shm_comm``).
+
+    DeepSpeed's CPU backend JIT-loads that op at every process group it starts, under torch's
+    lock file ``<torch extensions>/deepspeed_shm_comm/lock``. A process killed while it holds
+    the lock (a worker lost mid-start: the fault tests kill them on purpose) leaves the file,
+    and every later DeepSpeed start on the machine waits on it for ever. The op serves only
+    ``deepspeed.comm.inference_all_reduce``, which training never calls, so it is marked
+    incompatible and no start loads it. GPU accelerators have no such op: nothing changes
+    there."""
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is not None:
+        deepspeed.ops.__compatible_ops__[builder.NAME] = False
+
+
 def start_engine(
     model: nn.Module,
     settings: TrainingSettings,
@@ -163,6 +179,7 @@ def start_engine(
     DeepSpeed's averaging would still flatten every gradient into buckets and copy it back each
     step (0.1 s of the demo's 1.6 s step on 2 cores), so it is switched off there."""
     module = ContrastiveScoring(model, settings.candidate_chunk_size, gather)
+    skip_shared_memory_op()
     engine, _, _, _ = deepspeed.initialize(
         model=module,
         model_parameters=[p for p in module.parameters() if p.requires_grad],
@@ -267,6 +284,7 @@ class WorkerRun:
         seconds: dict[str, float] = {}
         with timed(seconds, "process group"):
             collectives = Collectives(device)
+            skip_shared_memory_op()
             deepspeed.init_distributed(dist_backend=collectives.backend)
         pids = task.run_dir / "workers"
         pids.mkdir(parents=True, exist_ok=True)
