@@ -26,15 +26,16 @@ loses.
    on each shard's ``training_sample``, then its chunks; multi-8: ``build_shard_index`` and the
    float16 copy of the shard's vectors its candidates are rescored from), in shards of
    ``--shard-size`` entities, the same mentions are searched (``ShardedSearcher``, as the shard
-   holders search, at each of ``--depths``) and the recall of the exact top-k is reported, with
-   the index's bytes per vector, the build time and the search time per mention.
+   holders search, at each of ``--depths`` and each of ``--nprobes``: lists probed per query,
+   a search-time knob, so one build serves them all) and the recall of the exact top-k is
+   reported, with the index's bytes per vector, the build time and the search time per mention.
 
     .venv/bin/python -m benchmarks.token_index --nice 5 --codes 384:96 128:64 128:128
 
 writes ``benchmarks/results/token_index.md``. Multi-8 alone, at several candidate depths:
 
     .venv/bin/python -m benchmarks.token_index --entities 20000 --shard-size 10000 \
-        --scorers multi-8 --codes 128:32 128:64 --depths 256 1600 \
+        --scorers multi-8 --codes 128:32 128:64 --depths 800 1600 --nprobes 32 128 512 \
         --output benchmarks/results/token_index_multi.md
 """
 
@@ -215,6 +216,25 @@ def index_bytes(shards: list[IndexShard]) -> int:
     return total
 
 
+def probing(shards: list[IndexShard], nprobe: int) -> list[IndexShard]:
+    """``shards`` with each IVF index probing ``nprobe`` lists per query (at most its own
+    ``nlist``: FAISS clamps it); the codes stay as built."""
+    for shard in shards:
+        faiss.extract_index_ivf(shard.index).nprobe = nprobe
+    return shards
+
+
+def searches(
+    args, shards: list[IndexShard], m: int | None, queries: np.ndarray
+) -> Iterator[tuple[int, int, np.ndarray, float]]:
+    """For each of ``--nprobes`` × ``--depths``: (nprobe, depth, found top-k, seconds per
+    mention) of ``queries`` through ``ShardedSearcher`` over ``shards``."""
+    for nprobe in args.nprobes:
+        for depth in args.depths:
+            searcher = ShardedSearcher(probing(shards, nprobe), m, candidate_depth=depth)
+            yield nprobe, depth, *timed_search(searcher, queries, args.k)
+
+
 def timed_search(
     searcher: ShardedSearcher, queries: np.ndarray, k: int
 ) -> tuple[np.ndarray, float]:
@@ -260,7 +280,7 @@ def sum_of_max_rows(
     exact = exact_sum_of_max(queries, vectors, ids, args.k)
     rows = []
     for pq_m in pq_ms:
-        spec = IndexSpec(kind="ivfpq", nlist=args.nlist, pq_m=pq_m, nprobe=args.nprobe)
+        spec = IndexSpec(kind="ivfpq", nlist=args.nlist, pq_m=pq_m)
         started = time.perf_counter()
         shards = [
             compressed_shard(vectors, ids, entity_ids, lengths, spec, seed=number)
@@ -268,10 +288,10 @@ def sum_of_max_rows(
         ]
         build_seconds = time.perf_counter() - started
         per_token = index_bytes(shards) / len(ids)
-        for depth in args.depths:
-            found, seconds = timed_search(ShardedSearcher(shards, None, depth), queries, args.k)
+        for nprobe, depth, found, seconds in searches(args, shards, None, queries):
             rows.append(
-                f"| som | {vectors.shape[1]} | {pq_m} | {depth} | {recall(found, exact):.3f} | "
+                f"| som | {vectors.shape[1]} | {pq_m} | {nprobe} | {depth} | "
+                f"{recall(found, exact):.3f} | "
                 f"{per_token:.1f} (flat: {4 * vectors.shape[1] + 8}) | {build_seconds:.0f} | "
                 f"{1000 * seconds:.0f} |"
             )
@@ -288,7 +308,7 @@ def multi_rows(
     ids = np.repeat(np.arange(args.entities, dtype=np.int64), m)
     rows = []
     for pq_m in pq_ms:
-        spec = IndexSpec(kind="ivfpq", nlist=args.nlist, pq_m=pq_m, nprobe=args.nprobe)
+        spec = IndexSpec(kind="ivfpq", nlist=args.nlist, pq_m=pq_m)
         started = time.perf_counter()
         shards = []
         for entity_ids in shard_ranges(args.entities, args.shard_size):
@@ -299,11 +319,9 @@ def multi_rows(
             shards.append(IndexShard.on_device(index, ids[rows_of], cpu, vectors=copy))
         build_seconds = time.perf_counter() - started
         per_vector = index_bytes(shards) / len(ids)
-        for depth in args.depths:
-            searcher = ShardedSearcher(shards, m, candidate_depth=depth)
-            found, seconds = timed_search(searcher, queries, args.k)
+        for nprobe, depth, found, seconds in searches(args, shards, m, queries):
             rows.append(
-                f"| multi-{m} | {vectors.shape[1]} | {pq_m} | {max(depth, args.k * m)} | "
+                f"| multi-{m} | {vectors.shape[1]} | {pq_m} | {nprobe} | {max(depth, args.k * m)} | "
                 f"{recall(found, exact):.3f} | {per_vector:.1f} + {2 * vectors.shape[1]} on disk "
                 f"(flat: {4 * vectors.shape[1] + 8}) | {build_seconds:.0f} | {1000 * seconds:.0f} |"
             )
@@ -332,7 +350,6 @@ def main() -> int:
         k=100,
         shard_size=50_000,
         nlist=1024,
-        nprobe=32,
     )
     parser.add_argument("--model", choices=["minilm", "random"], default="minilm")
     parser.add_argument(
@@ -343,6 +360,13 @@ def main() -> int:
         "PQ_M sub-quantisers",
     )
     parser.add_argument("--depths", type=int, nargs="+", default=[256])
+    parser.add_argument(
+        "--nprobes",
+        type=int,
+        nargs="+",
+        default=[32],
+        help="IVF lists probed per query, each searched over the same build",
+    )
     parser.add_argument(
         "--scorers", nargs="+", choices=["som", "multi-8"], default=["som", "multi-8"]
     )
@@ -368,7 +392,8 @@ def main() -> int:
         "fresh `model.projection_size` layer (the same one on both sides: see the module's "
         f"docstring); {args.mentions} test mentions; recall of the "
         f"exact top-{args.k} in the searched top-{args.k}. IVF-PQ: {args.nlist} lists per shard of "
-        f"{args.shard_size:,} entities, {args.nprobe} probed, 8-bit codes. Sum-of-max rescores "
+        f"{args.shard_size:,} entities (fewer where a shard has under 39 vectors a list), `nprobe` "
+        "of them probed, 8-bit codes. Sum-of-max rescores "
         "every candidate (its query tokens' `candidate depth` nearest tokens' entities) from its "
         "tokens' decoded codes; multi-8 rescores the entities of its `candidate depth` (at least "
         "k x m) nearest vectors from the float16 copy of its vectors kept on disk. Bytes per "
@@ -376,9 +401,9 @@ def main() -> int:
         "apart. Command: "
         f"`{' '.join(['.venv/bin/python -m benchmarks.token_index', *sys.argv[1:]])}`.",
         "",
-        "| scorer | width | pq_m | candidate depth | recall of exact top-k | bytes per vector | "
-        "build s | search ms per mention |",
-        "|---|---|---|---|---|---|---|---|",
+        "| scorer | width | pq_m | nprobe | candidate depth | recall of exact top-k | "
+        "bytes per vector | build s | search ms per mention |",
+        "|---|---|---|---|---|---|---|---|---|",
         *rows,
     ]
     harness.write_result(args.output, lines)
