@@ -96,10 +96,13 @@ def equal_budget(steps: int) -> list[str]:
 
 
 def welch_t(a: list[float], b: list[float]) -> float:
-    """Welch's t statistic of the difference of two means (inf when both spreads are 0)."""
+    """Welch's t statistic of the difference of two means; when both spreads are 0, ±inf if the
+    means differ and 0 if they are equal (three seeds at the same ceiling are no difference)."""
     se = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
     difference = statistics.mean(a) - statistics.mean(b)
-    return difference / se if se > 0 else math.copysign(math.inf, difference or 1.0)
+    if se > 0:
+        return difference / se
+    return math.copysign(math.inf, difference) if difference else 0.0
 
 
 def spread(values: list[float]) -> str:
