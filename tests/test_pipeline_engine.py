@@ -148,6 +148,19 @@ def test_a_lock_left_by_a_killed_worker_does_not_stop_the_next_engine(
     assert lock.exists()
 
 
+def test_a_cpu_worker_flushes_subnormal_floats(
+    still_model_dir: Path, small_dataset: Path, tmp_path: Path
+) -> None:
+    """Gradients of a well-separated batch underflow into subnormal floats, on which a CPU is
+    many times slower; a CPU worker flushes them to zero from its start."""
+    torch.set_flush_denormal(False)
+    tiny = torch.tensor([1e-30])
+    assert (tiny * 1e-10).item() > 0.0  # 1e-40: subnormal in fp32, kept
+    config = recipe(tmp_path / "run", small_dataset, still_model_dir, "training.steps=1")
+    WorkerRun.build(config, TrainingTask.retriever(config), CPU, 1, lambda *_: None)
+    assert (tiny * 1e-10).item() == 0.0
+
+
 def test_deepspeed_trains_the_projection_with_the_towers(
     still_model_dir: Path, small_dataset: Path
 ) -> None:

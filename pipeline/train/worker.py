@@ -166,6 +166,18 @@ def skip_shared_memory_op() -> None:
         deepspeed.ops.__compatible_ops__[builder.NAME] = False
 
 
+def flush_subnormal_floats() -> None:
+    """Flush subnormal floats to zero in this process (x86's FTZ/DAZ, ``torch.set_flush_denormal``).
+
+    Once a batch is well separated, the contrastive loss's gradients (and Adam's squared
+    moments) underflow below fp32's smallest normal number (~1.2e-38), and a CPU computes on
+    such subnormal numbers many times slower: sum-of-max with random negatives took 6.8 s a step
+    instead of 0.84 s at the same shape on 2 cores (README). Zero instead of a subnormal changes
+    no weight: added to weights of fp32 precision, such a value is far below their last bit."""
+    if not torch.set_flush_denormal(True):
+        logger.warning("this CPU cannot flush subnormal floats to zero: steps may slow down")
+
+
 def start_engine(
     model: nn.Module,
     settings: TrainingSettings,
@@ -281,6 +293,8 @@ class WorkerRun:
             task.waits_for_refreshes(config),
         )
         threads.for_step()
+        if device.type == "cpu":
+            flush_subnormal_floats()
         seconds: dict[str, float] = {}
         with timed(seconds, "process group"):
             collectives = Collectives(device)
