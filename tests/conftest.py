@@ -182,6 +182,16 @@ def ray_left_as_found() -> Iterator[None]:
         time.sleep(0.2)
 
 
+@pytest.fixture(autouse=True)
+def subnormal_floats_as_found() -> Iterator[None]:
+    """After each test: subnormal floats are kept again, as in a fresh process. A trainer worker
+    built in the test process flushes them (``flush_subnormal_floats``), a process-wide CPU
+    setting that would otherwise reach every later test of the process (hypothesis refuses to
+    draw floats without subnormals: a CI run failed so)."""
+    yield
+    torch.set_flush_denormal(False)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_progress_output() -> Iterator[None]:
     """Tests show no progress bars, as ``hnce --no-progress`` would."""
