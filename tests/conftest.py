@@ -28,6 +28,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # (beside two busy processes, an in-process DeepSpeed test took 10.9 s with torch's two
     # threads, 1.9 s with one).
     torch.set_num_threads(1)
+#: the torch threads every test starts with (restored after each: ``torch_cpu_state_as_found``)
+_TORCH_THREADS = torch.get_num_threads()
 
 # BERT's special tokens plus BLINK's mention / title markers (docs/input-formats.md).
 SPECIAL_TOKENS = (
@@ -183,12 +185,15 @@ def ray_left_as_found() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
-def subnormal_floats_as_found() -> Iterator[None]:
-    """After each test: subnormal floats are kept again, as in a fresh process. A trainer worker
-    built in the test process flushes them (``flush_subnormal_floats``), a process-wide CPU
-    setting that would otherwise reach every later test of the process (hypothesis refuses to
-    draw floats without subnormals: a CI run failed so)."""
+def torch_cpu_state_as_found() -> Iterator[None]:
+    """After each test: torch's thread count as the process started with, and subnormal floats kept again, as
+    in a fresh process. A trainer worker built in the test process sets both for its steps
+    (``TrainerThreads.for_step``, ``flush_subnormal_floats``), process-wide settings that would
+    otherwise reach every later test of the process: two threads in each of two test
+    processes fight over the cores, and hypothesis refuses to draw floats without subnormals
+    (a CI run failed so)."""
     yield
+    torch.set_num_threads(_TORCH_THREADS)
     torch.set_flush_denormal(False)
 
 
