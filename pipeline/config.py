@@ -47,7 +47,7 @@ from pydantic import Field, StrictInt, TypeAdapter, ValidationError, field_valid
 from hnce.cluster.compute.refresh import RefreshSettings
 from hnce.cluster.compute.session import ClusterSettings
 from hnce.cluster.stores.files import atomic_write_text
-from hnce.cluster.stores.sharded_index import IndexSpec
+from hnce.cluster.stores.sharded_index import IndexSpec, default_nprobe
 from hnce.encoders.errors import InputError
 from hnce.encoders.scorers import ScorerConfig
 from hnce.encoders.settings import (
@@ -556,6 +556,10 @@ def validate(config: Config) -> Config:
             "is 'hnsw', but sum-of-max rescores its candidates from their token vectors, which "
             "hnce reads from a flat index or decodes from an ivfpq one, not from HNSW; set index.kind: flat (exact) "
             "or ivfpq (compressed, docs/engines.md)",
+        )
+    if config.index.nprobe is None:
+        config.index.nprobe = default_nprobe(
+            config.index.nlist, config.model.scorer.name == "multi"
         )
     if negatives.share == "global" and not config.model.scorer.indexable:
         raise config.error(

@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from hnce.pipeline.config import ConfigError, config_from_dict, load_config
+from hnce.pipeline.config import ConfigError, config_from_dict, dump_config, load_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -193,6 +193,25 @@ def test_index_knobs_reach_the_index_section() -> None:
     ).index
     assert index.to_json()["nlist"] == 256 and index.to_json()["nprobe"] == 8
     assert dataclasses.replace(index, kind="hnsw", hnsw_m=8, ef_search=64).ef_search == 64
+
+
+def test_an_unset_probe_count_is_half_the_lists_for_multi_m_and_32_otherwise(
+    tmp_path: Path,
+) -> None:
+    """Multi-m's one query vector finds its best entity vectors spread over many IVF lists, so
+    unset, ``index.nprobe`` is half of ``index.nlist`` for it and 32 (at most nlist) for the
+    others; a value the recipe gives is kept, and the resolved value is what the run's
+    config.yaml says."""
+    multi = ["index.kind=ivfpq", "model.scorer={name: multi, m: 8}"]
+    assert load_config(None, multi).index.nprobe == 512
+    assert load_config(None, [*multi, "index.nlist=64"]).index.nprobe == 32
+    assert load_config(None, [*multi, "index.nprobe=40"]).index.nprobe == 40
+    assert load_config(None, ["index.kind=ivfpq"]).index.nprobe == 32
+    assert load_config(None, ["index.kind=ivfpq", "index.nlist=16"]).index.nprobe == 16
+    config = load_config(None, multi)
+    dump_config(config, tmp_path / "config.yaml")
+    again = load_config(tmp_path / "config.yaml", ["model.scorer={name: dual, m: 1}"])
+    assert again.index.nprobe == 512 and again.index.to_json()["nprobe"] == 512
 
 
 def test_hard_sampler_needs_index_source() -> None:
