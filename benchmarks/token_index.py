@@ -4,17 +4,18 @@ towers' width and through a ``model.projection_size`` projection.
 
 The catalogue is the synthetic KILT generator's (the full-scale benchmark's first stages,
 :mod:`benchmarks.fullscale`, in the same work directory layout: generated and converted once,
-resumed after). The model is the packaged MiniLM (d = 384), or with ``--model random`` the
-full-scale run's small random BERT (d = 32): its vectors are all but identical (multi-8 scores of
-one mention against 20,000 entities: 32.0 ± 2·10⁻⁵), so its exact top-k is a ranking of float
-noise that no quantiser can keep, and only a model with real geometry measures what compression
-loses.
+resumed after). The model is the packaged MiniLM (d = 384), or with ``--model tiny`` the tests'
+tiny model: a random 2-layer BERT of width 32 with MiniLM's vocabulary, drawn with σ = 0.5 as
+``tests/test_full_path.py`` draws it. At BERT's usual σ = 0.02 its vectors are all but identical
+(multi-8 scores of one mention against 20,000 entities: 32.0 ± 2·10⁻⁵), so its exact top-k
+would rank float noise that no quantiser can keep; at 0.5 they spread, but the geometry is a
+random model's, not a trained one's: MiniLM measures what compression loses on real geometry.
 
-1. The catalogue is encoded once under the som scorer (every real token's vector, position 0
-   pooled), with the query vectors of ``--mentions`` test mentions, and cached in the work
-   directory. Multi-8's index vectors are each entity's 8 leftmost of those (a short entity's
-   missing ones repeat y_1, as ``MultiVectorScorer.entity_index_vectors`` writes them) and its
-   query is the mention's first vector.
+1. The catalogue is encoded once per scorer, as the encoder actors encode it
+   (``entity_index_vectors``: sum-of-max every real token's vector, position 0 pooled; multi-8
+   each entity's 8 leftmost, a short entity's missing ones repeating y_1), with the query vectors
+   of ``--mentions`` test mentions, and cached in the work directory. Multi-8 alone keeps 8
+   vectors an entity, so it reaches catalogues whose every token would not fit in memory.
 2. For each width of ``--codes WIDTH:PQ_M`` other than the towers' own, every vector goes through
    one fresh :class:`~hnce.encoders.biencoder.TowerProjection` (``model.projection_size``'s layer,
    seeded, in eval mode: W·v + b; padded query rows stay zero). Both sides go through the same
@@ -37,6 +38,13 @@ writes ``benchmarks/results/token_index.md``. Multi-8 alone, at several candidat
     .venv/bin/python -m benchmarks.token_index --entities 20000 --shard-size 10000 \
         --scorers multi-8 --codes 128:32 128:64 --depths 800 1600 --nprobes 32 128 512 \
         --output benchmarks/results/token_index_multi.md
+
+Both scorers at the issue's 200,000 entities with the tiny model (about an hour on 2 cores, most
+of it building sum-of-max's ``pq_m`` 32 shards):
+
+    .venv/bin/python -m benchmarks.token_index --model tiny --entities 200000 --shard-size 50000 \
+        --mentions 100 --codes 32:16 32:32 --depths 256 800 --nprobes 32 256 \
+        --scorers multi-8 som --output benchmarks/results/token_index_tiny.md
 """
 
 from __future__ import annotations
@@ -53,6 +61,7 @@ import torch
 from benchmarks import harness
 from benchmarks.fullscale.run import Run, write_model
 from benchmarks.fullscale.stages import STAGES, is_done
+from benchmarks.harness.models import write_random_bert
 from hnce.cluster.compute.encoder_pool import (
     COMPRESSED_CHUNK_ENTITIES,
     compress_tokens,
@@ -77,7 +86,7 @@ from hnce.encoders.progress import progress_bar
 PREPARATION = STAGES[:2]
 MODELS = {
     "minilm": "the packaged all-MiniLM-L6-v2 (d = 384)",
-    "random": "the full-scale run's random BERT (d = 32)",
+    "tiny": "the tests' tiny random BERT (2 layers, d = 32, drawn with σ = 0.5)",
 }
 #: token vectors scored at once by the exact sum-of-max (bounds the [B·Q, chunk] score matrix)
 EXACT_CHUNK_TOKENS = 50_000
@@ -93,12 +102,17 @@ def prepare(run: Run) -> None:
     )
 
 
-def som_model(run: Run, model: str) -> tuple[BiEncoder, TokenStore]:
-    """MiniLM or the run's random BERT (seed 0) under som, as ``hnce train`` would start it, and
-    the catalogue's token store for its tokenizer (built the first time)."""
+def scoring_model(run: Run, model: str, scorer: str) -> tuple[BiEncoder, TokenStore]:
+    """MiniLM or the tiny random BERT (seed 0) under ``scorer``, as ``hnce train`` would start
+    it, and the catalogue's token store for its tokenizer (built the first time)."""
+    if model == "minilm":
+        path = minilm_path()
+    else:
+        path = write_random_bert(
+            run.workdir / "model-tiny", minilm_path(), 2, 32, head_width=32, initializer_range=0.5
+        )
     torch.manual_seed(0)
-    path = minilm_path() if model == "minilm" else run.workdir / "model"
-    encoder = build_biencoder(path, "som", entity_length=run.entity_length).eval()
+    encoder = build_biencoder(path, scorer, entity_length=run.entity_length).eval()
     return encoder, TokenStore.ensure(run.data, encoder.tokenizer, run.entity_length)
 
 
@@ -114,15 +128,15 @@ def mention_queries(run: Run, model: BiEncoder, count: int) -> np.ndarray:
         return model.mention_query_vectors(tokens["input_ids"], tokens["attention_mask"]).numpy()
 
 
-def encoded(run: Run, args) -> dict[str, np.ndarray]:
-    """The som encoding of the first ``args.entities`` entities and ``args.mentions`` test
-    mentions at the towers' width (`queries` [B, Q, d], `vectors` [V, d], entity `ids` [V],
+def encoded(run: Run, args, scorer: str) -> dict[str, np.ndarray]:
+    """``scorer``'s encoding of the first ``args.entities`` entities and ``args.mentions`` test
+    mentions at the towers' width (`queries` [B, Q, d], index `vectors` [V, d], entity `ids` [V],
     token `lengths` of the catalogue), cached in the work directory after the first run."""
-    cache = run.workdir / f"som-{args.model}-{args.entities}-{args.mentions}.npz"
+    cache = run.workdir / f"{scorer}-{args.model}-{args.entities}-{args.mentions}.npz"
     if cache.is_file():
         with np.load(cache) as saved:
             return dict(saved)
-    model, tokens = som_model(run, args.model)
+    model, tokens = scoring_model(run, args.model, scorer)
     vectors, ids, _ = encode_entities(model, tokens, np.arange(args.entities), 64)
     arrays = {
         "queries": mention_queries(run, model, args.mentions),
@@ -147,15 +161,6 @@ def projected(queries: np.ndarray, vectors: np.ndarray, width: int) -> tuple[np.
         query_out = layer(torch.from_numpy(queries)) * live
         vector_out = torch.cat([layer(part) for part in torch.from_numpy(vectors).split(65_536)])
     return query_out.numpy(), vector_out.numpy()
-
-
-def leftmost_vectors(vectors: np.ndarray, ids: np.ndarray, m: int) -> np.ndarray:
-    """Multi-m's index vectors [N·m, d] from the som encoding: each entity's m leftmost token
-    vectors, a short entity's missing ones repeating its first (``MultiVectorScorer``)."""
-    _, first, counts = np.unique(ids, return_index=True, return_counts=True)
-    offsets = np.arange(m)
-    rows = np.where(offsets < counts[:, None], first[:, None] + offsets, first[:, None])
-    return vectors[rows.reshape(-1)]
 
 
 def exact_sum_of_max(
@@ -351,7 +356,7 @@ def main() -> int:
         shard_size=50_000,
         nlist=1024,
     )
-    parser.add_argument("--model", choices=["minilm", "random"], default="minilm")
+    parser.add_argument("--model", choices=sorted(MODELS), default="minilm")
     parser.add_argument(
         "--codes",
         nargs="+",
@@ -374,18 +379,19 @@ def main() -> int:
     settings = code_settings(args.codes)
     run = Run(args.work_dir, args.entities, 128, 32, 2, "auto").load()
     prepare(run)
-    arrays = encoded(run, args)
     rows = []
-    for width, pq_ms in settings.items():
-        queries, vectors = projected(arrays["queries"], arrays["vectors"], width)
-        if "som" in args.scorers:
-            lengths = arrays["lengths"]
-            rows += sum_of_max_rows(args, queries, vectors, arrays["ids"], lengths, pq_ms)
-        if "multi-8" in args.scorers:
-            leftmost = leftmost_vectors(vectors, arrays["ids"], 8)
-            rows += multi_rows(args, queries[:, :1], leftmost, pq_ms)
+    for scorer in args.scorers:
+        arrays = encoded(run, args, scorer)
+        for width, pq_ms in settings.items():
+            queries, vectors = projected(arrays["queries"], arrays["vectors"], width)
+            if scorer == "som":
+                lengths = arrays["lengths"]
+                rows += sum_of_max_rows(args, queries, vectors, arrays["ids"], lengths, pq_ms)
+            else:
+                rows += multi_rows(args, queries, vectors, pq_ms)
     lines = [
-        "# Compressed multi-vector indexes against exact search",
+        f"# Compressed multi-vector indexes against exact search: {args.entities:,} entities, "
+        f"{args.model}",
         "",
         f"{args.entities:,} synthetic KILT entities of up to 128 tokens, "
         f"{MODELS[args.model]} under each scorer, its vectors at their own width or through a "

@@ -11,11 +11,17 @@ from transformers import AutoTokenizer, BertConfig, BertModel
 
 
 def write_random_bert(
-    directory: Path, tokenizer_dir: Path, layers: int, hidden: int, head_width: int
+    directory: Path,
+    tokenizer_dir: Path,
+    layers: int,
+    hidden: int,
+    head_width: int,
+    initializer_range: float = 0.02,
 ) -> Path:
-    """A BERT of ``layers`` × ``hidden`` (heads of ``head_width``; random weights, seed 0) with
-    the tokenizer of ``tokenizer_dir``, saved as a Hugging Face model directory; kept when
-    ``directory`` already holds one (it is published whole by a rename)."""
+    """A BERT of ``layers`` × ``hidden`` (heads of ``head_width``; random weights, seed 0, drawn
+    with σ = ``initializer_range``) with the tokenizer of ``tokenizer_dir``, saved as a Hugging
+    Face model directory; kept when ``directory`` already holds one (it is published whole by a
+    rename)."""
     if (directory / "config.json").is_file():
         return directory
     torch.manual_seed(0)
@@ -27,6 +33,7 @@ def write_random_bert(
         num_attention_heads=max(1, hidden // head_width),
         intermediate_size=4 * hidden,
         max_position_embeddings=512,
+        initializer_range=initializer_range,
     )
     building = directory.with_name(".building-model")
     shutil.rmtree(building, ignore_errors=True)
