@@ -27,7 +27,6 @@ writes ``benchmarks/results/subnormal_flush.md``.
 from __future__ import annotations
 
 import multiprocessing
-import sys
 import tempfile
 from pathlib import Path
 
@@ -170,10 +169,10 @@ def main() -> None:
         "negatives each, every mention scored against every candidate of the step, learning rate "
         f"{config.training.learning_rate:g}, the packaged MiniLM; the product's worker step, "
         f"{args.steps} steps from one seed on {args.threads} torch threads, first with subnormal "
-        "floats kept, then flushed to zero as hnce's CPU workers run, each run in a fresh process. Median seconds a step over "
-        f"the first and the last {third} steps; subnormal share: of Adam's second-moment entries "
-        "at the end. Command: "
-        f"`{' '.join(['.venv/bin/python -m benchmarks.subnormal_flush', *sys.argv[1:]])}`.",
+        "floats kept, then flushed to zero as hnce's CPU workers run, each run in a fresh "
+        f"process. Median seconds a step over the first and the last {third} steps; subnormal "
+        "share: of Adam's second-moment entries at the end. Command: "
+        f"`{harness.invocation('benchmarks.subnormal_flush')}`.",
         "",
         "| scorer | subnormals | s/step, first steps | s/step, last steps | seconds in all | "
         "subnormal share |",

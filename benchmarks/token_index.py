@@ -49,7 +49,6 @@ of it building sum-of-max's ``pq_m`` 32 shards):
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -405,7 +404,7 @@ def main() -> int:
         "k x m) nearest vectors from the float16 copy of its vectors kept on disk. Bytes per "
         "vector: the FAISS file, the int64 id and (som) the standalone code; multi-8's copy "
         "apart. Command: "
-        f"`{' '.join(['.venv/bin/python -m benchmarks.token_index', *sys.argv[1:]])}`.",
+        f"`{harness.invocation('benchmarks.token_index')}`.",
         "",
         "| scorer | width | pq_m | nprobe | candidate depth | recall of exact top-k | "
         "bytes per vector | build s | search ms per mention |",

@@ -28,7 +28,7 @@ Example (a whole benchmark; run it as ``python -m benchmarks.example --entities 
         )
 """
 
-from benchmarks.harness.arguments import arguments, parse
+from benchmarks.harness.arguments import arguments, invocation, parse
 from benchmarks.harness.commands import HNCE, Command, run_command, run_hnce, run_recipe
 from benchmarks.harness.memory import (
     GIB,
@@ -62,6 +62,7 @@ __all__ = [
     "alternated_best",
     "arguments",
     "best_of",
+    "invocation",
     "last_modified",
     "own_peak_bytes",
     "own_rss_bytes",

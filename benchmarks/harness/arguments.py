@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -103,3 +104,9 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> arg
         name = args.result_name(args) if callable(args.result_name) else args.result_name
         args.output = args.output_dir / f"{name}.md"
     return args
+
+
+def invocation(module: str) -> str:
+    """The command line that ran benchmark ``module`` (e.g. ``benchmarks.token_index``), as a
+    result file quotes it."""
+    return " ".join([f".venv/bin/python -m {module}", *sys.argv[1:]])
