@@ -232,9 +232,11 @@ def searches(
     args, shards: list[IndexShard], m: int | None, queries: np.ndarray
 ) -> Iterator[tuple[int, int, np.ndarray, float]]:
     """For each of ``--nprobes`` × ``--depths``: (nprobe, depth, found top-k, seconds per
-    mention) of ``queries`` through ``ShardedSearcher`` over ``shards``."""
+    mention) of ``queries`` through ``ShardedSearcher`` over ``shards``. Multi-m searches at
+    least k·m vectors a shard, so the depths below that are one search, run once at k·m."""
+    depths = args.depths if m is None else sorted({max(d, args.k * m) for d in args.depths})
     for nprobe in args.nprobes:
-        for depth in args.depths:
+        for depth in depths:
             searcher = ShardedSearcher(probing(shards, nprobe), m, candidate_depth=depth)
             yield nprobe, depth, *timed_search(searcher, queries, args.k)
 
@@ -325,7 +327,7 @@ def multi_rows(
         per_vector = index_bytes(shards) / len(ids)
         for nprobe, depth, found, seconds in searches(args, shards, m, queries):
             rows.append(
-                f"| multi-{m} | {vectors.shape[1]} | {pq_m} | {nprobe} | {max(depth, args.k * m)} | "
+                f"| multi-{m} | {vectors.shape[1]} | {pq_m} | {nprobe} | {depth} | "
                 f"{recall(found, exact):.3f} | {per_vector:.1f} + {2 * vectors.shape[1]} on disk "
                 f"(flat: {4 * vectors.shape[1] + 8}) | {build_seconds:.0f} | {1000 * seconds:.0f} |"
             )
