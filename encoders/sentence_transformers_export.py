@@ -44,7 +44,6 @@ from hnce.encoders.biencoder import BiEncoder
 from hnce.encoders.errors import InputError
 from hnce.encoders.pooling import MODULES_FILE, POOLING_MODULE, Pooling
 
-TOWERS = ("mention", "entity")
 POOLING_DIR = f"1_{POOLING_MODULE}"
 NORMALIZE_DIR = "2_Normalize"
 _MODULE_TYPE = "sentence_transformers.models.{}"

@@ -200,10 +200,6 @@ class BuildReport:
     resumed_shards: int
     seconds: float
 
-    @property
-    def entities_per_second(self) -> float:
-        return self.version.num_entities / self.seconds if self.seconds else 0.0
-
 
 def index_entities(
     pool: EncoderPool,

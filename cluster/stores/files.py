@@ -56,11 +56,6 @@ def fsync_file(path: Path) -> None:
         os.fsync(handle.fileno())
 
 
-def is_temporary(path: Path) -> bool:
-    """True for the temporary files :class:`AtomicPath` writes (readers skip them)."""
-    return path.name.startswith(_TEMPORARY_PREFIX)
-
-
 class AtomicPath:
     """A temporary sibling of ``target`` that becomes ``target`` on :meth:`commit`.
 

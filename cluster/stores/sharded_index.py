@@ -147,23 +147,16 @@ def default_nprobe(nlist: int, multi_vector: bool) -> int:
     return max(1, nlist // 2) if multi_vector else min(DEFAULT_NPROBE, nlist)
 
 
-def build_shard_index(
-    vectors: np.ndarray, spec: IndexSpec, seed: int = 0, trained: faiss.Index | None = None
-) -> faiss.Index:
+def build_shard_index(vectors: np.ndarray, spec: IndexSpec, seed: int = 0) -> faiss.Index:
     """A CPU FAISS index over `vectors` [n, d] (float32, inner product), built per `spec`.
 
     Built on the CPU so the bytes written to the store do not depend on the device; searching
-    places it on the device (`FaissDevice.place`). Deterministic for a given input and seed.
-    `trained` (from `train_index`) lets all shards share one trained IVF-PQ instead of training
-    each shard on its own sample.
+    places it on the device (`FaissDevice.place`). Deterministic for a given input and seed. An
+    IVF-PQ shard trains its own quantiser on a sample of its vectors (`train_index`).
     """
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     if vectors.ndim != 2:
         raise ValueError(f"shard vectors must be [n, d], got shape {vectors.shape}")
-    if trained is not None:
-        index = faiss.clone_index(trained)
-        index.add(vectors)
-        return index
     index = train_index(vectors, spec, seed)
     index.add(vectors)
     return index
