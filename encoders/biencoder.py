@@ -22,7 +22,12 @@ from torch.nn import functional as F
 from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel, PreTrainedModel
 
 from hnce.encoders.errors import InputError
-from hnce.encoders.formatting import register_markers, tokenize_entities, tokenize_mentions
+from hnce.encoders.formatting import (
+    punctuation_ids,
+    register_markers,
+    tokenize_entities,
+    tokenize_mentions,
+)
 from hnce.encoders.local import load_local
 from hnce.encoders.pooling import POOLINGS, Pooling, mean_pool, pooled_first, resolve_pooling
 from hnce.encoders.scorers import Scorer, ScorerConfig, build_scorer
@@ -102,6 +107,7 @@ class BiEncoder(nn.Module):
         entity_projection: TowerProjection | None = None,
         pooling: Pooling = "cls",
         normalize: bool = False,
+        skipped_entity_tokens: Sequence[int] = (),
     ) -> None:
         super().__init__()
         self.mention_tower = mention_tower
@@ -114,6 +120,12 @@ class BiEncoder(nn.Module):
         self.entity_projection = entity_projection
         self.pooling: Pooling = pooling
         self.normalize = normalize
+        # Not in the state dict: derived from the tokenizer and ``scorer.skip_punctuation``.
+        self.register_buffer(
+            "skipped_entity_tokens",
+            torch.tensor(sorted(skipped_entity_tokens), dtype=torch.long),
+            persistent=False,
+        )
 
     @property
     def shared_towers(self) -> bool:
@@ -167,10 +179,16 @@ class BiEncoder(nn.Module):
         )
 
     def encode_entities(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
-        """Entity tower -> token vectors [E, L', d] (position 0 pooled) and the mask [E, L']."""
-        return self.encode_with(
+        """Entity tower -> token vectors [E, L', d] (position 0 pooled) and the mask [E, L'].
+
+        With ``scorer.skip_punctuation`` the mask also leaves out the punctuation tokens
+        (``skipped_entity_tokens``): the tower reads them, the score and the index do not."""
+        vectors, mask = self.encode_with(
             self.entity_tower, self.entity_projection, input_ids, attention_mask
         )
+        if len(self.skipped_entity_tokens):
+            mask = mask * ~torch.isin(input_ids, self.skipped_entity_tokens)
+        return vectors, mask
 
     def forward(
         self, mention_batch: Mapping[str, Tensor], entity_batch: Mapping[str, Tensor]
@@ -366,6 +384,7 @@ def _assemble(
         entity_projection,
         pooling,
         normalize,
+        punctuation_ids(tokenizer) if scorer_config.skip_punctuation else (),
     )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import string
 from collections.abc import Sequence
 
 import numpy as np
@@ -56,6 +57,18 @@ def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     digest = hashlib.sha256(json.dumps(definition, sort_keys=True).encode("utf-8"))
     digest.update(f"blink-layout-{LAYOUT_VERSION}".encode())
     return digest.hexdigest()
+
+
+def punctuation_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Sorted ids of the tokens that are one ASCII punctuation character (ColBERT's skiplist,
+    Khattab & Zaharia 2020 §3.2): each character of ``string.punctuation`` that the tokenizer
+    makes a single known token of."""
+    ids = set()
+    for symbol in string.punctuation:
+        pieces = tokenizer(symbol, add_special_tokens=False)["input_ids"]
+        if len(pieces) == 1 and pieces[0] != tokenizer.unk_token_id:
+            ids.add(int(pieces[0]))
+    return sorted(ids)
 
 
 def register_markers(tokenizer: PreTrainedTokenizerBase) -> None:

@@ -35,16 +35,18 @@ from __future__ import annotations
 
 import abc
 import math
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
-from hnce.encoders.settings import PositiveInt, settings
+from hnce.encoders.settings import Flag, PositiveInt, settings
 
 # Upper bound on elements of one block of pairwise logits (B x E x queries x keys) in `score`.
 _BLOCK_ELEMENTS = 1 << 24
+# Scorers whose entity side is its first (pooled) vector alone.
+FIRST_ENTITY_VECTOR_ONLY = ("dual", "poly")
 
 
 @settings
@@ -58,6 +60,11 @@ class ScorerConfig:
     m_prime: genpoly: leftmost entity vectors used as queries (default m); general: key vectors.
     query_side, query_reduction, key_reduction, attention: the general form's choices
        (used by name="general" only).
+    skip_punctuation: leave the entity tokens that are punctuation out of the entity vectors the
+       score reads (ColBERT's skiplist, Khattab & Zaharia 2020 §3.2: the tower still reads them,
+       their output vectors are masked), so sum-of-max stores and searches fewer token vectors
+       (:meth:`BiEncoder.encode_entities`). Only for the scorers that read entity tokens past
+       the pooled first one (som, multi, genpoly, general).
     """
 
     name: Literal["dual", "multi", "som", "poly", "genpoly", "general"] = "dual"
@@ -67,6 +74,14 @@ class ScorerConfig:
     query_reduction: Literal["leftmost", "all", "codes"] = "leftmost"
     key_reduction: Literal["leftmost", "all", "codes"] = "leftmost"
     attention: Literal["soft", "hard"] = "hard"
+    skip_punctuation: Flag = False
+
+    def __post_init__(self) -> None:
+        if self.skip_punctuation and self.name in FIRST_ENTITY_VECTOR_ONLY:
+            raise ValueError(
+                f"skip_punctuation: {self.name} reads only the entity's pooled first vector, "
+                "which is never punctuation; it applies to som, multi, genpoly and general"
+            )
 
     @property
     def indexable(self) -> bool:
@@ -117,7 +132,9 @@ class ScorerConfig:
                 "general", m_prime, self.m, "entity", "leftmost", "codes", "soft"
             ),
         }
-        return self if self.name == "general" else table[self.name]
+        if self.name == "general":
+            return self
+        return replace(table[self.name], skip_punctuation=self.skip_punctuation)
 
 
 def _leftmost(hidden: Tensor, mask: Tensor, count: int) -> tuple[Tensor, Tensor]:
