@@ -29,7 +29,6 @@ from benchmarks.peer.evaluation import ENCODE_BATCH, HeldOut, held_out_set
 from benchmarks.peer.hnce_training import DEMO
 from hnce.cluster.compute.recall import hits_at, summarise
 from hnce.encoders.biencoder import BiEncoder, build_biencoder, load_biencoder, minilm_path
-from hnce.encoders.formatting import punctuation_ids
 from hnce.encoders.progress import quiet
 from hnce.encoders.scorers import ScorerConfig, build_scorer, index_scores
 from hnce.pipeline.config import Config, load_config
@@ -70,7 +69,6 @@ def som_model(base: BiEncoder, skip: bool) -> BiEncoder:
         base.entity_projection,
         base.pooling,
         normalize=True,
-        skipped_entity_tokens=punctuation_ids(base.tokenizer) if skip else (),
     ).eval()
 
 

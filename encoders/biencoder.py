@@ -107,7 +107,6 @@ class BiEncoder(nn.Module):
         entity_projection: TowerProjection | None = None,
         pooling: Pooling = "cls",
         normalize: bool = False,
-        skipped_entity_tokens: Sequence[int] = (),
     ) -> None:
         super().__init__()
         self.mention_tower = mention_tower
@@ -120,11 +119,10 @@ class BiEncoder(nn.Module):
         self.entity_projection = entity_projection
         self.pooling: Pooling = pooling
         self.normalize = normalize
+        skipped = punctuation_ids(tokenizer) if scorer.config.skip_punctuation else []
         # Not in the state dict: derived from the tokenizer and ``scorer.skip_punctuation``.
         self.register_buffer(
-            "skipped_entity_tokens",
-            torch.tensor(sorted(skipped_entity_tokens), dtype=torch.long),
-            persistent=False,
+            "skipped_entity_tokens", torch.tensor(skipped, dtype=torch.long), persistent=False
         )
 
     @property
@@ -384,7 +382,6 @@ def _assemble(
         entity_projection,
         pooling,
         normalize,
-        punctuation_ids(tokenizer) if scorer_config.skip_punctuation else (),
     )
 
 
