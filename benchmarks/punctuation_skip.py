@@ -24,10 +24,13 @@ import numpy as np
 import torch
 
 from benchmarks import harness
-from benchmarks.peer.curves import KS
-from benchmarks.peer.evaluation import ENCODE_BATCH, HeldOut, held_out_set
+from benchmarks.peer.evaluation import (
+    HeldOut,
+    catalogue_vectors,
+    held_out_set,
+    recall_of_candidates,
+)
 from benchmarks.peer.hnce_training import DEMO
-from hnce.cluster.compute.recall import hits_at, summarise
 from hnce.encoders.biencoder import BiEncoder, build_biencoder, load_biencoder, minilm_path
 from hnce.encoders.progress import quiet
 from hnce.encoders.scorers import ScorerConfig, build_scorer, index_scores
@@ -72,25 +75,10 @@ def som_model(base: BiEncoder, skip: bool) -> BiEncoder:
     ).eval()
 
 
-def token_vectors(model: BiEncoder, held_out: HeldOut) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every catalogue entity's stored token vectors [V, d] and each one's entity id [V]."""
-    vectors, owners = [], []
-    with torch.inference_mode():
-        for start in range(0, len(held_out.texts), ENCODE_BATCH):
-            tokens = model.tokenize_entities(
-                held_out.titles[start : start + ENCODE_BATCH],
-                held_out.texts[start : start + ENCODE_BATCH],
-            )
-            batch_vectors, rows = model.entity_index_vectors(**tokens)
-            vectors.append(batch_vectors)
-            owners.append(rows + start)
-    return torch.cat(vectors), torch.cat(owners)
-
-
 def top_entities(model: BiEncoder, held_out: HeldOut) -> tuple[np.ndarray, float]:
     """Each held-out mention's exact sum-of-max top-``TOP`` entity ids, and the token vectors
     stored per entity."""
-    vectors, owners = token_vectors(model, held_out)
+    vectors, owners = catalogue_vectors(model, held_out)
     mentions = held_out.mentions
     tops = []
     with torch.inference_mode():
@@ -106,13 +94,6 @@ def top_entities(model: BiEncoder, held_out: HeldOut) -> tuple[np.ndarray, float
             )
             tops.append(scores.topk(TOP, dim=1).indices.numpy())
     return np.concatenate(tops), len(vectors) / len(held_out.texts)
-
-
-def recall(top: np.ndarray, held_out: HeldOut) -> dict[int, float]:
-    mentions = held_out.mentions
-    hits = hits_at(top, [m.golds for m in mentions], KS)
-    report = summarise("", hits, [m.domain for m in mentions], KS, len(held_out.texts))
-    return {k: report.recall[k] for k in KS}
 
 
 def kept_share(full: np.ndarray, skipped: np.ndarray) -> float:
@@ -143,7 +124,7 @@ def main() -> None:
                 ("every token", full, full_tokens),
                 ("punctuation skipped", skipped, skipped_tokens),
             ):
-                found = recall(top, held_out)
+                found = recall_of_candidates(top, held_out)
                 share = "1.000" if top is full else f"{kept_share(full, top):.3f}"
                 rows.append(
                     f"| {name} | {setting} | {tokens:.1f} | "

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from benchmarks.peer.curves import KS, Curve, Recall
@@ -60,17 +61,27 @@ def dual_encoder(path: Path, config: Config) -> BiEncoder:
     )
 
 
-def embed(model: BiEncoder, held_out: HeldOut) -> tuple[torch.Tensor, torch.Tensor]:
-    """Query vectors [M, d] of the held-out mentions and index vectors [E, d] of the catalogue."""
+def catalogue_vectors(model: BiEncoder, held_out: HeldOut) -> tuple[torch.Tensor, torch.Tensor]:
+    """The catalogue's index vectors [V, d] (one an entity for dual, one a kept token for som)
+    and each vector's entity id [V]."""
     model.eval()
+    vectors, owners = [], []
     with torch.inference_mode():
-        entities = []
         for start in range(0, len(held_out.texts), ENCODE_BATCH):
             tokens = model.tokenize_entities(
                 held_out.titles[start : start + ENCODE_BATCH],
                 held_out.texts[start : start + ENCODE_BATCH],
             )
-            entities.append(model.entity_index_vectors(**tokens)[0])
+            batch_vectors, rows = model.entity_index_vectors(**tokens)
+            vectors.append(batch_vectors)
+            owners.append(rows + start)
+    return torch.cat(vectors), torch.cat(owners)
+
+
+def embed(model: BiEncoder, held_out: HeldOut) -> tuple[torch.Tensor, torch.Tensor]:
+    """Query vectors [M, d] of the held-out mentions and index vectors [E, d] of the catalogue."""
+    catalogue, _ = catalogue_vectors(model, held_out)
+    with torch.inference_mode():
         mentions = held_out.mentions
         tokens = model.tokenize_mentions(
             [m.context_left for m in mentions],
@@ -78,21 +89,25 @@ def embed(model: BiEncoder, held_out: HeldOut) -> tuple[torch.Tensor, torch.Tens
             [m.context_right for m in mentions],
         )
         queries = model.mention_query_vectors(**tokens)[:, 0].float()
-    return queries, torch.cat(entities)
+    return queries, catalogue
 
 
 def recall_of(
     queries: torch.Tensor, catalogue: torch.Tensor, held_out: HeldOut, normalise: bool
 ) -> Recall:
     """R@k of exact inner-product (or, ``normalise``d, cosine) search of every mention."""
-    mentions = held_out.mentions
     with torch.inference_mode():
         if normalise:
             queries = torch.nn.functional.normalize(queries, dim=-1)
             catalogue = torch.nn.functional.normalize(catalogue, dim=-1)
         candidates = (queries @ catalogue.T).topk(max(KS), dim=1).indices.numpy()
-    golds = [m.golds for m in mentions]
-    hits = hits_at(candidates, golds, KS)
+    return recall_of_candidates(candidates, held_out)
+
+
+def recall_of_candidates(candidates: np.ndarray, held_out: HeldOut) -> Recall:
+    """R@k of each held-out mention's ranked candidate entity ids [M, ≥ max(KS)]."""
+    mentions = held_out.mentions
+    hits = hits_at(candidates, [m.golds for m in mentions], KS)
     report = summarise("", hits, [m.domain for m in mentions], KS, len(held_out.texts))
     return {k: report.recall[k] for k in KS}
 
