@@ -9,10 +9,11 @@
 
 (b, e) with ``--train``, where Ray and DeepSpeed are installed: the product's own ``hnce train``
     on one GPU with the refresh beside it (``cluster.gpu_sharing: auto``, which shares the GPU
-    half and half: :mod:`hnce.cluster.compute.gpu_sharing`): a synthetic catalogue
-    (``--train-entities`` per world, 3 worlds), a random BERT (``--layers`` × ``--hidden``) with a
-    WordPiece tokenizer (``--tokenizer``, default the packaged MiniLM's), bf16 DeepSpeed steps
-    through Ray Train with NCCL, and refreshes encoded on the same GPU while it trains: where
+    half and half: :mod:`hnce.cluster.compute.gpu_sharing`), asynchronous or, with
+    ``--sync-every N``, a synchronous refresh every N steps that training waits for: a
+    synthetic catalogue (``--train-entities`` per world, 3 worlds), a random BERT (``--layers``
+    × ``--hidden``) with a WordPiece tokenizer (``--tokenizer``, default the packaged MiniLM's),
+    bf16 DeepSpeed steps through Ray Train with NCCL, and refreshes encoded on the same GPU: where
     the run's seconds went, the step time, the refreshes published and used.
 
 A refresh of ≥ 1M entities with FAISS on the GPU (c) needs the ``gpu`` extra there and is listed.
@@ -46,25 +47,11 @@ REMAINING = [
     "(a) BERT-base entity encoding at 128 tokens, bf16, entities/s against the FLOP bound "
     "(target ≥ 60% of the bf16 peak): `python -m benchmarks.gpu_paths` on the GPU node",
     "(b, e) `hnce train` on one GPU with the refresh beside it: `python -m benchmarks.gpu_paths "
-    "--train` on a GPU node with Ray, DeepSpeed and faiss-cpu installed. On a lent H200 NCCL "
-    "first failed because bm25s ran a JAX op at import and JAX took the GPU; hnce now keeps JAX "
-    "on the CPU (JAX_PLATFORMS=cpu for the driver and every Ray worker). On a lent H100 "
-    "(2026-11-27; Ray 2.60, DeepSpeed 0.19.8, torch 2.11 CUDA 13, faiss-cpu 1.15.1), random "
-    "BERT-base towers, 32 mentions a step with 8 negatives of 128 tokens: "
-    "`cluster.gpu_sharing: auto` chose shared and placed the trainer worker and the encoder "
-    "actor on the one GPU (logged; the `launch` event records it); the worker trained in bf16 "
-    "on cuda:0 with torch's fused Adam under DeepSpeed's bf16 and ZeRO-1, the loss fell from "
-    "17.8 to 8.9 in 30 steps, 0.34 s a step (median of steps 6-33; 5.1 s the first), 40 s "
-    "from the launch to the first step (the worker's own set-up 7.3 s: engine 4.1, data 2.5, "
-    "model 0.7), and each checkpoint of the two towers held training for 10-11 s. Not yet "
-    "seen within the calls' limits: a refresh published from the shared GPU. A 200-step run "
-    "over 60,000 entities ended training in about 3 min with the refresh of its first "
-    "checkpoint still running (abandoned, resumable) and nothing published; in a 60-step run "
-    "over 6,000 entities no step was logged for the last 60 s before the call's limit, while "
-    "the refresh of step 15 ran beside it. Remaining: a run to its end that trains on a "
-    "negatives version refreshed on the shared GPU, where that stall came from, why a "
-    "checkpoint takes 10 s, and `hnce refresh` as a separate job beside that training on the "
-    "one GPU (it takes half a GPU while the launch holds the run's training lock)",
+    "--train` (asynchronous) and `--train --sync-every 15` on a GPU node with Ray, DeepSpeed and "
+    "faiss-cpu installed (last run on a lent H200 on 2026-11-28: both trained to their end on "
+    "negatives refreshed on the shared GPU)",
+    "`hnce refresh` as a separate job beside a training launch on the one GPU (it takes half a "
+    "GPU while the launch holds the run's training lock)",
     "(c) a refresh of ≥ 1M entities with GPU encoding: `hnce data synthetic-kilt` at 1M pages, "
     "then `hnce refresh` with `cluster.use_gpu: true` (FAISS GPU needs the `gpu` extra)",
     "(d) exact GPU top-k mining of a 5.9M × 768 fp16 matrix: `python -m benchmarks.gpu_paths`",
@@ -148,6 +135,8 @@ def one_gpu_training(args: argparse.Namespace) -> list[str]:
         "refresh.batch_size": 512,
         "refresh.wait_floor_seconds": 300,
     }
+    if args.sync_every:
+        overrides |= {"refresh.mode": "sync", "refresh.sync_every": args.sync_every}
     command = harness.run_recipe("train", RECIPE, overrides, log=work / "train.log")
     launch = read_events(run, "launch")[-1]
     parts = wall_clock_parts(run, command.seconds)
@@ -162,7 +151,9 @@ def one_gpu_training(args: argparse.Namespace) -> list[str]:
     entities = 3 * args.train_entities
     return [
         f"| (b) `hnce train` on one GPU, bf16, BERT {args.layers}×{args.hidden}, "
-        f"{args.steps} steps of 32 mentions: GPUs | {launch.get('gpus')} "
+        f"{args.steps} steps of 32 mentions, refresh "
+        f"{f'sync every {args.sync_every} steps' if args.sync_every else 'async'}: GPUs | "
+        f"{launch.get('gpus')} "
         f"({launch.get('gpus_reason')}) |",
         f"| (b) seconds before the first step / in the steps / per step / rest | "
         f"{parts['before first step']:.1f} / {parts['steps']:.1f} / {parts['per step']:.3f} / "
@@ -188,6 +179,12 @@ def main() -> None:
         hidden=768,
     )
     parser.add_argument("--train", action="store_true", help="run (b, e): hnce train on one GPU")
+    parser.add_argument(
+        "--sync-every",
+        type=int,
+        default=0,
+        help="refresh.mode sync every N steps, so training waits for each GPU refresh (0: async)",
+    )
     parser.add_argument("--tokenizer", type=Path, default=None, help="default: packaged MiniLM")
     args = harness.parse(parser)
     if args.tokenizer is None:
@@ -230,7 +227,7 @@ def main() -> None:
             *(one_gpu_training(args) if args.train else []),
             "",
             "Remaining on a GPU node: "
-            + "; ".join(REMAINING[2:3] if args.train else REMAINING[1:3])
+            + "; ".join(REMAINING[2:4] if args.train else REMAINING[1:4])
             + ".",
         ]
     harness.write_result(args.output, lines)
