@@ -18,10 +18,11 @@ from conftest import SESSION_RAY_CPUS
 from store_helpers import random_word_dataset, write_checkpoint
 from training_helpers import assert_exact_top_k, exact_scores, write_letter_export
 
-from hnce.cluster.compute.actors import PlacementError, Task, TaskClock, TaskTimeout
+from hnce.cluster.compute.actors import PlacementError, StopRequested, Task, TaskClock, TaskTimeout
 from hnce.cluster.compute.encoder_pool import (
     EncoderPool,
     EncoderPoolSettings,
+    KeptPool,
     ShardEncoded,
     node_cores,
 )
@@ -35,7 +36,7 @@ from hnce.cluster.stores.negatives_store import NegativesStore
 from hnce.cluster.stores.sharded_index import IndexSpec
 from hnce.cluster.stores.tables import Mention, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
-from hnce.encoders.biencoder import load_biencoder
+from hnce.encoders.biencoder import export_biencoder, load_biencoder
 
 pytestmark = pytest.mark.slow
 
@@ -135,6 +136,107 @@ def test_killed_encoder_mid_refresh_publishes_identical_index(ray_session, asset
     assert summary.index_version == killed.version == 1
     assert killed.shard_checksums == clean.shard_checksums
     _assert_negatives_are_exact(run_dir, assets["dual"], assets["data"])
+
+
+def _later_export(assets) -> Path:
+    """The dual model with every weight moved a little: a later checkpoint's export."""
+    export_dir = assets["root"] / "dual-later" / "export"
+    if not export_dir.is_dir():
+        model = load_biencoder(assets["dual"])
+        generator = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(0.1 * torch.randn(parameter.shape, generator=generator))
+        export_biencoder(model, export_dir)
+    return export_dir
+
+
+def _fresh_index_of_later_export(assets) -> IndexStore:
+    """The later export's index, refreshed by a pool of its own (the reference)."""
+    run_dir = assets["root"] / "later-fresh"
+    if not (run_dir / "index" / "CURRENT").exists():
+        write_checkpoint(run_dir, 2, _later_export(assets))
+        run_refresh(_config(run_dir, assets["data"]))
+    return IndexStore(run_dir / "index")
+
+
+def test_kept_pool_reloads_the_next_checkpoint_into_the_same_actor(ray_session, assets) -> None:
+    run_dir = assets["root"] / "kept"
+    later = _later_export(assets)
+    kept, pids = KeptPool(), []
+    try:
+        write_checkpoint(run_dir, 1, assets["dual"])
+        first = run_refresh(
+            _config(run_dir, assets["data"]),
+            on_shard=lambda encoded, _: pids.append(encoded.encoder_pid),
+            kept=kept,
+        )
+        write_checkpoint(run_dir, 2, later)
+        second = run_refresh(
+            _config(run_dir, assets["data"]),
+            on_shard=lambda encoded, _: pids.append(encoded.encoder_pid),
+            kept=kept,
+        )
+        assert kept.pool is not None, "a refresh that succeeded keeps its pool"
+    finally:
+        kept.close()
+    assert "start" in first.seconds and "reload" in second.seconds
+    assert "start" not in second.seconds
+    assert len(pids) == 2 * NUM_ENTITIES // 8 and len(set(pids)) == 1
+    # The reloaded actor indexed the later model: the index a fresh pool builds from it.
+    reloaded = IndexStore(run_dir / "index").current()
+    assert (reloaded.version, reloaded.checkpoint) == (2, 2)
+    assert (
+        reloaded.shard_checksums == _fresh_index_of_later_export(assets).current().shard_checksums
+    )
+    _assert_negatives_are_exact(run_dir, later, assets["data"])
+
+
+def test_restarted_actor_of_a_reloaded_pool_loads_the_current_model(ray_session, assets) -> None:
+    run_dir = assets["root"] / "kept-killed"
+    later = _later_export(assets)
+    kept, pids = KeptPool(), []
+
+    def kill_after_first_shard(encoded: ShardEncoded, pool: EncoderPool) -> None:
+        pids.append(encoded.encoder_pid)
+        if len(pids) == 1:
+            ray.kill(pool.actors[0], no_restart=False)
+
+    try:
+        write_checkpoint(run_dir, 1, assets["dual"])
+        run_refresh(_config(run_dir, assets["data"]), kept=kept)
+        write_checkpoint(run_dir, 2, later)
+        run_refresh(_config(run_dir, assets["data"]), on_shard=kill_after_first_shard, kept=kept)
+    finally:
+        kept.close()
+    assert len(set(pids)) == 2, "the encoder actor should have been restarted once"
+    # Ray restarts an actor with its first arguments; the pool's pointer makes it load step 2.
+    restarted = IndexStore(run_dir / "index").current()
+    assert (
+        restarted.shard_checksums == _fresh_index_of_later_export(assets).current().shard_checksums
+    )
+    _assert_negatives_are_exact(run_dir, later, assets["data"])
+
+
+def test_kept_pool_is_closed_by_a_refresh_that_stops(ray_session, assets) -> None:
+    run_dir = assets["root"] / "kept-stopped"
+    kept = KeptPool()
+    write_checkpoint(run_dir, 1, assets["dual"])
+    try:
+        run_refresh(_config(run_dir, assets["data"]), kept=kept)
+        actors = list(kept.pool.actors)
+        write_checkpoint(run_dir, 2, _later_export(assets))
+        with pytest.raises(StopRequested):
+            run_refresh(_config(run_dir, assets["data"]), stopping=lambda: True, kept=kept)
+        assert kept.pool is None, "a refresh that stops closes the kept pool"
+        # ray.kill lands asynchronously: a call sent just before it may still be answered.
+        deadline = time.monotonic() + 60
+        with pytest.raises(ray.exceptions.RayActorError):
+            while time.monotonic() < deadline:
+                ray.get(actors[0].ready.remote(), timeout=60)
+                time.sleep(0.5)
+    finally:
+        kept.close()
 
 
 def test_stale_checkpoints_are_skipped(ray_session, assets) -> None:

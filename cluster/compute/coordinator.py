@@ -29,6 +29,7 @@ import threading
 
 import ray
 
+from hnce.cluster.compute.encoder_pool import KeptPool
 from hnce.cluster.compute.refresh import RefreshPlan
 from hnce.cluster.compute.refresh_job import attempt_refresh
 from hnce.cluster.stores.refresh_log import RefreshRecord
@@ -56,20 +57,26 @@ class RefreshCoordinator:
         self.failures_in_a_row = 0
         self.last_error: str | None = None
         self.locked_by: str | None = None
+        self.kept = KeptPool()
 
     def watch(self) -> int:
-        """Refresh each time a newer checkpoint is complete, until `stop`; returns refreshes
-        published."""
-        while not self._stop.is_set():
-            record = attempt_refresh(
-                self.plan,
-                COORDINATOR_ROLE,
-                stopping=self._abandon.is_set,
-                failures=self.failures_in_a_row,
-                requests_only=True,
-            )
-            self._note(record)
-            self._stop.wait(self.plan.refresh.poll_seconds)
+        """Refresh each time a newer checkpoint is complete, until `stop`, on one encoder pool
+        kept from refresh to refresh (:class:`hnce.cluster.compute.encoder_pool.KeptPool`);
+        returns refreshes published."""
+        try:
+            while not self._stop.is_set():
+                record = attempt_refresh(
+                    self.plan,
+                    COORDINATOR_ROLE,
+                    stopping=self._abandon.is_set,
+                    failures=self.failures_in_a_row,
+                    requests_only=True,
+                    kept=self.kept,
+                )
+                self._note(record)
+                self._stop.wait(self.plan.refresh.poll_seconds)
+        finally:
+            self.kept.close()
         return self.published
 
     def _note(self, record: RefreshRecord) -> None:

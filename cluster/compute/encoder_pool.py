@@ -2,7 +2,8 @@
 (docs/refresh.md).
 
 Each `EntityEncoderActor` loads the bi-encoder from an `export/` directory once, when it starts
-(so weights reach an actor once per refresh, not once per batch), takes a GPU when the cluster
+(so weights reach an actor once per refresh, not once per batch; the refresh coordinator's
+`KeptPool` keeps its actors from one refresh to the next and reloads them), takes a GPU when the cluster
 has them and the CPU otherwise, and runs every forward pass under `hnce.encoders.precision.autocast`
 (bf16 on a GPU). For a shard of the catalogue it reads the entities' token rows from the
 catalogue's token store (`hnce.cluster.stores.tokens`: tokenized once per tokenizer and length, memory-mapped,
@@ -306,27 +307,64 @@ class ShardEncoded:
     encoder_pid: int
 
 
+@dataclass(frozen=True)
+class PoolModel:
+    """The model an encoder pool's actors hold: its `export/` directory and the catalogue's
+    token store (None: the pool encodes no entity)."""
+
+    export_dir: str
+    token_store: str | None
+
+
+class ModelPointer:
+    """Which model a kept pool's actors load (a Ray actor, :class:`KeptPool`). Every actor
+    reads it when it starts, and Ray restarts an actor with the arguments it was first created
+    with, so a restarted actor of a pool reloaded since loads the current model, not its first."""
+
+    def __init__(self, model: PoolModel) -> None:
+        self.model = model
+
+    def set(self, model: PoolModel) -> None:
+        self.model = model
+
+    def get(self) -> PoolModel:
+        return self.model
+
+
 class EntityEncoderActor(ShardHolder):
     """Holds one loaded bi-encoder; indexes catalogue shards, encodes mentions and holds index
     shards (a Ray actor).
 
     Args:
-        export_dir: the model's `export/` directory.
+        model: the model it loads, or the `ModelPointer` of a kept pool that names it.
         batch_size: entities per forward pass.
         num_threads: torch threads (on a CPU actor; never more than its node's cores).
-        token_store: the catalogue's token store directory (None: this pool encodes no entity).
     """
 
     def __init__(
-        self, export_dir: str, batch_size: int, num_threads: int, token_store: str | None
+        self, model: PoolModel | ray.actor.ActorHandle, batch_size: int, num_threads: int
     ) -> None:
         torch.set_num_threads(min(num_threads, node_cores()))
-        self.model = load_biencoder(Path(export_dir), device=torch_device()).eval()
+        self.device = torch_device()
         self.batch_size = batch_size
+        self.pointer = None if isinstance(model, PoolModel) else model
+        self.load(model if self.pointer is None else ray.get(self.pointer.get.remote()))
+
+    def load(self, model: PoolModel) -> None:
+        """Load `model`'s weights and token store, dropping any index shards held."""
+        self.model = load_biencoder(Path(model.export_dir), device=self.device).eval()
         self.tokens = None
-        if token_store is not None:
+        if model.token_store is not None:
             fingerprint = tokenizer_fingerprint(self.model.tokenizer)
-            self.tokens = TokenStore.open(Path(token_store), fingerprint, verify=False)
+            self.tokens = TokenStore.open(Path(model.token_store), fingerprint, verify=False)
+        self.release()
+
+    def reload(self) -> int:
+        """Load the model the pool's `ModelPointer` names now (a kept pool's next refresh)."""
+        if self.pointer is None:
+            raise RuntimeError("only the actors of a kept pool reload their model")
+        self.load(ray.get(self.pointer.get.remote()))
+        return os.getpid()
 
     def ready(self) -> int:
         return os.getpid()
@@ -429,10 +467,16 @@ class EncoderPool:
         export_dir: the model's `export/` directory (export_biencoder format).
         settings: pool size, batching and patience.
         token_store: the catalogue's token store (needed to index shards by encoding).
+        reloadable: the actors read their model from a `ModelPointer`, so that :meth:`reload`
+            can give them the next one (:class:`KeptPool`).
     """
 
     def __init__(
-        self, export_dir: Path, settings: EncoderPoolSettings, token_store: Path | None = None
+        self,
+        export_dir: Path,
+        settings: EncoderPoolSettings,
+        token_store: Path | None = None,
+        reloadable: bool = False,
     ) -> None:
         self.settings = settings
         resources = ray.cluster_resources()
@@ -465,6 +509,12 @@ class EncoderPool:
         remote_class = ray.remote(EntityEncoderActor)
         pool_id = uuid.uuid4().hex[:8]
         self.names = [f"hnce-encoder-{pool_id}-{n}" for n in range(self.num_encoders)]
+        model = PoolModel(str(export_dir), _text(token_store))
+        self.pointer = (
+            ray.remote(num_cpus=0, max_restarts=0)(ModelPointer).remote(model)
+            if reloadable
+            else None
+        )
         self.actors = [
             remote_class.options(
                 name=name,
@@ -473,7 +523,7 @@ class EncoderPool:
                 num_cpus=cpus,
                 num_gpus=actor_gpus,
                 resources=custom,
-            ).remote(str(export_dir), settings.batch_size, threads, _text(token_store))
+            ).remote(model if self.pointer is None else self.pointer, settings.batch_size, threads)
             for name in self.names
         ]
         starting = TaskClock(settings.wait_floor_seconds, "encoder start")
@@ -579,10 +629,78 @@ class EncoderPool:
             self.clock("index search"),
         )
 
+    def reload(self, export_dir: Path, token_store: Path | None) -> None:
+        """Give every actor the model of `export_dir` (and `token_store`), replacing the one it
+        holds, and drop the shards it held (a `reloadable` pool)."""
+        if self.pointer is None:
+            raise RuntimeError("reload needs a pool started with reloadable=True")
+        ray.get(self.pointer.set.remote(PoolModel(str(export_dir), _text(token_store))))
+        self.clock("encoder reload").get(
+            [actor.reload.remote() for actor in self.actors], Task("reload", ", ".join(self.names))
+        )
+
+    def release(self) -> None:
+        """Every actor drops the index shards it holds (their memory is freed)."""
+        self.clock("shard release").get(
+            [actor.release.remote() for actor in self.actors],
+            Task("release", ", ".join(self.names)),
+        )
+
     def shutdown(self) -> None:
         """Stop the actors (their weights and shards are freed)."""
-        for actor in self.actors:
+        for actor in [*self.actors, *([] if self.pointer is None else [self.pointer])]:
             ray.kill(actor, no_restart=True)
+
+
+class KeptPool:
+    """One encoder pool kept from one refresh to the next (the refresh coordinator's).
+
+    Starting an encoder actor (a Ray worker process, its imports, the model moved to its device)
+    took 7-30 s of a refresh's 7-33 s on 2 CPU cores and 16-19 s of 23-28 s on a shared H200
+    (BENCHMARKS.md, "GPU paths"). A kept pool starts once; each later refresh with the same pool
+    settings only loads the new checkpoint's weights into the running actors (:meth:`reload`).
+    A refresh that fails or is stopped closes the pool (its actors may be broken or busy), and
+    the next refresh starts a new one.
+    """
+
+    def __init__(self) -> None:
+        self.pool: EncoderPool | None = None
+        self.settings: EncoderPoolSettings | None = None
+
+    def pool_for(
+        self, export_dir: Path, settings: EncoderPoolSettings, token_store: Path | None
+    ) -> EncoderPool:
+        """The kept pool, loaded with `export_dir`; a new pool when there is none or its settings
+        differ."""
+        if self.pool is not None and self.settings == settings:
+            try:
+                self.pool.reload(export_dir, token_store)
+            except BaseException:
+                self.close()
+                raise
+            return self.pool
+        self.close()
+        self.pool = EncoderPool(export_dir, settings, token_store, reloadable=True)
+        self.settings = settings
+        return self.pool
+
+    @contextlib.contextmanager
+    def using(self) -> Iterator[None]:
+        """Around one refresh: on success the actors drop the shards they held and stay;
+        on any error (a stop included) the pool is closed."""
+        try:
+            yield
+        except BaseException:
+            self.close()
+            raise
+        if self.pool is not None:
+            self.pool.release()
+
+    def close(self) -> None:
+        """Stop the kept pool's actors, if any."""
+        if self.pool is not None:
+            self.pool.shutdown()
+        self.pool = self.settings = None
 
 
 def _settle(references: list[ray.ObjectRef]) -> None:

@@ -40,6 +40,7 @@ from transformers import AutoTokenizer
 from hnce.cluster.compute.encoder_pool import (
     EncoderPool,
     EncoderPoolSettings,
+    KeptPool,
     ShardEncoded,
     ShardTask,
 )
@@ -141,16 +142,22 @@ def start_pool(
     settings: EncoderPoolSettings,
     encode_catalogue: Path | None,
     seconds: dict[str, float],
+    kept: KeptPool | None = None,
 ) -> tuple[EncoderPool, TokenStore | None]:
-    """The encoder pool of `model` (stage ``start``); when it is to encode the catalogue of
-    dataset `encode_catalogue`, that catalogue's token store first (stage ``tokens``)."""
+    """The encoder pool of `model`: started (stage ``start``), or `kept`'s pool reloaded with
+    it (stage ``reload``); when it is to encode the catalogue of dataset `encode_catalogue`,
+    that catalogue's token store first (stage ``tokens``)."""
     tokens = None
     if encode_catalogue is not None:
         with timed(seconds, "tokens"):
             tokens = ensure_token_store(encode_catalogue, model)
-    with timed(seconds, "start"):
-        directory = None if tokens is None else tokens.directory
-        return EncoderPool(model.export_dir, settings, directory), tokens
+    directory = None if tokens is None else tokens.directory
+    if kept is None:
+        with timed(seconds, "start"):
+            return EncoderPool(model.export_dir, settings, directory), tokens
+    reloaded = kept.pool is not None and kept.settings == settings
+    with timed(seconds, "reload" if reloaded else "start"):
+        return kept.pool_for(model.export_dir, settings, directory), tokens
 
 
 def index_parameters(spec: IndexSpec, shard_size: int) -> dict[str, Any]:

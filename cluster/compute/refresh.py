@@ -39,7 +39,12 @@ from typing import Literal
 from pydantic import Field
 
 from hnce.cluster.compute.actors import StopRequested
-from hnce.cluster.compute.encoder_pool import EncoderPool, EncoderPoolSettings, ShardEncoded
+from hnce.cluster.compute.encoder_pool import (
+    EncoderPool,
+    EncoderPoolSettings,
+    KeptPool,
+    ShardEncoded,
+)
 from hnce.cluster.compute.heldout import HeldoutSpec, score_heldout
 from hnce.cluster.compute.index_build import IndexedModel, build_version, start_pool, timed
 from hnce.cluster.compute.miner import mine_split
@@ -223,8 +228,10 @@ def run_refresh(
     step: int | None = None,
     on_shard: Callable[[ShardEncoded, EncoderPool], None] | None = None,
     stopping: Callable[[], bool] | None = None,
+    kept: KeptPool | None = None,
 ) -> RefreshSummary:
-    """One refresh from checkpoint `step` (default: the newest complete one).
+    """One refresh from checkpoint `step` (default: the newest complete one), on the encoder
+    pool `kept` between refreshes when given (else on a pool of its own).
 
     `on_shard` is called in this process after each shard is indexed (for monitoring). Once
     `stopping()` is true the refresh stops (StopRequested) within a batch while it encodes, or
@@ -245,8 +252,8 @@ def run_refresh(
     summary = RefreshSummary(step, -1, -1, skipped_checkpoints=skipped)
     model = IndexedModel.from_checkpoint(directory, step)
     encode = plan.data_dir if live is None else None
-    pool, tokens = start_pool(model, plan.pool_settings(), encode, summary.seconds)
-    with pool:
+    pool, tokens = start_pool(model, plan.pool_settings(), encode, summary.seconds, kept)
+    with pool if kept is None else kept.using():
         if tokens is not None:
             with timed(summary.seconds, "index"):
                 report = build_version(

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from types import FrameType
 
 from hnce.cluster.compute.actors import StopRequested
+from hnce.cluster.compute.encoder_pool import KeptPool
 from hnce.cluster.compute.lock import RunLock
 from hnce.cluster.compute.refresh import NoCheckpointError, RefreshPlan, run_refresh
 from hnce.cluster.stores.checkpoints import (
@@ -131,20 +132,22 @@ def attempt_refresh(
     stopping: Callable[[], bool] = lambda: False,
     failures: int = 0,
     requests_only: bool = False,
+    kept: KeptPool | None = None,
 ) -> RefreshRecord:
     """One refresh of ``step`` (default: the newest checkpoint; with ``requests_only`` the
     newest that asks for a refresh, :func:`refresh_target`) under the run's lock.
 
     ``connect`` (starting or joining Ray) runs only once there is something to do and the lock
     file is held. ``stopping`` is asked after every indexed shard; when true, the refresh is
-    abandoned there. ``failures``: the caller's failures in a row before this attempt. A failed
+    abandoned there. ``failures``: the caller's failures in a row before this attempt. ``kept``:
+    the caller's encoder pool, kept between refreshes (None: one pool for this refresh). A failed
     refresh is returned as a record carrying the exception; nothing is raised for it.
     """
     record = RefreshRecord("up-to-date", role, time.time(), consecutive_failures=failures)
     try:
         if _worth_locking(plan, step, requests_only, record):
             with RunLock(plan.run_dir, role, connect) as lock:
-                _run_locked(plan, step, requests_only, record, lock, stopping)
+                _run_locked(plan, step, requests_only, record, lock, stopping, kept)
     except RunLocked as error:
         record.outcome, record.message = "locked", str(error)
     except NoCheckpointError as error:
@@ -175,6 +178,7 @@ def _run_locked(
     record: RefreshRecord,
     lock: RunLock,
     stopping: Callable[[], bool],
+    kept: KeptPool | None,
 ) -> None:
     """Under the lock: choose the checkpoint again, refresh it, fill in and log the record
     (after its held-out recall, when the refresh scored one).
@@ -188,7 +192,7 @@ def _run_locked(
         if not due:
             return
         lock.encoding(record.checkpoint)
-        summary = run_refresh(plan, record.checkpoint, stopping=stopping)
+        summary = run_refresh(plan, record.checkpoint, stopping=stopping, kept=kept)
     except StopRequested as error:
         record.outcome = "abandoned"
         record.message = (

@@ -106,6 +106,11 @@ class ShardHolder:
             os.getpid(),
         )
 
+    def release(self) -> None:
+        """Drop the shards held (their memory is freed)."""
+        self._held = None
+        self._held_key = None
+
     def search(
         self, spec: HoldSpec, queries: np.ndarray, k: int, allowed: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
