@@ -53,6 +53,7 @@ from hnce.cluster.compute.actors import (
     check_placeable,
 )
 from hnce.cluster.compute.gpu_sharing import encoders_on_gpus
+from hnce.cluster.compute.model_pointer import ModelPointer, PoolModel
 from hnce.cluster.compute.resources import ENCODER_RESOURCE, custom_resource_request
 from hnce.cluster.compute.shard_holders import HeldIndex, ShardHolder
 from hnce.cluster.stores.index_store import IndexVersion, ShardRecord, write_shard
@@ -307,48 +308,31 @@ class ShardEncoded:
     encoder_pid: int
 
 
-@dataclass(frozen=True)
-class PoolModel:
-    """The model an encoder pool's actors hold: its `export/` directory and the catalogue's
-    token store (None: the pool encodes no entity)."""
-
-    export_dir: str
-    token_store: str | None
-
-
-class ModelPointer:
-    """Which model a kept pool's actors load (a Ray actor, :class:`KeptPool`). Every actor
-    reads it when it starts, and Ray restarts an actor with the arguments it was first created
-    with, so a restarted actor of a pool reloaded since loads the current model, not its first."""
-
-    def __init__(self, model: PoolModel) -> None:
-        self.model = model
-
-    def set(self, model: PoolModel) -> None:
-        self.model = model
-
-    def get(self) -> PoolModel:
-        return self.model
-
-
 class EntityEncoderActor(ShardHolder):
     """Holds one loaded bi-encoder; indexes catalogue shards, encodes mentions and holds index
     shards (a Ray actor).
 
     Args:
-        model: the model it loads, or the `ModelPointer` of a kept pool that names it.
+        model: the model it loads when it starts.
         batch_size: entities per forward pass.
         num_threads: torch threads (on a CPU actor; never more than its node's cores).
+        pointer: the name of a kept pool's `ModelPointer`: on :meth:`reload`, and when Ray
+            restarts the actor (with its first arguments), it loads the model the pointer names
+            now (a name, not a handle: Ray keeps a handle argument in its object store, and a
+            restart fails once that copy is gone).
     """
 
     def __init__(
-        self, model: PoolModel | ray.actor.ActorHandle, batch_size: int, num_threads: int
+        self, model: PoolModel, batch_size: int, num_threads: int, pointer: str | None = None
     ) -> None:
         torch.set_num_threads(min(num_threads, node_cores()))
         self.device = torch_device()
         self.batch_size = batch_size
-        self.pointer = None if isinstance(model, PoolModel) else model
-        self.load(model if self.pointer is None else ray.get(self.pointer.get.remote()))
+        self.pointer = None if pointer is None else ray.get_actor(pointer)
+        restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        if self.pointer is not None and restarted:
+            model = ray.get(self.pointer.get.remote())
+        self.load(model)
 
     def load(self, model: PoolModel) -> None:
         """Load `model`'s weights and token store, dropping any index shards held."""
@@ -510,8 +494,9 @@ class EncoderPool:
         pool_id = uuid.uuid4().hex[:8]
         self.names = [f"hnce-encoder-{pool_id}-{n}" for n in range(self.num_encoders)]
         model = PoolModel(str(export_dir), _text(token_store))
+        pointer_name = f"hnce-encoder-{pool_id}-model" if reloadable else None
         self.pointer = (
-            ray.remote(num_cpus=0, max_restarts=0)(ModelPointer).remote(model)
+            ray.remote(ModelPointer).options(name=pointer_name, num_cpus=0).remote(model)
             if reloadable
             else None
         )
@@ -523,7 +508,7 @@ class EncoderPool:
                 num_cpus=cpus,
                 num_gpus=actor_gpus,
                 resources=custom,
-            ).remote(model if self.pointer is None else self.pointer, settings.batch_size, threads)
+            ).remote(model, settings.batch_size, threads, pointer_name)
             for name in self.names
         ]
         starting = TaskClock(settings.wait_floor_seconds, "encoder start")

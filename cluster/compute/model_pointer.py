@@ -1,0 +1,35 @@
+"""Which model a kept encoder pool's actors hold (:class:`hnce.cluster.compute.encoder_pool.KeptPool`).
+
+A module of its own with no heavy import: Ray imports the module of an actor's class in the
+actor's worker, and the pointer should start in the time Ray takes to start a process, not in
+the time torch and FAISS take to import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PoolModel:
+    """The model an encoder pool's actors hold: its `export/` directory and the catalogue's
+    token store (None: the pool encodes no entity)."""
+
+    export_dir: str
+    token_store: str | None
+
+
+class ModelPointer:
+    """Which model a kept pool's actors load (a Ray actor of a
+    :class:`~hnce.cluster.compute.encoder_pool.KeptPool`). Every actor
+    reads it when it starts, and Ray restarts an actor with the arguments it was first created
+    with, so a restarted actor of a pool reloaded since loads the current model, not its first."""
+
+    def __init__(self, model: PoolModel) -> None:
+        self.model = model
+
+    def set(self, model: PoolModel) -> None:
+        self.model = model
+
+    def get(self) -> PoolModel:
+        return self.model
