@@ -19,7 +19,7 @@
 A refresh of ≥ 1M entities with FAISS on the GPU (c) needs the ``gpu`` extra there and is listed.
 Without a CUDA device the script writes the section saying so, with every check that remains.
 
-    python -m benchmarks.gpu_paths [--train]
+    python -m benchmarks.gpu_paths [--train | --train-only] [--sync-every N]
 
 writes ``benchmarks/results/gpu_paths.md``.
 """
@@ -129,7 +129,7 @@ def one_gpu_training(args: argparse.Namespace) -> list[str]:
         "training.steps": args.steps,
         "training.batch_size": 32,
         "training.learning_rate": 2.0e-5,
-        "training.checkpoint_every": args.steps // 4,
+        "training.checkpoint_every": args.checkpoint_every or args.steps // 4,
         "training.log_every": 1,
         "refresh.encoder_cpus": 4,
         "refresh.batch_size": 512,
@@ -179,6 +179,10 @@ def main() -> None:
         hidden=768,
     )
     parser.add_argument("--train", action="store_true", help="run (b, e): hnce train on one GPU")
+    parser.add_argument("--train-only", action="store_true", help="(b, e) only: skip (a) and (d)")
+    parser.add_argument(
+        "--checkpoint-every", type=int, default=0, help="training.checkpoint_every (0: steps/4)"
+    )
     parser.add_argument(
         "--sync-every",
         type=int,
@@ -209,25 +213,30 @@ def main() -> None:
             (batch, bf16): encoding_rate(device, batch, 8.0, bf16)
             for batch in (256, 1024)
             for bf16 in (False, True)
+            if not args.train_only
         }
-        mined = mining_rate(device, args.entities, 1024, 64)
+        kernels = [
+            f"| (a) BERT-base entities/s, 128 tokens, autocast bf16, batch {batch}, weights "
+            f"{'bf16' if bf16 else 'fp32'} | {rate:,.0f} "
+            f"({rate * flops / (args.peak_tflops * 1e12):.0%} of the {args.peak_tflops:.0f} "
+            f"TFLOP/s bound at {flops / 1e9:.0f} GFLOP/entity) |"
+            for (batch, bf16), rate in rates.items()
+        ]
+        if not args.train_only:
+            mined = mining_rate(device, args.entities, 1024, 64)
+            kernels.append(
+                f"| (d) exact top-64 over {args.entities:,} × 768 fp16, queries/s | {mined:,.0f} |"
+            )
         lines += [
             f"{name}, torch {torch.__version__}, CUDA {torch.version.cuda}.",
             "",
             "| check | figure |",
             "|---|---|",
-            *(
-                f"| (a) BERT-base entities/s, 128 tokens, autocast bf16, batch {batch}, weights "
-                f"{'bf16' if bf16 else 'fp32'} | {rate:,.0f} "
-                f"({rate * flops / (args.peak_tflops * 1e12):.0%} of the {args.peak_tflops:.0f} "
-                f"TFLOP/s bound at {flops / 1e9:.0f} GFLOP/entity) |"
-                for (batch, bf16), rate in rates.items()
-            ),
-            f"| (d) exact top-64 over {args.entities:,} × 768 fp16, queries/s | {mined:,.0f} |",
-            *(one_gpu_training(args) if args.train else []),
+            *kernels,
+            *(one_gpu_training(args) if args.train or args.train_only else []),
             "",
             "Remaining on a GPU node: "
-            + "; ".join(REMAINING[2:4] if args.train else REMAINING[1:4])
+            + "; ".join(REMAINING[2:4] if args.train or args.train_only else REMAINING[1:4])
             + ".",
         ]
     harness.write_result(args.output, lines)
