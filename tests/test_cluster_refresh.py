@@ -239,6 +239,30 @@ def test_kept_pool_is_closed_by_a_refresh_that_stops(ray_session, assets) -> Non
         kept.close()
 
 
+def test_kept_pool_that_cannot_release_its_shards_is_closed_not_the_refresh(
+    ray_session, assets
+) -> None:
+    run_dir = assets["root"] / "kept-unreleased"
+    kept = KeptPool()
+    write_checkpoint(run_dir, 1, assets["dual"])
+
+    def cannot_release() -> None:
+        raise RuntimeError("actor gone")
+
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            summary = run_refresh(
+                _config(run_dir, assets["data"]),
+                on_shard=lambda _, pool: patch.setattr(pool, "release", cannot_release),
+                kept=kept,
+            )
+        assert kept.pool is None, "a pool whose actors kept their shards is closed"
+    finally:
+        kept.close()
+    assert summary.negatives_version == 1
+    assert NegativesStore(run_dir / "negatives").latest().version == 1
+
+
 def test_stale_checkpoints_are_skipped(ray_session, assets) -> None:
     run_dir = assets["root"] / "stale"
     for step in (10, 20, 30):

@@ -643,7 +643,9 @@ class KeptPool:
     Starting an encoder actor (a Ray worker process, its imports, the model moved to its device)
     took 7-30 s of a refresh's 7-33 s on 2 CPU cores and 16-19 s of 23-28 s on a shared H200
     (BENCHMARKS.md, "GPU paths"). A kept pool starts once; each later refresh with the same pool
-    settings only loads the new checkpoint's weights into the running actors (:meth:`reload`).
+    settings only loads the new checkpoint's weights into the running actors
+    (:meth:`EncoderPool.reload`: 0.6 s against 7.4 s to start on 2 cores, BENCHMARKS.md "Kept
+    encoder pool"; 1.8 s against 18.3 s on the H200).
     A refresh that fails or is stopped closes the pool (its actors may be broken or busy), and
     the next refresh starts a new one.
     """
@@ -671,15 +673,23 @@ class KeptPool:
 
     @contextlib.contextmanager
     def using(self) -> Iterator[None]:
-        """Around one refresh: on success the actors drop the shards they held and stay;
-        on any error (a stop included) the pool is closed."""
+        """Around one refresh: on success the actors drop the shards they held and stay (a
+        pool that cannot is closed, logged: the refresh itself is done); on any error (a stop
+        included) the pool is closed."""
         try:
             yield
         except BaseException:
             self.close()
             raise
-        if self.pool is not None:
+        if self.pool is None:
+            return
+        try:
             self.pool.release()
+        except Exception as error:
+            logger.warning(
+                "closing the kept encoder pool: its actors kept their shards (%s)", error
+            )
+            self.close()
 
     def close(self) -> None:
         """Stop the kept pool's actors, if any."""
