@@ -654,12 +654,16 @@ class KeptPool:
         self.pool: EncoderPool | None = None
         self.settings: EncoderPoolSettings | None = None
 
+    def reuses(self, settings: EncoderPoolSettings) -> bool:
+        """Whether :meth:`pool_for` with `settings` reloads the kept pool (else it starts one)."""
+        return self.pool is not None and self.settings == settings
+
     def pool_for(
         self, export_dir: Path, settings: EncoderPoolSettings, token_store: Path | None
     ) -> EncoderPool:
         """The kept pool, loaded with `export_dir`; a new pool when there is none or its settings
         differ."""
-        if self.pool is not None and self.settings == settings:
+        if self.reuses(settings):
             try:
                 self.pool.reload(export_dir, token_store)
             except BaseException:

@@ -155,8 +155,7 @@ def start_pool(
     if kept is None:
         with timed(seconds, "start"):
             return EncoderPool(model.export_dir, settings, directory), tokens
-    reloaded = kept.pool is not None and kept.settings == settings
-    with timed(seconds, "reload" if reloaded else "start"):
+    with timed(seconds, "reload" if kept.reuses(settings) else "start"):
         return kept.pool_for(model.export_dir, settings, directory), tokens
 
 
