@@ -3,8 +3,8 @@
 
 Each `EntityEncoderActor` loads the bi-encoder from an `export/` directory once, when it starts
 (so weights reach an actor once per refresh, not once per batch; the refresh coordinator's
-`KeptPool` keeps its actors from one refresh to the next and reloads them), takes a GPU when the cluster
-has them and the CPU otherwise, and runs every forward pass under `hnce.encoders.precision.autocast`
+`KeptPool` keeps its actors from one refresh to the next and reloads them), takes a GPU when
+the cluster has them and the CPU otherwise, and runs every forward pass under `hnce.encoders.precision.autocast`
 (bf16 on a GPU). For a shard of the catalogue it reads the entities' token rows from the
 catalogue's token store (`hnce.cluster.stores.tokens`: tokenized once per tokenizer and length, memory-mapped,
 so nothing is tokenized per refresh), groups entities of similar length into batches
@@ -620,16 +620,16 @@ class EncoderPool:
         if self.pointer is None:
             raise RuntimeError("reload needs a pool started with reloadable=True")
         ray.get(self.pointer.set.remote(PoolModel(str(export_dir), _text(token_store))))
-        self.clock("encoder reload").get(
-            [actor.reload.remote() for actor in self.actors], Task("reload", ", ".join(self.names))
-        )
+        self._on_every_actor("reload")
 
     def release(self) -> None:
         """Every actor drops the index shards it holds (their memory is freed)."""
-        self.clock("shard release").get(
-            [actor.release.remote() for actor in self.actors],
-            Task("release", ", ".join(self.names)),
-        )
+        self._on_every_actor("release")
+
+    def _on_every_actor(self, method: str) -> None:
+        """Call `method` on every actor and wait for all of them, within a deadline."""
+        calls = [getattr(actor, method).remote() for actor in self.actors]
+        self.clock(f"encoder {method}").get(calls, Task(method, ", ".join(self.names)))
 
     def shutdown(self) -> None:
         """Stop the actors (their weights and shards are freed)."""

@@ -1,8 +1,7 @@
 """Which model a kept encoder pool's actors hold (:class:`hnce.cluster.compute.encoder_pool.KeptPool`).
 
 A module of its own with no heavy import: Ray imports the module of an actor's class in the
-actor's worker, and the pointer should start in the time Ray takes to start a process, not in
-the time torch and FAISS take to import.
+actor's worker, and a process that only holds two paths need not import torch and FAISS.
 """
 
 from __future__ import annotations
@@ -21,9 +20,9 @@ class PoolModel:
 
 class ModelPointer:
     """Which model a kept pool's actors load (a Ray actor of a
-    :class:`~hnce.cluster.compute.encoder_pool.KeptPool`). Every actor
-    reads it when it starts, and Ray restarts an actor with the arguments it was first created
-    with, so a restarted actor of a pool reloaded since loads the current model, not its first."""
+    :class:`~hnce.cluster.compute.encoder_pool.KeptPool`). An actor reads it on each reload and
+    when Ray restarts it: a restart repeats the arguments the actor was first created with, so
+    without the pointer a restarted actor of a pool reloaded since would load its first model."""
 
     def __init__(self, model: PoolModel) -> None:
         self.model = model
