@@ -45,6 +45,13 @@ of it building sum-of-max's ``pq_m`` 32 shards):
     .venv/bin/python -m benchmarks.token_index --model tiny --entities 200000 --shard-size 50000 \
         --mentions 100 --codes 32:16 32:32 --depths 256 800 --nprobes 32 256 \
         --scorers multi-8 som --output benchmarks/results/token_index_tiny.md
+
+Sum-of-max rescored from its decoded codes and from a float16 token copy (``index.token_copy``),
+each its own build, at 200,000 entities:
+
+    .venv/bin/python -m benchmarks.token_index --model tiny --entities 200000 --shard-size 50000 \
+        --mentions 100 --codes 32:16 --depths 256 800 --scorers som --rescore codes copy \
+        --output benchmarks/results/token_index_copy.md
 """
 
 from __future__ import annotations
@@ -212,7 +219,7 @@ def recall(found: np.ndarray, exact: np.ndarray) -> float:
 
 def index_bytes(shards: list[IndexShard]) -> int:
     """Bytes a version of these shards holds in memory: FAISS files, int64 ids and token codes
-    (a multi-m shard's float16 copy stays on disk, memory-mapped: counted apart)."""
+    (a float16 copy stays on disk, memory-mapped: counted apart)."""
     total = 0
     for shard in shards:
         total += faiss.serialize_index(shard.storage).nbytes + shard.ids.nbytes
@@ -271,7 +278,8 @@ def compressed_shard(
         )
     )
     built = compress_tokens(vectors[sample_rows], chunks, spec, seed)
-    return IndexShard.on_device(built.index, built.ids, resolve_faiss_device("cpu"), built.codes)
+    cpu = resolve_faiss_device("cpu")
+    return IndexShard.on_device(built.index, built.ids, cpu, built.codes, built.vectors)
 
 
 def sum_of_max_rows(
@@ -282,25 +290,32 @@ def sum_of_max_rows(
     lengths: np.ndarray,
     pq_ms: list[int],
 ) -> list[str]:
-    """One row per ``pq_m`` and candidate depth, all against one exact top-k."""
+    """One row per ``pq_m``, what the candidates are rescored from (``--rescore``: the decoded
+    codes, or the float16 copy of ``index.token_copy``) and candidate depth, all against one
+    exact top-k."""
     exact = exact_sum_of_max(queries, vectors, ids, args.k)
     rows = []
     for pq_m in pq_ms:
-        spec = IndexSpec(kind="ivfpq", nlist=args.nlist, pq_m=pq_m)
-        started = time.perf_counter()
-        shards = [
-            compressed_shard(vectors, ids, entity_ids, lengths, spec, seed=number)
-            for number, entity_ids in enumerate(shard_ranges(args.entities, args.shard_size))
-        ]
-        build_seconds = time.perf_counter() - started
-        per_token = index_bytes(shards) / len(ids)
-        for nprobe, depth, found, seconds in searches(args, shards, None, queries):
-            rows.append(
-                f"| som | {vectors.shape[1]} | {pq_m} | {nprobe} | {depth} | "
-                f"{recall(found, exact):.3f} | "
-                f"{per_token:.1f} (flat: {4 * vectors.shape[1] + 8}) | {build_seconds:.0f} | "
-                f"{1000 * seconds:.0f} |"
+        for rescore in args.rescore:
+            spec = IndexSpec(
+                kind="ivfpq", nlist=args.nlist, pq_m=pq_m, token_copy=rescore == "copy"
             )
+            started = time.perf_counter()
+            shards = [
+                compressed_shard(vectors, ids, entity_ids, lengths, spec, seed=number)
+                for number, entity_ids in enumerate(shard_ranges(args.entities, args.shard_size))
+            ]
+            build_seconds = time.perf_counter() - started
+            per_token = f"{index_bytes(shards) / len(ids):.1f}"
+            if spec.token_copy:
+                per_token += f" + {2 * vectors.shape[1]} on disk"
+            for nprobe, depth, found, seconds in searches(args, shards, None, queries):
+                rows.append(
+                    f"| som, {rescore} | {vectors.shape[1]} | {pq_m} | {nprobe} | {depth} | "
+                    f"{recall(found, exact):.3f} | "
+                    f"{per_token} (flat: {4 * vectors.shape[1] + 8}) | {build_seconds:.0f} | "
+                    f"{1000 * seconds:.0f} |"
+                )
     return rows
 
 
@@ -376,6 +391,14 @@ def main() -> int:
     parser.add_argument(
         "--scorers", nargs="+", choices=["som", "multi-8"], default=["som", "multi-8"]
     )
+    parser.add_argument(
+        "--rescore",
+        nargs="+",
+        choices=["codes", "copy"],
+        default=["codes"],
+        help="sum-of-max: rescore candidates from their decoded codes, or from the float16 "
+        "token copy of index.token_copy (each a build of its own)",
+    )
     args = harness.parse(parser)
     settings = code_settings(args.codes)
     run = Run(args.work_dir, args.entities, 128, 32, 2, "auto").load()
@@ -402,9 +425,10 @@ def main() -> int:
         f"{args.shard_size:,} entities (fewer where a shard has under 39 vectors a list), `nprobe` "
         "of them probed, 8-bit codes. Sum-of-max rescores "
         "every candidate (its query tokens' `candidate depth` nearest tokens' entities) from its "
-        "tokens' decoded codes; multi-8 rescores the entities of its `candidate depth` (at least "
+        "tokens' decoded codes (`som, codes`) or from the float16 copy of its tokens kept on disk "
+        "instead of the codes (`som, copy`: `index.token_copy`); multi-8 rescores the entities of its `candidate depth` (at least "
         "k x m) nearest vectors from the float16 copy of its vectors kept on disk. Bytes per "
-        "vector: the FAISS file, the int64 id and (som) the standalone code; multi-8's copy "
+        "vector: the FAISS file, the int64 id and (som, codes) the standalone code; the copies "
         "apart. Command: "
         f"`{harness.invocation('benchmarks.token_index')}`.",
         "",

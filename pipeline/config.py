@@ -557,6 +557,16 @@ def validate(config: Config) -> Config:
             "hnce reads from a flat index or decodes from an ivfpq one, not from HNSW; set index.kind: flat (exact) "
             "or ivfpq (compressed, docs/engines.md)",
         )
+    if config.index.token_copy and (
+        config.model.scorer.name != "som" or config.index.kind != "ivfpq"
+    ):
+        raise config.error(
+            "index.token_copy",
+            f"is true, but it chooses what a compressed sum-of-max shard rescores from (index.kind "
+            f"ivfpq, scorer som), and this recipe has scorer {config.model.scorer.name!r} over "
+            f"{config.index.kind!r} (flat shards rescore from their own vectors; compressed "
+            f"multi-m always keeps its copy); set index.token_copy: false",
+        )
     if config.index.nprobe is None:
         config.index.nprobe = default_nprobe(
             config.index.nlist, config.model.scorer.name == "multi"

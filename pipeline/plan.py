@@ -22,8 +22,9 @@ Per index shard holder: ``refresh.shard_size`` entities x vectors per entity x b
 which is the dimension x (2 B fp16 on a GPU, 4 B fp32 on a CPU) for a flat index, and for
 ``ivfpq`` the list code (``pq_m`` B) and its 8-byte id, plus, for sum-of-max, the standalone code
 rescoring decodes (``pq_m`` B and the list number); the whole index is the catalogue's worth. A
-compressed multi-m index (``ivfpq``, ``hnsw``) also keeps a float16 copy of its vectors on disk,
-memory-mapped and read for the candidates only: listed apart, as disk, not memory.
+compressed multi-m index (``ivfpq``, ``hnsw``), and a compressed sum-of-max index with
+``index.token_copy`` in place of its standalone codes, keeps a float16 copy of its vectors on
+disk, memory-mapped and read for the candidates only: listed apart, as disk, not memory.
 
 Example::
 
@@ -285,7 +286,7 @@ def index_lines(
     if config.index.kind == "ivfpq":
         index = config.index
         codes = index.pq_m + IVF_ID_BYTES
-        if scorer.name == "som":
+        if scorer.name == "som" and not index.token_copy:
             codes += index.pq_m + math.ceil(math.log2(index.nlist) / 8)
         per_vector = codes * per_entity
         detail = f"x {per_entity} vectors x {codes} B (ivfpq codes){bound}"
@@ -298,7 +299,7 @@ def index_lines(
         MemoryLine("shard", f"{shard:,} entities {detail}", shard * per_vector),
         MemoryLine("whole index", f"{entities:,} entities {detail}", entities * per_vector),
     ]
-    if scorer.name == "multi" and config.index.kind != "flat":
+    if (scorer.name == "multi" and config.index.kind != "flat") or config.index.token_copy:
         copy = f"{entities:,} entities x {dimension} dims x {per_entity} vectors x 2 B (fp16)"
         lines.append(
             MemoryLine(

@@ -314,29 +314,37 @@ def test_sum_of_max_refresh_mines_the_scorers_top_n(ray_session, assets) -> None
     _assert_negatives_are_exact(run_dir, assets["som"], assets["data"])
 
 
-def test_compressed_sum_of_max_refresh_rescores_from_the_token_codes(ray_session, assets) -> None:
+@pytest.mark.parametrize("token_copy", [False, True], ids=["codes", "token-copy"])
+def test_compressed_sum_of_max_refresh_rescores_from_the_token_codes_or_copy(
+    ray_session, assets, token_copy: bool
+) -> None:
     """``index.kind: ivfpq`` for sum-of-max, through two encoder actors and two shard holders:
     each shard keeps its tokens' standalone codes beside the IVF-PQ lists, the holders rescore
     every candidate from them, and the mined top-10 keeps at least 0.8 of the exact top-10
     (0.917 measured at candidate depth 256, which proposes every entity here: the loss is the
-    codes' alone)."""
-    run_dir = assets["root"] / "som-ivfpq"
+    codes' alone). With ``index.token_copy`` each shard keeps a float16 copy of its tokens
+    instead of codes, and the mined top-10 is the scorer's own, up to float16 rounding."""
+    run_dir = assets["root"] / f"som-ivfpq-{token_copy}"
     write_checkpoint(run_dir, 1, assets["som"])
     plan = _config(run_dir, assets["data"], shard_size=24, num_encoders=2)
-    plan = dataclasses.replace(
-        plan, index=IndexSpec(kind="ivfpq", nlist=8, pq_m=16, nprobe=8, faiss_device="cpu")
+    spec = IndexSpec(
+        kind="ivfpq", nlist=8, pq_m=16, nprobe=8, token_copy=token_copy, faiss_device="cpu"
     )
-    run_refresh(plan)
-    version = IndexStore(run_dir / "index").current()
-    assert [shard.codes for shard in version.manifest.shards] == [
-        "shard-00000.codes.npy",
-        "shard-00001.codes.npy",
+    run_refresh(dataclasses.replace(plan, index=spec))
+    shards = IndexStore(run_dir / "index").current().manifest.shards
+    assert [(shard.codes, shard.vectors) for shard in shards] == [
+        (None, f"shard-0000{n}.vectors.npy") if token_copy else (f"shard-0000{n}.codes.npy", None)
+        for n in (0, 1)
     ]
     mentions = _train_mentions(assets["data"])
-    exact = np.argsort(-exact_scores(assets["som"], assets["data"], mentions), axis=1)[:, :10]
+    scores = exact_scores(assets["som"], assets["data"], mentions)
     mined, _ = (
         NegativesStore(run_dir / "negatives").latest().lookup([m.mention_id for m in mentions])
     )
+    if token_copy:
+        assert_exact_top_k(mined.numpy(), scores, atol=2e-3 * np.abs(scores).max())
+        return
+    exact = np.argsort(-scores, axis=1)[:, :10]
     recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(mined.numpy(), exact, strict=True)])
     assert recall >= 0.8, recall
 

@@ -163,6 +163,18 @@ def test_sum_of_max_takes_flat_or_compressed_shards_but_not_hnsw() -> None:
         load_config(None, ["model.scorer.name=som", "index.kind=hnsw"])
 
 
+def test_a_token_copy_is_only_for_compressed_sum_of_max() -> None:
+    """index.token_copy chooses what a compressed sum-of-max shard rescores from; on any other
+    recipe it would do nothing, so it is refused."""
+    som = ["model.scorer.name=som", "index.kind=ivfpq", "index.token_copy=true"]
+    assert load_config(None, som).index.token_copy
+    for scorer, kind in (("som", "flat"), ("dual", "ivfpq"), ("multi", "ivfpq")):
+        with pytest.raises(ConfigError, match=r"'index.token_copy'"):
+            load_config(
+                None, [f"model.scorer.name={scorer}", f"index.kind={kind}", "index.token_copy=true"]
+            )
+
+
 def test_every_scorer_option_can_be_written_in_a_recipe(tmp_path: Path) -> None:
     path = write(
         tmp_path,

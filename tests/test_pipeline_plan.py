@@ -151,7 +151,8 @@ def test_compressed_sum_of_max_plans_its_codes_not_its_vectors(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Sum-of-max over ivfpq: each token costs pq_m B of list code, an 8-byte id and the
-    standalone code (pq_m B and a list-number byte), not its 384 fp32 dimensions."""
+    standalone code (pq_m B and a list-number byte), not its 384 fp32 dimensions; with
+    index.token_copy the lists alone, and 384 fp16 dimensions on disk."""
     arguments = ["plan", "--config", str(CONFIGS / "demo.yaml"), "--entities", "100000"]
     som = ["--set", "model.scorer.name=som"]
     compressed = ["--set", "index.kind=ivfpq", "--set", "index.nlist=256", "--set", "index.pq_m=16"]
@@ -161,6 +162,11 @@ def test_compressed_sum_of_max_plans_its_codes_not_its_vectors(
     flat = json.loads(capsys.readouterr().out)["index"]["whole index"]
     tokens = flat // (384 * 4)
     assert whole == tokens * (16 + 8 + 16 + 1)
+    copied = ["--set", "index.token_copy=true"]
+    assert main([*arguments, *som, *compressed, *copied, "--json"]) == 0
+    index = json.loads(capsys.readouterr().out)["index"]
+    assert index["whole index"] == tokens * (16 + 8)  # the lists; no standalone codes
+    assert index["vector copy"] == tokens * 384 * 2
 
 
 def test_aida_blink_fits_a_24_gb_gpu_by_the_plan(capsys: pytest.CaptureFixture[str]) -> None:

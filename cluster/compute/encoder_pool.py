@@ -154,8 +154,8 @@ def encode_entities(
 class BuiltShard:
     """A shard's CPU index, the entity id of each of its vectors, a compressed sum-of-max
     shard's standalone token codes (:func:`encode_compressed_tokens`; None otherwise), the
-    padded tokens its encoding ran over, and a compressed multi-m shard's float16 copy of its
-    vectors (None otherwise)."""
+    padded tokens its encoding ran over, and a compressed multi-m shard's (or a compressed
+    sum-of-max shard's with ``index.token_copy``) float16 copy of its vectors (None otherwise)."""
 
     index: faiss.Index
     ids: np.ndarray
@@ -181,15 +181,23 @@ def compress_tokens(
     """A compressed sum-of-max shard: the IVF-PQ quantiser trained on `sample` token vectors,
     then each chunk of (token vectors, their entity ids, padded tokens), in entity order, added
     to the IVF lists and encoded into standalone codes before the next chunk is asked for
-    (ColBERTv2's indexing, Santhanam et al. 2022, §3.3)."""
+    (ColBERTv2's indexing, Santhanam et al. 2022, §3.3); with `spec.token_copy`, kept as a
+    float16 copy instead of codes (2·d bytes a token, held until the shard is written, as the
+    codes are)."""
     index = train_index(sample, spec, seed)
-    codes, ids, padded = [], [], 0
+    rescored, ids, padded = [], [], 0
     for vectors, vector_ids, chunk_padded in chunks:
         index.add(vectors)
-        codes.append(token_codes(index, vectors))
+        if spec.token_copy:
+            rescored.append(vectors.astype(np.float16))
+        else:
+            rescored.append(token_codes(index, vectors))
         ids.append(vector_ids)
         padded += chunk_padded
-    return BuiltShard(index, np.concatenate(ids), np.concatenate(codes), padded)
+    kept = np.concatenate(rescored)
+    if spec.token_copy:
+        return BuiltShard(index, np.concatenate(ids), None, padded, kept)
+    return BuiltShard(index, np.concatenate(ids), kept, padded)
 
 
 def encode_compressed_tokens(

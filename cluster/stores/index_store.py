@@ -13,9 +13,11 @@ Layout::
     index/v7/shard-00000.codes.npy      a compressed sum-of-max shard only (index.kind ivfpq):
                                         uint8 standalone code of each token vector, in entity
                                         order, that rescoring decodes (sharded_index.token_codes)
-    index/v7/shard-00000.vectors.npy    a compressed multi-m shard only (index.kind ivfpq or
-                                        hnsw): float16 copy of each vector, in entity order,
-                                        memory-mapped, that rescoring reads for the candidates
+    index/v7/shard-00000.vectors.npy    a compressed multi-m shard (index.kind ivfpq or hnsw),
+                                        or a compressed sum-of-max shard with index.token_copy
+                                        in place of its codes: float16 copy of each vector, in
+                                        entity order, memory-mapped, that rescoring reads for
+                                        the candidates
     index/.building-v8/                 a build in progress: progress.json records finished
                                         shards, so a restarted build resumes
 
@@ -31,9 +33,9 @@ version checks the manifest's schema, its version against the directory, that th
 ranges tile 0..num_entities-1 exactly (no shard dropped or repeated) with the vector count the
 scorer implies; loading a shard streams its files through SHA-256, checks that its ids lie in its
 range (each entity exactly once for one-vector scorers, m times for multi-m, in order for
-sum-of-max), that a compressed token shard's codes and a compressed multi-m shard's vector copy
-match its vectors, and memory-maps the FAISS file, the codes and the copy. File names must stay inside the version directory.
-Every failure is a `StoreError` (an `InputError`) naming the file.
+sum-of-max), that a compressed shard's token codes or vector copy match its vectors, and
+memory-maps the FAISS file, the codes and the copy. File names must stay inside the version
+directory. Every failure is a `StoreError` (an `InputError`) naming the file.
 
 Example::
 
@@ -262,10 +264,9 @@ def write_shard(
     codes: np.ndarray | None = None,
     vectors: np.ndarray | None = None,
 ) -> ShardRecord:
-    """Write shard `shard_no` (a CPU index, its int64 entity ids and, for a compressed
-    sum-of-max shard, its token codes, for a compressed multi-m shard its float16 vector copy)
-    into a version directory; returns its manifest record. Encoder actors call this; retried, it
-    writes the same bytes."""
+    """Write shard `shard_no` (a CPU index, its int64 entity ids and, for a compressed shard,
+    its token codes or its float16 vector copy) into a version directory; returns its manifest
+    record. Encoder actors call this; retried, it writes the same bytes."""
     directory = Path(directory)
     ids = np.ascontiguousarray(ids, dtype=np.int64)
     file_name, ids_name, codes_name, vectors_name = shard_file_names(shard_no)
@@ -325,7 +326,7 @@ def check_shard_codes(codes: np.ndarray, index: faiss.Index, path: Path) -> None
 
 
 def check_shard_vectors(vectors: np.ndarray, index: faiss.Index, path: Path) -> None:
-    """A compressed multi-m shard's vector copy: float16, one row of the index's width per vector
+    """A compressed shard's vector copy: float16, one row of the index's width per vector
     (StoreError naming `path` otherwise)."""
     expected = (index.ntotal, index.d)
     if vectors.dtype != np.float16 or vectors.shape != expected:
@@ -381,7 +382,7 @@ class IndexBuilder:
         vectors: np.ndarray | None = None,
     ) -> ShardRecord:
         """Write shard `shard_no` from this process (a CPU index, its ids, a compressed
-        sum-of-max shard's codes or a compressed multi-m shard's vector copy) and record it."""
+        shard's token codes or vector copy) and record it."""
         record = write_shard(
             self.directory,
             shard_no,
@@ -515,10 +516,14 @@ class IndexVersion:
         if codes_path is not None:
             codes = _load_array(codes_path, "code")
             check_shard_codes(codes, index, codes_path)
-        elif self.vectors_per_entity is None and not isinstance(index, faiss.IndexFlat):
+        elif (
+            self.vectors_per_entity is None
+            and vectors_path is None
+            and not isinstance(index, faiss.IndexFlat)
+        ):
             raise StoreError(
                 f"{manifest_path}: sum-of-max shard {number} is {self.manifest.index['kind']} "
-                f"without token codes to rescore from"
+                f"without token codes or a token copy to rescore from"
             )
         if vectors_path is not None:
             copy = _load_array(vectors_path, "vector")

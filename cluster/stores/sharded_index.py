@@ -30,7 +30,10 @@ Score functions (docs/math.md, eq. 9 of Zhang & Stratos 2021), per shard:
   al. 2022, §3.3): each token vector is stored as its IVF centroid plus a product-quantised
   residual, once in the IVF lists (candidate generation) and once in entity order as standalone
   codes (`IndexShard.codes`, FAISS's `sa_encode`), which rescoring decodes for the candidates
-  only; the full-precision token vectors are never held.
+  only; the full-precision token vectors are never held. With `index.token_copy` the shard
+  keeps, instead of those codes, a float16 copy of its token vectors on disk, memory-mapped,
+  as compressed multi-m does: the candidates' scores are then exact (up to float16), so recall
+  is bounded by candidate generation alone, at 2·d bytes a token on disk (BENCHMARKS.md).
 
 Because every entity lives in one shard, merging per-shard top-k lists by score is exact. Scorers
 whose query depends on the entity (poly-m, genpoly-m, general) are not searched here: their flat
@@ -91,6 +94,10 @@ class IndexSpec:
         train_size: vectors sampled per shard to train IVF-PQ.
         candidate_depth: sum-of-max only: entity tokens retrieved per query token before the
             exact rerank.
+        token_copy: sum-of-max over ivfpq only: in place of the standalone PQ codes (pq_m bytes
+            a token), keep a float16 copy of every token vector on disk, memory-mapped (2·d
+            bytes a token), and rescore candidates from it exactly. Compressed multi-m always
+            keeps such a copy.
         faiss_device: auto | cpu | gpu: where shards are searched (GPU: fp16 flat); `gpu`
             without one is an error, never a silent CPU fallback.
         keep_versions: index and negatives versions retained after a publication.
@@ -104,6 +111,7 @@ class IndexSpec:
     ef_search: PositiveInt = 128
     train_size: PositiveInt = 65_536
     candidate_depth: PositiveInt = 256
+    token_copy: bool = False
     faiss_device: DeviceRequest = "auto"
     keep_versions: PositiveInt = 2
 
@@ -132,6 +140,7 @@ class IndexSpec:
             "hnsw_m": self.hnsw_m,
             "ef_search": self.ef_search,
             "train_size": self.train_size,
+            "token_copy": self.token_copy,
         }
 
 
@@ -301,7 +310,7 @@ class IndexShard:
     """One searchable shard: a FAISS index and the entity id of each of its vectors.
 
     `vectors` is the shard's stored vectors (a view of a flat CPU index's storage, `storage`, kept
-    alive with it), or a compressed multi-m shard's float16 copy of them, memory-mapped; `codes`
+    alive with it), or a compressed shard's float16 copy of them, memory-mapped; `codes`
     a compressed token shard's standalone codes (:func:`token_codes`), which `storage`, the CPU
     index, decodes. Rescoring reads one or the other (:meth:`token_vectors`); both are None for
     other shards.
