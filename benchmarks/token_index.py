@@ -349,6 +349,15 @@ def multi_rows(
     return rows
 
 
+def scorer_labels(args) -> list[str]:
+    """The runs of one invocation as its title names them (several invocations share a
+    catalogue size and a model), e.g. ``som rescored from codes and copy``, ``multi-8``."""
+    return [
+        f"som rescored from {' and '.join(args.rescore)}" if scorer == "som" else scorer
+        for scorer in args.scorers
+    ]
+
+
 def code_settings(values: list[str]) -> dict[int, list[int]]:
     """``WIDTH:PQ_M`` pairs (e.g. 384:96 128:64), each width divisible by its pq_m, as each
     width's pq_m values in the order given (a width is projected and searched exactly once)."""
@@ -415,7 +424,7 @@ def main() -> int:
                 rows += multi_rows(args, queries, vectors, pq_ms)
     lines = [
         f"# Compressed multi-vector indexes against exact search: {args.entities:,} entities, "
-        f"{args.model}",
+        f"{args.model}; {', '.join(scorer_labels(args))}",
         "",
         f"{args.entities:,} synthetic KILT entities of up to 128 tokens, "
         f"{MODELS[args.model]} under each scorer, its vectors at their own width or through a "
