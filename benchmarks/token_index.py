@@ -435,8 +435,8 @@ def main() -> int:
         "of them probed, 8-bit codes. Sum-of-max rescores "
         "every candidate (its query tokens' `candidate depth` nearest tokens' entities) from its "
         "tokens' decoded codes (`som, codes`) or from the float16 copy of its tokens kept on disk "
-        "instead of the codes (`som, copy`: `index.token_copy`); multi-8 rescores the entities of its `candidate depth` (at least "
-        "k x m) nearest vectors from the float16 copy of its vectors kept on disk. Bytes per "
+        "instead of the codes (`som, copy`: `index.token_copy`); multi-8 rescores the entities "
+        "of its `candidate depth` (at least k x m) nearest vectors from the float16 copy of its vectors kept on disk. Bytes per "
         "vector: the FAISS file, the int64 id and (som, codes) the standalone code; the copies "
         "apart. Command: "
         f"`{harness.invocation('benchmarks.token_index')}`.",

@@ -188,16 +188,14 @@ def compress_tokens(
     rescored, ids, padded = [], [], 0
     for vectors, vector_ids, chunk_padded in chunks:
         index.add(vectors)
-        if spec.token_copy:
-            rescored.append(vectors.astype(np.float16))
-        else:
-            rescored.append(token_codes(index, vectors))
+        rescored.append(
+            vectors.astype(np.float16) if spec.token_copy else token_codes(index, vectors)
+        )
         ids.append(vector_ids)
         padded += chunk_padded
     kept = np.concatenate(rescored)
-    if spec.token_copy:
-        return BuiltShard(index, np.concatenate(ids), None, padded, kept)
-    return BuiltShard(index, np.concatenate(ids), kept, padded)
+    codes, copy = (None, kept) if spec.token_copy else (kept, None)
+    return BuiltShard(index, np.concatenate(ids), codes, padded, copy)
 
 
 def encode_compressed_tokens(
