@@ -23,8 +23,9 @@ random model's, not a trained one's: MiniLM measures what compression loses on r
    untrained layers would score noise).
 3. The exact top-k is computed by brute force (sum-of-max: Σ_i max_j ⟨x_i, y_j⟩ over every token
    of every entity, in chunks; multi-8: max_t ⟨x, y_t⟩).
-4. The catalogue is indexed the way the encoder actors index it (sum-of-max: ``compress_tokens``
-   on each shard's ``training_sample``, then its chunks; multi-8: ``build_shard_index`` and the
+4. The catalogue is indexed the way the encoder actors index it (one IVF-PQ quantiser trained
+   on the catalogue's ``training_sample``, as ``train_quantiser`` does; then sum-of-max:
+   ``compress_tokens`` on it, chunk by chunk; multi-8: ``build_shard_index`` on it and the
    float16 copy of the shard's vectors its candidates are rescored from), in shards of
    ``--shard-size`` entities, the same mentions are searched (``ShardedSearcher``, as the shard
    holders search, at each of ``--depths`` and each of ``--nprobes``: lists probed per query,
@@ -70,6 +71,7 @@ from benchmarks.fullscale.stages import STAGES, is_done
 from benchmarks.harness.models import write_random_bert
 from hnce.cluster.compute.encoder_pool import (
     COMPRESSED_CHUNK_ENTITIES,
+    SAMPLE_SEED,
     compress_tokens,
     encode_entities,
     training_sample,
@@ -81,6 +83,7 @@ from hnce.cluster.stores.sharded_index import (
     ShardedSearcher,
     build_shard_index,
     resolve_faiss_device,
+    train_index,
 )
 from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import MentionSplit
@@ -256,20 +259,30 @@ def timed_search(
     return found, (time.perf_counter() - started) / len(queries)
 
 
+def catalogue_quantiser(
+    vectors: np.ndarray, ids: np.ndarray, lengths: np.ndarray, spec: IndexSpec
+) -> faiss.Index:
+    """The version's one IVF-PQ quantiser, as ``EntityEncoderActor.train_quantiser`` trains it:
+    on the vectors of a sample of the whole catalogue's entities (`lengths`: vectors each)."""
+    sample = training_sample(lengths, spec.train_size, SAMPLE_SEED)
+    first = np.searchsorted(ids, sample)
+    last = np.searchsorted(ids, sample, side="right")
+    rows = np.concatenate([np.arange(a, b) for a, b in zip(first, last, strict=True)])
+    return train_index(vectors[rows], spec, SAMPLE_SEED)
+
+
 def compressed_shard(
     vectors: np.ndarray,
     ids: np.ndarray,
     entity_ids: np.ndarray,
-    lengths: np.ndarray,
+    trained: faiss.Index,
     spec: IndexSpec,
-    seed: int,
 ) -> IndexShard:
-    """The compressed shard of `entity_ids` that an encoder actor would write, made from the
-    catalogue's encoded token `vectors` (entity `ids`) instead of encoding them again."""
+    """The compressed shard of `entity_ids` that an encoder actor would write on the version's
+    `trained` quantiser, made from the catalogue's encoded token `vectors` (entity `ids`)
+    instead of encoding them again."""
     first = np.searchsorted(ids, entity_ids)
     last = np.searchsorted(ids, entity_ids, side="right")
-    sample = training_sample(lengths[entity_ids], spec.train_size, seed)
-    sample_rows = np.concatenate([np.arange(first[i], last[i]) for i in sample])
     chunks = (
         (vectors[first[s] : last[e - 1]], ids[first[s] : last[e - 1]], 0)
         for s, e in (
@@ -277,7 +290,7 @@ def compressed_shard(
             for s in range(0, len(entity_ids), COMPRESSED_CHUNK_ENTITIES)
         )
     )
-    built = compress_tokens(vectors[sample_rows], chunks, spec, seed)
+    built = compress_tokens(trained, chunks, spec)
     cpu = resolve_faiss_device("cpu")
     return IndexShard.on_device(built.index, built.ids, cpu, built.codes, built.vectors)
 
@@ -301,9 +314,10 @@ def sum_of_max_rows(
                 kind="ivfpq", nlist=args.nlist, pq_m=pq_m, token_copy=rescore == "copy"
             )
             started = time.perf_counter()
+            trained = catalogue_quantiser(vectors, ids, lengths, spec)
             shards = [
-                compressed_shard(vectors, ids, entity_ids, lengths, spec, seed=number)
-                for number, entity_ids in enumerate(shard_ranges(args.entities, args.shard_size))
+                compressed_shard(vectors, ids, entity_ids, trained, spec)
+                for entity_ids in shard_ranges(args.entities, args.shard_size)
             ]
             build_seconds = time.perf_counter() - started
             per_token = f"{index_bytes(shards) / len(ids):.1f}"
@@ -331,10 +345,11 @@ def multi_rows(
     for pq_m in pq_ms:
         spec = IndexSpec(kind="ivfpq", nlist=args.nlist, pq_m=pq_m)
         started = time.perf_counter()
+        trained = catalogue_quantiser(vectors, ids, np.full(args.entities, m), spec)
         shards = []
         for entity_ids in shard_ranges(args.entities, args.shard_size):
             rows_of = slice(int(entity_ids[0]) * m, (int(entity_ids[-1]) + 1) * m)
-            index = build_shard_index(vectors[rows_of], spec)
+            index = build_shard_index(vectors[rows_of], spec, trained=trained)
             copy = vectors[rows_of].astype(np.float16)
             cpu = resolve_faiss_device("cpu")
             shards.append(IndexShard.on_device(index, ids[rows_of], cpu, vectors=copy))
@@ -430,9 +445,10 @@ def main() -> int:
         f"{MODELS[args.model]} under each scorer, its vectors at their own width or through a "
         "fresh `model.projection_size` layer (the same one on both sides: see the module's "
         f"docstring); {args.mentions} test mentions; recall of the "
-        f"exact top-{args.k} in the searched top-{args.k}. IVF-PQ: {args.nlist} lists per shard of "
-        f"{args.shard_size:,} entities (fewer where a shard has under 39 vectors a list), `nprobe` "
-        "of them probed, 8-bit codes. Sum-of-max rescores "
+        f"exact top-{args.k} in the searched top-{args.k}. IVF-PQ: one quantiser of {args.nlist} "
+        "lists (fewer where its sample has under 39 vectors a list), trained on a sample of the "
+        f"whole catalogue and shared by every shard of {args.shard_size:,} entities, `nprobe` "
+        "of them probed, 8-bit codes; build s includes training it. Sum-of-max rescores "
         "every candidate (its query tokens' `candidate depth` nearest tokens' entities) from its "
         "tokens' decoded codes (`som, codes`) or from the float16 copy of its tokens kept on disk "
         "instead of the codes (`som, copy`: `index.token_copy`); multi-8 rescores the entities "

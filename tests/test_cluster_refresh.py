@@ -26,12 +26,17 @@ from hnce.cluster.compute.encoder_pool import (
     ShardEncoded,
     node_cores,
 )
-from hnce.cluster.compute.index_build import IndexedModel, ensure_token_store
+from hnce.cluster.compute.index_build import (
+    IndexedModel,
+    build_parameters,
+    ensure_token_store,
+    index_entities,
+)
 from hnce.cluster.compute.refresh import RefreshPlan, RefreshSettings, run_refresh
 from hnce.cluster.compute.retrieval import EVAL_INDEX_DIR, retrieve
 from hnce.cluster.stores.checkpoints import checkpoint_dir
 from hnce.cluster.stores.files import sha256_file
-from hnce.cluster.stores.index_store import IndexStore
+from hnce.cluster.stores.index_store import QUANTISER_FILE, IndexStore
 from hnce.cluster.stores.negatives_store import NegativesStore
 from hnce.cluster.stores.sharded_index import IndexSpec
 from hnce.cluster.stores.tables import Mention, mention_split_path
@@ -70,6 +75,14 @@ def _clean_run(assets) -> Path:
         write_checkpoint(run_dir, 1, assets["dual"])
         run_refresh(_config(run_dir, assets["data"]))
     return run_dir
+
+
+def _quantiser_arrays(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """An IVF-PQ shard file's coarse centroids and product-quantiser codebooks."""
+    shard = faiss.read_index(str(path))
+    index = faiss.downcast_index(faiss.extract_index_ivf(shard))  # a view: `shard` outlives it
+    coarse = index.quantizer.reconstruct_n(0, index.nlist)
+    return coarse, faiss.vector_to_array(index.pq.centroids)
 
 
 def _train_mentions(data: Path) -> list[Mention]:
@@ -319,7 +332,9 @@ def test_compressed_sum_of_max_refresh_rescores_from_the_token_codes_or_copy(
     ray_session, assets, token_copy: bool
 ) -> None:
     """``index.kind: ivfpq`` for sum-of-max, through two encoder actors and two shard holders:
-    each shard keeps its tokens' standalone codes beside the IVF-PQ lists, the holders rescore
+    both shards are built on the one quantiser the version trained on a sample of the whole
+    catalogue (the same centroids and codebooks; none left in the published version); each
+    shard keeps its tokens' standalone codes beside the IVF-PQ lists, the holders rescore
     every candidate from them, and the mined top-10 keeps at least 0.8 of the exact top-10
     (0.917 measured at candidate depth 256, which proposes every entity here: the loss is the
     codes' alone). With ``index.token_copy`` each shard keeps a float16 copy of its tokens
@@ -331,7 +346,12 @@ def test_compressed_sum_of_max_refresh_rescores_from_the_token_codes_or_copy(
         kind="ivfpq", nlist=8, pq_m=16, nprobe=8, token_copy=token_copy, faiss_device="cpu"
     )
     run_refresh(dataclasses.replace(plan, index=spec))
-    shards = IndexStore(run_dir / "index").current().manifest.shards
+    version = IndexStore(run_dir / "index").current()
+    shards = version.manifest.shards
+    first, second = (_quantiser_arrays(version.path / shard.file) for shard in shards)
+    for one, other in zip(first, second, strict=True):
+        np.testing.assert_array_equal(one, other)
+    assert not (version.path / QUANTISER_FILE).exists()
     assert [(shard.codes, shard.vectors) for shard in shards] == [
         (None, f"shard-0000{n}.vectors.npy") if token_copy else (f"shard-0000{n}.codes.npy", None)
         for n in (0, 1)
@@ -347,6 +367,45 @@ def test_compressed_sum_of_max_refresh_rescores_from_the_token_codes_or_copy(
     exact = np.argsort(-scores, axis=1)[:, :10]
     recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(mined.numpy(), exact, strict=True)])
     assert recall >= 0.8, recall
+
+
+@pytest.mark.parametrize("source", ["multi-3 encoded", "dual from a .t7"])
+def test_an_ivfpq_build_trains_one_quantiser_that_every_shard_shares(
+    ray_session, assets, tmp_path: Path, source: str
+) -> None:
+    """Multi-m encoded from the token store and dual read from precomputed vectors, over ivfpq
+    through two encoder actors: one quantiser, trained on a sample of the whole catalogue
+    before the shards, under every shard (the same centroids and codebooks), every vector
+    indexed once, and the quantiser's file gone from the published version."""
+    multi = source.startswith("multi")
+    export = assets["multi" if multi else "dual"]
+    model = IndexedModel.from_export(export)
+    num_entities = 120 if multi else 300  # 360 and 300 vectors: the 256 a codebook trains on
+    encodings, token_store, catalogue = None, None, "c" * 64
+    if multi:
+        tokens = ensure_token_store(random_word_dataset(tmp_path / "data", num_entities), model)
+        token_store, catalogue = tokens.directory, tokens.manifest["catalogue"]
+    else:
+        encodings = tmp_path / "encodings.t7"
+        dim = int(model.description["output_size"])
+        torch.save(
+            torch.randn(num_entities, dim, generator=torch.Generator().manual_seed(0)), encodings
+        )
+    spec = IndexSpec(kind="ivfpq", nlist=4, pq_m=4, faiss_device="cpu")
+    shard_size = num_entities // 3
+    parameters = build_parameters(model, catalogue, num_entities, spec, shard_size, encodings)
+    builder = IndexStore(tmp_path / "index").begin(parameters)
+    settings = EncoderPoolSettings(num_encoders=2, batch_size=8)
+    with EncoderPool(export, settings, token_store) as pool:
+        report = index_entities(pool, builder, spec, shard_size, encodings)
+    shards = report.version.manifest.shards
+    assert len(shards) == 3
+    assert sum(shard.count for shard in shards) == num_entities * (3 if multi else 1)
+    first, *others = (_quantiser_arrays(report.version.path / shard.file) for shard in shards)
+    for other in others:
+        for one, same in zip(first, other, strict=True):
+            np.testing.assert_array_equal(one, same)
+    assert not (report.version.path / QUANTISER_FILE).exists()
 
 
 def test_compressed_multi_vector_refresh_rescores_from_its_vector_copy(ray_session, assets) -> None:

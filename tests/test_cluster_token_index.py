@@ -13,6 +13,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import faiss
 import numpy as np
 import pytest
 from store_helpers import flip_byte, index_parameters, random_word_dataset
@@ -25,7 +26,7 @@ from hnce.cluster.compute.encoder_pool import (
     encode_entities,
 )
 from hnce.cluster.compute.index_build import IndexedModel, ensure_token_store
-from hnce.cluster.stores.index_store import IndexStore
+from hnce.cluster.stores.index_store import IndexStore, read_quantiser, write_quantiser
 from hnce.cluster.stores.sharded_index import (
     IndexShard,
     IndexSpec,
@@ -33,6 +34,7 @@ from hnce.cluster.stores.sharded_index import (
     build_shard_index,
     resolve_faiss_device,
     token_codes,
+    train_index,
 )
 from hnce.cluster.stores.versioned_dir import ChecksumError, StoreError
 from hnce.encoders.biencoder import load_biencoder
@@ -80,11 +82,13 @@ def sum_of_max(queries: np.ndarray, vectors: np.ndarray, ids: np.ndarray) -> np.
 
 def compressed_shards(vectors: np.ndarray, ids: np.ndarray, parts: int) -> list[IndexShard]:
     """`parts` compressed shards over contiguous entity ranges, as the encoder actors build
-    them (an IVF-PQ index and its standalone codes, made from the same vectors)."""
+    them (on one quantiser trained on the whole catalogue's tokens, an IVF-PQ index and its
+    standalone codes, made from the same vectors)."""
+    trained = train_index(vectors, SPEC)
     shards = []
     for entities in np.array_split(np.arange(ids.max() + 1), parts):
         rows = np.flatnonzero((ids >= entities[0]) & (ids <= entities[-1]))
-        index = build_shard_index(vectors[rows], SPEC)
+        index = build_shard_index(vectors[rows], SPEC, trained=trained)
         codes = token_codes(index, vectors[rows])
         shards.append(IndexShard.on_device(index, ids[rows], resolve_faiss_device("cpu"), codes))
     return shards
@@ -94,10 +98,11 @@ def copied_shards(vectors: np.ndarray, ids: np.ndarray, parts: int) -> list[Inde
     """:func:`compressed_shards` built as the encoder actors build them with
     ``index.token_copy``: IVF-PQ lists, and a float16 copy of the tokens instead of codes."""
     spec = dataclasses.replace(SPEC, token_copy=True)
+    trained = train_index(vectors, spec)
     shards = []
     for entities in np.array_split(np.arange(ids.max() + 1), parts):
         rows = np.flatnonzero((ids >= entities[0]) & (ids <= entities[-1]))
-        built = compress_tokens(vectors[rows], [(vectors[rows], ids[rows], 0)], spec, seed=0)
+        built = compress_tokens(trained, [(vectors[rows], ids[rows], 0)], spec)
         assert built.codes is None
         cpu = resolve_faiss_device("cpu")
         shards.append(IndexShard.on_device(built.index, built.ids, cpu, vectors=built.vectors))
@@ -111,9 +116,10 @@ def catalogue() -> tuple[np.ndarray, np.ndarray]:
 
 def test_compressed_sum_of_max_recalls_the_exact_top_k(catalogue) -> None:
     """Against the exact top-20 over full-precision vectors, the compressed search (candidates
-    from the IVF-PQ lists, rescored from decoded codes) keeps at least 0.85 of it (0.918
-    measured). Ranking the same candidates by their candidate-generation hits alone, without
-    rescoring, keeps 0.589 (measured with rescoring replaced by the hits' scores)."""
+    from the IVF-PQ lists of one catalogue-wide quantiser, rescored from decoded codes) keeps
+    at least 0.85 of it (0.914 measured). Ranking the same candidates by their
+    candidate-generation hits alone, without rescoring, kept 0.589 (measured with rescoring
+    replaced by the hits' scores, when each shard trained its own quantiser)."""
     vectors, ids = catalogue
     queries = token_queries(vectors, ids, 60)
     k = 20
@@ -146,8 +152,8 @@ def test_compressed_scores_are_sum_of_max_over_the_decoded_tokens(catalogue) -> 
 def test_a_token_copy_rescores_the_same_candidates_exactly(catalogue) -> None:
     """With ``index.token_copy`` the candidates are rescored from the float16 copy: every score
     is Σ_i max_j ⟨x_i, y_j⟩ over the entity's copied tokens, so recall is what the candidates
-    hold. Against the exact top-20 it keeps at least 0.97 (0.987 measured) where decoding the
-    codes of the same lists keeps 0.918, at one candidate depth."""
+    hold. Against the exact top-20 it keeps at least 0.97 (0.991 measured) where decoding the
+    codes of the same lists keeps 0.914, at one candidate depth."""
     vectors, ids = catalogue
     queries = token_queries(vectors, ids, 60)
     k = 20
@@ -231,6 +237,43 @@ def test_store_keeps_verifies_and_maps_a_token_copy(tmp_path: Path, catalogue) -
         store.current().load()
 
 
+def test_a_build_keeps_its_one_quantiser_until_it_is_published(tmp_path: Path, catalogue) -> None:
+    """The quantiser an ivfpq build trains is kept in the build's directory (read back trained,
+    empty and the same), a file that is not one is refused naming it, and the published
+    version leaves it out: each shard's file carries a copy."""
+    vectors, ids = catalogue
+    keep = ids < 300
+    store = IndexStore(tmp_path / "index")
+    parameters = dataclasses.replace(
+        index_parameters(1, 300), scorer={"name": "som"}, dim=DIM, vectors_per_entity=None
+    )
+    builder = store.begin(parameters)
+    trained = train_index(vectors[keep], SPEC)
+    path = write_quantiser(builder.directory, trained)
+    assert path == builder.quantiser_path
+    again = read_quantiser(path)
+    assert again.ntotal == 0 and again.is_trained
+    np.testing.assert_array_equal(
+        faiss.vector_to_array(again.pq.centroids), faiss.vector_to_array(trained.pq.centroids)
+    )
+    filled = build_shard_index(vectors[keep], SPEC, trained=again)
+    write_quantiser(builder.directory, filled)
+    with pytest.raises(StoreError, match=r"quantiser\.faiss: expected a trained, empty"):
+        read_quantiser(path)
+    path.write_bytes(b"not an index")
+    with pytest.raises(StoreError, match=r"quantiser\.faiss: not a FAISS index"):
+        read_quantiser(path)
+    write_quantiser(builder.directory, trained)
+    builder.add_shard(0, filled, ids[keep], (0, 300))
+    builder.publish(1)
+    assert not (tmp_path / "index/v1" / path.name).exists()
+    assert sorted(p.name for p in (tmp_path / "index/v1").iterdir()) == [
+        "manifest.json",
+        "shard-00000.faiss",
+        "shard-00000.ids.npy",
+    ]
+
+
 def test_a_compressed_sum_of_max_shard_without_codes_is_refused(tmp_path: Path, catalogue) -> None:
     vectors, ids = catalogue
     keep = ids < 300
@@ -270,24 +313,27 @@ def test_sum_of_max_over_hnsw_is_refused() -> None:
         token_codes(index, vectors)
 
 
-def test_a_shard_too_small_to_train_its_quantiser_is_refused_clearly() -> None:
+def test_a_sample_too_small_to_train_the_quantiser_is_refused_clearly() -> None:
     vectors, _ = token_catalogue(20)
-    with pytest.raises(InputError, match=r"has \d+; raise refresh.shard_size"):
+    with pytest.raises(InputError, match=r"the catalogue's sample has \d+; raise index.train_size"):
         build_shard_index(vectors[:200], IndexSpec(kind="ivfpq", pq_m=8))
 
 
 def test_a_shard_is_compressed_chunk_by_chunk_in_entity_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Encoding a compressed shard never holds more than one chunk of entities at full
-    precision (after the training sample), and yields exactly what compressing all of the
-    shard's vectors at once with the same quantiser would: every token, in entity order (its
-    codes, or with index.token_copy its float16 copy)."""
+    """Encoding a compressed shard on its version's quantiser never holds more than one chunk
+    of entities at full precision, and yields exactly what compressing all of the shard's
+    vectors at once with the same quantiser would: every token, in entity order (its codes, or
+    with index.token_copy its float16 copy)."""
     data = random_word_dataset(tmp_path / "data", 60)
     export = write_letter_export(tmp_path / "som", "som")
     tokens = ensure_token_store(data, IndexedModel.from_export(export))
     model = load_biencoder(export).eval()
     entity_ids = np.arange(60)
+    spec = IndexSpec(kind="ivfpq", nlist=4, pq_m=16, nprobe=4, train_size=300)
+    vectors, ids, _ = encode_entities(model, tokens, entity_ids, 4)
+    trained = train_index(vectors, spec)
     held: list[int] = []
 
     def counting(model, tokens, ids, *args, **kwargs):
@@ -295,11 +341,9 @@ def test_a_shard_is_compressed_chunk_by_chunk_in_entity_order(
         return encode_entities(model, tokens, ids, *args, **kwargs)
 
     monkeypatch.setattr(encoder_pool, "encode_entities", counting)
-    spec = IndexSpec(kind="ivfpq", nlist=4, pq_m=16, nprobe=4, train_size=300)
-    built = encode_compressed_tokens(model, tokens, entity_ids, spec, 4, 0, chunk_entities=8)
-    sample, *chunks = held
-    assert chunks == [8] * 7 + [4] and sample < 60
-    vectors, ids, _ = encode_entities(model, tokens, entity_ids, 4)
+    built = encode_compressed_tokens(model, tokens, entity_ids, trained, spec, 4, chunk_entities=8)
+    assert held == [8] * 7 + [4]
+    assert trained.ntotal == 0  # the version's quantiser is copied, never filled
     np.testing.assert_array_equal(built.ids, ids)
     np.testing.assert_array_equal(built.codes, built.index.sa_encode(vectors))
     assert built.index.ntotal == len(ids)
@@ -307,9 +351,9 @@ def test_a_shard_is_compressed_chunk_by_chunk_in_entity_order(
         model,
         tokens,
         entity_ids,
+        trained,
         dataclasses.replace(spec, token_copy=True),
         4,
-        0,
         chunk_entities=8,
     )
     assert copied.codes is None and copied.index.ntotal == len(ids)

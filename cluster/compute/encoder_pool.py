@@ -10,7 +10,9 @@ catalogue's token store (`hnce.cluster.stores.tokens`: tokenized once per tokeni
 so nothing is tokenized per refresh), groups entities of similar length into batches
 (`length_sorted_batches`) to cut padding, builds the shard's FAISS index and writes it straight
 into the version being built (`hnce.cluster.stores.index_store.write_shard`): the orchestrating process
-never sees the vectors. Precomputed vectors (BLINK's ``.t7``) are indexed the same way, read
+never sees the vectors. An ``ivfpq`` version's shards share one IVF-PQ quantiser, which one
+actor trains on a sample of the whole catalogue before the shards are dispatched
+(:class:`QuantiserTask`). Precomputed vectors (BLINK's ``.t7``) are indexed the same way, read
 memory-mapped. Once a version is published the same actors hold its shards and search them
 (`hnce.cluster.compute.shard_holders`).
 
@@ -56,7 +58,14 @@ from hnce.cluster.compute.gpu_sharing import encoders_on_gpus
 from hnce.cluster.compute.model_pointer import ModelPointer, PoolModel
 from hnce.cluster.compute.resources import ENCODER_RESOURCE, custom_resource_request
 from hnce.cluster.compute.shard_holders import HeldIndex, ShardHolder
-from hnce.cluster.stores.index_store import IndexVersion, ShardRecord, write_shard
+from hnce.cluster.stores.index_store import (
+    QUANTISER_FILE,
+    IndexVersion,
+    ShardRecord,
+    read_quantiser,
+    write_quantiser,
+    write_shard,
+)
 from hnce.cluster.stores.sharded_index import (
     DeviceRequest,
     IndexSpec,
@@ -76,6 +85,8 @@ logger = logging.getLogger(__name__)
 SETTLE_SECONDS = 60.0
 #: Entities encoded at once into a compressed token shard (bounds its full-precision vectors)
 COMPRESSED_CHUNK_ENTITIES = 1024
+#: Seed of the sample a version's IVF-PQ quantiser trains on, and of its k-means
+SAMPLE_SEED = 0
 
 
 def torch_device() -> torch.device:
@@ -165,26 +176,25 @@ class BuiltShard:
 
 
 def training_sample(lengths: np.ndarray, train_size: int, seed: int) -> np.ndarray:
-    """Positions (sorted) of a seeded random sample of entities whose `lengths` (tokens) add up
-    to at least `train_size`, or all of them: what a compressed shard's quantiser trains on."""
+    """Positions (sorted) of a seeded random sample of entities whose `lengths` (vectors: tokens
+    for sum-of-max) add up to at least `train_size`, or all of them: what a version's IVF-PQ
+    quantiser trains on."""
     shuffled = np.random.default_rng(seed).permutation(len(lengths))
     reach = np.cumsum(np.asarray(lengths)[shuffled])
     return np.sort(shuffled[: int(np.searchsorted(reach, train_size)) + 1])
 
 
 def compress_tokens(
-    sample: np.ndarray,
+    trained: faiss.Index,
     chunks: Iterable[tuple[np.ndarray, np.ndarray, int]],
     spec: IndexSpec,
-    seed: int,
 ) -> BuiltShard:
-    """A compressed sum-of-max shard: the IVF-PQ quantiser trained on `sample` token vectors,
-    then each chunk of (token vectors, their entity ids, padded tokens), in entity order, added
-    to the IVF lists and encoded into standalone codes before the next chunk is asked for
-    (ColBERTv2's indexing, Santhanam et al. 2022, §3.3); with `spec.token_copy`, kept as a
-    float16 copy instead of codes (2·d bytes a token, held until the shard is written, as the
-    codes are)."""
-    index = train_index(sample, spec, seed)
+    """A compressed sum-of-max shard: each chunk of (token vectors, their entity ids, padded
+    tokens), in entity order, added to the IVF lists of a copy of the version's `trained`
+    quantiser and encoded into standalone codes before the next chunk is asked for (ColBERTv2's
+    indexing, Santhanam et al. 2022, §3.3); with `spec.token_copy`, kept as a float16 copy
+    instead of codes (2·d bytes a token, held until the shard is written, as the codes are)."""
+    index = faiss.clone_index(trained)
     rescored, ids, padded = [], [], 0
     for vectors, vector_ids, chunk_padded in chunks:
         index.add(vectors)
@@ -202,21 +212,16 @@ def encode_compressed_tokens(
     model: BiEncoder,
     tokens: TokenStore,
     entity_ids: np.ndarray,
+    trained: faiss.Index,
     spec: IndexSpec,
     batch_size: int,
-    seed: int,
     cancelled: Callable[[], bool] = lambda: False,
     chunk_entities: int = COMPRESSED_CHUNK_ENTITIES,
 ) -> BuiltShard:
-    """Sum-of-max token vectors of `entity_ids` straight into a compressed shard
-    (:func:`compress_tokens`), so that no more than one chunk of `chunk_entities` entities is
-    ever held at full precision: the quantiser's training sample (:func:`training_sample`,
-    about `spec.train_size` tokens) is encoded first, then the entities a chunk at a time."""
+    """Sum-of-max token vectors of `entity_ids` straight into a compressed shard on the
+    version's `trained` quantiser (:func:`compress_tokens`), so that no more than one chunk of
+    `chunk_entities` entities is ever held at full precision."""
     entity_ids = np.asarray(entity_ids, dtype=np.int64)
-    sample = training_sample(tokens.lengths[entity_ids], spec.train_size, seed)
-    sample_vectors, _, _ = encode_entities(
-        model, tokens, entity_ids[sample], batch_size, cancelled=cancelled
-    )
     chunks = (
         encode_entities(
             model,
@@ -227,7 +232,7 @@ def encode_compressed_tokens(
         )
         for start in range(0, len(entity_ids), chunk_entities)
     )
-    return compress_tokens(sample_vectors, chunks, spec, seed)
+    return compress_tokens(trained, chunks, spec)
 
 
 @torch.inference_mode()
@@ -303,6 +308,31 @@ class ShardTask:
 
 
 @dataclass(frozen=True)
+class QuantiserTask:
+    """The one IVF-PQ quantiser of an ``ivfpq`` version being built in `directory`: trained on
+    about `spec.train_size` vectors (sum-of-max: tokens) of entities sampled from the whole
+    catalogue [0, `num_entities`), encoded from the token store or read from rows of
+    `encodings`, and written there (``quantiser.faiss``) before any shard is dispatched. Every
+    shard is a copy of it plus its own vectors, as ColBERTv2 and PLAID train one set of
+    centroids for a whole collection (Santhanam et al. 2022, §3.3): the shards share one
+    codebook, and a build trains once instead of once a shard."""
+
+    directory: str
+    spec: IndexSpec
+    vectors_per_entity: int | None
+    num_entities: int
+    encodings: str | None = None
+
+
+@dataclass(frozen=True)
+class QuantiserTrained:
+    """What an encoder reports for a trained quantiser."""
+
+    sample_vectors: int
+    seconds: float
+
+
+@dataclass(frozen=True)
 class ShardEncoded:
     """What an encoder reports for a finished shard (its files are in the version directory)."""
 
@@ -359,35 +389,65 @@ class EntityEncoderActor(ShardHolder):
     def ready(self) -> int:
         return os.getpid()
 
+    def train_quantiser(self, task: QuantiserTask) -> QuantiserTrained:
+        """Train and write the version's IVF-PQ quantiser (see :class:`QuantiserTask`)."""
+        start = time.perf_counter()
+        if task.encodings is not None:
+            rows = training_sample(np.ones(task.num_entities), task.spec.train_size, SAMPLE_SEED)
+            encodings = read_encodings(Path(task.encodings))
+            sample = encodings[torch.from_numpy(rows)].numpy()
+        else:
+            tokens = self._token_store()
+            per_entity = (
+                tokens.lengths[: task.num_entities]
+                if task.vectors_per_entity is None
+                else np.full(task.num_entities, task.vectors_per_entity)
+            )
+            entities = training_sample(per_entity, task.spec.train_size, SAMPLE_SEED)
+            sample, _, _ = encode_entities(
+                self.model,
+                tokens,
+                entities,
+                self.batch_size,
+                cancelled=ray.get_runtime_context().is_canceled,
+            )
+        write_quantiser(Path(task.directory), train_index(sample, task.spec, SAMPLE_SEED))
+        return QuantiserTrained(len(sample), time.perf_counter() - start)
+
     def index_shard(self, task: ShardTask) -> ShardEncoded:
-        """Encode (or read) one shard's vectors, build its FAISS index and write it."""
+        """Encode (or read) one shard's vectors, build its FAISS index (an ``ivfpq`` shard: on
+        the version's trained quantiser) and write it."""
         start = time.perf_counter()
         entity_ids = np.arange(*task.entities, dtype=np.int64)
+        trained = (
+            read_quantiser(Path(task.directory) / QUANTISER_FILE)
+            if task.spec.kind == "ivfpq"
+            else None
+        )
         if task.encodings is not None:
             vectors = read_encodings(Path(task.encodings))[task.entities[0] : task.entities[1]]
-            built = BuiltShard(build_shard_index(vectors.numpy(), task.spec), entity_ids)
-        elif self.tokens is None:
-            raise RuntimeError("this encoder pool was started without a token store")
+            index = build_shard_index(vectors.numpy(), task.spec, trained=trained)
+            built = BuiltShard(index, entity_ids)
         elif task.compressed_tokens:
             built = encode_compressed_tokens(
                 self.model,
-                self.tokens,
+                self._token_store(),
                 entity_ids,
+                trained,
                 task.spec,
                 self.batch_size,
-                seed=task.shard_no,
                 cancelled=ray.get_runtime_context().is_canceled,
             )
         else:
             vectors, vector_ids, padded = encode_entities(
                 self.model,
-                self.tokens,
+                self._token_store(),
                 entity_ids,
                 self.batch_size,
                 cancelled=ray.get_runtime_context().is_canceled,
             )
             copy = vectors.astype(np.float16) if task.keeps_vector_copy else None
-            index = build_shard_index(vectors, task.spec)
+            index = build_shard_index(vectors, task.spec, trained=trained)
             built = BuiltShard(index, vector_ids, None, padded, copy)
         record = write_shard(
             Path(task.directory),
@@ -407,6 +467,11 @@ class EntityEncoderActor(ShardHolder):
             padded_tokens=built.padded_tokens,
             encoder_pid=os.getpid(),
         )
+
+    def _token_store(self) -> TokenStore:
+        if self.tokens is None:
+            raise RuntimeError("this encoder pool was started without a token store")
+        return self.tokens
 
     def encode_mentions(
         self, context_left: list[str], mention: list[str], context_right: list[str]
@@ -584,6 +649,21 @@ class EncoderPool:
         except BaseException:
             _settle(list(pending))
             raise
+
+    def train_quantiser(
+        self, task: QuantiserTask, stopping: Callable[[], bool] | None = None
+    ) -> QuantiserTrained:
+        """Train `task`'s quantiser on the first actor (no shard can start without it); a wait
+        past its deadline raises TaskTimeout, `stopping()` StopRequested, as for shards."""
+        reference = self.actors[0].train_quantiser.remote(task)
+        try:
+            self.clock("quantiser").wait_next(
+                {reference: Task("IVF-PQ quantiser", self.names[0])}, stopping
+            )
+        except BaseException:
+            _settle([reference])
+            raise
+        return ray.get(reference)
 
     @staticmethod
     def _finish_one(

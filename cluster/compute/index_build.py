@@ -41,6 +41,7 @@ from hnce.cluster.compute.encoder_pool import (
     EncoderPool,
     EncoderPoolSettings,
     KeptPool,
+    QuantiserTask,
     ShardEncoded,
     ShardTask,
 )
@@ -216,7 +217,9 @@ def index_entities(
     on_shard: Callable[[ShardEncoded, EncoderPool], None] | None = None,
     stopping: Callable[[], bool] | None = None,
 ) -> BuildReport:
-    """Index every unfinished shard of `builder`'s version through `pool`, then publish it.
+    """Index every unfinished shard of `builder`'s version through `pool`, then publish it; an
+    ``ivfpq`` version first has its one quantiser trained (unless an interrupted build already
+    wrote it), which every shard then shares.
 
     Vectors are encoded from the token store the pool was started with, or read from
     `encodings` (row i = entity i). `on_shard` is called in this process after each shard is
@@ -231,6 +234,24 @@ def index_entities(
     ]
     finished = builder.finished_shards
     started = time.perf_counter()
+    if spec.kind == "ivfpq" and len(finished) < len(bounds) and not builder.quantiser_path.exists():
+        trained = pool.train_quantiser(
+            QuantiserTask(
+                str(builder.directory),
+                spec,
+                parameters.vectors_per_entity,
+                num_entities,
+                None if encodings is None else str(encodings),
+            ),
+            stopping,
+        )
+        logger.info(
+            "index v%d: IVF-PQ quantiser trained on %d vectors sampled from the catalogue in "
+            "%.1f s (every shard shares it)",
+            builder.version,
+            trained.sample_vectors,
+            trained.seconds,
+        )
     bar = progress_bar(
         total=num_entities,
         desc=f"indexing v{builder.version}",

@@ -19,7 +19,11 @@ Layout::
                                         entity order, memory-mapped, that rescoring reads for
                                         the candidates
     index/.building-v8/                 a build in progress: progress.json records finished
-                                        shards, so a restarted build resumes
+                                        shards, so a restarted build resumes; an ivfpq build's
+                                        quantiser.faiss is the version's one trained (empty)
+                                        IVF-PQ index, which every shard is a copy of plus its
+                                        vectors (removed when the version is published: each
+                                        shard's file carries it)
 
 `model` is the SHA-256 fingerprint of the exported model the vectors were encoded with
 (`hnce.cluster.compute.index_build.model_fingerprint`) and `catalogue` the catalogue's
@@ -94,6 +98,8 @@ logger = logging.getLogger(__name__)
 
 FORMAT = 1
 PROGRESS_FILE = "progress.json"
+#: an ivfpq build's trained, empty IVF-PQ index, shared by all its shards
+QUANTISER_FILE = "quantiser.faiss"
 
 
 @manifest_record
@@ -301,6 +307,27 @@ def write_shard(
     )
 
 
+def write_quantiser(directory: Path, index: faiss.Index) -> Path:
+    """Write a build's trained quantiser (an empty IVF-PQ index) into its directory, atomically:
+    a build interrupted while training finds none and trains again."""
+    path = Path(directory) / QUANTISER_FILE
+    with AtomicPath(path) as temporary:
+        faiss.write_index(index, str(temporary))
+    return path
+
+
+def read_quantiser(path: Path) -> faiss.Index:
+    """A build's trained quantiser, as :func:`write_quantiser` wrote it (StoreError naming the
+    file when it is not one, or holds vectors)."""
+    try:
+        index = faiss.read_index(str(path))
+    except RuntimeError as error:
+        raise StoreError(f"{path}: not a FAISS index ({error})") from None
+    if not index.is_trained or index.ntotal:
+        raise StoreError(f"{path}: expected a trained, empty quantiser, got {index.ntotal} vectors")
+    return index
+
+
 def _load_array(path: Path, what: str) -> np.ndarray:
     """A shard's ``.npy`` array, memory-mapped (StoreError naming `path` if it is not one)."""
     try:
@@ -363,6 +390,11 @@ class IndexBuilder:
             self._write_progress()
 
     @property
+    def quantiser_path(self) -> Path:
+        """Where this build's shared IVF-PQ quantiser is (:func:`write_quantiser`)."""
+        return self.directory / QUANTISER_FILE
+
+    @property
     def finished_shards(self) -> dict[int, ShardRecord]:
         """Shards already written and recorded (skipped by a resumed build)."""
         return dict(self._finished)
@@ -416,6 +448,7 @@ class IndexBuilder:
         check_layout(manifest, manifest_path)
         atomic_write_text(manifest_path, manifest_json(manifest, _MANIFEST))
         (self.directory / PROGRESS_FILE).unlink()
+        (self.directory / QUANTISER_FILE).unlink(missing_ok=True)
         removed = publish_version(self.store.root, self.version, self.store.keep)
         logger.info("published index v%d (removed %s)", self.version, removed or "none")
         return self.store.open(self.version)

@@ -85,13 +85,15 @@ class IndexSpec:
 
     Attributes:
         kind: flat | ivfpq | hnsw.
-        nlist: IVF lists per shard (ivfpq); clipped so each list gets training points.
+        nlist: IVF lists (ivfpq), the same in every shard; clipped so each list gets training
+            points.
         pq_m: PQ sub-quantisers (ivfpq); `dim` must be divisible by it. 8 bits each.
         nprobe: IVF lists visited per query (ivfpq); at most `nlist`. Unset: see
             :func:`default_nprobe` (a recipe resolves it when it loads).
         hnsw_m: graph degree (hnsw).
         ef_search: search beam (hnsw).
-        train_size: vectors sampled per shard to train IVF-PQ.
+        train_size: vectors (sum-of-max: tokens) sampled from the whole catalogue to train a
+            version's one IVF-PQ quantiser, which every shard of the version shares.
         candidate_depth: sum-of-max only: entity tokens retrieved per query token before the
             exact rerank.
         token_copy: sum-of-max over ivfpq only: in place of the standalone PQ codes (pq_m bytes
@@ -156,17 +158,21 @@ def default_nprobe(nlist: int, multi_vector: bool) -> int:
     return max(1, nlist // 2) if multi_vector else min(DEFAULT_NPROBE, nlist)
 
 
-def build_shard_index(vectors: np.ndarray, spec: IndexSpec, seed: int = 0) -> faiss.Index:
+def build_shard_index(
+    vectors: np.ndarray, spec: IndexSpec, seed: int = 0, trained: faiss.Index | None = None
+) -> faiss.Index:
     """A CPU FAISS index over `vectors` [n, d] (float32, inner product), built per `spec`.
 
     Built on the CPU so the bytes written to the store do not depend on the device; searching
     places it on the device (`FaissDevice.place`). Deterministic for a given input and seed. An
-    IVF-PQ shard trains its own quantiser on a sample of its vectors (`train_index`).
+    IVF-PQ shard adds its vectors to a copy of `trained`, the quantiser its version trained
+    once on a sample of the whole catalogue (`train_index`; the encoder actors' builds always
+    pass one); without it, to a quantiser trained on a sample of `vectors` alone.
     """
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     if vectors.ndim != 2:
         raise ValueError(f"shard vectors must be [n, d], got shape {vectors.shape}")
-    index = train_index(vectors, spec, seed)
+    index = train_index(vectors, spec, seed) if trained is None else faiss.clone_index(trained)
     index.add(vectors)
     return index
 
@@ -186,11 +192,11 @@ def train_index(sample: np.ndarray, spec: IndexSpec, seed: int = 0) -> faiss.Ind
         if min(len(vectors), spec.train_size) < PQ_CENTROIDS:
             raise InputError(
                 f"ivfpq trains {PQ_CENTROIDS} centroids per sub-quantiser on at most "
-                f"index.train_size ({spec.train_size}) of a shard's vectors, and this shard has "
-                f"{len(vectors)}; raise refresh.shard_size (or index.train_size) or set "
+                f"index.train_size ({spec.train_size}) vectors, and the catalogue's sample has "
+                f"{len(vectors)}; raise index.train_size, or for a catalogue this small set "
                 f"index.kind: flat"
             )
-        # FAISS wants ~39 training points per centroid; fewer lists for a small shard.
+        # FAISS wants ~39 training points per centroid; fewer lists for a small sample.
         nlist = max(1, min(spec.nlist, len(vectors) // 39))
         quantizer = faiss.IndexFlatIP(dim)
         index = faiss.IndexIVFPQ(
