@@ -5,6 +5,7 @@ memory."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 import tracemalloc
 from pathlib import Path
@@ -376,7 +377,8 @@ def test_an_ivfpq_build_trains_one_quantiser_that_every_shard_shares(
     """Multi-m encoded from the token store and dual read from precomputed vectors, over ivfpq
     through two encoder actors: one quantiser, trained on a sample of the whole catalogue
     before the shards, under every shard (the same centroids and codebooks), every vector
-    indexed once, and the quantiser's file gone from the published version."""
+    indexed once, and the quantiser's file gone from the published version. A build that
+    crashed after its first shard resumes on the quantiser it had written, not a retrained one."""
     multi = source.startswith("multi")
     export = assets["multi" if multi else "dual"]
     model = IndexedModel.from_export(export)
@@ -394,10 +396,25 @@ def test_an_ivfpq_build_trains_one_quantiser_that_every_shard_shares(
     spec = IndexSpec(kind="ivfpq", nlist=4, pq_m=4, faiss_device="cpu")
     shard_size = num_entities // 3
     parameters = build_parameters(model, catalogue, num_entities, spec, shard_size, encodings)
-    builder = IndexStore(tmp_path / "index").begin(parameters)
+    store = IndexStore(tmp_path / "index")
     settings = EncoderPoolSettings(num_encoders=2, batch_size=8)
+    quantiser_times: list[int] = []
+
+    def crash(encoded: ShardEncoded, pool: EncoderPool) -> None:
+        raise RuntimeError("coordinator crashed")
+
+    def look(encoded: ShardEncoded, pool: EncoderPool) -> None:
+        quantiser_times.append(resumed.quantiser_path.stat().st_mtime_ns)
+
     with EncoderPool(export, settings, token_store) as pool:
-        report = index_entities(pool, builder, spec, shard_size, encodings)
+        crashing = store.begin(parameters)
+        with pytest.raises(RuntimeError, match="coordinator crashed"):
+            index_entities(pool, crashing, spec, shard_size, encodings, on_shard=crash)
+        resumed = store.begin(parameters)
+        assert resumed.directory == crashing.directory
+        os.utime(resumed.quantiser_path, ns=(0, 0))  # a retrained one would be newer
+        report = index_entities(pool, resumed, spec, shard_size, encodings, on_shard=look)
+    assert report.resumed_shards == 1 and quantiser_times == [0, 0]
     shards = report.version.manifest.shards
     assert len(shards) == 3
     assert sum(shard.count for shard in shards) == num_entities * (3 if multi else 1)
