@@ -113,8 +113,8 @@ class ModelSettings:
     ``activation_checkpointing`` recomputes each tower's layer activations in the backward pass
     instead of keeping them (memory for time). ``projection_size`` puts one learned linear layer
     after each tower (ColBERT's 128-d projection of every token vector, BLINK's
-    ``additional_linear``; eq. 20 of docs/math.md), trained with the towers and exported with
-    them: index vectors then have that many dimensions, which is what makes sum-of-max and
+    ``additional_linear``; eq. 20 of docs/math.md), both starting from one random draw (as the
+    towers start from one model) and trained with the towers and exported with them: index vectors then have that many dimensions, which is what makes sum-of-max and
     multi-m token vectors cheap to store and to compress (``index.kind: ivfpq``). Unset, vectors
     keep the tower's width; a bi-encoder export keeps its own projection. ``shared_towers``
     makes the mention and entity towers (and projections) one module, as sentence-transformers
