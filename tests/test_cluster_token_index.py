@@ -251,7 +251,7 @@ def test_a_build_keeps_its_one_quantiser_until_it_is_published(tmp_path: Path, c
     trained = train_index(vectors[keep], SPEC)
     path = write_quantiser(builder.directory, trained)
     assert path == builder.quantiser_path
-    again = read_quantiser(path)
+    again = read_quantiser(builder.directory)
     assert again.ntotal == 0 and again.is_trained
     np.testing.assert_array_equal(
         faiss.vector_to_array(again.pq.centroids), faiss.vector_to_array(trained.pq.centroids)
@@ -259,10 +259,10 @@ def test_a_build_keeps_its_one_quantiser_until_it_is_published(tmp_path: Path, c
     filled = build_shard_index(vectors[keep], SPEC, trained=again)
     write_quantiser(builder.directory, filled)
     with pytest.raises(StoreError, match=r"quantiser\.faiss: expected a trained, empty"):
-        read_quantiser(path)
+        read_quantiser(builder.directory)
     path.write_bytes(b"not an index")
     with pytest.raises(StoreError, match=r"quantiser\.faiss: not a FAISS index"):
-        read_quantiser(path)
+        read_quantiser(builder.directory)
     write_quantiser(builder.directory, trained)
     builder.add_shard(0, filled, ids[keep], (0, 300))
     builder.publish(1)

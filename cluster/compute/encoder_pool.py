@@ -59,7 +59,6 @@ from hnce.cluster.compute.model_pointer import ModelPointer, PoolModel
 from hnce.cluster.compute.resources import ENCODER_RESOURCE, custom_resource_request
 from hnce.cluster.compute.shard_holders import HeldIndex, ShardHolder
 from hnce.cluster.stores.index_store import (
-    QUANTISER_FILE,
     IndexVersion,
     ShardRecord,
     read_quantiser,
@@ -419,11 +418,7 @@ class EntityEncoderActor(ShardHolder):
         the version's trained quantiser) and write it."""
         start = time.perf_counter()
         entity_ids = np.arange(*task.entities, dtype=np.int64)
-        trained = (
-            read_quantiser(Path(task.directory) / QUANTISER_FILE)
-            if task.spec.kind == "ivfpq"
-            else None
-        )
+        trained = read_quantiser(Path(task.directory)) if task.spec.kind == "ivfpq" else None
         if task.encodings is not None:
             vectors = read_encodings(Path(task.encodings))[task.entities[0] : task.entities[1]]
             index = build_shard_index(vectors.numpy(), task.spec, trained=trained)

@@ -316,9 +316,10 @@ def write_quantiser(directory: Path, index: faiss.Index) -> Path:
     return path
 
 
-def read_quantiser(path: Path) -> faiss.Index:
-    """A build's trained quantiser, as :func:`write_quantiser` wrote it (StoreError naming the
-    file when it is not one, or holds vectors)."""
+def read_quantiser(directory: Path) -> faiss.Index:
+    """A build's trained quantiser, as :func:`write_quantiser` wrote it into `directory`
+    (StoreError naming the file when it is not one, or holds vectors)."""
+    path = Path(directory) / QUANTISER_FILE
     try:
         index = faiss.read_index(str(path))
     except RuntimeError as error:
