@@ -8,4 +8,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/python -m pytest --numprocesses 2 --dist loadfile "$@"
+exec .venv/bin/python -m pytest --numprocesses 2 --dist loadfile --durations 30 "$@"

@@ -66,6 +66,28 @@ def marked_processes(marker: str) -> list[int]:
     return found
 
 
+def hang_report(marker: str) -> str:
+    """Where the processes marked ``marker`` are stuck: each one's Python stacks (``py-spy
+    dump``), then the end of the raylet logs of the Ray sessions they started, for the message
+    of a test that gave up waiting on a command."""
+    report = []
+    for pid in marked_processes(marker):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        py_spy = Path(sys.executable).with_name("py-spy")
+        dump = subprocess.run(
+            [str(py_spy), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60
+        )
+        report.append(f"--- pid {pid}: {command[:200]}\n{dump.stdout or dump.stderr}")
+        sessions = Path(tempfile.gettempdir(), "ray").glob(f"session_2*_{pid}")
+        for log in sorted(session / "logs" / "raylet.err" for session in sessions):
+            if log.is_file():
+                report.append(f"--- {log}\n{log.read_text(errors='replace')[-3000:]}")
+    return "\n".join(report)
+
+
 class LocalRayCluster:
     """Ray nodes started with ``ray start --block`` in a temporary directory of their own.
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 from conftest import write_letter_bert
-from ray_cluster_helpers import MARKER_VARIABLE, marked_processes
+from ray_cluster_helpers import MARKER_VARIABLE, hang_report, marked_processes
 
 from hnce.cluster.stores.checkpoints import EXPORT_DIR, complete_checkpoints, verify_checkpoint
 from hnce.cluster.stores.files import STAGING_PREFIX
@@ -76,9 +76,15 @@ def _kill(process: subprocess.Popen[bytes]) -> None:
 
 
 def _run(arguments: list[str]) -> str:
-    """Run ``hnce <arguments>`` to its end; its output (stdout and stderr: the log)."""
+    """Run ``hnce <arguments>`` to its end; its output (stdout and stderr: the log). A command
+    still running after 600 s fails the test with its processes' stacks and raylet logs."""
     process = _start(arguments)
-    output, _ = process.communicate(timeout=600)
+    try:
+        output, _ = process.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        stuck = hang_report(MARKER)
+        _kill(process)
+        pytest.fail(f"hnce {arguments[0]} still running after 600 s:\n{stuck}")
     assert process.returncode == 0, output.decode()[-3000:]
     return output.decode()
 

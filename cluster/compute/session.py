@@ -22,6 +22,7 @@ import torch
 from pydantic import ValidationInfo, field_validator
 
 from hnce.cluster.compute.gpu_sharing import GpuSharing
+from hnce.cluster.compute.local_instance import start_local_instance
 from hnce.cluster.stores.sharded_index import faiss_gpu_count
 from hnce.encoders.settings import Flag, NonNegativeInt, Text, settings
 
@@ -138,13 +139,15 @@ def _start_or_join(cluster: ClusterSettings, cpus_needed: float) -> None:
                 cluster.dashboard_host,
             )
         with _token_warning_explained():
-            ray.init(
-                address="local",  # a new instance: never a Ray instance found running here
-                num_cpus=cpus,
-                include_dashboard=False,
-                dashboard_host=cluster.dashboard_host,
-                runtime_env=runtime_env,
-                log_to_driver=False,
+            start_local_instance(
+                lambda: ray.init(
+                    address="local",  # a new instance: never one found running here
+                    num_cpus=cpus,
+                    include_dashboard=False,
+                    dashboard_host=cluster.dashboard_host,
+                    runtime_env=runtime_env,
+                    log_to_driver=False,
+                )
             )
         logger.info(
             "Ray: started a local instance with %d CPUs (token authentication: %s)",
