@@ -14,9 +14,16 @@ Two figures per device, measured in one invocation:
     float32 on this machine's CPU (numpy, the arithmetic the shard holders run:
     ``cluster.stores.sharded_index._sum_of_max_top_k``): candidates scored per second, and the
     ratio of the two.
+(3) **What the holders' CPUs then do with those vectors**, where FAISS is installed: a version's
+    IVF-PQ quantiser (``train_index``: nlist 1024, ``index.train_size`` 65,536 vectors, d = 128)
+    and ``--pq-vectors`` token vectors added to a copy of it (``build_shard_index``, the
+    ``index.token_copy`` path) and also encoded standalone (``token_codes``, the codes path), at
+    ``pq_m`` 32 and 64, on every core FAISS uses: token vectors/s, and the hours 5,903,530
+    entities × 124 tokens (the synthetic KILT catalogue's mean) take on one such node.
 
-Needs torch and transformers only (no Ray, DeepSpeed or FAISS), so it runs on a GPU node as it
-is; without CUDA it measures the CPU side at ``--cpu-batch`` and says the GPU figures remain.
+Needs torch and transformers (and FAISS for (3)); no Ray or DeepSpeed, so it runs on a GPU node
+with a FAISS CPU wheel carried there; without CUDA it measures the CPU side at ``--cpu-batch``
+and says the GPU figures remain.
 
     python -m benchmarks.gpu_multivector [--seconds 6] [--candidates 800]
 
@@ -38,6 +45,7 @@ from hnce.encoders.biencoder import build_biencoder
 from hnce.encoders.precision import autocast
 
 FULL_CATALOGUE = 5_903_530
+TOKENS_AN_ENTITY = 124  # the synthetic KILT catalogue's mean at 128 tokens
 ENTITY_TOKENS = 128
 MENTION_TOKENS = 32
 WIDTH = 128
@@ -124,6 +132,42 @@ def cpu_rescoring_rate(queries: int, candidates: int, seconds: float) -> float:
     return done / timer.stop()
 
 
+def quantiser_rows(vectors: int) -> list[str]:
+    """Rows of (3): IVF-PQ add and standalone codes, token vectors/s on every core."""
+    import faiss
+
+    from hnce.cluster.stores.sharded_index import (
+        IndexSpec,
+        build_shard_index,
+        token_codes,
+        train_index,
+    )
+
+    rng = np.random.default_rng(0)
+    tokens = rng.standard_normal((vectors, WIDTH), dtype=np.float32)
+    rows = []
+    for pq_m in (32, 64):
+        spec = IndexSpec(kind="ivfpq", pq_m=pq_m)
+        quantiser = train_index(tokens[: spec.train_size], spec)
+        _, added = harness.timed(build_shard_index, tokens, spec, trained=quantiser)
+        _, coded = harness.timed(token_codes, quantiser, tokens)
+        total = FULL_CATALOGUE * TOKENS_AN_ENTITY
+        rows.append(
+            f"| {pq_m} | {vectors / added:,.0f} | {total / (vectors / added) / 3600:.1f} | "
+            f"{vectors / coded:,.0f} | {total / (vectors / coded) / 3600:.1f} |"
+        )
+    return [
+        f"IVF-PQ on this node's CPU (FAISS {faiss.__version__}, {faiss.omp_get_max_threads()} "
+        f"threads; nlist 1024, trained on {IndexSpec().train_size:,} vectors, {vectors:,} "
+        f"token vectors of d = {WIDTH}):",
+        "",
+        "| pq_m | add to the quantiser's copy, vectors/s | hours for 5.9M × 124 tokens | "
+        "standalone codes, vectors/s | hours |",
+        "|---:|---:|---:|---:|---:|",
+        *rows,
+    ]
+
+
 def encoding_rows(device: torch.device, batch: int, seconds: float) -> list[str]:
     rows = []
     for scorer, projection in SCORERS:
@@ -142,6 +186,7 @@ def main() -> None:
     parser.add_argument("--gpu-batch", type=int, default=512, help="entities a GPU batch")
     parser.add_argument("--cpu-batch", type=int, default=16, help="entities a CPU batch")
     parser.add_argument("--queries", type=int, default=64, help="queries a rescoring batch")
+    parser.add_argument("--pq-vectors", type=int, default=1_000_000, help="token vectors (3)")
     args = harness.parse(parser)
     cuda = torch.cuda.is_available()
     cpu_rate = cpu_rescoring_rate(8, args.candidates, args.seconds)
@@ -189,6 +234,12 @@ def main() -> None:
             f"Exact sum-of-max rescoring on the CPU (numpy, one query at a time, "
             f"{args.candidates} candidates): **{cpu_rate:,.0f}** candidates/s.",
         ]
+    try:
+        import faiss  # noqa: F401
+    except ImportError:
+        lines += ["", "FAISS is not installed here: (3) not measured."]
+    else:
+        lines += ["", *quantiser_rows(args.pq_vectors)]
     harness.write_result(args.output, lines)
 
 
