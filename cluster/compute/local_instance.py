@@ -38,8 +38,8 @@ logger = logging.getLogger(__name__)
 
 #: Starts of a local instance tried before giving up (in this process or after an ``exec``).
 LOCAL_START_ATTEMPTS = 2
-#: How long ``ray.init`` may go on after its raylet died (Ray's own wait ends 30 s after the
-#: raylet started, and the raylet lives at least 15 s) before the process starts over.
+#: How long ``ray.init`` may go on after its raylet died before the process starts over (Ray's
+#: own wait is meant to end 30 s after the raylet started; one waiting for its agent dies 15 s in).
 STUCK_SECONDS = 45.0
 #: The environment variable that tells a command started over which start it is on.
 ATTEMPT_VARIABLE = "HNCE_RAY_START_ATTEMPT"
