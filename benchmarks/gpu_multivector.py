@@ -38,9 +38,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import BertConfig, BertTokenizerFast
+from transformers import BertConfig
 
 from benchmarks import harness
+from benchmarks.encoders_throughput import tiny_tokenizer
 from hnce.encoders.biencoder import build_biencoder
 from hnce.encoders.precision import autocast
 
@@ -53,29 +54,22 @@ WIDTH = 128
 SCORERS = (("dual", None), ("multi-8", WIDTH), ("som", WIDTH))
 
 
-def tokenizer(directory: Path) -> BertTokenizerFast:
-    """A WordPiece tokenizer of BERT's vocabulary size (the model only needs token ids)."""
-    special = ["[PAD]", "[unused0]", "[unused1]", "[unused2]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    words = [f"w{i}" for i in range(30522 - len(special))]
-    (directory / "vocab.txt").write_text("\n".join(special + words) + "\n")
-    return BertTokenizerFast(vocab=str(directory / "vocab.txt"))
-
-
 def encoding_rate(
     scorer: str, projection: int | None, device: torch.device, batch: int, seconds: float
 ) -> tuple[float, float]:
     """(entities/s, index vectors/s) of ``scorer``'s entity side at 128 tokens on ``device``."""
-    with tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryDirectory() as scratch:  # token ids are drawn at random below
+        words = tiny_tokenizer(Path(scratch), ["entity"], ["catalogue"])
         model = build_biencoder(
-            BertConfig(attn_implementation="sdpa"),
+            BertConfig(attn_implementation="sdpa"),  # BERT-base, its own 30,522-id vocabulary
             scorer,
-            tokenizer=tokenizer(Path(scratch)),
+            tokenizer=words,
             entity_length=ENTITY_TOKENS,
             projection_size=projection,
             device=device,
         ).eval()
     ids = torch.randint(1000, 30000, (batch, ENTITY_TOKENS), device=device)
-    ids[:, 0], ids[:, -1] = 5, 6  # [CLS] ... [SEP]
+    ids[:, 0], ids[:, -1] = words.cls_token_id, words.sep_token_id
     mask = torch.ones_like(ids)
 
     def encode() -> int:

@@ -66,6 +66,14 @@ def marked_processes(marker: str) -> list[int]:
     return found
 
 
+def kill_marked(marker: str, pids: list[int] | None = None) -> None:
+    """SIGKILL the processes marked ``marker`` (or those of ``pids``), the ones already gone
+    aside."""
+    for pid in marked_processes(marker) if pids is None else pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def hang_report(marker: str) -> str:
     """Where the processes marked ``marker`` are stuck: each one's Python stacks (``py-spy
     dump``), then the end of the raylet logs of the Ray sessions they started, for the message
@@ -226,7 +234,5 @@ class LocalRayCluster:
         deadline = time.monotonic() + 30
         while (left := self.leftover_processes()) and time.monotonic() < deadline:
             time.sleep(0.5)
-        for pid in left:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_marked(self.marker, left)
         shutil.rmtree(self.temp_dir, ignore_errors=True)

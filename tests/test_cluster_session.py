@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import ray
-from ray_cluster_helpers import MARKER_VARIABLE, marked_processes
+from ray_cluster_helpers import MARKER_VARIABLE, kill_marked
 
 from hnce.cluster.compute.session import JAX_ON_CPU
 
@@ -111,9 +111,7 @@ def _run_python(
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
-        for pid in marked_processes(marker):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_marked(marker)
     return subprocess.CompletedProcess(process.args, process.returncode, out, err), process.pid
 
 

@@ -16,7 +16,6 @@ refresh. Training is killed twice in a row in one run directory before the final
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -31,7 +30,7 @@ from pathlib import Path
 
 import pytest
 from conftest import write_letter_bert
-from ray_cluster_helpers import MARKER_VARIABLE, hang_report, marked_processes
+from ray_cluster_helpers import MARKER_VARIABLE, hang_report, kill_marked
 
 from hnce.cluster.stores.checkpoints import EXPORT_DIR, complete_checkpoints, verify_checkpoint
 from hnce.cluster.stores.files import STAGING_PREFIX
@@ -70,9 +69,7 @@ def _kill(process: subprocess.Popen[bytes]) -> None:
     machine that loses power would."""
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
-    for pid in marked_processes(MARKER):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    kill_marked(MARKER)
 
 
 def _run(arguments: list[str]) -> str:
