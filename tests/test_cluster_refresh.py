@@ -5,6 +5,7 @@ memory."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import time
 import tracemalloc
@@ -19,11 +20,13 @@ from conftest import SESSION_RAY_CPUS
 from store_helpers import random_word_dataset, write_checkpoint
 from training_helpers import assert_exact_top_k, exact_scores, write_letter_export
 
+from hnce.cluster.compute import index_build
 from hnce.cluster.compute.actors import PlacementError, StopRequested, Task, TaskClock, TaskTimeout
 from hnce.cluster.compute.encoder_pool import (
     EncoderPool,
     EncoderPoolSettings,
     KeptPool,
+    QuantiserTask,
     ShardEncoded,
     node_cores,
 )
@@ -372,11 +375,11 @@ def test_compressed_sum_of_max_refresh_rescores_from_the_token_codes_or_copy(
 
 @pytest.mark.parametrize("source", ["multi-3 encoded", "dual from a .t7"])
 def test_an_ivfpq_build_trains_one_quantiser_that_every_shard_shares(
-    ray_session, assets, tmp_path: Path, source: str
+    ray_session, assets, tmp_path: Path, caplog: pytest.LogCaptureFixture, source: str
 ) -> None:
     """Multi-m encoded from the token store and dual read from precomputed vectors, over ivfpq
     through two encoder actors: one quantiser, trained on a sample of the whole catalogue
-    before the shards, under every shard (the same centroids and codebooks), every vector
+    before the shards (encoded half by each encoder; read by one), under every shard (the same centroids and codebooks), every vector
     indexed once, and the quantiser's file gone from the published version. A build that
     crashed after its first shard resumes on the quantiser it had written, not a retrained one."""
     multi = source.startswith("multi")
@@ -406,7 +409,16 @@ def test_an_ivfpq_build_trains_one_quantiser_that_every_shard_shares(
     def look(encoded: ShardEncoded, pool: EncoderPool) -> None:
         quantiser_times.append(resumed.quantiser_path.stat().st_mtime_ns)
 
+    caplog.set_level(logging.INFO, logger=index_build.__name__)
     with EncoderPool(export, settings, token_store) as pool:
+        if multi:  # the sample split over the two encoders is the sample one encoder encodes
+            task = QuantiserTask(str(tmp_path), spec, 3, num_entities)
+            whole = ray.get(pool.actors[0].quantiser_sample.remote(task, 0, 1))
+            parts = ray.get(
+                [a.quantiser_sample.remote(task, n, 2) for n, a in enumerate(pool.actors)]
+            )
+            assert all(len(part) for part in parts)
+            np.testing.assert_allclose(np.concatenate(parts), whole, rtol=0, atol=1e-5)
         crashing = store.begin(parameters)
         with pytest.raises(RuntimeError, match="coordinator crashed"):
             index_entities(pool, crashing, spec, shard_size, encodings, on_shard=crash)
@@ -415,6 +427,10 @@ def test_an_ivfpq_build_trains_one_quantiser_that_every_shard_shares(
         os.utime(resumed.quantiser_path, ns=(0, 0))  # a retrained one would be newer
         report = index_entities(pool, resumed, spec, shard_size, encodings, on_shard=look)
     assert report.resumed_shards == 1 and quantiser_times == [0, 0]
+    trained = [r.getMessage() for r in caplog.records if "quantiser trained" in r.getMessage()]
+    assert (
+        len(trained) == 1 and ("encoded by 2 encoder actor(s)" if multi else "(read)") in trained[0]
+    )
     shards = report.version.manifest.shards
     assert len(shards) == 3
     assert sum(shard.count for shard in shards) == num_entities * (3 if multi else 1)

@@ -16,6 +16,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 import pytest
+from exact_scores import max_over_vectors, recall, sum_of_max
 from store_helpers import flip_byte, index_parameters, random_word_dataset
 from training_helpers import write_letter_export
 
@@ -69,17 +70,6 @@ def token_queries(vectors: np.ndarray, ids: np.ndarray, count: int, seed: int = 
     return queries
 
 
-def sum_of_max(queries: np.ndarray, vectors: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """s(x, y) = Σ_i max_j ⟨x_i, y_j⟩ of every query against every entity [B, E], padded query
-    rows left out (docs/math.md, sum-of-max)."""
-    entities, first = np.unique(ids, return_index=True)
-    scores = np.zeros((len(queries), len(entities)), np.float32)
-    for row, query in enumerate(queries):
-        live = query[np.abs(query).sum(axis=1) > 0]
-        scores[row] = np.maximum.reduceat(live @ vectors.T, first, axis=1).sum(axis=0)
-    return scores
-
-
 def compressed_shards(vectors: np.ndarray, ids: np.ndarray, parts: int) -> list[IndexShard]:
     """`parts` compressed shards over contiguous entity ranges, as the encoder actors build
     them (on one quantiser trained on the whole catalogue's tokens, an IVF-PQ index and its
@@ -128,8 +118,7 @@ def test_compressed_sum_of_max_recalls_the_exact_top_k(catalogue) -> None:
         compressed_shards(vectors, ids, 2), vectors_per_entity=None, candidate_depth=64
     )
     found, _ = searcher.search(queries, k)
-    recall = np.mean([len(set(a) & set(b)) / k for a, b in zip(found, exact, strict=True)])
-    assert recall >= 0.85, recall
+    assert recall(found, exact) >= 0.85, recall(found, exact)
 
 
 def test_compressed_scores_are_sum_of_max_over_the_decoded_tokens(catalogue) -> None:
@@ -160,8 +149,7 @@ def test_a_token_copy_rescores_the_same_candidates_exactly(catalogue) -> None:
     exact = np.argsort(-sum_of_max(queries, vectors, ids), axis=1)[:, :k]
     shards = copied_shards(vectors, ids, 2)
     found, scores = ShardedSearcher(shards, None, candidate_depth=64).search(queries, k)
-    recall = np.mean([len(set(a) & set(b)) / k for a, b in zip(found, exact, strict=True)])
-    assert recall >= 0.97, recall
+    assert recall(found, exact) >= 0.97, recall(found, exact)
     copy = np.concatenate([np.asarray(shard.vectors, np.float32) for shard in shards])
     brute = sum_of_max(queries, copy, ids)
     np.testing.assert_allclose(scores, np.take_along_axis(brute, found, axis=1), rtol=1e-5)
@@ -389,12 +377,6 @@ def multi_shards(vectors: np.ndarray, ids: np.ndarray, parts: int, copy: bool) -
     return shards
 
 
-def max_over_vectors(queries: np.ndarray, vectors: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """s(x, y) = max_t ⟨x, y_t⟩ of every query [B, DIM] against every entity [B, E]."""
-    first = np.unique(ids, return_index=True)[1]
-    return np.maximum.reduceat(queries @ vectors.T, first, axis=1)
-
-
 def test_compressed_multi_m_rescores_its_candidates_from_the_vector_copy() -> None:
     """Against the exact multi-M top-20, IVF-PQ ranking alone (k·M vector hits by their
     approximate scores) keeps 0.623 of it (measured); the same shards with their float16 copy
@@ -407,12 +389,11 @@ def test_compressed_multi_m_rescores_its_candidates_from_the_vector_copy() -> No
     k = 20
     exact = np.argsort(-max_over_vectors(queries, vectors, ids), axis=1)[:, :k]
 
-    def recall(copy: bool) -> float:
+    def searched_recall(copy: bool) -> float:
         searcher = ShardedSearcher(multi_shards(vectors, ids, 2, copy), M, candidate_depth=256)
-        found, _ = searcher.search(queries, k)
-        return np.mean([len(set(a) & set(b)) / k for a, b in zip(found, exact, strict=True)])
+        return recall(searcher.search(queries, k)[0], exact)
 
-    ranked, rescored = recall(copy=False), recall(copy=True)
+    ranked, rescored = searched_recall(copy=False), searched_recall(copy=True)
     assert rescored >= 0.9, (ranked, rescored)
     assert ranked < 0.8, ranked  # the rescoring, not the candidates alone, reaches the floor
 

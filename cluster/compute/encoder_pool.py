@@ -325,9 +325,11 @@ class QuantiserTask:
 
 @dataclass(frozen=True)
 class QuantiserTrained:
-    """What an encoder reports for a trained quantiser."""
+    """A trained quantiser: the vectors it trained on, the encoders that encoded them (one
+    reads them where they come from precomputed encodings) and the wall time of both."""
 
     sample_vectors: int
+    encoders: int
     seconds: float
 
 
@@ -388,30 +390,36 @@ class EntityEncoderActor(ShardHolder):
     def ready(self) -> int:
         return os.getpid()
 
-    def train_quantiser(self, task: QuantiserTask) -> QuantiserTrained:
-        """Train and write the version's IVF-PQ quantiser (see :class:`QuantiserTask`)."""
-        start = time.perf_counter()
+    def quantiser_sample(self, task: QuantiserTask, part: int, parts: int) -> np.ndarray:
+        """Part `part` of `parts` of the vectors the version's quantiser trains on (see
+        :class:`QuantiserTask`): the sample's entities are split into `parts` contiguous runs,
+        one encoded by each encoder, so the parts concatenated in order are the whole sample in
+        entity order. Read from `encodings`, the sample is one part."""
         if task.encodings is not None:
             rows = training_sample(np.ones(task.num_entities), task.spec.train_size, SAMPLE_SEED)
-            encodings = read_encodings(Path(task.encodings))
-            sample = encodings[torch.from_numpy(rows)].numpy()
-        else:
-            tokens = self._token_store()
-            per_entity = (
-                tokens.lengths[: task.num_entities]
-                if task.vectors_per_entity is None
-                else np.full(task.num_entities, task.vectors_per_entity)
-            )
-            entities = training_sample(per_entity, task.spec.train_size, SAMPLE_SEED)
-            sample, _, _ = encode_entities(
-                self.model,
-                tokens,
-                entities,
-                self.batch_size,
-                cancelled=ray.get_runtime_context().is_canceled,
-            )
+            return read_encodings(Path(task.encodings))[torch.from_numpy(rows)].numpy()
+        tokens = self._token_store()
+        per_entity = (
+            tokens.lengths[: task.num_entities]
+            if task.vectors_per_entity is None
+            else np.full(task.num_entities, task.vectors_per_entity)
+        )
+        entities = training_sample(per_entity, task.spec.train_size, SAMPLE_SEED)
+        vectors, _, _ = encode_entities(
+            self.model,
+            tokens,
+            np.array_split(entities, parts)[part],
+            self.batch_size,
+            cancelled=ray.get_runtime_context().is_canceled,
+        )
+        return vectors
+
+    def train_quantiser(self, task: QuantiserTask, sample_parts: list[ray.ObjectRef]) -> int:
+        """Train the version's IVF-PQ quantiser on the sample's parts (:meth:`quantiser_sample`
+        of each encoder, in order) and write it; returns the sample's size."""
+        sample = np.concatenate(ray.get(sample_parts))
         write_quantiser(Path(task.directory), train_index(sample, task.spec, SAMPLE_SEED))
-        return QuantiserTrained(len(sample), time.perf_counter() - start)
+        return len(sample)
 
     def index_shard(self, task: ShardTask) -> ShardEncoded:
         """Encode (or read) one shard's vectors, build its FAISS index (an ``ivfpq`` shard: on
@@ -648,17 +656,25 @@ class EncoderPool:
     def train_quantiser(
         self, task: QuantiserTask, stopping: Callable[[], bool] | None = None
     ) -> QuantiserTrained:
-        """Train `task`'s quantiser on the first actor (no shard can start without it); a wait
-        past its deadline raises TaskTimeout, `stopping()` StopRequested, as for shards."""
-        reference = self.actors[0].train_quantiser.remote(task)
+        """Train `task`'s quantiser (no shard can start without it): every encoder encodes its
+        part of the sample, the first trains on them all (vectors pass from actor to actor,
+        never through this process); a wait past its deadline raises TaskTimeout, `stopping()`
+        StopRequested, as for shards."""
+        start = time.perf_counter()
+        encoders = 1 if task.encodings is not None else len(self.actors)
+        parts = [
+            actor.quantiser_sample.remote(task, part, encoders)
+            for part, actor in enumerate(self.actors[:encoders])
+        ]
+        reference = self.actors[0].train_quantiser.remote(task, parts)
         try:
             self.clock("quantiser").wait_next(
                 {reference: Task("IVF-PQ quantiser", self.names[0])}, stopping
             )
         except BaseException:
-            _settle([reference])
+            _settle([reference, *parts])
             raise
-        return ray.get(reference)
+        return QuantiserTrained(ray.get(reference), encoders, time.perf_counter() - start)
 
     @staticmethod
     def _finish_one(

@@ -245,11 +245,15 @@ def index_entities(
             ),
             stopping,
         )
+        source = (
+            "read" if encodings is not None else f"encoded by {trained.encoders} encoder actor(s)"
+        )
         logger.info(
-            "index v%d: IVF-PQ quantiser trained on %d vectors sampled from the catalogue in "
-            "%.1f s (every shard shares it)",
+            "index v%d: IVF-PQ quantiser trained on %d vectors sampled from the catalogue "
+            "(%s) in %.1f s (every shard shares it)",
             builder.version,
             trained.sample_vectors,
+            source,
             trained.seconds,
         )
     bar = progress_bar(
