@@ -379,8 +379,9 @@ def test_an_ivfpq_build_trains_one_quantiser_that_every_shard_shares(
 ) -> None:
     """Multi-m encoded from the token store and dual read from precomputed vectors, over ivfpq
     through two encoder actors: one quantiser, trained on a sample of the whole catalogue
-    before the shards (encoded half by each encoder; read by one), under every shard (the same centroids and codebooks), every vector
-    indexed once, and the quantiser's file gone from the published version. A build that
+    before the shards (encoded half by each encoder; read by one), under every shard (the same
+    centroids and codebooks), every vector indexed once, and the quantiser's file gone from the
+    published version. A build that
     crashed after its first shard resumes on the quantiser it had written, not a retrained one."""
     multi = source.startswith("multi")
     export = assets["multi" if multi else "dual"]
