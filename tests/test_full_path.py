@@ -42,11 +42,11 @@ from hnce.cluster.compute.retrieval import retrieve
 from hnce.cluster.stores.checkpoints import EXPORT_DIR
 from hnce.cluster.stores.index_store import IndexStore
 from hnce.cluster.stores.negatives_store import NegativesVersion
-from hnce.cluster.stores.tables import mention_split_path
+from hnce.cluster.stores.tables import Mention, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.cluster.stores.tokens import TOKENS_DIR, TokenStore
 from hnce.cluster.stores.versioned_dir import version_dir_name
-from hnce.encoders.biencoder import load_biencoder, minilm_path
+from hnce.encoders.biencoder import BiEncoder, load_biencoder, minilm_path
 from hnce.encoders.formatting import register_markers, tokenize_entities
 from hnce.pipeline.cli.main import main as hnce
 from hnce.pipeline.config import load_config
@@ -178,6 +178,17 @@ def test_every_index_version_holds_every_entity_once(full_path: Path) -> None:
         assert len(searcher.shards) == ENTITIES // SHARD_SIZE
 
 
+def mention_queries(model: BiEncoder, mentions: list[Mention]) -> np.ndarray:
+    """The query vectors [M, Q, d] of `mentions` under `model` (Q = 1 but for sum-of-max)."""
+    with torch.inference_mode():
+        tokens = model.tokenize_mentions(
+            [m.context_left for m in mentions],
+            [m.mention for m in mentions],
+            [m.context_right for m in mentions],
+        )
+        return model.mention_query_vectors(**tokens).numpy()
+
+
 @pytest.mark.slow
 def test_mined_candidates_equal_an_exact_search(full_path: Path) -> None:
     """Every negatives version's top-N of every train mention are the N best entities of all,
@@ -196,13 +207,7 @@ def test_mined_candidates_equal_an_exact_search(full_path: Path) -> None:
         for shard in searcher.shards:
             vectors[shard.ids] = shard.vectors
         model = load_biencoder(Path(version.manifest.checkpoint_path))
-        with torch.inference_mode():
-            tokens = model.tokenize_mentions(
-                [m.context_left for m in mentions],
-                [m.mention for m in mentions],
-                [m.context_right for m in mentions],
-            )
-            queries = model.mention_query_vectors(**tokens)[:, 0].numpy()
+        queries = mention_queries(model, mentions)[:, 0]
         negatives = NegativesVersion(run / "negatives" / version_dir_name(number) / "train.parquet")
         cands, _ = negatives.lookup([m.mention_id for m in mentions])
         for rows in np.array_split(np.arange(len(mentions)), len(mentions) // 100):
@@ -315,12 +320,7 @@ def test_compressed_multi_vector_search_keeps_the_exact_top_100(
     tokens = ensure_token_store(full_path / "data", model)
     with torch.inference_mode():
         vectors, ids, _ = encode_entities(encoder, tokens, np.arange(ENTITIES), 256)
-        mention_tokens = encoder.tokenize_mentions(
-            [m.context_left for m in mentions],
-            [m.mention for m in mentions],
-            [m.context_right for m in mentions],
-        )
-        queries = encoder.mention_query_vectors(**mention_tokens).numpy()
+    queries = mention_queries(encoder, mentions)
     if scorer == "som":
         exact_scores = sum_of_max(queries, vectors, ids)
     else:
