@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 import shutil
 import time
 from collections.abc import Callable
@@ -92,13 +93,6 @@ def run_demo(config: Config, announce: Callable[[str], None] = lambda _: None) -
     base, counts = demo_dataset(config)
     seconds["data"] = time.perf_counter() - started_all
 
-    reports: list[RecallReport] = []
-    mark = time.perf_counter()
-    untrained = IndexedModel.from_export(untrained_export(base))
-    reports.append(evaluate_model(base, untrained, "untrained"))
-    seconds["eval untrained"] = time.perf_counter() - mark
-    announce(format_table(reports))
-
     variants = {
         "random": replace(
             base,
@@ -107,23 +101,36 @@ def run_demo(config: Config, announce: Callable[[str], None] = lambda _: None) -
         ),
         f"mixed-{round(100 * base.negatives.mixed.hard_fraction)}": base,
     }
+    runs = work_dir / "runs"
+    if runs.exists():
+        shutil.rmtree(runs)
+    variants = {
+        name: replace(variant, run=replace(variant.run, dir=str(runs / name)))
+        for name, variant in variants.items()
+    }
+    # the untrained model is evaluated in the run that starts from it (negatives version 0 from
+    # the model), whose version 0 then takes that index over instead of encoding it again
+    starting = next((v for v in variants.values() if v.negatives.initial == "model"), base)
+    reports: list[RecallReport] = []
+    mark = time.perf_counter()
+    untrained = IndexedModel.from_export(untrained_export(starting))
+    reports.append(evaluate_model(starting, untrained, "untrained"))
+    seconds["eval untrained"] = time.perf_counter() - mark
+    announce(format_table(reports))
+
     trainings: dict[str, TrainingSummary] = {}
     curve: list[CurvePoint] = []
     for name, variant in variants.items():
-        run_dir = work_dir / "runs" / name
-        if run_dir.exists():
-            shutil.rmtree(run_dir)
-        variant = replace(variant, run=replace(variant.run, dir=str(run_dir)))
         mark, started = time.perf_counter(), time.time()
         trainings[name] = run_training(variant)
         seconds[f"train {name}"] = time.perf_counter() - mark
         mark = time.perf_counter()
         points = training_curve(
             name,
-            run_dir,
+            variant.run_dir,
             started,
             steps,
-            lambda export, label: evaluate_export(base, export, label),
+            functools.partial(evaluate_export, variant),
         )
         reports.append(points[-1][1])
         curve += [CurvePoint(name, 0, 0.0, reports[0].recall)] + [p for p, _ in points]

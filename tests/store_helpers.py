@@ -14,6 +14,7 @@ from hnce.cluster.stores.checkpoints import (
     DEEPSPEED_DIR,
     EXPORT_DIR,
     REFRESH_REQUEST,
+    REFRESHES_END,
     checkpoint_dir,
     mark_complete,
 )
@@ -37,6 +38,7 @@ def write_checkpoint(
     deepspeed_state: bool = False,
     complete: bool = True,
     refresh: bool | None = None,
+    ends_refreshes: bool = False,
 ) -> Path:
     """Write checkpoint ``step`` of the run in ``run_dir``, the way the trainer lays it out, and
     return its ``step-<S>/`` directory.
@@ -56,6 +58,8 @@ def write_checkpoint(
       by a crash.
     - ``refresh``: the state's ``refresh`` (whether it asks for a refresh); None: no such key,
       as checkpoints written before it existed.
+    - ``ends_refreshes``: the state says no refresh would publish before training ends
+      (``refreshes_end``).
     """
     directory = checkpoint_dir(run_dir, step)
     if export is None:
@@ -67,7 +71,11 @@ def write_checkpoint(
         (directory / DEEPSPEED_DIR).mkdir()
         (directory / DEEPSPEED_DIR / DEEPSPEED_STATE_FILE).write_bytes(b"state")
     if complete:
-        state = {"step": step} if refresh is None else {"step": step, REFRESH_REQUEST: refresh}
+        state: dict[str, object] = {"step": step}
+        if refresh is not None:
+            state[REFRESH_REQUEST] = refresh
+        if ends_refreshes:
+            state[REFRESHES_END] = True
         mark_complete(directory, state)
     return directory
 

@@ -6,6 +6,7 @@ repeated mentions, ...) and expect a `StoreError` naming the file."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import re
@@ -24,7 +25,7 @@ from store_helpers import flip_byte, index_parameters, mined_split, publish_inde
 
 from hnce.cluster.stores.exact_search import ExactSearcher
 from hnce.cluster.stores.files import sha256_file
-from hnce.cluster.stores.index_store import IndexStore
+from hnce.cluster.stores.index_store import IndexBuilder, IndexStore
 from hnce.cluster.stores.negatives_store import MinedSplit, NegativesStore, NegativesVersion
 from hnce.cluster.stores.sharded_index import (
     IndexShard,
@@ -213,6 +214,34 @@ def test_store_publish_search_and_retention(tmp_path: Path) -> None:
     assert [shard["count"] for shard in manifest["shards"]] == [20, 20, 20]
     assert store.find(f"{2:064x}", "c" * 64, manifest["index"]).version == 2
     assert store.find(f"{1:064x}", "c" * 64, manifest["index"]) is None  # removed by retention
+
+
+def test_a_version_is_taken_over_by_linking_its_files_not_encoding_them(tmp_path: Path) -> None:
+    """An evaluation's version of the starting model becomes a run's version 0: the same shard
+    files (hard links), a manifest of its own (version 0, checkpoint 0), the same search."""
+    vectors = _vectors(60)
+    evaluated = publish_index(IndexStore(tmp_path / "eval-index"), 1, vectors)
+    store = IndexStore(tmp_path / "index")
+    parameters = dataclasses.replace(index_parameters(1, 60), checkpoint=0, checkpoint_path="m")
+    taken = IndexBuilder(store, 0, parameters).take_over(evaluated)
+    assert store.current_version() == 0 and (taken.version, taken.checkpoint) == (0, 0)
+    for ours, theirs in zip(taken.manifest.shards, evaluated.manifest.shards, strict=True):
+        assert ours == theirs
+        for name in (ours.file, ours.ids):
+            assert (taken.path / name).stat().st_ino == (evaluated.path / name).stat().st_ino
+    ids, scores = taken.load().search(vectors[:7], 5)
+    expected = evaluated.load().search(vectors[:7], 5)
+    np.testing.assert_array_equal(ids, expected[0])
+    np.testing.assert_array_equal(scores, expected[1])
+
+
+def test_a_version_of_other_parameters_is_not_taken_over(tmp_path: Path) -> None:
+    evaluated = publish_index(IndexStore(tmp_path / "eval-index"), 1, _vectors(60))
+    other = dataclasses.replace(index_parameters(1, 60), model="f" * 64, checkpoint=0)
+    builder = IndexBuilder(IndexStore(tmp_path / "index"), 0, other)
+    with pytest.raises(StoreError, match=r"eval-index/v1/manifest.json: built with other model"):
+        builder.take_over(evaluated)
+    assert IndexStore(tmp_path / "index").versions() == []
 
 
 def test_corrupted_shard_is_detected_by_checksum(tmp_path: Path) -> None:

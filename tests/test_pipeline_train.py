@@ -32,6 +32,7 @@ from hnce.cluster.stores.checkpoints import (
     wants_refresh,
 )
 from hnce.cluster.stores.index_store import IndexStore
+from hnce.cluster.stores.negatives_store import NegativesStore
 from hnce.cluster.stores.refresh_log import read_log
 from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
@@ -40,8 +41,10 @@ from hnce.pipeline.data.synthetic import generate_synthetic_dataset
 from hnce.pipeline.demo import write_demo_subset
 from hnce.pipeline.evaluate import evaluate_checkpoint, evaluate_export
 from hnce.pipeline.train.events import read_events
+from hnce.pipeline.train.refresh_payoff import REFRESHES_END_EVENT
 from hnce.pipeline.train.staleness import STALE_EVENT
 from hnce.pipeline.train.trainer import run_training
+from hnce.pipeline.train.version_zero import prepare_initial_negatives
 
 pytestmark = pytest.mark.slow
 # A training step of the tiny BERT takes tens of milliseconds: enough of them for the refresh
@@ -112,10 +115,18 @@ def test_training_switches_to_refreshed_negatives_without_waiting(
     assert switches, "no refreshed negatives were used"
     attempts = [a for a in read_log(run_dir).records if a.role == COORDINATOR_ROLE]
     assert attempts[0].outcome == "published", attempts
-    # A first refresh that finished a poll before training ended was followed by a refresh of a
-    # newer checkpoint (published, or abandoned when training ended), never an older one.
+    # A newer checkpoint that asked for a refresh (one before the trainer's refreshes ended,
+    # hnce.pipeline.train.refresh_payoff) and was there a poll after the first refresh finished,
+    # before training ended, was refreshed next (published, or abandoned when training ended);
+    # never an older one.
     ended = read_events(run_dir, "end")[-1]["time"]
-    if attempts[0].finished + config.refresh.poll_seconds < ended:
+    end_step = read_events(run_dir, REFRESHES_END_EVENT)[0]["step"]
+    newer = [
+        e["time"]
+        for e in read_events(run_dir, "checkpoint")
+        if attempts[0].checkpoint < e["step"] < end_step
+    ]
+    if newer and max(attempts[0].finished, newer[-1]) + config.refresh.poll_seconds < ended:
         assert len(attempts) >= 2, attempts
     refreshed = [a.checkpoint for a in attempts]
     assert refreshed == sorted(set(refreshed)), refreshed
@@ -173,10 +184,14 @@ def test_stale_negatives_ask_for_the_only_refreshes_the_coordinator_runs(
     stale = read_events(run_dir, STALE_EVENT)
     requested = sorted(event["step"] for event in stale)
     assert requested and all(0 < e["loss_ratio"] <= ratio for e in stale), stale
+    # a request at the last step asks nothing: no refresh would publish in time
+    ended = [event["step"] for event in read_events(run_dir, REFRESHES_END_EVENT)]
+    assert ended and ended[0] <= steps
+    asked_for = {step for step in requested if step < ended[0]}
     asks = {step: wants_refresh(path) for step, path in complete_checkpoints(run_dir)}
-    assert {step for step, ask in asks.items() if ask} == set(requested)
-    resume_points = set(range(50, steps + 1, 50)) - set(requested)
-    assert {step for step, ask in asks.items() if not ask} == resume_points
+    assert {step for step, ask in asks.items() if ask} == asked_for
+    published = set(range(50, steps + 1, 50)) | set(requested)
+    assert {step for step, ask in asks.items() if not ask} == published - asked_for
     refreshed = [r for r in read_log(run_dir).records if r.outcome in ("published", "abandoned")]
     assert {r.checkpoint for r in refreshed} <= set(requested), refreshed
     switches = read_events(run_dir, "negatives")
@@ -387,6 +402,36 @@ def test_sync_refreshes_hold_training_until_their_negatives_are_live(
     assert refreshed <= {8, 16, 24}, refreshed
     steps = read_events(run_dir, "step")
     assert all(e["negatives_version"] == (e["step"] - 1) // 8 for e in steps), steps
+
+
+def test_version_zero_takes_over_the_index_an_evaluation_built_for_the_untrained_model(
+    tmp_path: Path,
+    dataset: Path,
+    tiny_model_dir: Path,
+    ray_session: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``hnce eval --checkpoint untrained`` (the demo's untrained row) and then a run whose
+    negatives version 0 comes from that same model: version 0 is the evaluation's index, its
+    files linked (nothing encoded again), and version 0's negatives are mined from it."""
+    run_dir = tmp_path / "run"
+    config = synthetic_config(run_dir, dataset, tiny_model_dir, "negatives.initial=model")
+    untrained = evaluate_checkpoint(config, "untrained")
+    evaluations = IndexStore(run_dir / "eval-index")
+    [number] = evaluations.versions()
+    evaluated = evaluations.open(number)
+    with caplog.at_level("INFO", logger="hnce.cluster.stores.index_store"):
+        prepare_initial_negatives(config, "model")
+    assert "index v0 taken over from" in caplog.text
+    version_zero = IndexStore(run_dir / "index").open(0)
+    assert version_zero.checkpoint == 0
+    assert version_zero.shard_checksums == evaluated.shard_checksums
+    for shard in evaluated.manifest.shards:
+        taken = (version_zero.path / shard.file).stat().st_ino
+        assert taken == (evaluated.path / shard.file).stat().st_ino
+    assert NegativesStore(run_dir / "negatives").current_version() == 0
+    # and evaluating the untrained model again finds the version in the run's own store
+    assert evaluate_checkpoint(config, "untrained").recall == untrained.recall
 
 
 @pytest.mark.timeout(240)  # workers that ignored the failure would wait for version 0 forever

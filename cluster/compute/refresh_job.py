@@ -104,7 +104,8 @@ def refresh_target(
         requests = refresh_requests(checkpoints)
         if not requests:
             raise NoCheckpointError(
-                f"{checkpoints_root(plan.run_dir)}: no checkpoint asks for a refresh yet"
+                f"{checkpoints_root(plan.run_dir)}: no checkpoint asks for a refresh (yet, "
+                f"or any more: the newest says none would publish before training ends)"
             )
         step = requests[-1][0]
     target = checkpoints[-1][0] if step is None else step
@@ -211,6 +212,7 @@ def _run_locked(
         record.index_version = summary.index_version
         record.negatives_version = summary.negatives_version
         record.consecutive_failures, record.message = 0, summary.line()
+        record.start_seconds = summary.seconds.get("start", 0.0)
         if summary.heldout is not None:
             append_heldout(plan.run_dir, summary.heldout)
     record.seconds = time.time() - record.started

@@ -32,6 +32,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from filelock import FileLock
@@ -59,6 +60,24 @@ EVAL_INDEX_DIR = "eval-index"
 def evaluation_store(plan: RefreshPlan) -> IndexStore:
     """`<run>/eval-index/`: versions built only to evaluate or predict (module docstring)."""
     return IndexStore(plan.run_dir / EVAL_INDEX_DIR, keep=plan.index.keep_versions)
+
+
+def version_key(plan: RefreshPlan, model: IndexedModel) -> tuple[str, str, dict[str, Any]]:
+    """What finds a version of ``model`` over the plan's catalogue in a store
+    (:meth:`IndexStore.find`): the model's and the catalogue's fingerprints, the index
+    parameters."""
+    index = index_parameters(plan.index, plan.refresh.shard_size)
+    return model.fingerprint, catalogue_fingerprint(plan.data_dir), index
+
+
+@contextlib.contextmanager
+def locked_evaluation_store(plan: RefreshPlan) -> Iterator[IndexStore]:
+    """The evaluation store (created if missing) under its lock: nothing else finds, builds or
+    removes its versions meanwhile."""
+    store = evaluation_store(plan)
+    store.root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(store.root / ".lock")):
+        yield store
 
 
 @dataclass
@@ -110,17 +129,10 @@ def open_index(plan: RefreshPlan, model: IndexedModel) -> Iterator[OpenIndex]:
     on exit. The evaluation store's lock is held until the version is loaded, not longer: its
     retention may then remove the files, never what the holders already hold."""
     seconds: dict[str, float] = {}
-    store = evaluation_store(plan)
-    store.root.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
-        with FileLock(str(store.root / ".lock")):
+        with locked_evaluation_store(plan) as store:
             with timed(seconds, "find"):
-                catalogue = catalogue_fingerprint(plan.data_dir)
-                wanted = (
-                    model.fingerprint,
-                    catalogue,
-                    index_parameters(plan.index, plan.refresh.shard_size),
-                )
+                wanted = version_key(plan, model)
                 version = plan.index_store.find(*wanted) or store.find(*wanted)
             encode = plan.data_dir if version is None else None
             pool, tokens = start_pool(model, plan.pool_settings(alone=True), encode, seconds)

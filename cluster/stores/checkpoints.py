@@ -34,6 +34,9 @@ DEEPSPEED_TAG = "state"
 EXPORT_DIR = "export"
 STATE_FILE = "training_state.json"
 REFRESH_REQUEST = "refresh"
+#: ``training_state.json``: the trainer's word that no refresh started from here on can publish
+#: before its last step (``hnce.pipeline.train.refresh_payoff``)
+REFRESHES_END = "refreshes_end"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -92,9 +95,19 @@ def wants_refresh(directory: Path) -> bool:
     return bool(state.get(REFRESH_REQUEST, True))
 
 
+def ends_refreshes(directory: Path) -> bool:
+    """Whether a complete checkpoint says no refresh started from it on would publish before its
+    training run's last step (``training_state.json``'s ``refreshes_end``)."""
+    state = json.loads((directory / STATE_FILE).read_text())
+    return bool(state.get(REFRESHES_END, False))
+
+
 def refresh_requests(checkpoints: list[tuple[int, Path]]) -> list[tuple[int, Path]]:
     """Those of ``checkpoints`` (:func:`complete_checkpoints`' pairs, listed once by the caller)
-    that ask for a refresh, in the same order."""
+    that ask for a refresh, in the same order; none once the newest says refreshes have ended
+    (:func:`ends_refreshes`: an older request would not publish in time either)."""
+    if checkpoints and ends_refreshes(checkpoints[-1][1]):
+        return []
     return [(step, child) for step, child in checkpoints if wants_refresh(child)]
 
 

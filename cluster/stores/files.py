@@ -110,6 +110,17 @@ class ClosedOnExit(ABC):
         self.close()
 
 
+def atomic_link(source: Path, target: Path) -> Path:
+    """``target`` as a hard link to ``source`` (a copy where the two are on different file
+    systems), published atomically: another version's file taken over without rewriting it."""
+    with AtomicPath(target) as temporary:
+        try:
+            os.link(source, temporary)
+        except OSError:
+            shutil.copyfile(source, temporary)
+    return target
+
+
 def atomic_write_bytes(path: Path, payload: bytes) -> Path:
     """Replace ``path`` with ``payload`` atomically."""
     with AtomicPath(path) as temporary:

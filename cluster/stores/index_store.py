@@ -63,7 +63,13 @@ import torch
 from pydantic import Field, TypeAdapter
 
 from hnce.cluster.stores.exact_search import ExactSearcher
-from hnce.cluster.stores.files import AtomicPath, atomic_write_text, remove_owned, sha256_file
+from hnce.cluster.stores.files import (
+    AtomicPath,
+    atomic_link,
+    atomic_write_text,
+    remove_owned,
+    sha256_file,
+)
 from hnce.cluster.stores.sharded_index import (
     FaissDevice,
     IndexShard,
@@ -428,6 +434,31 @@ class IndexBuilder:
         )
         self.record_shard(shard_no, record)
         return record
+
+    def take_over(self, source: IndexVersion) -> IndexVersion:
+        """Publish this version from `source`'s shard files, hard-linked (copied across file
+        systems), where `source` was built from the same model, catalogue and index parameters
+        under another checkpoint label (the untrained model's version an evaluation built
+        becomes a run's version 0): nothing is encoded again. StoreError when it was not."""
+        own = dataclasses.asdict(self.parameters)
+        theirs = dataclasses.asdict(source.manifest)
+        differing = sorted(
+            key
+            for key, value in own.items()
+            if key not in ("checkpoint", "checkpoint_path") and theirs[key] != value
+        )
+        if differing:
+            raise StoreError(
+                f"{source.path / MANIFEST_FILE}: built with other {', '.join(differing)} than "
+                f"v{self.version} of {self.store.root}"
+            )
+        for number, record in enumerate(source.manifest.shards):
+            names = (record.file, record.ids, record.codes, record.vectors)
+            for name in (name for name in names if name is not None):
+                atomic_link(source.path / name, self.directory / name)
+            self.record_shard(number, record)
+        logger.info("index v%d taken over from %s (nothing encoded)", self.version, source.path)
+        return self.publish(len(source.manifest.shards))
 
     def publish(self, num_shards: int) -> IndexVersion:
         """Write the manifest (checked like any reader checks it), make the version live, drop

@@ -53,6 +53,8 @@ class RefreshRecord:
         message: the refresh's summary line, or the error that ended it.
         scheduled: the slot of a scheduled (``--every``) run; missed_slots: slots skipped
             before it because the previous refresh overran them.
+        start_seconds: of ``seconds``, starting its encoder pool (0 for a pool kept from the
+            refresh before, which only reloads the model).
     """
 
     outcome: Outcome
@@ -66,6 +68,7 @@ class RefreshRecord:
     message: str = ""
     scheduled: float | None = None
     missed_slots: int = 0
+    start_seconds: float = 0.0
     error: BaseException | None = field(default=None, repr=False, compare=False)
 
     @property

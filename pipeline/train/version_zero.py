@@ -52,6 +52,7 @@ from hnce.cluster.compute.index_build import (
 from hnce.cluster.compute.lexical import publish_lexical_negatives
 from hnce.cluster.compute.miner import mine_split
 from hnce.cluster.compute.refresh import RefreshPlan
+from hnce.cluster.compute.retrieval import locked_evaluation_store, version_key
 from hnce.cluster.stores.index_store import IndexBuilder, IndexVersion
 from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit, catalogue_fingerprint
@@ -133,7 +134,9 @@ def prepare_version_zero(
     model = dataclasses.replace(model, checkpoint=INITIAL_STEP)
     if encodings is not None:
         check_encodings(encodings, model, len(EntityCatalogue.open(plan.data_dir)))
-    encode = plan.data_dir if encodings is None else None
+    elif not versions and take_over_evaluated(plan, model) is not None:
+        versions = [INITIAL_VERSION]
+    encode = plan.data_dir if encodings is None and not versions else None
     settings = dataclasses.replace(
         plan.pool_settings(alone=True),
         reserved_cpus=trainer.cpus,
@@ -160,6 +163,25 @@ def prepare_version_zero(
                 catalogue=version.manifest.catalogue,
             )
     return version
+
+
+def take_over_evaluated(plan: RefreshPlan, model: IndexedModel) -> IndexVersion | None:
+    """Index version 0 taken over from the run's evaluation store, where an evaluation of the
+    starting model (``hnce eval --checkpoint untrained``, the demo's untrained row) has already
+    built its version of this catalogue with these index parameters: its files are linked into
+    ``<run>/index/v0``, nothing is encoded again. None when there is no such version."""
+    with locked_evaluation_store(plan) as store:
+        found = store.find(*version_key(plan, model))
+        if found is None:
+            return None
+        parameters = build_parameters(
+            model,
+            found.manifest.catalogue,
+            found.num_entities,
+            plan.index,
+            plan.refresh.shard_size,
+        )
+        return IndexBuilder(plan.index_store, INITIAL_VERSION, parameters).take_over(found)
 
 
 def _build_version_zero(

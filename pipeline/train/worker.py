@@ -31,7 +31,7 @@ from torch import nn
 
 from hnce.cluster.compute.encoder_pool import node_cores
 from hnce.cluster.compute.index_build import timed
-from hnce.cluster.stores.checkpoints import REFRESH_REQUEST
+from hnce.cluster.stores.checkpoints import REFRESH_REQUEST, REFRESHES_END
 from hnce.cluster.stores.tables import Mention, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.cluster.stores.tokens import TokenStore
@@ -72,6 +72,7 @@ from hnce.pipeline.train.nonfinite import (
     weights_cause,
 )
 from hnce.pipeline.train.refresh_health import RefreshHealth
+from hnce.pipeline.train.refresh_payoff import REFRESHES_END_EVENT, RefreshPayoff
 from hnce.pipeline.train.staleness import STALE_EVENT, StalenessMonitor
 from hnce.pipeline.train.step import ContrastiveScoring, train_micro_batch
 from hnce.pipeline.train.task import TrainingTask
@@ -248,6 +249,12 @@ class WorkerRun:
             if task.refreshes_when_stale(config)
             else None
         )
+        self.payoff = (
+            RefreshPayoff(task.run_dir, self.settings.steps)
+            if task.refreshes(config) and not self.waits_for_refreshes
+            else None
+        )
+        self.refreshes_ended = False
         self.start_step = 0
         self.setup_seconds: dict[str, float] = {}
         self.initial_negatives_since: float | None = None
@@ -407,7 +414,10 @@ class WorkerRun:
             done = step + 1
             if self.diverged(done, loss):
                 return
-            self.log_step(done, loss, time.perf_counter() - started, mention_ids, threads)
+            seconds = time.perf_counter() - started
+            self.log_step(done, loss, seconds, mention_ids, threads)
+            if self.payoff is not None:
+                self.payoff.observe(seconds)
             stale = self.negatives_went_stale(done, loss)
             if (stale or self.publishes_at(done)) and not self.publish(done, loss, stale):
                 return
@@ -581,22 +591,48 @@ class WorkerRun:
             return step % self.config.refresh.sync_every == 0
         return True
 
+    def refreshes_end(self, step: int) -> bool:
+        """Whether the checkpoint of ``step`` ends the run's asynchronous refreshes: rank 0's
+        estimate (:mod:`hnce.pipeline.train.refresh_payoff`), broadcast; the first such
+        checkpoint writes a ``refreshes_end`` event with the estimate."""
+        if self.payoff is None:
+            return False
+        estimate = self.payoff.estimate(step)
+        ends = bool(self.collectives.broadcast_int(int(estimate.ends)))
+        if ends and not self.refreshes_ended and self.log is not None:
+            self.log.write(
+                REFRESHES_END_EVENT,
+                step=step,
+                refresh_seconds=estimate.refresh_seconds,
+                seconds_left=estimate.seconds_left,
+            )
+            logger.info(
+                "no refresh from step %d on: the last took %s s, training has %s s left",
+                step,
+                "?" if estimate.refresh_seconds is None else f"{estimate.refresh_seconds:.0f}",
+                "?" if estimate.seconds_left is None else f"{estimate.seconds_left:.0f}",
+            )
+        self.refreshes_ended |= ends
+        return ends
+
     def publish(self, step: int, loss: float, stale: bool = False) -> bool:
         """Checkpoint ``step-<step>/`` of this task's run, if every rank's weights are finite;
         False (on every rank, a stop logged) when they are not. Whether it asks for a refresh:
-        :meth:`asks_for_refresh`."""
+        :meth:`asks_for_refresh`, unless refreshes have ended (:meth:`refreshes_end`)."""
         ranks = nonfinite_ranks(self.collectives, weights_are_finite(self.model))
         if ranks:
             if self.log is not None:
                 self.log.write(NONFINITE_STOP, step=step, cause=weights_cause(step, ranks))
             return False
+        ends = self.refreshes_end(step)
         state: dict[str, Any] = {
             "step": step,
             "task": self.task.kind,
             "seed": self.config.run.seed,
             "negatives_version": self.data.source.version,
             "loss": loss,
-            REFRESH_REQUEST: self.asks_for_refresh(step, stale),
+            REFRESH_REQUEST: not ends and self.asks_for_refresh(step, stale),
+            REFRESHES_END: ends,
         }
         publish_checkpoint(
             self.engine,

@@ -1,0 +1,68 @@
+"""A refresh that would publish after training ends is not asked for
+(hnce.pipeline.train.refresh_payoff), and the coordinator starts none once the trainer's newest
+checkpoint says so (hnce.cluster.stores.checkpoints.refresh_requests)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from store_helpers import write_checkpoint
+
+from hnce.cluster.compute.refresh import NoCheckpointError, RefreshPlan
+from hnce.cluster.compute.refresh_job import refresh_target
+from hnce.cluster.stores.checkpoints import complete_checkpoints, refresh_requests
+from hnce.cluster.stores.refresh_log import RefreshRecord, append_record
+from hnce.pipeline.train.refresh_payoff import RefreshPayoff
+
+
+def _published(
+    run_dir: Path, seconds: float, outcome: str = "published", start_seconds: float = 0.0
+) -> None:
+    record = RefreshRecord(outcome, "training coordinator", started=0.0, seconds=seconds)
+    record.start_seconds = start_seconds
+    append_record(run_dir, record)
+
+
+def test_refreshes_end_when_the_last_refresh_would_publish_after_the_last_step(
+    tmp_path: Path,
+) -> None:
+    payoff = RefreshPayoff(tmp_path, steps=60)
+    for _ in range(15):
+        payoff.observe(2.0)
+    # no refresh has published yet: its duration is unknown, so the checkpoint asks
+    assert not payoff.estimate(15).ends
+    _published(tmp_path, 100.0, outcome="abandoned")  # not a duration to publish
+    assert not payoff.estimate(15).ends
+    _published(tmp_path, 100.0)
+    estimate = payoff.estimate(15)  # 45 steps of 2 s left: 90 s, less than the last refresh
+    assert (estimate.refresh_seconds, estimate.seconds_left, estimate.ends) == (100.0, 90.0, True)
+    assert not payoff.estimate(5).ends  # 110 s left
+    assert payoff.estimate(10).ends  # 100 s left: it would publish as training ends
+    _published(tmp_path, 50.0)  # the fastest refresh decides (a first one starts the pool)
+    assert not payoff.estimate(30).ends and payoff.estimate(40).ends
+    _published(tmp_path, 80.0)
+    assert not payoff.estimate(30).ends
+    _published(tmp_path, 60.0, start_seconds=20.0)  # the pool's start is not a refresh's cost
+    assert payoff.estimate(30).refresh_seconds == 40.0
+    assert not payoff.estimate(35).ends and payoff.estimate(40).ends
+
+
+def test_the_last_checkpoint_always_ends_refreshes(tmp_path: Path) -> None:
+    payoff = RefreshPayoff(tmp_path, steps=60)
+    assert not payoff.estimate(59).ends  # nothing known: ask
+    assert payoff.estimate(60).ends
+
+
+def test_the_coordinator_starts_nothing_once_the_newest_checkpoint_ends_refreshes(
+    tmp_path: Path,
+) -> None:
+    write_checkpoint(tmp_path, 15, refresh=True)
+    write_checkpoint(tmp_path, 30, refresh=True)
+    plan = RefreshPlan(tmp_path, tmp_path / "data")
+    assert refresh_target(plan, requests_only=True) == (30, True)
+    write_checkpoint(tmp_path, 45, refresh=False, ends_refreshes=True)
+    assert refresh_requests(complete_checkpoints(tmp_path)) == []
+    with pytest.raises(NoCheckpointError, match="any more"):
+        refresh_target(plan, requests_only=True)
+    assert refresh_target(plan) == (45, True)  # `hnce refresh` still refreshes the newest
