@@ -87,19 +87,24 @@ def newest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
     return found[-1] if found else None
 
 
+def _state_flag(directory: Path, key: str, default: bool) -> bool:
+    """One flag of a complete checkpoint's ``training_state.json`` (``default`` where a
+    checkpoint written before the key existed lacks it)."""
+    state = json.loads((directory / STATE_FILE).read_text())
+    return bool(state.get(key, default))
+
+
 def wants_refresh(directory: Path) -> bool:
     """Whether a complete checkpoint asks the training run's refresh coordinator to refresh it:
     every one does, except those a run with ``refresh.trigger: stale`` published only to resume
     from (``training_state.json``'s ``refresh`` is false)."""
-    state = json.loads((directory / STATE_FILE).read_text())
-    return bool(state.get(REFRESH_REQUEST, True))
+    return _state_flag(directory, REFRESH_REQUEST, True)
 
 
 def ends_refreshes(directory: Path) -> bool:
     """Whether a complete checkpoint says no refresh started from it on would publish before its
     training run's last step (``training_state.json``'s ``refreshes_end``)."""
-    state = json.loads((directory / STATE_FILE).read_text())
-    return bool(state.get(REFRESHES_END, False))
+    return _state_flag(directory, REFRESHES_END, False)
 
 
 def refresh_requests(checkpoints: list[tuple[int, Path]]) -> list[tuple[int, Path]]:

@@ -607,7 +607,7 @@ class WorkerRun:
                 seconds_left=estimate.seconds_left,
             )
             logger.info(
-                "no refresh from step %d on: the last took %s s, training has %s s left",
+                "no refresh from step %d on: the fastest took %s s, training has %s s left",
                 step,
                 "?" if estimate.refresh_seconds is None else f"{estimate.refresh_seconds:.0f}",
                 "?" if estimate.seconds_left is None else f"{estimate.seconds_left:.0f}",
