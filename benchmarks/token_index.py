@@ -243,7 +243,7 @@ def searches(
 ) -> Iterator[tuple[int, int, np.ndarray, float]]:
     """For each of ``--nprobes`` × ``--depths``: (nprobe, depth, found top-k, seconds per
     mention) of ``queries`` through ``ShardedSearcher`` over ``shards``. Multi-m searches at
-    least k·m vectors a shard, so the depths below that are one search, run once at k·m."""
+    least k·m vectors, so the depths below that are one search, run once at k·m."""
     depths = args.depths if m is None else sorted({max(d, args.k * m) for d in args.depths})
     for nprobe in args.nprobes:
         for depth in depths:
@@ -337,8 +337,8 @@ def multi_rows(
     args, queries: np.ndarray, vectors: np.ndarray, pq_ms: list[int], m: int = 8
 ) -> list[str]:
     """One row per ``pq_m`` and candidate depth, all against one exact top-k: IVF-PQ shards with
-    the float16 copy of their vectors the encoder actors keep, so each shard's candidates (the
-    entities of its ``max(depth, k·m)`` nearest vectors) are rescored exactly."""
+    the float16 copy of their vectors the encoder actors keep, so the candidates (the entities
+    of the ``max(depth, k·m)`` nearest vectors across the shards) are rescored exactly."""
     exact = exact_multi(queries, vectors, m, args.k)
     ids = np.repeat(np.arange(args.entities, dtype=np.int64), m)
     rows = []
@@ -449,10 +449,12 @@ def main() -> int:
         "lists (fewer where its sample has under 39 vectors a list), trained on a sample of the "
         f"whole catalogue and shared by every shard of {args.shard_size:,} entities, `nprobe` "
         "of them probed, 8-bit codes; build s includes training it. Sum-of-max rescores "
-        "every candidate (its query tokens' `candidate depth` nearest tokens' entities) from its "
+        "every candidate (its query tokens' `candidate depth` nearest tokens' entities across "
+        "all the shards, which one shard holder holds here) from its "
         "tokens' decoded codes (`som, codes`) or from the float16 copy of its tokens kept on disk "
         "instead of the codes (`som, copy`: `index.token_copy`); multi-8 rescores the entities "
-        "of its `candidate depth` (at least k x m) nearest vectors from the float16 copy of its vectors kept on disk. Bytes per "
+        "of its `candidate depth` (at least k x m) nearest vectors across the shards from the "
+        "float16 copy of its vectors kept on disk. Bytes per "
         "vector: the FAISS file, the int64 id and (som, codes) the standalone code; the copies "
         "apart. Command: "
         f"`{harness.invocation('benchmarks.token_index')}`.",

@@ -18,15 +18,16 @@ Score functions (docs/math.md, eq. 9 of Zhang & Stratos 2021), per shard:
   entities (each contributes at most m). Searching a flat shard k·m vectors deep is therefore
   exact. A compressed shard (`ivfpq`, `hnsw`) ranks by approximate scores, which at 8-bit codes
   keep a quarter of the exact top-100 (BENCHMARKS.md); it proposes candidates instead (the
-  entities of its `max(candidate_depth, k·m)` nearest vectors), and the candidates are rescored
+  entities of the mention's `max(candidate_depth, k·m)` nearest vectors), and the candidates are rescored
   exactly from a float16 copy of the shard's vectors kept on disk and memory-mapped
   (`IndexShard.vectors`): max_t ⟨x_1, y_t⟩ is sum-of-max with one query vector, so it is the
   same late-interaction rescoring as below, reading the candidates' rows only.
-- som: s(x, y) = Σ_i max_j ⟨x_i, y_j⟩ — the shard's token-level index proposes candidates (each
-  query token's `candidate_depth` nearest entity tokens), then the candidates are rescored from
-  their token vectors (late interaction, Khattab & Zaharia 2020, ColBERT §3.6). A flat shard
-  rescores from its stored vectors, so the result is exact whenever `candidate_depth` covers what
-  one index would need. An `ivfpq` token shard is the compressed index of ColBERTv2 (Santhanam et
+- som: s(x, y) = Σ_i max_j ⟨x_i, y_j⟩ — the token-level shards propose candidates (each query
+  token's `candidate_depth` nearest entity tokens: ColBERT's k' per query embedding, 1,000 in
+  its end-to-end retrieval), then each candidate is rescored in its shard from its token vectors
+  (late interaction, Khattab & Zaharia 2020, ColBERT §3.6 and §4.4). A flat shard rescores from
+  its stored vectors, so the result is exact whenever `candidate_depth` covers what one index
+  would need. An `ivfpq` token shard is the compressed index of ColBERTv2 (Santhanam et
   al. 2022, §3.3): each token vector is stored as its IVF centroid plus a product-quantised
   residual, once in the IVF lists (candidate generation) and once in entity order as standalone
   codes (`IndexShard.codes`, FAISS's `sa_encode`), which rescoring decodes for the candidates
@@ -34,6 +35,14 @@ Score functions (docs/math.md, eq. 9 of Zhang & Stratos 2021), per shard:
   keeps, instead of those codes, a float16 copy of its token vectors on disk, memory-mapped,
   as compressed multi-m does: the candidates' scores are then exact (up to float16), so recall
   is bounded by candidate generation alone, at 2·d bytes a token on disk (BENCHMARKS.md).
+
+Candidates (both rescored kinds above) are the `candidate_depth` best hits across all the shards
+one process holds, not per shard: the hits of one index over them, since their approximate scores
+come from the version's one quantiser. So a holder rescores at most Q·`candidate_depth` entities
+a mention however many shards it holds (237 at 5.9M entities); per shard, the candidates, and
+the time to rescore them, would grow with the catalogue. For the same reason the shared
+quantiser is searched once per query for all the shards a process holds, and each shard scans
+the lists it found (FAISS's ``search_preassigned``, :func:`shared_quantizer`), for every scorer.
 
 Because every entity lives in one shard, merging per-shard top-k lists by score is exact. Scorers
 whose query depends on the entity (poly-m, genpoly-m, general) are not searched here: their flat
@@ -94,8 +103,9 @@ class IndexSpec:
         ef_search: search beam (hnsw).
         train_size: vectors (sum-of-max: tokens) sampled from the whole catalogue to train a
             version's one IVF-PQ quantiser, which every shard of the version shares.
-        candidate_depth: sum-of-max only: entity tokens retrieved per query token before the
-            exact rerank.
+        candidate_depth: sum-of-max: entity tokens retrieved per query token, across the shards
+            one holder holds, before the exact rescoring; compressed multi-m: vectors retrieved
+            before it (at least k·m).
         token_copy: sum-of-max over ivfpq only: in place of the standalone PQ codes (pq_m bytes
             a token), keep a float16 copy of every token vector on disk, memory-mapped (2·d
             bytes a token), and rescore candidates from it exactly. Compressed multi-m always
@@ -369,17 +379,24 @@ class IndexShard:
         raise InputError(NO_TOKEN_VECTORS)
 
     @property
-    def approximate(self) -> bool:
-        """Whether its FAISS index ranks by approximate scores (every kind but flat)."""
+    def rescorable(self) -> bool:
+        """Whether its FAISS index ranks by approximate scores (every kind but flat) and a copy
+        of its vectors is kept to rescore candidates from (compressed multi-m)."""
         cpu_index = self.storage if self.storage is not None else self.index
-        return not isinstance(cpu_index, faiss.IndexFlat)
+        return not isinstance(cpu_index, faiss.IndexFlat) and self.vectors is not None
 
     def search_vectors(
-        self, queries: np.ndarray, depth: int, allowed: np.ndarray | None = None
+        self,
+        queries: np.ndarray,
+        depth: int,
+        allowed: np.ndarray | None = None,
+        coarse: CoarseAssignment | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Top-`depth` vector hits (entity ids, scores), best first; -1 / -inf where fewer exist.
 
-        `allowed` (sorted entity ids) restricts the search to those entities' vectors.
+        `allowed` (sorted entity ids) restricts the search to those entities' vectors. `coarse`
+        is the queries' IVF lists, already found by the quantiser this shard shares
+        (:func:`shared_quantizer`): its lists are scanned without searching the quantiser again.
         """
         depth = min(depth, self.index.ntotal)
         empty = (
@@ -394,10 +411,42 @@ class IndexShard:
             if positions.size == 0:
                 return empty
             params = _restricted(self.index, faiss.IDSelectorBatch(positions.astype(np.int64)))
-        scores, positions = self.index.search(queries, depth, params=params)
+        if coarse is None:
+            scores, positions = self.index.search(queries, depth, params=params)
+        else:
+            scores, positions = self.index.search_preassigned(
+                queries, depth, coarse.lists, coarse.scores, params=params
+            )
         found = positions >= 0
         labels = np.where(found, self.ids[np.maximum(positions, 0)], -1)
         return labels, np.where(found, scores, -np.inf).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class CoarseAssignment:
+    """Each query's `nprobe` nearest IVF lists (ids [n, nprobe]) and their centroid scores."""
+
+    scores: np.ndarray
+    lists: np.ndarray
+
+
+def shared_quantizer(shards: Sequence[IndexShard]) -> faiss.IndexIVF | None:
+    """The IVF index of the first shard when every shard is a CPU IVF index on the same
+    quantiser (the same centroids and `nprobe`: a version's shards share one, trained on the
+    catalogue's sample), else None. Its quantiser is then searched once per query for all the
+    shards (FAISS ``search_preassigned``), not once in each: at 237 shards and 16,384 lists that
+    search alone would cost a mention's 32 query tokens 4·10⁹ multiply-adds."""
+    indexes = [shard.index for shard in shards]
+    if len(indexes) < 2 or not all(isinstance(index, faiss.IndexIVF) for index in indexes):
+        return None
+    first = indexes[0]
+    centroids = first.quantizer.reconstruct_n(0, first.nlist)
+    for index in indexes[1:]:
+        if (index.nlist, index.nprobe) != (first.nlist, first.nprobe) or not np.array_equal(
+            index.quantizer.reconstruct_n(0, index.nlist), centroids
+        ):
+            return None
+    return first
 
 
 def _restricted(index: faiss.Index, selector: faiss.IDSelector) -> faiss.SearchParameters:
@@ -410,14 +459,16 @@ def _restricted(index: faiss.Index, selector: faiss.IDSelector) -> faiss.SearchP
 
 
 class ShardedSearcher:
-    """The shards one process holds; ranks each shard's entities and merges the lists.
+    """The shards one process holds; ranks each shard's entities and merges the lists (sum-of-max
+    and compressed multi-m: candidates from all the shards' hits, module docstring).
 
     Args:
         shards: the shards (already placed on their device); each holds every vector of the
             entities it covers, and no two shards cover the same entity.
         vectors_per_entity: 1 (dual), m (multi-m) or None (one vector per token: sum-of-max).
-        candidate_depth: sum-of-max only: entity tokens retrieved per query token before the
-            exact rerank (`index.candidate_depth`).
+        candidate_depth: sum-of-max: entity tokens retrieved per query token, across every
+            shard here, before the exact rescoring; compressed multi-m: vectors retrieved
+            (at least k·m) (`index.candidate_depth`).
     """
 
     def __init__(
@@ -436,6 +487,9 @@ class ShardedSearcher:
         self.dim = self.shards[0].index.d
         self.ntotal = sum(shard.index.ntotal for shard in self.shards)
         _check_disjoint(self.shards)
+        if len({shard.rescorable for shard in self.shards}) > 1:
+            raise ValueError("the shards of one index must all be compressed, or none")
+        self.quantized = shared_quantizer(self.shards)
 
     def search(
         self, queries: np.ndarray, k: int, allowed: np.ndarray | None = None
@@ -448,7 +502,17 @@ class ShardedSearcher:
         score -inf.
         """
         queries = self._shape(queries)
-        parts = [self._shard_top_k(shard, queries, k, allowed) for shard in self.shards]
+        if self.vectors_per_entity is None:
+            return self._late_interaction(queries, k, self.candidate_depth, allowed)
+        depth = k * self.vectors_per_entity
+        if self.rescored:
+            # compressed multi-m: candidates, rescored exactly (module docstring)
+            depth = max(self.candidate_depth, depth)
+            return self._late_interaction(queries[:, None, :], k, depth, allowed)
+        # k·m vector hits hold each shard's top-k entities (module docstring); the merge keeps
+        # each entity's first, i.e. best, hit.
+        coarse = self._coarse(queries, allowed)
+        parts = [shard.search_vectors(queries, depth, allowed, coarse) for shard in self.shards]
         return merge_entity_lists(parts, k)
 
     def _shape(self, queries: np.ndarray) -> np.ndarray:
@@ -464,20 +528,43 @@ class ShardedSearcher:
             raise ValueError(f"query vectors must have dim {self.dim}, got {queries.shape}")
         return np.ascontiguousarray(queries)
 
-    def _shard_top_k(
-        self, shard: IndexShard, queries: np.ndarray, k: int, allowed: np.ndarray | None
+    def _late_interaction(
+        self, queries: np.ndarray, k: int, depth: int, allowed: np.ndarray | None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Hits holding one shard's top-k entities, exact under the scorer (module docstring)."""
-        if self.vectors_per_entity is None:
-            return _sum_of_max_top_k(shard, queries, k, self.candidate_depth, allowed)
-        depth = k * self.vectors_per_entity
-        if shard.approximate and shard.vectors is not None:
-            # a compressed multi-m shard: candidates, rescored exactly (module docstring)
-            depth = max(self.candidate_depth, depth)
-            return _sum_of_max_top_k(shard, queries[:, None, :], k, depth, allowed)
-        # k·m vector hits hold the shard's top-k entities (module docstring); the merge keeps each
-        # entity's first, i.e. best, hit.
-        return shard.search_vectors(queries, depth, allowed)
+        """Sum-of-max over every shard held here: each query token's `depth` best vector hits
+        across the shards (one index's hits: the shards' approximate scores share one quantiser),
+        their entities rescored in their own shards (:func:`_rescored_top_k`), then merged."""
+        batch, num_query, dim = queries.shape
+        flat = queries.reshape(batch * num_query, dim)
+        searched = np.flatnonzero(np.abs(flat).sum(axis=1) > 0)  # a padded row would hit noise
+        flat = np.ascontiguousarray(flat[searched])
+        coarse, hits = self._coarse(flat, allowed), None
+        for shard in self.shards:
+            found = shard.search_vectors(flat, depth, allowed, coarse)
+            hits = found if hits is None else best_hits([hits, found], depth)
+        bounds = np.searchsorted(searched // num_query, np.arange(batch + 1))  # rows a mention
+        candidates = [
+            np.unique(block[block >= 0])
+            for block in (hits[0][start:stop] for start, stop in itertools.pairwise(bounds))
+        ]
+        live = [rows[np.abs(rows).sum(axis=1) > 0] for rows in queries]
+        parts = [_rescored_top_k(shard, live, candidates, k) for shard in self.shards]
+        return merge_entity_lists(parts, k)
+
+    def _coarse(self, queries: np.ndarray, allowed: np.ndarray | None) -> CoarseAssignment | None:
+        """The queries' IVF lists from the shards' shared quantiser, or None without one. A
+        search restricted to `allowed` entities (a Zeshel world) lets each shard search its own
+        lists: FAISS's Python ``search_preassigned`` takes no id selector."""
+        if self.quantized is None or allowed is not None:
+            return None
+        scores, lists = self.quantized.quantizer.search(queries, self.quantized.nprobe)
+        return CoarseAssignment(scores, lists)
+
+    @property
+    def rescored(self) -> bool:
+        """Whether the shards are compressed multi-m shards, whose candidates are rescored from
+        a copy of their vectors."""
+        return self.vectors_per_entity is not None and self.shards[0].rescorable
 
 
 def _check_disjoint(shards: Sequence[IndexShard]) -> None:
@@ -493,39 +580,46 @@ def _check_disjoint(shards: Sequence[IndexShard]) -> None:
             )
 
 
-def _sum_of_max_top_k(
-    shard: IndexShard,
-    queries: np.ndarray,
-    k: int,
-    candidate_depth: int,
-    allowed: np.ndarray | None,
+def _rescored_top_k(
+    shard: IndexShard, live: Sequence[np.ndarray], candidates: Sequence[np.ndarray], k: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Sum-of-max within one shard: token-level candidates, then s = Σ_i max_j ⟨x_i, y_j⟩ over
-    each candidate's token vectors (stored, or decoded from a compressed shard's codes)."""
-    batch, num_query, dim = queries.shape
-    hit_ids, _ = shard.search_vectors(
-        queries.reshape(batch * num_query, dim), candidate_depth, allowed
-    )
-    hit_ids = hit_ids.reshape(batch, -1)
+    """One shard's top-k of each row's candidates (sorted entity ids, the shard's among them),
+    by s = Σ_i max_j ⟨x_i, y_j⟩ over the row's `live` query vectors and each candidate's vectors
+    (stored, or decoded from a compressed shard's codes)."""
+    out_ids = np.full((len(live), k), -1, dtype=np.int64)
+    out_scores = np.full((len(live), k), -np.inf, dtype=np.float32)
     entities, first = shard.entity_rows
-    out_ids = np.full((batch, k), -1, dtype=np.int64)
-    out_scores = np.full((batch, k), -np.inf, dtype=np.float32)
-    for row in range(batch):
-        live = queries[row][np.abs(queries[row]).sum(axis=1) > 0]
-        candidates = np.unique(hit_ids[row][hit_ids[row] >= 0])
-        if not len(candidates):
+    if not len(entities):
+        return out_ids, out_scores
+    for row, (queries, row_candidates) in enumerate(zip(live, candidates, strict=True)):
+        low, high = np.searchsorted(row_candidates, [entities[0], entities[-1] + 1])
+        mine = row_candidates[low:high]  # shards cover disjoint ranges (_check_disjoint)
+        if not len(mine):
             continue
-        slots = np.searchsorted(entities, candidates)
+        slots = np.searchsorted(entities, mine)
         lengths = first[slots + 1] - first[slots]
         offsets = np.cumsum(lengths) - lengths  # each candidate's first column below
         rows = np.repeat(first[slots] - offsets, lengths) + np.arange(lengths.sum())
-        token_scores = live @ shard.token_vectors(rows).T  # [live query tokens, candidate tokens]
+        token_scores = queries @ shard.token_vectors(rows).T  # [live query tokens, tokens]
         # max_j per candidate (its tokens are one run of columns), then Σ_i
         scores = np.maximum.reduceat(token_scores, offsets, axis=1).sum(0)
-        order = np.lexsort((candidates, -scores))[:k]
-        out_ids[row, : len(order)] = candidates[order]
+        order = np.lexsort((mine, -scores))[:k]
+        out_ids[row, : len(order)] = mine[order]
         out_scores[row, : len(order)] = scores[order]
     return out_ids, out_scores
+
+
+def best_hits(
+    parts: Sequence[tuple[np.ndarray, np.ndarray]], depth: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The `depth` best of several hit lists (ids, scores [N, ·] each), per row, in no order;
+    rows with fewer keep them all (padding -1 / -inf included)."""
+    ids = np.concatenate([part[0] for part in parts], axis=1)
+    scores = np.concatenate([part[1] for part in parts], axis=1)
+    if ids.shape[1] <= depth:
+        return ids, scores
+    keep = np.argpartition(-scores, depth - 1, axis=1)[:, :depth]
+    return np.take_along_axis(ids, keep, axis=1), np.take_along_axis(scores, keep, axis=1)
 
 
 def first_distinct(ids: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
