@@ -22,6 +22,8 @@ estimated from index v0's rate on one CPU, at the trainer-alone step rate; at le
 The parts: :mod:`benchmarks.fullscale` (the run, its stages, its report).
 
     .venv/bin/python -m benchmarks.full_scale --entities 200000 --workdir /work/fullscale-200k
+    nohup nice -n 2 .venv/bin/python -m benchmarks.full_scale --scorer som \\
+        --workdir /work/fullscale-som > /work/fullscale-som.log 2>&1 &
     nohup nice -n 2 .venv/bin/python -m benchmarks.full_scale --workdir /work/fullscale-run \\
         > /work/fullscale-run/log.txt 2>&1 &
 """
@@ -37,14 +39,15 @@ from tqdm import tqdm
 
 from benchmarks import harness
 from benchmarks.fullscale.report import report
-from benchmarks.fullscale.run import Run, write_model, write_recipe
+from benchmarks.fullscale.run import SCORERS, Run, write_model, write_recipe
 from benchmarks.fullscale.stages import STAGES, is_done
 from hnce.pipeline.data.kilt_synthetic import KILT_PAGES
 
 
 def result_name(args: argparse.Namespace) -> str:
-    """full_scale, or full_scale_<N> for a smaller catalogue."""
-    return "full_scale" if args.entities == KILT_PAGES else f"full_scale_{args.entities}"
+    """full_scale, or full_scale_<N> for a smaller catalogue; ``_som`` appended for sum-of-max."""
+    name = "full_scale" if args.entities == KILT_PAGES else f"full_scale_{args.entities}"
+    return name if args.scorer == "dual" else f"{name}_{args.scorer}"
 
 
 def parse_arguments() -> argparse.Namespace:
@@ -58,6 +61,13 @@ def parse_arguments() -> argparse.Namespace:
         layers=2,
     )
     parser.add_argument("--steps", default="auto", help="training steps, or 'auto' (docstring)")
+    parser.add_argument(
+        "--scorer",
+        choices=sorted(SCORERS),
+        default="dual",
+        help="dual over flat shards, or sum-of-max over the compressed token index "
+        "(benchmarks.fullscale.run.SCORERS); a work directory holds one scorer's run",
+    )
     parser.add_argument(
         "--report", action="store_true", help="only rewrite the results from the state file"
     )
@@ -98,6 +108,7 @@ def main() -> int:
         args.hidden,
         args.layers,
         args.steps,
+        args.scorer,
     ).load()
     if not args.report:
         write_model(run)

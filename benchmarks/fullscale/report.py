@@ -67,10 +67,12 @@ def report(run: Run) -> str:
     stages = [recorded[name] for name, _ in STAGES if name in recorded]
     status = status_line(run, stages)
     roles = sorted({role for stage in stages for role in stage.peak_gib if role != ALL})
+    scorer = "" if run.scorer == "dual" else ", sum-of-max over the compressed token index"
+    option = "" if run.scorer == "dual" else f" --scorer {run.scorer}"
     lines = [
-        f"# The whole path at {run.entities:,} entities on one machine",
+        f"# The whole path at {run.entities:,} entities on one machine{scorer}",
         "",
-        f"`python -m benchmarks.full_scale --entities {run.entities}`: {status}. Machine: "
+        f"`python -m benchmarks.full_scale --entities {run.entities}{option}`: {status}. Machine: "
         f"{platform.machine()}, {os.cpu_count()} cores shared with other work, no GPU. Model: "
         f"BERT {run.layers} layers, hidden {run.hidden}, random weights, MiniLM vocabulary; "
         f"entity length {run.entity_length}, mention length 32. Each stage is one command in its "

@@ -7,6 +7,9 @@ Example::
     run = Run(Path("/work/fullscale-run"), 5_903_530, 128, 32, 2, "auto").load()
     write_model(run)
     write_recipe(run, steps=300)
+
+A run is of one scorer (``Run.scorer``): dual over flat shards, or sum-of-max over the
+compressed token index (:data:`SCORERS`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,29 @@ import yaml
 
 from benchmarks import harness
 from hnce.pipeline.data.kilt_synthetic import AIDA_MENTIONS, aida_file_name
+
+#: each scorer's ``model.scorer`` and ``index`` sections. Sum-of-max indexes every entity token
+#: (about 124 an entity here: 732M at 5,903,530): IVF-PQ lists with 8 one-byte codes and an
+#: int64 id a token, plus its standalone code and list number (8 + 2 bytes), about 26 bytes a
+#: token, 19 GB a version; two versions exist while a refresh builds, beside the 13 GB of inputs
+#: and tables, on this machine's 70 GB free (16 codes: 31 GB a version, 75 GB in all, does not
+#: fit). 16,384 lists (about 45,000 tokens each, 32 probed a query token), trained on 2^20
+#: tokens (FAISS asks 39 a list); 1,024 candidate tokens a query token per holder (ColBERT's
+#: k' of 1,000).
+SCORERS: dict[str, dict[str, dict[str, Any]]] = {
+    "dual": {"scorer": {"name": "dual", "m": 1}, "index": {"kind": "flat", "keep_versions": 2}},
+    "som": {
+        "scorer": {"name": "som", "m": 1},
+        "index": {
+            "kind": "ivfpq",
+            "nlist": 16_384,
+            "pq_m": 8,
+            "train_size": 2**20,
+            "candidate_depth": 1024,
+            "keep_versions": 1,
+        },
+    },
+}
 
 
 @dataclass
@@ -50,6 +76,7 @@ class Run:
     hidden: int
     layers: int
     steps: str
+    scorer: str = "dual"
     state: harness.StageState = field(init=False)
     raw: Path = field(init=False)  # the generated KILT-format inputs
     data: Path = field(init=False)  # the converted dataset
@@ -64,9 +91,13 @@ class Run:
             "entities": self.entities,
             "entity_length": self.entity_length,
             "model": {"hidden": self.hidden, "layers": self.layers},
+            "scorer": self.scorer,
         }
         self.state = harness.StageState(
-            self.workdir / "state.json", meta, ("entities", "entity_length")
+            self.workdir / "state.json",
+            meta,
+            ("entities", "entity_length", "scorer"),
+            absent={"scorer": "dual"},  # runs from before the option were dual
         )
 
     def load(self) -> Run:
@@ -115,7 +146,7 @@ def recipe_tree(run: Run, steps: int) -> dict[str, Any]:
             "path": str(run.workdir / "model"),
             "mention_length": 32,
             "entity_length": run.entity_length,
-            "scorer": {"name": "dual", "m": 1},
+            "scorer": SCORERS[run.scorer]["scorer"],
         },
         "negatives": {
             "sampler": "mixed",
@@ -137,7 +168,7 @@ def recipe_tree(run: Run, steps: int) -> dict[str, Any]:
             # is too short for the first shard here
             "wait_floor_seconds": 7200.0,
         },
-        "index": {"kind": "flat", "keep_versions": 2},
+        "index": SCORERS[run.scorer]["index"],
         "cluster": {"address": "local"},
         "eval": {"ks": [1, 64, 100], "batch_size": 256},
     }

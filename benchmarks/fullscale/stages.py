@@ -22,6 +22,7 @@ from typing import Any
 from benchmarks import harness
 from benchmarks.fullscale.run import Run, Stage, disk_gib, write_recipe
 from benchmarks.training_runs import published_refreshes, steps_per_second, window_rate
+from hnce.cluster.stores.index_store import IndexStore
 from hnce.pipeline.data.kilt_synthetic import AIDA_MENTIONS, GENERATOR_FILE, KNOWLEDGE_SOURCE
 
 CALIBRATION_STEPS = 40
@@ -113,13 +114,16 @@ def index_v0(run: Run) -> Stage:
     arguments += ["--set", "refresh.num_encoders=2"]
     command = harness.run_hnce(arguments, run.log)
     seconds = command.seconds
+    index = disk_gib(run.run_dir / "index")
+    vectors = IndexStore(run.run_dir / "index").current().num_vectors
     return Stage(
         "index v0",
         "hnce refresh --initial",
         seconds,
         {"entities/s": run.entities / seconds, "entities/s per CPU": run.entities / seconds / 2},
         command.peak_gib,
-        disk_gib(run.run_dir / "index"),
+        index,
+        {"index vectors": vectors, "bytes per vector": round(index * harness.GIB / vectors, 1)},
     )
 
 

@@ -48,11 +48,16 @@ class StageState:
     and the ``attempts`` of unfinished ones."""
 
     def __init__(
-        self, path: Path, meta: dict[str, Any] | None = None, compare: Sequence[str] | None = None
+        self,
+        path: Path,
+        meta: dict[str, Any] | None = None,
+        compare: Sequence[str] | None = None,
+        absent: dict[str, Any] | None = None,
     ) -> None:
         self.path = Path(path)
         self.meta = dict(meta or {})
         self.compare = list(self.meta if compare is None else compare)
+        self.absent = dict(absent or {})  # what a field means in a file written before it existed
         self.stages: dict[str, Record] = {}
         self.attempts: dict[str, dict[str, Any]] = {}
 
@@ -62,6 +67,7 @@ class StageState:
         if not self.path.is_file():
             return self
         saved = json.loads(self.path.read_text(encoding="utf-8"))
+        saved = {**self.absent, **saved}
         differing = {
             key: saved.get(key) for key in self.compare if saved.get(key) != self.meta[key]
         }
