@@ -296,9 +296,9 @@ def test_compressed_multi_vector_search_keeps_the_exact_top_100(
     shard holders: candidates from the IVF-PQ lists, each rescored exactly from the copy, merged
     across the 8 shards), against the exact top-100 over every entity's float32 vectors encoded
     here. Sum-of-max probes 32 lists a query token at candidate depth 6,400 across the holder's
-    8 shards (the hits of 800 in each shard, the depth this test used before a holder pooled its
-    shards' hits, when it kept 0.976; 0.895 at 256 a shard); multi-8 probes 512 lists for a
-    mention's one vector. The floors sit below the
+    8 shards: 0.976 kept (the same as 800 in each shard, the depth this test used before a
+    holder pooled its shards' hits; 0.895 at 256 a shard); multi-8 probes 512 lists for a
+    mention's one vector (0.992 kept). The floors sit below the
     recall measured (``COMPRESSED``); without the rescoring recall falls far below them (measured
     with it disabled: multi-8 ranked by its IVF-PQ scores kept 0.505, sum-of-max ranked by its
     candidates' IVF-PQ hit scores, Σ_i of each query token's best hit, 0.318)."""
