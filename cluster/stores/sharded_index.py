@@ -18,8 +18,8 @@ Score functions (docs/math.md, eq. 9 of Zhang & Stratos 2021), per shard:
   entities (each contributes at most m). Searching a flat shard k·m vectors deep is therefore
   exact. A compressed shard (`ivfpq`, `hnsw`) ranks by approximate scores, which at 8-bit codes
   keep a quarter of the exact top-100 (BENCHMARKS.md); it proposes candidates instead (the
-  entities of the mention's `max(candidate_depth, k·m)` nearest vectors), and the candidates are rescored
-  exactly from a float16 copy of the shard's vectors kept on disk and memory-mapped
+  entities of the mention's `max(candidate_depth, k·m)` nearest vectors), and the candidates are
+  rescored exactly from a float16 copy of the shard's vectors kept on disk and memory-mapped
   (`IndexShard.vectors`): max_t ⟨x_1, y_t⟩ is sum-of-max with one query vector, so it is the
   same late-interaction rescoring as below, reading the candidates' rows only.
 - som: s(x, y) = Σ_i max_j ⟨x_i, y_j⟩ — the token-level shards propose candidates (each query
