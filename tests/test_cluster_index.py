@@ -430,6 +430,20 @@ def test_negatives_publish_latest_and_lookup(tmp_path: Path) -> None:
     assert store.latest().checkpoint_step == 200
 
 
+def test_a_stopped_negatives_publication_is_removed_by_the_next_one(tmp_path: Path) -> None:
+    """A refresh killed while it wrote negatives v1 leaves `.building-v1`; the refresh that
+    supersedes it publishes v2, and v1's unfinished directory goes (nothing else writes it under
+    the refresh lock, nothing would finish it). Found left over by the fault-injection test."""
+    store = NegativesStore(tmp_path / "negatives", keep=2)
+    store.publish(1, {"train": mined_split()}, checkpoint_step=100, top_n=3, num_entities=10)
+    stopped = store.root / ".building-v2"
+    stopped.mkdir()
+    (stopped / "train.parquet").write_bytes(b"half a file")
+    store.publish(3, {"train": mined_split()}, checkpoint_step=300, top_n=3, num_entities=10)
+    assert not stopped.exists()
+    assert sorted(path.name for path in store.root.iterdir()) == ["CURRENT", "v1", "v3"]
+
+
 def _rewrite_negatives(directory: Path, edit) -> Path:
     """Rewrite `train.parquet` with `edit(rows)` applied and its checksum recorded: only the
     row checks can object."""

@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 import torch
 from pydantic import Field, TypeAdapter
 
-from hnce.cluster.stores.files import AtomicPath, atomic_write_text, sha256_file
+from hnce.cluster.stores.files import AtomicPath, atomic_write_text, remove_owned, sha256_file
 from hnce.cluster.stores.versioned_dir import (
     MANIFEST_FILE,
     Count,
@@ -52,6 +52,7 @@ from hnce.cluster.stores.versioned_dir import (
     Sha256,
     StoreError,
     building_dir_name,
+    building_versions,
     check_version,
     created_at,
     manifest_json,
@@ -275,7 +276,15 @@ class NegativesStore:
         """Write every split of version `version` (checked as a reader checks it), then its
         manifest, and make it the live one atomically. ``catalogue``: the fingerprint of the
         catalogue the candidates index (``catalogue_fingerprint``), refused by a reader of
-        another catalogue."""
+        another catalogue.
+
+        The unfinished directory of another version (a publication killed midway, whose refresh
+        a later one superseded) is removed first: callers hold the refresh lock, so nothing else
+        writes it, and nothing would ever finish it."""
+        for stale in building_versions(self.root):
+            if stale != version:
+                logger.info("removing unfinished negatives v%d of a stopped publication", stale)
+                remove_owned(self.root / building_dir_name(stale), self.root)
         building = self.root / building_dir_name(version)
         building.mkdir(parents=True, exist_ok=True)
         metadata = file_metadata(version, checkpoint_step, top_n)
