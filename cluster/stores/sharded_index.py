@@ -535,9 +535,9 @@ class ShardedSearcher:
         across the shards (one index's hits: the shards' approximate scores share one quantiser),
         their entities rescored in their own shards (:func:`_rescored_top_k`), then merged."""
         batch, num_query, dim = queries.shape
-        flat = queries.reshape(batch * num_query, dim)
-        searched = np.flatnonzero(np.abs(flat).sum(axis=1) > 0)  # a padded row would hit noise
-        flat = np.ascontiguousarray(flat[searched])
+        live = np.abs(queries).sum(axis=2) > 0  # [B, Q]: a padded row would hit noise
+        searched = np.flatnonzero(live.ravel())
+        flat = np.ascontiguousarray(queries.reshape(batch * num_query, dim)[searched])
         coarse, hits = self._coarse(flat, allowed), None
         for shard in self.shards:
             found = shard.search_vectors(flat, depth, allowed, coarse)
@@ -547,8 +547,8 @@ class ShardedSearcher:
             np.unique(block[block >= 0])
             for block in (hits[0][start:stop] for start, stop in itertools.pairwise(bounds))
         ]
-        live = [rows[np.abs(rows).sum(axis=1) > 0] for rows in queries]
-        parts = [_rescored_top_k(shard, live, candidates, k) for shard in self.shards]
+        rows = [mention[kept] for mention, kept in zip(queries, live, strict=True)]
+        parts = [_rescored_top_k(shard, rows, candidates, k) for shard in self.shards]
         return merge_entity_lists(parts, k)
 
     def _coarse(self, queries: np.ndarray, allowed: np.ndarray | None) -> CoarseAssignment | None:
