@@ -334,8 +334,9 @@ def test_a_shard_is_compressed_chunk_by_chunk_in_entity_order(
 ) -> None:
     """Encoding a compressed shard on its version's quantiser never holds more than one chunk
     of entities at full precision, and yields exactly what compressing all of the shard's
-    vectors at once with the same quantiser would: every token, in entity order (its codes, or
-    with index.token_copy its float16 copy)."""
+    vectors at once with the same quantiser would: every token, in entity order, the same IVF
+    lists byte for byte and the same codes as FAISS's ``add`` and ``sa_encode`` (each token is
+    assigned to its list once for both), or with index.token_copy its float16 copy."""
     data = random_word_dataset(tmp_path / "data", 60)
     export = write_letter_export(tmp_path / "som", "som")
     tokens = ensure_token_store(data, IndexedModel.from_export(export))
@@ -356,7 +357,10 @@ def test_a_shard_is_compressed_chunk_by_chunk_in_entity_order(
     assert trained.ntotal == 0  # the version's quantiser is copied, never filled
     np.testing.assert_array_equal(built.ids, ids)
     np.testing.assert_array_equal(built.codes, built.index.sa_encode(vectors))
-    assert built.index.ntotal == len(ids)
+    at_once = build_shard_index(vectors, spec, trained=trained)
+    np.testing.assert_array_equal(
+        faiss.serialize_index(built.index), faiss.serialize_index(at_once)
+    )
     copied = encode_compressed_tokens(
         model,
         tokens,

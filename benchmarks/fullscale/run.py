@@ -29,16 +29,20 @@ from hnce.pipeline.data.kilt_synthetic import AIDA_MENTIONS, aida_file_name
 #: int64 id a token, plus its standalone code and list number (8 + 2 bytes), about 26 bytes a
 #: token, 19 GB a version; two versions exist while a refresh builds, beside the 13 GB of inputs
 #: and tables, on this machine's 70 GB free (16 codes: 31 GB a version, 75 GB in all, does not
-#: fit). 16,384 lists (about 45,000 tokens each, 32 probed a query token), trained on 2^20
-#: tokens (FAISS asks 39 a list); 1,024 candidate tokens a query token per holder (ColBERT's
-#: k' of 1,000).
+#: fit). 4,096 lists: assigning a token to its list costs one core 6 µs at 4,096 lists and 24 µs
+#: at 16,384 (d = 32, FAISS's flat quantiser, measured here), so a version's 732M tokens cost
+#: 1.6 core-hours of adding and encoding at 4,096 and 5.5 at 16,384. Lists of about 179,000
+#: tokens, 8 probed a query token: 1.4M codes scanned (about 13 ms on one core at the 110M codes/s
+#: measured here), as 32 of 16,384 lists would. Trained on 2^20 tokens (FAISS asks 39 a list);
+#: 1,024 candidate tokens a query token per holder (ColBERT's k' of 1,000).
 SCORERS: dict[str, dict[str, dict[str, Any]]] = {
     "dual": {"scorer": {"name": "dual", "m": 1}, "index": {"kind": "flat", "keep_versions": 2}},
     "som": {
         "scorer": {"name": "som", "m": 1},
         "index": {
             "kind": "ivfpq",
-            "nlist": 16_384,
+            "nlist": 4096,
+            "nprobe": 8,
             "pq_m": 8,
             "train_size": 2**20,
             "candidate_depth": 1024,

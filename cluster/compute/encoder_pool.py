@@ -68,8 +68,8 @@ from hnce.cluster.stores.index_store import (
 from hnce.cluster.stores.sharded_index import (
     DeviceRequest,
     IndexSpec,
+    add_token_codes,
     build_shard_index,
-    token_codes,
     train_index,
 )
 from hnce.cluster.stores.tokens import TokenStore
@@ -196,10 +196,11 @@ def compress_tokens(
     index = faiss.clone_index(trained)
     rescored, ids, padded = [], [], 0
     for vectors, vector_ids, chunk_padded in chunks:
-        index.add(vectors)
-        rescored.append(
-            vectors.astype(np.float16) if spec.token_copy else token_codes(index, vectors)
-        )
+        if spec.token_copy:
+            index.add(vectors)
+            rescored.append(vectors.astype(np.float16))
+        else:
+            rescored.append(add_token_codes(index, vectors))
         ids.append(vector_ids)
         padded += chunk_padded
     kept = np.concatenate(rescored)

@@ -67,6 +67,7 @@ from typing import Literal
 
 import faiss
 import numpy as np
+from faiss.contrib.ivf_tools import add_preassigned
 from pydantic import ValidationInfo, field_validator
 
 from hnce.encoders.errors import InputError
@@ -319,6 +320,25 @@ def token_codes(index: faiss.Index, vectors: np.ndarray) -> np.ndarray:
     if not isinstance(index, faiss.IndexIVFPQ):
         raise InputError(NO_TOKEN_VECTORS)
     return index.sa_encode(np.ascontiguousarray(vectors, dtype=np.float32))
+
+
+def add_token_codes(index: faiss.Index, vectors: np.ndarray) -> np.ndarray:
+    """`vectors` added to the IVF-PQ `index`'s lists, and their standalone codes
+    (:func:`token_codes`), each vector assigned to its list once for both: ``add`` and
+    ``sa_encode`` would each search the quantiser, the larger part of a compressed build's time
+    (16,384 lists at d = 32: 24 µs of 27 a token on one core). Same index bytes and codes as
+    ``index.add(vectors)`` then ``token_codes(index, vectors)``."""
+    if not isinstance(index, faiss.IndexIVFPQ):
+        raise InputError(NO_TOKEN_VECTORS)
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    _, nearest = index.quantizer.search(vectors, 1)
+    lists = np.ascontiguousarray(nearest[:, 0])
+    add_preassigned(index, vectors, lists)
+    codes = np.empty((len(vectors), index.sa_code_size()), dtype=np.uint8)
+    index.encode_vectors(
+        len(vectors), faiss.swig_ptr(vectors), faiss.swig_ptr(lists), faiss.swig_ptr(codes), True
+    )
+    return codes
 
 
 @dataclass
