@@ -17,8 +17,9 @@ The results go to ``benchmarks/results/full_scale.md`` (``full_scale_<N>.md`` fo
 The model is a small BERT with random weights and the packaged MiniLM's vocabulary (the model
 size is not the point: the catalogue is). ``hnce train`` runs with one trainer worker and one
 encoder actor on one CPU each; its number of steps is chosen so that at least two refreshes
-over the whole catalogue land during training (``--steps auto``: 2.5 refresh durations, as
-estimated from index v0's rate on one CPU, at the trainer-alone step rate; at least 300).
+over the whole catalogue land during training, one for sum-of-max (``--steps auto``: 2.5 or 1.5
+refresh durations, as estimated from index v0's rate on one CPU, at the trainer-alone step rate;
+at least 300).
 The parts: :mod:`benchmarks.fullscale` (the run, its stages, its report).
 
     .venv/bin/python -m benchmarks.full_scale --entities 200000 --workdir /work/fullscale-200k

@@ -52,6 +52,12 @@ SCORERS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
+#: refreshes over the whole catalogue that ``--steps auto`` sizes training for: two for dual;
+#: one for sum-of-max, whose refresh (encode, compress 732M tokens, mine every training mention
+#: over the token index) takes hours on this machine's one encoder CPU
+TRAINING_REFRESHES: dict[str, int] = {"dual": 2, "som": 1}
+
+
 @dataclass
 class Stage:
     """What one stage measured (one record of the state file)."""

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from benchmarks import harness
-from benchmarks.fullscale.run import Run, Stage, disk_gib, write_recipe
+from benchmarks.fullscale.run import TRAINING_REFRESHES, Run, Stage, disk_gib, write_recipe
 from benchmarks.training_runs import published_refreshes, steps_per_second, window_rate
 from hnce.cluster.stores.index_store import IndexStore
 from hnce.pipeline.data.kilt_synthetic import AIDA_MENTIONS, GENERATOR_FILE, KNOWLEDGE_SOURCE
@@ -177,14 +177,16 @@ def calibrate(run: Run) -> Stage:
 
 
 def training_steps(run: Run) -> int:
-    """``--steps``, or with ``auto`` 2.5 refresh durations (index v0's rate per CPU) at the
-    trainer-alone step rate, at least 300."""
+    """``--steps``, or with ``auto`` the scorer's refreshes (:data:`TRAINING_REFRESHES`) plus
+    half of one, in refresh durations (index v0's rate per CPU), at the trainer-alone step rate;
+    at least 300."""
     if run.steps != "auto":
         return int(run.steps)
     stages = run.stages
     per_cpu = stages["index v0"].rates["entities/s per CPU"]
     rate = stages["trainer alone"].rates["steps/s"]
-    return max(300, math.ceil(2.5 * run.entities / per_cpu * rate))
+    refreshes = TRAINING_REFRESHES[run.scorer] + 0.5
+    return max(300, math.ceil(refreshes * run.entities / per_cpu * rate))
 
 
 def train(run: Run) -> Stage:
