@@ -48,14 +48,44 @@ def stage_table(stages: list[Stage], roles: list[str]) -> list[str]:
     return lines
 
 
+#: a role's peak that exceeds its private part by this much (GiB) is reported as mapped files
+MAPPED_GIB = 0.5
+
+
+def mapped_line(stages: list[Stage]) -> str | None:
+    """Where a role's peak is largely files it maps (FAISS's memory-mapped index lists and
+    codes: page cache, shared and evictable), its private (anonymous) part; None where none
+    is."""
+    parts = [
+        f"{stage.name}: {role} {peak:.2f} GiB, {stage.private_gib[role]:.2f} GiB of it private"
+        for stage in stages
+        for role, peak in stage.peak_gib.items()
+        if role in stage.private_gib and peak - stage.private_gib[role] >= MAPPED_GIB
+    ]
+    if not parts:
+        return None
+    return (
+        "Peaks that are mostly mapped index files (page cache the kernel counts in a process's "
+        "resident set once a search touches it, shared and evicted under pressure), with the "
+        "largest private (anonymous) memory sampled: " + "; ".join(parts) + "."
+    )
+
+
 def targets_line(stages: list[Stage], complete: bool) -> str:
-    """The run against its targets: hours, the largest process, all processes together."""
+    """The run against its targets: hours, the largest process (and its largest private
+    memory where mapped files make up much of it), all processes together."""
     total = sum(stage.seconds for stage in stages)
     worst = max((v for s in stages for r, v in s.peak_gib.items() if r != ALL), default=0)
+    private = max((v for s in stages for v in s.private_gib.values()), default=0)
     together = max((s.peak_gib.get(ALL, 0.0) for s in stages), default=0.0)
+    own = (
+        f" (private memory at most {private:.2f} GiB)"
+        if private and worst - private >= MAPPED_GIB
+        else ""
+    )
     return (
         f"Targets: whole run {total / 3600:.2f} h of < {TARGETS['hours']:.0f} h"
-        f"{'' if complete else ' (so far)'}; largest process {worst:.2f} GiB of < "
+        f"{'' if complete else ' (so far)'}; largest process {worst:.2f} GiB{own} of < "
         f"{TARGETS['process_gib']:.0f} GiB; all processes together {together:.2f} GiB of < "
         f"{TARGETS['total_gib']:.0f} GiB."
     )
@@ -83,6 +113,9 @@ def report(run: Run) -> str:
         targets_line(stages, status == "complete"),
         "",
     ]
+    mapped = mapped_line(stages)
+    if mapped is not None:
+        lines += [mapped, ""]
     lines += [
         f"- {stage.name}: " + json.dumps(stage.notes, default=str)
         for stage in stages

@@ -70,6 +70,7 @@ class Stage:
     disk_gib: float = 0.0
     notes: dict[str, Any] = field(default_factory=dict)
     done: bool = False
+    private_gib: dict[str, float] = field(default_factory=dict)  # anonymous part of peak_gib
 
     def record(self) -> dict[str, Any]:
         """The stage as the state file keeps it."""

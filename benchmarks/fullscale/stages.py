@@ -41,6 +41,7 @@ def generate(run: Run) -> Stage:
         {"entities/s": run.entities / command.seconds},
         command.peak_gib,
         disk_gib(run.raw),
+        private_gib=command.private_gib,
     )
 
 
@@ -64,6 +65,7 @@ def convert(run: Run) -> Stage:
         command.peak_gib,
         disk_gib(run.data),
         {"summary seconds": summary.get("seconds", {}), "mentions": summary["mentions"]},
+        private_gib=command.private_gib,
     )
 
 
@@ -98,6 +100,7 @@ def token_store(run: Run) -> Stage:
         {"entities/s": run.entities / command.seconds},
         command.peak_gib,
         disk_gib(run.data / "tokens"),
+        private_gib=command.private_gib,
     )
 
 
@@ -124,6 +127,7 @@ def index_v0(run: Run) -> Stage:
         command.peak_gib,
         index,
         {"index vectors": vectors, "bytes per vector": round(index * harness.GIB / vectors, 1)},
+        private_gib=command.private_gib,
     )
 
 
@@ -145,6 +149,7 @@ def recall_stage(name: str, checkpoint: str) -> Callable[[Run], Stage]:
             command.peak_gib,
             disk_gib(run.run_dir),
             {"recall": report["recall"], "mentions": queries, "index": report["index"]},
+            private_gib=command.private_gib,
         )
 
     return evaluate
@@ -173,6 +178,7 @@ def calibrate(run: Run) -> Stage:
         command.seconds,
         {"steps/s": rate},
         command.peak_gib,
+        private_gib=command.private_gib,
     )
 
 
@@ -216,6 +222,7 @@ def train(run: Run) -> Stage:
         command.peak_gib,
         disk_gib(run.run_dir),
         train_notes(steps, refreshes, overlap / alone, command.stdout),
+        private_gib=command.private_gib,
     )
 
 
@@ -258,6 +265,7 @@ def predictions(run: Run) -> Stage:
         command.peak_gib,
         disk_gib(run.run_dir / "predictions"),
         {"test ids": inputs, "file": str(written), "line": command.stdout.strip()},
+        private_gib=command.private_gib,
     )
 
 

@@ -21,7 +21,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.harness.memory import PeakMemory
@@ -39,12 +39,14 @@ HNCE = [
 @dataclass(frozen=True)
 class Command:
     """What one child process took: wall seconds, peak GiB per role (and ``all processes``),
-    its own peak bytes, and its standard output when it was kept."""
+    its own peak bytes, its standard output when it was kept, and the private (anonymous) part
+    of each role's peak (:class:`~benchmarks.harness.memory.PeakMemory`)."""
 
     seconds: float
     peak_gib: dict[str, float]
     child_peak_bytes: int
     stdout: str
+    private_gib: dict[str, float] = field(default_factory=dict)
 
 
 def run_command(
@@ -77,7 +79,9 @@ def run_command(
     if child.returncode != 0:
         where = f"; see {log}" if log is not None else ""
         raise SystemExit(f"{label} failed with exit status {child.returncode}{where}")
-    return Command(timer.seconds, memory.as_gib(), usage.ru_maxrss * 1024, stdout)
+    return Command(
+        timer.seconds, memory.as_gib(), usage.ru_maxrss * 1024, stdout, memory.private_as_gib()
+    )
 
 
 def run_hnce(

@@ -112,11 +112,16 @@ def role_of(process: psutil.Process, driver_pids: set[int]) -> str | None:
 @dataclass
 class PeakMemory:
     """Samples the run's processes every ``interval`` seconds until stopped (context manager):
-    ``peak_by_role`` and ``peak_by_pid`` (bytes), ``peak_total`` (bytes at one instant)."""
+    ``peak_by_role`` and ``peak_by_pid`` (bytes), ``peak_total`` (bytes at one instant), and
+    ``private_by_role``: the largest anonymous resident memory sampled (``RssAnon``), the part
+    of a peak that is the process's own. The rest of a resident set is files it maps, such as
+    the index files FAISS maps: page cache, shared with other readers and evicted under
+    pressure, which the kernel's high-water mark counts as soon as a search touches it."""
 
     interval: float = 0.5
     peak_by_role: dict[str, int] = field(default_factory=dict)
     peak_by_pid: dict[int, int] = field(default_factory=dict)
+    private_by_role: dict[str, int] = field(default_factory=dict)
     peak_total: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -136,6 +141,9 @@ class PeakMemory:
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
             total += rss
+            anonymous = _status_kib(process.pid, "RssAnon")
+            private = rss if anonymous is None else anonymous * 1024
+            self.private_by_role[role] = max(self.private_by_role.get(role, 0), private)
             self.peak_by_role[role] = max(self.peak_by_role.get(role, 0), peak)
             self.peak_by_pid[process.pid] = max(self.peak_by_pid.get(process.pid, 0), peak)
         self.peak_total = max(self.peak_total, total)
@@ -163,3 +171,7 @@ class PeakMemory:
         peaks = {role: value / GIB for role, value in sorted(self.peak_by_role.items())}
         peaks["all processes"] = self.peak_total / GIB
         return peaks
+
+    def private_as_gib(self) -> dict[str, float]:
+        """The largest anonymous resident memory sampled per role, GiB."""
+        return {role: value / GIB for role, value in sorted(self.private_by_role.items())}
