@@ -23,10 +23,13 @@ at least 300).
 The parts: :mod:`benchmarks.fullscale` (the run, its stages, its report).
 
     .venv/bin/python -m benchmarks.full_scale --entities 200000 --workdir /work/fullscale-200k
-    nohup nice -n 2 .venv/bin/python -m benchmarks.full_scale --scorer som \\
+    setsid nohup .venv/bin/python -m benchmarks.full_scale --nice 19 --scorer som \\
         --workdir /work/fullscale-som > /work/fullscale-som.log 2>&1 &
-    nohup nice -n 2 .venv/bin/python -m benchmarks.full_scale --workdir /work/fullscale-run \\
-        > /work/fullscale-run/log.txt 2>&1 &
+    setsid nohup .venv/bin/python -m benchmarks.full_scale --nice 19 \\
+        --workdir /work/fullscale-run > /work/fullscale-run/log.txt 2>&1 &
+
+(``setsid`` and ``--nice``: its session's scheduler group yields to other work,
+:func:`benchmarks.harness.arguments.lower_priority`.)
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Common flags, on every benchmark:
 - ``--output-dir DIR``: where result files go (default ``benchmarks/results``, the committed
   ones, which BENCHMARKS.md is rebuilt from; point it elsewhere for small trial runs).
 - ``--nice N``: lower the benchmark's priority (and its child processes') by N, as ``nice -n N``
-  would, for a run on a machine others use.
+  would, for a run on a machine others use (:func:`lower_priority`).
 
 Sizes and the work directory are declared by each benchmark with its own defaults, under one
 spelling: ``--entities``, ``--steps``, ``--repeats``, ``--seed``... (any keyword of
@@ -23,6 +23,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -30,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness.results import RESULTS
+
+logger = logging.getLogger(__name__)
 
 #: help of the size flags benchmarks share; others get none unless the benchmark adds its own
 HELP = {
@@ -95,11 +98,33 @@ def arguments(
     return parser
 
 
+def lower_priority(increment: int) -> None:
+    """``nice -n increment`` for this process and its children, and, where this process leads
+    its own session (started with ``setsid``, as a long benchmark left running is), the same
+    nice value for the session's scheduler group. Linux's autogroup
+    (``kernel.sched_autogroup_enabled``) shares the CPUs between sessions first and applies a
+    process's nice only inside its session: a niced benchmark in a session of its own took half
+    of this machine's 2 cores from the work beside it (the demo's steps ran at half speed)."""
+    value = os.nice(increment)
+    enabled = Path("/proc/sys/kernel/sched_autogroup_enabled")
+    if not enabled.exists() or enabled.read_text().strip() != "1":
+        return
+    if os.getsid(0) == os.getpid():
+        Path("/proc/self/autogroup").write_text(f"{value}\n")
+        logger.info("benchmark session's scheduler group at nice %d", value)
+    else:
+        logger.warning(
+            "nice %d applies within this session only; start the benchmark with setsid for "
+            "the whole session's group to yield to other sessions",
+            value,
+        )
+
+
 def parse(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line, lower the priority (``--nice``) and settle ``args.output``."""
     args = parser.parse_args(argv)
     if args.nice:
-        os.nice(args.nice)
+        lower_priority(args.nice)
     if args.result_name is not None and args.output is None:
         name = args.result_name(args) if callable(args.result_name) else args.result_name
         args.output = args.output_dir / f"{name}.md"
