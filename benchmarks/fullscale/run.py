@@ -72,6 +72,30 @@ class Stage:
     done: bool = False
     private_gib: dict[str, float] = field(default_factory=dict)  # anonymous part of peak_gib
 
+    @classmethod
+    def measured(
+        cls,
+        command: harness.Command,
+        name: str,
+        label: str,
+        seconds: float,
+        rates: dict[str, float],
+        disk_gib: float = 0.0,
+        notes: dict[str, Any] | None = None,
+    ) -> Stage:
+        """The stage `command` ran: its memory figures (peak and private GiB per role) with what
+        the stage measured."""
+        return cls(
+            name,
+            label,
+            seconds,
+            rates,
+            command.peak_gib,
+            disk_gib,
+            notes or {},
+            private_gib=command.private_gib,
+        )
+
     def record(self) -> dict[str, Any]:
         """The stage as the state file keeps it."""
         return asdict(self)

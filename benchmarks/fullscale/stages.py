@@ -34,14 +34,13 @@ def generate(run: Run) -> Stage:
     arguments = ["data", "synthetic-kilt", "--out", str(run.raw), "--pages", str(run.entities)]
     arguments += [f"--{split}={count}" for split, count in counts.items()] + ["--workers", "2"]
     command = harness.run_hnce(arguments, run.log)
-    return Stage(
+    return Stage.measured(
+        command,
         "generate",
         "hnce " + " ".join(arguments[:2]),
         command.seconds,
         {"entities/s": run.entities / command.seconds},
-        command.peak_gib,
         disk_gib(run.raw),
-        private_gib=command.private_gib,
     )
 
 
@@ -57,15 +56,14 @@ def convert(run: Run) -> Stage:
     arguments = ["data", "kilt", *source, "--aida", *aida, "--out", str(run.data), "--overwrite"]
     command = harness.run_hnce(arguments, run.log)
     summary = json.loads((run.data / "summary.json").read_text())
-    return Stage(
+    return Stage.measured(
+        command,
         "convert",
         "hnce data kilt",
         command.seconds,
         {"entities/s": summary["entities"] / command.seconds},
-        command.peak_gib,
         disk_gib(run.data),
         {"summary seconds": summary.get("seconds", {}), "mentions": summary["mentions"]},
-        private_gib=command.private_gib,
     )
 
 
@@ -93,14 +91,13 @@ def token_store(run: Run) -> Stage:
     command = harness.run_command(
         [sys.executable, "-c", TOKENS_CODE, *arguments], "TokenStore.ensure", run.log
     )
-    return Stage(
+    return Stage.measured(
+        command,
         "tokens",
         "TokenStore.ensure",
         command.seconds,
         {"entities/s": run.entities / command.seconds},
-        command.peak_gib,
         disk_gib(run.data / "tokens"),
-        private_gib=command.private_gib,
     )
 
 
@@ -119,15 +116,14 @@ def index_v0(run: Run) -> Stage:
     seconds = command.seconds
     index = disk_gib(run.run_dir / "index")
     vectors = IndexStore(run.run_dir / "index").current().num_vectors
-    return Stage(
+    return Stage.measured(
+        command,
         "index v0",
         "hnce refresh --initial",
         seconds,
         {"entities/s": run.entities / seconds, "entities/s per CPU": run.entities / seconds / 2},
-        command.peak_gib,
         index,
         {"index vectors": vectors, "bytes per vector": round(index * harness.GIB / vectors, 1)},
-        private_gib=command.private_gib,
     )
 
 
@@ -141,15 +137,14 @@ def recall_stage(name: str, checkpoint: str) -> Callable[[Run], Stage]:
         command = harness.run_hnce(arguments, run.log)
         report = json.loads(out.read_text())[0]
         queries, seconds = report["num_mentions"], command.seconds
-        return Stage(
+        return Stage.measured(
+            command,
             name,
             f"hnce eval --checkpoint {checkpoint}",
             seconds,
             {"queries/s": queries / seconds, "entities/s": run.entities / seconds},
-            command.peak_gib,
             disk_gib(run.run_dir),
             {"recall": report["recall"], "mentions": queries, "index": report["index"]},
-            private_gib=command.private_gib,
         )
 
     return evaluate
@@ -172,13 +167,12 @@ def calibrate(run: Run) -> Stage:
         arguments += ["--set", override]
     command = harness.run_hnce(arguments, run.log)
     rate = steps_per_second(alone, 10, CALIBRATION_STEPS)
-    return Stage(
+    return Stage.measured(
+        command,
         "trainer alone",
         "hnce train (no refresh)",
         command.seconds,
         {"steps/s": rate},
-        command.peak_gib,
-        private_gib=command.private_gib,
     )
 
 
@@ -210,7 +204,8 @@ def train(run: Run) -> Stage:
     alone = run.stages["trainer alone"].rates["steps/s"]
     overlap = sum(during) / len(during) if during else float("nan")
     mean_refresh = sum(r["seconds"] for r in refreshes) / len(refreshes) if refreshes else math.nan
-    return Stage(
+    return Stage.measured(
+        command,
         "train",
         f"hnce train ({steps} steps)",
         command.seconds,
@@ -219,10 +214,8 @@ def train(run: Run) -> Stage:
             "steps/s during refreshes": overlap,
             "refresh entities/s": run.entities / mean_refresh if refreshes else float("nan"),
         },
-        command.peak_gib,
         disk_gib(run.run_dir),
         train_notes(steps, refreshes, overlap / alone, command.stdout),
-        private_gib=command.private_gib,
     )
 
 
@@ -257,15 +250,14 @@ def predictions(run: Run) -> Stage:
     inputs = sum(1 for _ in test.open())
     if lines != inputs:
         raise SystemExit(f"{written}: {lines} predictions for {inputs} test inputs")
-    return Stage(
+    return Stage.measured(
+        command,
         "predictions",
         "hnce eval --kilt-predictions",
         command.seconds,
         {"queries/s": inputs / command.seconds},
-        command.peak_gib,
         disk_gib(run.run_dir / "predictions"),
         {"test ids": inputs, "file": str(written), "line": command.stdout.strip()},
-        private_gib=command.private_gib,
     )
 
 
