@@ -15,6 +15,7 @@ from hnce.cluster.stores.checkpoints import (
     EXPORT_DIR,
     REFRESH_REQUEST,
     REFRESHES_END,
+    TRAINING_ENDS_AT,
     checkpoint_dir,
     mark_complete,
 )
@@ -39,6 +40,7 @@ def write_checkpoint(
     complete: bool = True,
     refresh: bool | None = None,
     ends_refreshes: bool = False,
+    ends_at: float | None = None,
 ) -> Path:
     """Write checkpoint ``step`` of the run in ``run_dir``, the way the trainer lays it out, and
     return its ``step-<S>/`` directory.
@@ -60,6 +62,7 @@ def write_checkpoint(
       as checkpoints written before it existed.
     - ``ends_refreshes``: the state says no refresh would publish before training ends
       (``refreshes_end``).
+    - ``ends_at``: when the state says the trainer expects its last step (``training_ends_at``).
     """
     directory = checkpoint_dir(run_dir, step)
     if export is None:
@@ -76,6 +79,8 @@ def write_checkpoint(
             state[REFRESH_REQUEST] = refresh
         if ends_refreshes:
             state[REFRESHES_END] = True
+        if ends_at is not None:
+            state[TRAINING_ENDS_AT] = ends_at
         mark_complete(directory, state)
     return directory
 

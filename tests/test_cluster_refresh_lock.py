@@ -29,11 +29,11 @@ from training_helpers import write_letter_export
 from hnce.cluster.compute.coordinator import COORDINATOR_ROLE
 from hnce.cluster.compute.refresh import RefreshPlan, RefreshSettings, run_refresh
 from hnce.cluster.compute.refresh_job import EXIT_OK, JOB_ROLE, attempt_refresh
-from hnce.cluster.stores.checkpoints import checkpoint_dir
+from hnce.cluster.stores.checkpoints import checkpoint_dir, newest_checkpoint
 from hnce.cluster.stores.index_store import PROGRESS_FILE, IndexStore
 from hnce.cluster.stores.lock_holder import EXIT_LOCKED, LockHolder, read_holder
 from hnce.cluster.stores.negatives_store import NegativesStore
-from hnce.cluster.stores.refresh_log import read_log
+from hnce.cluster.stores.refresh_log import RefreshRecord, append_record, read_log
 from hnce.cluster.stores.sharded_index import IndexSpec
 from hnce.cluster.stores.versioned_dir import building_dir_name
 from hnce.pipeline.train.refresh_supervisor import start_refresh, stop_refresh
@@ -260,6 +260,35 @@ def test_an_abandoned_refresh_stops_inside_the_shard_it_is_encoding(
     assert abandoned.outcome == "abandoned", abandoned.message
     building = run_dir / "index" / building_dir_name(1)
     assert not list(building.glob("shard-*")) and _recorded_shards(run_dir) == {}
+
+
+def test_a_coordinator_refresh_that_would_publish_after_training_ends_is_abandoned(
+    ray_session: str, assets: dict[str, Path], tmp_path: Path
+) -> None:
+    """The training coordinator's refresh of step 1 starts (the trainer expects to end in an
+    hour; the run's fastest refresh took 100 s); once its first shard is recorded the trainer
+    publishes step 2, which expects the end in 10 s: the refresh stops there, publishes nothing,
+    and says why; the coordinator then starts none (no-checkpoint). `hnce refresh` of the same
+    run is not concerned."""
+    run_dir = tmp_path / "run"
+    write_checkpoint(run_dir, 1, assets["dual"], ends_at=time.time() + 3600.0)
+    append_record(run_dir, RefreshRecord("published", COORDINATOR_ROLE, 0.0, seconds=100.0))
+    plan = _plan(run_dir, assets["data"])
+
+    def stopping() -> bool:  # the trainer's next checkpoint, once a shard is done
+        if _recorded_shards(run_dir) and newest_checkpoint(run_dir)[0] == 1:
+            write_checkpoint(run_dir, 2, assets["dual"], ends_at=time.time() + 10.0)
+        return False
+
+    record = attempt_refresh(plan, COORDINATOR_ROLE, stopping=stopping, requests_only=True)
+    assert (record.outcome, record.checkpoint) == ("abandoned", 1), record.message
+    assert "would publish after training ends" in record.message
+    assert "expects at" in record.message and "step-2" in record.message
+    assert IndexStore(run_dir / "index").current_version() is None
+    assert NegativesStore(run_dir / "negatives").current_version() is None
+    again = attempt_refresh(plan, COORDINATOR_ROLE, requests_only=True)
+    assert again.outcome == "no-checkpoint" and "no refresh any more" in again.message
+    assert attempt_refresh(plan, JOB_ROLE).outcome == "published"
 
 
 def test_checkpoint_deleted_under_a_refresh_finishes_from_what_it_loaded(

@@ -1,16 +1,19 @@
 """A refresh that would publish after training ends is not asked for
 (hnce.pipeline.train.refresh_payoff), and the coordinator starts none once the trainer's newest
-checkpoint says so (hnce.cluster.stores.checkpoints.refresh_requests)."""
+checkpoint says so (hnce.cluster.stores.checkpoints.refresh_requests) or once the run's fastest
+refresh would take it past the end that checkpoint expects
+(hnce.cluster.compute.refresh_job.publishes_late)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 from store_helpers import write_checkpoint
 
 from hnce.cluster.compute.refresh import NoCheckpointError, RefreshPlan
-from hnce.cluster.compute.refresh_job import refresh_target
+from hnce.cluster.compute.refresh_job import publishes_late, refresh_target
 from hnce.cluster.stores.checkpoints import complete_checkpoints, refresh_requests
 from hnce.cluster.stores.refresh_log import RefreshRecord, append_record
 from hnce.pipeline.train.refresh_payoff import RefreshPayoff
@@ -66,3 +69,27 @@ def test_the_coordinator_starts_nothing_once_the_newest_checkpoint_ends_refreshe
     with pytest.raises(NoCheckpointError, match="any more"):
         refresh_target(plan, requests_only=True)
     assert refresh_target(plan) == (45, True)  # `hnce refresh` still refreshes the newest
+
+
+def test_the_coordinator_starts_no_refresh_that_would_publish_after_the_expected_end(
+    tmp_path: Path,
+) -> None:
+    """The trainer asked at its checkpoint before any refresh had published; the first then
+    publishes (100 s without its pool's start): the coordinator starts none from that request
+    when 100 s from now falls after the end the newest checkpoint expects, and does when it
+    falls before. `hnce refresh` is not concerned."""
+    plan = RefreshPlan(tmp_path, tmp_path / "data")
+    write_checkpoint(tmp_path, 15, refresh=True, ends_at=time.time() + 500.0)
+    write_checkpoint(tmp_path, 30, refresh=True, ends_at=time.time() + 90.0)
+    assert refresh_target(plan, requests_only=True) == (30, True)  # no refresh published yet
+    _published(tmp_path, 120.0, start_seconds=20.0)
+    assert publishes_late(plan, time.time() - 20.0) is None  # started 20 s ago: 80 s to go
+    late = publishes_late(plan, time.time())
+    assert late is not None and "fastest refresh took 100 s" in late and "step-30" in late
+    with pytest.raises(NoCheckpointError, match="no refresh any more"):
+        refresh_target(plan, requests_only=True)
+    assert refresh_target(plan) == (30, True)
+    write_checkpoint(tmp_path, 45, refresh=True, ends_at=time.time() + 300.0)  # slower steps
+    assert refresh_target(plan, requests_only=True) == (45, True)
+    write_checkpoint(tmp_path, 60, refresh=True)  # a trainer that did not say: no estimate
+    assert publishes_late(plan, time.time()) is None

@@ -5,7 +5,9 @@ for the coordinator inside training alike: it looks, without the lock and withou
 the live index and negatives already come from the checkpoint (then it starts nothing), takes
 the run's cluster-wide :class:`hnce.cluster.compute.lock.RunLock`, looks again under it, runs
 :func:`hnce.cluster.compute.refresh.run_refresh`, and returns a :class:`hnce.cluster.stores.refresh_log.RefreshRecord`
-(appended to the run's refresh log when it ran).
+(appended to the run's refresh log when it ran). The training coordinator's refreshes start only,
+and go on only, while a refresh as fast as the run's fastest would publish before the end of
+training that the newest checkpoint expects (:func:`publishes_late`).
 
 :func:`refresh_every` keeps a fixed cadence: slot k starts at ``first + k * interval``; a refresh
 that overruns its slots skips them (``missed_slots``) instead of pushing every later start.
@@ -38,10 +40,18 @@ from hnce.cluster.compute.refresh import NoCheckpointError, RefreshPlan, run_ref
 from hnce.cluster.stores.checkpoints import (
     checkpoints_root,
     complete_checkpoints,
+    newest_checkpoint,
     refresh_requests,
+    training_ends_at,
 )
 from hnce.cluster.stores.lock_holder import EXIT_LOCKED, RunLocked
-from hnce.cluster.stores.refresh_log import RefreshRecord, append_heldout, append_record
+from hnce.cluster.stores.refresh_log import (
+    RefreshRecord,
+    append_heldout,
+    append_record,
+    fastest_refresh_seconds,
+    read_log,
+)
 from hnce.encoders.errors import InputError
 
 logger = logging.getLogger(__name__)
@@ -107,6 +117,11 @@ def refresh_target(
                 f"{checkpoints_root(plan.run_dir)}: no checkpoint asks for a refresh (yet, "
                 f"or any more: the newest says none would publish before training ends)"
             )
+        late = publishes_late(plan, time.time())
+        if late is not None:
+            raise NoCheckpointError(
+                f"{checkpoints_root(plan.run_dir)}: no refresh any more: {late}"
+            )
         step = requests[-1][0]
     target = checkpoints[-1][0] if step is None else step
     if target not in {found for found, _ in checkpoints}:
@@ -123,6 +138,27 @@ def refresh_target(
     if live_checkpoint != target:
         return target, True
     return target, plan.negatives_store.current_version() != live
+
+
+def publishes_late(plan: RefreshPlan, started: float) -> str | None:
+    """Why a training coordinator's refresh started at ``started`` would publish after its
+    training run's last step, or None: the run's fastest published refresh
+    (:func:`hnce.cluster.stores.refresh_log.fastest_refresh_seconds`) takes it past the end
+    that the newest checkpoint expects (:func:`hnce.cluster.stores.checkpoints.training_ends_at`).
+    ANCE's asynchronous refresh (Xiong et al. 2021, §3.2) pays for its pass over the catalogue
+    with the steps trained on its negatives: a version published after the last step buys none
+    and holds the cores the trainer would have (``hnce.pipeline.train.refresh_payoff``).
+    None while either figure is unknown."""
+    newest = newest_checkpoint(plan.run_dir)
+    ends_at = None if newest is None else training_ends_at(newest[1])
+    fastest = fastest_refresh_seconds(read_log(plan.run_dir).records)
+    if ends_at is None or fastest is None or started + fastest < ends_at:
+        return None
+    return (
+        f"one started at {started:.0f} would publish at {started + fastest:.0f} at the earliest "
+        f"(the run's fastest refresh took {fastest:.0f} s), after the end of training that "
+        f"step-{newest[0]} expects at {ends_at:.0f}"
+    )
 
 
 def attempt_refresh(
@@ -187,17 +223,26 @@ def _run_locked(
     The record's interval (``started``, ``seconds``) lies within the lock's tenure.
     """
     record.started = time.time()
+    late: list[str] = []  # why a training coordinator's refresh stopped: it would publish late
+
+    def stops() -> bool:
+        if stopping():
+            return True
+        if requests_only:
+            late[:] = [reason] if (reason := publishes_late(plan, record.started)) else []
+        return bool(late)
 
     try:
         record.checkpoint, due = refresh_target(plan, step, requests_only)
         if not due:
             return
         lock.encoding(record.checkpoint)
-        summary = run_refresh(plan, record.checkpoint, stopping=stopping, kept=kept)
+        summary = run_refresh(plan, record.checkpoint, stopping=stops, kept=kept)
     except StopRequested as error:
         record.outcome = "abandoned"
+        cause = f"it would publish after training ends: {late[0]}" if late else str(error)
         record.message = (
-            f"refresh of step-{record.checkpoint} abandoned ({error}); its finished shards are "
+            f"refresh of step-{record.checkpoint} abandoned ({cause}); its finished shards are "
             f"recorded and the next refresh resumes them"
         )
     except NoCheckpointError:

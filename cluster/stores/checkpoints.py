@@ -37,6 +37,9 @@ REFRESH_REQUEST = "refresh"
 #: ``training_state.json``: the trainer's word that no refresh started from here on can publish
 #: before its last step (``hnce.pipeline.train.refresh_payoff``)
 REFRESHES_END = "refreshes_end"
+#: ``training_state.json``: when the trainer expects its last step (seconds since the epoch), from
+#: the mean step so far; absent before a step was timed or without an asynchronous refresh
+TRAINING_ENDS_AT = "training_ends_at"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -105,6 +108,13 @@ def ends_refreshes(directory: Path) -> bool:
     """Whether a complete checkpoint says no refresh started from it on would publish before its
     training run's last step (``training_state.json``'s ``refreshes_end``)."""
     return _state_flag(directory, REFRESHES_END, False)
+
+
+def training_ends_at(directory: Path) -> float | None:
+    """When a complete checkpoint's trainer expected its last step (:data:`TRAINING_ENDS_AT`),
+    or None where it did not say."""
+    value = json.loads((directory / STATE_FILE).read_text()).get(TRAINING_ENDS_AT)
+    return None if value is None else float(value)
 
 
 def refresh_requests(checkpoints: list[tuple[int, Path]]) -> list[tuple[int, Path]]:

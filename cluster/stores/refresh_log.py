@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -138,6 +139,14 @@ class RefreshLog:
     records: list[RefreshRecord] = field(default_factory=list)
     heldout: list[HeldoutRecall] = field(default_factory=list)
     offset: int = 0
+
+
+def fastest_refresh_seconds(records: Iterable[RefreshRecord]) -> float | None:
+    """The fewest seconds a published refresh of ``records`` took, less starting its encoder pool
+    (a run's first refresh starts the pool its later ones keep): what the next refresh of the
+    run costs. None before one has published."""
+    durations = [r.seconds - r.start_seconds for r in records if r.outcome == "published"]
+    return min(durations) if durations else None
 
 
 def read_log(run_dir: Path, offset: int = 0, problems: list[str] | None = None) -> RefreshLog:

@@ -39,6 +39,7 @@ from hnce.cluster.stores.checkpoints import (
     DEEPSPEED_DIR,
     DEEPSPEED_TAG,
     EXPORT_DIR,
+    TRAINING_ENDS_AT,
     CheckpointIntegrityError,
     checkpoint_dir,
     mark_complete,
@@ -153,4 +154,9 @@ def publish_checkpoint(
     if log is not None:
         mark_complete(directory, state)
         prune_checkpoints(run_dir, keep)
-        log.write("checkpoint", step=step, path=str(directory))
+        log.write(
+            "checkpoint",
+            step=step,
+            path=str(directory),
+            training_ends_at=state.get(TRAINING_ENDS_AT),
+        )

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hnce.cluster.stores.refresh_log import read_log
+from hnce.cluster.stores.refresh_log import fastest_refresh_seconds, read_log
 
 #: the trainer's event when its refreshes end before the last step: step, the estimates
 REFRESHES_END_EVENT = "refreshes_end"
@@ -66,15 +66,10 @@ class RefreshPayoff:
         """Whether refreshes end at the checkpoint of ``step`` (module docs)."""
         log = read_log(self.run_dir, self.log_offset)
         self.log_offset = log.offset
-        durations = [
-            record.seconds - record.start_seconds
-            for record in log.records
-            if record.outcome == "published"
-        ]
-        if self.refresh_seconds is not None:
-            durations.append(self.refresh_seconds)
-        if durations:
-            self.refresh_seconds = min(durations)
+        fastest = fastest_refresh_seconds(log.records)
+        if fastest is not None:
+            known = self.refresh_seconds
+            self.refresh_seconds = fastest if known is None else min(known, fastest)
         seconds_left = None
         if self.step_seconds:
             mean = sum(self.step_seconds) / len(self.step_seconds)

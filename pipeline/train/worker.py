@@ -31,7 +31,7 @@ from torch import nn
 
 from hnce.cluster.compute.encoder_pool import node_cores
 from hnce.cluster.compute.index_build import timed
-from hnce.cluster.stores.checkpoints import REFRESH_REQUEST, REFRESHES_END
+from hnce.cluster.stores.checkpoints import REFRESH_REQUEST, REFRESHES_END, TRAINING_ENDS_AT
 from hnce.cluster.stores.tables import Mention, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.cluster.stores.tokens import TokenStore
@@ -591,12 +591,14 @@ class WorkerRun:
             return step % self.config.refresh.sync_every == 0
         return True
 
-    def refreshes_end(self, step: int) -> bool:
-        """Whether the checkpoint of ``step`` ends the run's asynchronous refreshes: rank 0's
-        estimate (:mod:`hnce.pipeline.train.refresh_payoff`), broadcast; the first such
-        checkpoint writes a ``refreshes_end`` event with the estimate."""
+    def refreshes_end(self, step: int) -> tuple[bool, float | None]:
+        """Whether the checkpoint of ``step`` ends the run's asynchronous refreshes, rank 0's
+        estimate (:mod:`hnce.pipeline.train.refresh_payoff`) broadcast, and when training is
+        expected to end (seconds since the epoch; None when unknown): the coordinator abandons
+        a refresh that would publish after it. The first checkpoint that ends them writes a
+        ``refreshes_end`` event with the estimate."""
         if self.payoff is None:
-            return False
+            return False, None
         estimate = self.payoff.estimate(step)
         ends = bool(self.collectives.broadcast_int(int(estimate.ends)))
         if ends and not self.refreshes_ended and self.log is not None:
@@ -613,7 +615,9 @@ class WorkerRun:
                 "?" if estimate.seconds_left is None else f"{estimate.seconds_left:.0f}",
             )
         self.refreshes_ended |= ends
-        return ends
+        if estimate.seconds_left is None:
+            return ends, None
+        return ends, time.time() + estimate.seconds_left
 
     def publish(self, step: int, loss: float, stale: bool = False) -> bool:
         """Checkpoint ``step-<step>/`` of this task's run, if every rank's weights are finite;
@@ -624,7 +628,7 @@ class WorkerRun:
             if self.log is not None:
                 self.log.write(NONFINITE_STOP, step=step, cause=weights_cause(step, ranks))
             return False
-        ends = self.refreshes_end(step)
+        ends, ends_at = self.refreshes_end(step)
         state: dict[str, Any] = {
             "step": step,
             "task": self.task.kind,
@@ -633,6 +637,7 @@ class WorkerRun:
             "loss": loss,
             REFRESH_REQUEST: not ends and self.asks_for_refresh(step, stale),
             REFRESHES_END: ends,
+            TRAINING_ENDS_AT: ends_at,
         }
         publish_checkpoint(
             self.engine,
