@@ -228,9 +228,9 @@ def _run_locked(
     def stops() -> bool:
         if stopping():
             return True
-        if requests_only:
-            late[:] = [reason] if (reason := publishes_late(plan, record.started)) else []
-        return bool(late)
+        reason = publishes_late(plan, record.started) if requests_only else None
+        late[:] = [] if reason is None else [reason]
+        return reason is not None
 
     try:
         record.checkpoint, due = refresh_target(plan, step, requests_only)
