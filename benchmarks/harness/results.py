@@ -42,6 +42,7 @@ SECTION_ORDER = (
     "cluster_scale_1024",
     "pipeline_demo",
     "demo_seeds",
+    "demo_errors",
     "pipeline_refresh_overlap",
     "full_scale",
     "wordnet_comparison",
