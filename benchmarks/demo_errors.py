@@ -19,6 +19,7 @@ writes ``benchmarks/results/demo_errors.md``.
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,10 +62,7 @@ class Errors:
 
 def classify(top1: np.ndarray, held_out: HeldOut, lemmas: list[frozenset[str]]) -> Errors:
     """Sort each mention's ``top1`` entity (module docs)."""
-    by_lemma: dict[str, int] = {}
-    for senses in lemmas:
-        for lemma in senses:
-            by_lemma[lemma] = by_lemma.get(lemma, 0) + 1
+    by_lemma = Counter(lemma for senses in lemmas for lemma in senses)
     right = sense = elsewhere = ambiguous = right_ambiguous = 0
     for mention, chosen in zip(held_out.mentions, top1.tolist(), strict=True):
         golds = [int(g) for g in (mention.golds or (mention.gold,))]
