@@ -6,14 +6,16 @@ refresh would take it past the end that checkpoint expects
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
 import pytest
 from store_helpers import write_checkpoint
 
+from hnce.cluster.compute.coordinator import COORDINATOR_ROLE, RefreshTally
 from hnce.cluster.compute.refresh import NoCheckpointError, RefreshPlan
-from hnce.cluster.compute.refresh_job import publishes_late, refresh_target
+from hnce.cluster.compute.refresh_job import attempt_refresh, publishes_late, refresh_target
 from hnce.cluster.stores.checkpoints import complete_checkpoints, refresh_requests
 from hnce.cluster.stores.refresh_log import RefreshRecord, append_record
 from hnce.pipeline.train.refresh_payoff import RefreshPayoff
@@ -93,3 +95,23 @@ def test_the_coordinator_starts_no_refresh_that_would_publish_after_the_expected
     assert refresh_target(plan, requests_only=True) == (45, True)
     write_checkpoint(tmp_path, 60, refresh=True)  # a trainer that did not say: no estimate
     assert publishes_late(plan, time.time()) is None
+
+
+def test_the_coordinator_says_once_why_its_refreshes_are_over(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Polls after the fastest refresh would land past the expected end come back as
+    no-checkpoint records; the coordinator logs the first with its reason, not every poll, and
+    its status carries the reason."""
+    plan = RefreshPlan(tmp_path, tmp_path / "data")
+    write_checkpoint(tmp_path, 30, refresh=True, ends_at=time.time() + 60.0)
+    _published(tmp_path, 100.0)
+    tally = RefreshTally()
+    with caplog.at_level(logging.INFO, logger="hnce.cluster.compute.coordinator"):
+        for _ in range(3):
+            record = attempt_refresh(plan, COORDINATOR_ROLE, requests_only=True)
+            assert record.outcome == "no-checkpoint"
+            tally.note(record)
+    over = [line for line in caplog.messages if line.startswith("refreshes end here")]
+    assert len(over) == 1 and "fastest refresh took 100 s" in over[0], caplog.messages
+    assert "after the end of training" in str(tally.status()["refreshes_over"])

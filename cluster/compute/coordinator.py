@@ -31,7 +31,7 @@ import ray
 
 from hnce.cluster.compute.encoder_pool import KeptPool
 from hnce.cluster.compute.refresh import RefreshPlan
-from hnce.cluster.compute.refresh_job import attempt_refresh
+from hnce.cluster.compute.refresh_job import NO_MORE_REFRESHES, attempt_refresh
 from hnce.cluster.stores.refresh_log import RefreshRecord
 
 logger = logging.getLogger(__name__)
@@ -51,12 +51,7 @@ class RefreshCoordinator:
         self.plan = plan
         self._stop = threading.Event()
         self._abandon = threading.Event()
-        self.last: RefreshRecord | None = None
-        self.published = 0
-        self.failed = 0
-        self.failures_in_a_row = 0
-        self.last_error: str | None = None
-        self.locked_by: str | None = None
+        self.tally = RefreshTally()
         self.kept = KeptPool()
 
     def watch(self) -> int:
@@ -69,38 +64,15 @@ class RefreshCoordinator:
                     self.plan,
                     COORDINATOR_ROLE,
                     stopping=self._abandon.is_set,
-                    failures=self.failures_in_a_row,
+                    failures=self.tally.failures_in_a_row,
                     requests_only=True,
                     kept=self.kept,
                 )
-                self._note(record)
+                self.tally.note(record)
                 self._stop.wait(self.plan.refresh.poll_seconds)
         finally:
             self.kept.close()
-        return self.published
-
-    def _note(self, record: RefreshRecord) -> None:
-        """Keep the counters and log what is worth an operator's attention."""
-        if record.outcome == "locked":
-            if record.message != self.locked_by:
-                logger.info("refresh waits: %s", record.message)
-            self.locked_by = record.message
-            return
-        self.locked_by = None
-        if record.outcome in ("published", "failed", "abandoned"):
-            self.last = record
-            self.failures_in_a_row = record.consecutive_failures
-        if record.outcome == "published":
-            self.published += 1
-        elif record.outcome == "failed":
-            self.failed += 1
-            self.last_error = f"step-{record.checkpoint}: {record.message}"
-            logger.error(
-                "refresh of step-%s failed (%d in a row): %s",
-                record.checkpoint,
-                record.consecutive_failures,
-                record.message,
-            )
+        return self.tally.published
 
     def stop(self) -> None:
         """End the loop once the refresh in progress (if any) is done."""
@@ -112,8 +84,57 @@ class RefreshCoordinator:
         self._abandon.set()
 
     def status(self) -> dict[str, object]:
-        """Refreshes published and failed, the last error and refresh that ran, and who holds
-        the lock if this one waits."""
+        """:meth:`RefreshTally.status` of this coordinator's refreshes."""
+        return self.tally.status()
+
+
+class RefreshTally:
+    """What a coordinator's refreshes came to: counters for ``status`` and a log line for each
+    outcome worth an operator's attention, once per change rather than once per poll."""
+
+    def __init__(self) -> None:
+        self.last: RefreshRecord | None = None
+        self.published = 0
+        self.failed = 0
+        self.failures_in_a_row = 0
+        self.last_error: str | None = None
+        self.locked_by: str | None = None
+        self.refreshes_over: str | None = None
+
+    def note(self, record: RefreshRecord) -> None:
+        """Count ``record`` and log it: a wait on another holder of the lock when the holder
+        changes, every failure and abandoned refresh, and the first poll on which refreshing
+        is over because any refresh would publish after training ends (``NO_MORE_REFRESHES``)."""
+        if record.outcome == "locked":
+            if record.message != self.locked_by:
+                logger.info("refresh waits: %s", record.message)
+            self.locked_by = record.message
+            return
+        self.locked_by = None
+        if record.outcome == "no-checkpoint" and NO_MORE_REFRESHES in record.message:
+            if self.refreshes_over is None:
+                logger.info("refreshes end here: %s", record.message)
+            self.refreshes_over = record.message
+        if record.outcome in ("published", "failed", "abandoned"):
+            self.last = record
+            self.failures_in_a_row = record.consecutive_failures
+        if record.outcome == "published":
+            self.published += 1
+        elif record.outcome == "abandoned":
+            logger.info("%s", record.message)
+        elif record.outcome == "failed":
+            self.failed += 1
+            self.last_error = f"step-{record.checkpoint}: {record.message}"
+            logger.error(
+                "refresh of step-%s failed (%d in a row): %s",
+                record.checkpoint,
+                record.consecutive_failures,
+                record.message,
+            )
+
+    def status(self) -> dict[str, object]:
+        """Refreshes published and failed, the last error and refresh that ran, who holds the
+        lock if the coordinator waits, and why refreshing is over if it is."""
         return {
             "refreshes": self.published,
             "failed": self.failed,
@@ -121,4 +142,5 @@ class RefreshCoordinator:
             "failures_in_a_row": self.failures_in_a_row,
             "last": None if self.last is None else self.last.to_json(),
             "locked_by": self.locked_by,
+            "refreshes_over": self.refreshes_over,
         }

@@ -57,6 +57,7 @@ from hnce.encoders.errors import InputError
 logger = logging.getLogger(__name__)
 
 JOB_ROLE = "hnce refresh"
+NO_MORE_REFRESHES = "no refresh any more"  # the coordinator's refreshes would all publish late
 EXIT_OK = 0
 EXIT_NO_CHECKPOINT = 3
 EXIT_ABANDONED = 128 + signal.SIGTERM
@@ -120,7 +121,7 @@ def refresh_target(
         late = publishes_late(plan, time.time())
         if late is not None:
             raise NoCheckpointError(
-                f"{checkpoints_root(plan.run_dir)}: no refresh any more: {late}"
+                f"{checkpoints_root(plan.run_dir)}: {NO_MORE_REFRESHES}: {late}"
             )
         step = requests[-1][0]
     target = checkpoints[-1][0] if step is None else step
