@@ -1,4 +1,5 @@
-"""The token store: rows equal a fresh tokenization, keyed by tokenizer and length, checked."""
+"""The token store: rows equal a fresh tokenization, keyed by tokenizer and length, checked,
+and a build that died resumes where it recorded its progress."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from conftest import LETTER_PIECES, write_wordpiece_tokenizer
 from store_helpers import flip_byte
 
+from hnce.cluster.stores import tokens
 from hnce.cluster.stores.tables import Entity
 from hnce.cluster.stores.tables_write import write_dataset
 from hnce.cluster.stores.tokens import TOKENS_DIR, TokenStore, TokenStoreError
@@ -87,3 +89,61 @@ def test_changed_catalogue_and_corrupt_arrays_are_refused(tmp_path: Path, tokeni
     flip_byte(ids, -1)
     with pytest.raises(TokenStoreError, match=r"ids\.npy: sha256"):
         TokenStore.open(store.directory)
+
+
+class _DiesAtBatch:
+    """``tokenize_entities`` that counts the rows it tokenizes and raises on batch ``dies_at``."""
+
+    def __init__(self, dies_at: int | None = None) -> None:
+        self.dies_at, self.batches, self.rows = dies_at, 0, 0
+
+    def __call__(self, tokenizer, titles, texts, *args, **kwargs):
+        self.batches += 1
+        if self.batches == self.dies_at:
+            raise OSError("planted: killed mid-build")
+        self.rows += len(titles)
+        return tokenize_entities(tokenizer, titles, texts, *args, **kwargs)
+
+
+def _arrays(store: TokenStore) -> list[list[int]]:
+    return [np.asarray(getattr(store, name)).ravel().tolist() for name in tokens.ARRAYS]
+
+
+def test_a_build_that_died_resumes_at_its_recorded_row(
+    tmp_path: Path, tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches of 16 in files of 40 rows (16, 16, 8 a file), progress every 2 batches: dying in
+    batch 6 leaves row 56 recorded (batch 4's end), and the next build tokenizes only rows
+    56..199, into arrays and checksums equal to an uninterrupted build's. A catalogue changed
+    in between is tokenized again from row 0."""
+    monkeypatch.setattr(tokens, "_BUILD_BATCH", 16)
+    monkeypatch.setattr(tokens, "_BATCHES_PER_PROGRESS", 2)
+    uninterrupted = TokenStore.ensure(_catalogue(tmp_path / "reference", 200), tokenizer, 16)
+    root = _catalogue(tmp_path / "data", 200)
+    monkeypatch.setattr(tokens, "tokenize_entities", _DiesAtBatch(dies_at=6))
+    with pytest.raises(OSError, match="planted"):
+        TokenStore.ensure(root, tokenizer, 16)
+    resumed = _DiesAtBatch()
+    monkeypatch.setattr(tokens, "tokenize_entities", resumed)
+    store = TokenStore.ensure(root, tokenizer, 16)
+    assert resumed.rows == 200 - 56
+    assert store.manifest["sha256"] == uninterrupted.manifest["sha256"]
+    assert _arrays(store) == _arrays(uninterrupted)
+    assert sorted(entry.name for entry in (root / TOKENS_DIR).iterdir()) == [
+        store.directory.name,
+        store.directory.name + ".lock",
+    ]
+
+    changed = _catalogue(tmp_path / "changed", 200)
+    monkeypatch.setattr(tokens, "tokenize_entities", _DiesAtBatch(dies_at=6))
+    with pytest.raises(OSError, match="planted"):
+        TokenStore.ensure(changed, tokenizer, 16)
+    unfinished = shutil.move(changed / TOKENS_DIR, tmp_path / "unfinished")
+    _catalogue(changed, 200, seed=1)  # a new catalogue in place; its tokens/ put back by hand
+    shutil.move(unfinished, changed / TOKENS_DIR)
+    again = _DiesAtBatch()
+    monkeypatch.setattr(tokens, "tokenize_entities", again)
+    store = TokenStore.ensure(changed, tokenizer, 16)
+    assert again.rows == 200
+    fresh = TokenStore.ensure(_catalogue(tmp_path / "fresh", 200, seed=1), tokenizer, 16)
+    assert _arrays(store) == _arrays(fresh)

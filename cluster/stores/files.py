@@ -39,6 +39,8 @@ logger = logging.getLogger(__name__)
 _TEMPORARY_PREFIX = ".tmp-"
 #: Every directory being built starts with this (and is never read as a published one).
 STAGING_PREFIX = ".building-"
+#: A resumable build's record of what it has finished, inside its staging directory.
+PROGRESS_FILE = "progress.json"
 
 
 def fsync_directory(directory: Path) -> None:

@@ -64,6 +64,7 @@ from pydantic import Field, TypeAdapter
 
 from hnce.cluster.stores.exact_search import ExactSearcher
 from hnce.cluster.stores.files import (
+    PROGRESS_FILE,
     AtomicPath,
     atomic_link,
     atomic_write_text,
@@ -103,7 +104,6 @@ from hnce.encoders.scorers import Scorer, ScorerConfig
 logger = logging.getLogger(__name__)
 
 FORMAT = 1
-PROGRESS_FILE = "progress.json"
 #: an ivfpq build's trained, empty IVF-PQ index, shared by all its shards
 QUANTISER_FILE = "quantiser.faiss"
 
