@@ -7,7 +7,8 @@ resident memory of every process role (driver, trainer workers, coordinator, enc
 Ray's own; :class:`benchmarks.harness.PeakMemory` over this benchmark's process tree) and the
 disk used, into ``<workdir>/state.json``. Running it again resumes: a stage whose output exists
 and verifies is skipped, an interrupted one is run again (each command resumes its own work: the
-generator part by part, `hnce train` from its newest checkpoint, index builds shard by shard),
+generator part by part, the token store from its recorded row, `hnce train` from its newest
+checkpoint, index builds shard by shard),
 and the wall time of a stage that was interrupted (a session that ended) is the sum of its
 attempts, the gap between them excluded (:class:`benchmarks.harness.StageState`).
 ``--stop-before STAGE`` ends a session's run before a stage it cannot hold whole.
