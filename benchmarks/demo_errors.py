@@ -11,7 +11,7 @@ exact scores over the whole catalogue (the peer benchmark's evaluation path,
 cover); wrong elsewhere (retrieval). R@1 is also split by whether the gold's lemma has another
 sense in the catalogue.
 
-    .venv/bin/python -m benchmarks.demo_errors --seeds 1 --work-dir /work/demo-seeds
+    .venv/bin/python -m benchmarks.demo_errors --seeds 3 --work-dir /work/demo-seeds
 
 writes ``benchmarks/results/demo_errors.md``.
 """
