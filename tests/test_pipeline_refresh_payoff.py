@@ -19,6 +19,7 @@ from hnce.cluster.compute.refresh_job import attempt_refresh, publishes_late, re
 from hnce.cluster.stores.checkpoints import complete_checkpoints, refresh_requests
 from hnce.cluster.stores.refresh_log import RefreshRecord, append_record
 from hnce.pipeline.train.refresh_payoff import RefreshPayoff
+from hnce.pipeline.train.trainer import TrainingSummary
 
 
 def _published(
@@ -115,3 +116,8 @@ def test_the_coordinator_says_once_why_its_refreshes_are_over(
     over = [line for line in caplog.messages if line.startswith("refreshes end here")]
     assert len(over) == 1 and "fastest refresh took 100 s" in over[0], caplog.messages
     assert "after the end of training" in str(tally.status()["refreshes_over"])
+    summary = TrainingSummary(tmp_path, steps=60, final_loss=0.5, seconds=90.0)
+    summary.note_refreshes(tally.status())
+    assert "0 refreshes (then none: any other would have published after" in summary.line()
+    summary.note_refreshes(RefreshTally().status())
+    assert "0 refreshes, " in summary.line()

@@ -83,6 +83,13 @@ class TrainingSummary:
     resumed_from: list[int] = field(default_factory=list)
     refreshes: int = 0
     refresh_error: str | None = None
+    refreshes_over: str | None = None  # why the coordinator started no more (it logged the figures)
+
+    def note_refreshes(self, status: dict[str, Any]) -> None:
+        """Take the refresh coordinator's last ``status`` (empty without a coordinator)."""
+        self.refreshes = int(status.get("refreshes", 0))
+        self.refresh_error = status.get("error")
+        self.refreshes_over = status.get("refreshes_over")
 
     def line(self) -> str:
         lags = [s["lag"] for s in self.negatives_switches]
@@ -94,9 +101,14 @@ class TrainingSummary:
         if self.task == "reranker":
             switches = "the retriever's fixed candidates"
         resumed = f", resumed from step {self.resumed_from}" if self.resumed_from else ""
+        over = (
+            " (then none: any other would have published after the last step)"
+            if self.refreshes_over
+            else ""
+        )
         return (
             f"trained {self.steps} steps in {self.seconds:.0f}s, final loss {self.final_loss:.4f}, "
-            f"{len(self.checkpoints)} checkpoints, {self.refreshes} refreshes, "
+            f"{len(self.checkpoints)} checkpoints, {self.refreshes} refreshes{over}, "
             f"{switches}{resumed}"
         )
 
@@ -286,8 +298,7 @@ def _launch(
     raise_if_stopped(task.run_dir, since)
     raise_if_diverged(task.run_dir, since)
     summary = summarise_run(task.run_dir, time.perf_counter() - started)
-    summary.refreshes = int(status.get("refreshes", 0))
-    summary.refresh_error = status.get("error")
+    summary.note_refreshes(status)
     return summary
 
 
