@@ -4,7 +4,8 @@
 # Two pytest processes (pytest-xdist), each test module whole in one of them (its module
 # fixtures run once): the end-to-end runs spend much of their time starting processes, so two
 # at once use the 2 cores a CI machine has (the measured times are in the README). Starting the
-# end-to-end modules first was slower: they contend for the CPUs.
+# end-to-end modules first was slower: they contend for the CPUs. So were four processes (2026-11-29:
+# 89% of the suite after 40 minutes, a load average of 17, one failure and three errors).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
