@@ -13,7 +13,14 @@ import pytest
 from hnce.cluster.compute.recall import RecallReport
 from hnce.cluster.stores.checkpoints import COMPLETE, EXPORT_DIR, checkpoint_dir
 from hnce.pipeline.config import ConfigError, load_config
-from hnce.pipeline.demo import CurvePoint, curve_steps, curve_table, plot_curve, training_curve
+from hnce.pipeline.demo import (
+    CurvePoint,
+    curve_steps,
+    curve_table,
+    demo_recipe,
+    plot_curve,
+    training_curve,
+)
 from hnce.pipeline.train.events import EventLog, read_events
 
 DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
@@ -42,6 +49,46 @@ def test_the_demo_evaluates_every_curve_every_steps_and_refuses_checkpoints_it_w
         ConfigError, match=rf"short-memory\.yaml:{line + 1}: .*keeps only its newest 3"
     ):
         curve_steps(load_config(recipe))
+
+
+def test_the_demo_says_what_it_will_do_as_its_recipe_says() -> None:
+    """The recipe's choices, read from the config, before the demo starts: another config,
+    another account."""
+    shipped = " ".join(demo_recipe(load_config(DEMO)).split())
+    for choice in (
+        "60 steps of 8 mentions with 8 negatives each",
+        "- mixed-50: 50% of each mention's negatives from the top 32 of the newest index",
+        "version 0 mined with the starting model: hard negatives from step 1",
+        "from the checkpoint of every 15 steps beside training",
+        "cosine scores / temperature 0.05; every mention scored against every candidate",
+        "400 held-out mentions whose lemmas training never saw, over 8000 synsets",
+    ):
+        assert choice in shipped, (choice, shipped)
+    changed = " ".join(
+        demo_recipe(
+            load_config(
+                DEMO,
+                [
+                    "training.steps=90",
+                    "negatives.mixed.hard_fraction=0.25",
+                    "negatives.initial=random",
+                    "refresh.trigger=stale",
+                    "model.normalize=false",
+                    "loss.options={}",
+                    "negatives.share=none",
+                ],
+            )
+        ).split()
+    )
+    for choice in (
+        "90 steps of 8 mentions",
+        "- mixed-25: 25% of each mention's negatives",
+        "random negatives until the first refresh lands",
+        "re-encoded beside training when the negatives go stale",
+        "dot-product scores; each mention scored against its own candidates",
+    ):
+        assert choice in changed, (choice, changed)
+    assert "temperature" not in changed and "version 0" not in changed
 
 
 def publish(run_dir: Path, step: int, log: EventLog) -> None:
