@@ -150,11 +150,12 @@ def run_demo(config: Config, announce: Callable[[str], None] = lambda _: None) -
 
 
 def hard_run_name(config: Config) -> str:
-    """The name of the demo's run on the recipe's own negatives: ``mixed-50`` for mixed-50."""
+    """The name of the demo's run on the recipe's own negatives: ``mixed-50`` for mixed-50,
+    ``recipe: <sampler>`` for another sampler (never ``random``, the baseline run's name)."""
     negatives = config.negatives
     if negatives.sampler == "mixed":
         return f"mixed-{round(100 * negatives.mixed.hard_fraction)}"
-    return negatives.sampler
+    return f"recipe: {negatives.sampler}"
 
 
 def demo_recipe(config: Config) -> str:

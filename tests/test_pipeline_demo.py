@@ -89,6 +89,8 @@ def test_the_demo_says_what_it_will_do_as_its_recipe_says() -> None:
     ):
         assert choice in changed, (choice, changed)
     assert "temperature" not in changed and "version 0" not in changed
+    baseline_sampler = demo_recipe(load_config(DEMO, ["negatives.sampler=random"]))
+    assert "- recipe: random: negatives.sampler: random" in baseline_sampler
 
 
 def publish(run_dir: Path, step: int, log: EventLog) -> None:
