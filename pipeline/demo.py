@@ -171,11 +171,11 @@ def demo_recipe(config: Config) -> str:
         )
     else:
         drawn = f"negatives.sampler: {negatives.sampler}"
-    start = (
-        "negatives version 0 mined with the starting model: hard negatives from step 1"
-        if negatives.initial == "model"
-        else "random negatives until the first refresh lands"
-    )
+    start = {
+        "model": "negatives version 0 mined with the starting model: hard negatives from step 1",
+        "lexical": "negatives version 0 from BM25 candidates until the first refresh lands",
+        "random": "random negatives until the first refresh lands",
+    }[negatives.initial]
     if not refresh.enabled:
         refreshed = "mined once, never refreshed"
     elif refresh.mode == "sync":
@@ -190,11 +190,12 @@ def demo_recipe(config: Config) -> str:
     scores = {True: "cosine scores", False: "dot-product scores", None: "the model's own scores"}
     temperature = config.loss.options.get("temperature")
     scaled = f" / temperature {temperature}" if temperature else ""
-    sharing = (
-        "every mention scored against every candidate of its step"
-        if negatives.share == "batch"
-        else "each mention scored against its own candidates"
-    )
+    sharing = {
+        "none": "each mention scored against its own candidates",
+        "batch": "every mention scored against every candidate of its step",
+        "global": "every mention scored against every candidate of every worker's step",
+    }[negatives.share]
+    catalogue = config.demo.catalogue_entities or "all the"
     paragraphs = [
         f"hnce demo: {config.model.path} trained twice, {training.steps} steps of "
         f"{training.batch_size} mentions with {negatives.num_negatives} negatives each, "
@@ -204,7 +205,7 @@ def demo_recipe(config: Config) -> str:
         f"- both: {scores[config.model.normalize]}{scaled}; {sharing}; "
         f"training.cores: {training.cores}",
         f"evaluated on {config.demo.eval_mentions} held-out mentions whose lemmas training "
-        f"never saw, over {config.demo.catalogue_entities} synsets: every gold, the other "
+        f"never saw, over {catalogue} synsets: every gold, the other "
         "senses of their lemmas, then random synsets",
     ]
     return "\n".join(
