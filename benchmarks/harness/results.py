@@ -43,6 +43,7 @@ SECTION_ORDER = (
     "pipeline_demo",
     "demo_seeds",
     "demo_errors",
+    "demo_negatives_ceiling",
     "pipeline_refresh_overlap",
     "full_scale",
     "wordnet_comparison",
