@@ -44,6 +44,7 @@ SECTION_ORDER = (
     "demo_seeds",
     "demo_errors",
     "demo_negatives_ceiling",
+    "demo_negatives_ceiling_long",
     "pipeline_refresh_overlap",
     "full_scale",
     "wordnet_comparison",
