@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 from pathlib import Path
 
 import pytest
 
 from hnce.cluster.stores.tables import Mention, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
+from hnce.encoders import progress
 from hnce.pipeline.data.bad_rows import BadRowError
 from hnce.pipeline.data.conversion import DatasetOutput
 from hnce.pipeline.data.wordnet import (
@@ -200,3 +203,26 @@ def test_a_bad_wordnet_line_fails_strict_mode_and_is_rejected_in_skip_mode(
     }
     assert summary["entities"] == 6 and summary["mentions_total"] == 7
     assert json.loads((tmp_path / "r.jsonl").read_text())["line"] == 6
+
+
+def test_the_conversion_reports_progress_as_the_process_is_told(
+    wordnet_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Off a terminal, log lines (``hnce.progress``), never a bar redrawn into the log; inside
+    ``quiet()`` (``hnce demo --quiet``, ``hnce data --no-progress``) nothing at all."""
+    stderr = io.StringIO()
+    monkeypatch.setattr(progress, "_shown", True)
+    monkeypatch.setattr("sys.stderr", stderr)
+    with caplog.at_level(logging.INFO, logger="hnce.progress"):
+        convert_wordnet(tmp_path / "shown", wordnet_dir, seed=0)
+        shown = [r.getMessage() for r in caplog.records if r.name == "hnce.progress"]
+        caplog.clear()
+        with progress.quiet():
+            convert_wordnet(tmp_path / "quiet", wordnet_dir, seed=0)
+        silent = [r.getMessage() for r in caplog.records if r.name == "hnce.progress"]
+    assert any(line.startswith("wordnet noun:") for line in shown), shown
+    assert silent == []
+    assert "wordnet" not in stderr.getvalue()

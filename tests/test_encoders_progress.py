@@ -3,8 +3,10 @@ quiet; nothing threads a flag through the calls."""
 
 from __future__ import annotations
 
+import ast
 import io
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +56,23 @@ def test_every_command_and_subcommand_takes_no_progress(argv: list[str]) -> None
     assert build_parser(argv[0]).parse_args(argv).no_progress is True
     without = [word for word in argv if word not in ("--no-progress", "--quiet")]
     assert not hasattr(build_parser(argv[0]).parse_args(without), "no_progress")
+
+
+def test_every_bar_in_the_package_goes_through_progress_bar() -> None:
+    """A bare ``tqdm(...)`` ignores ``--no-progress`` and redraws a bar into log files; every
+    loop must make its bar with :func:`progress_bar` (only ``hnce.encoders.progress`` builds one)."""
+    repo = Path(__file__).resolve().parents[1]
+    own = repo / "encoders" / "progress.py"
+    found = []
+    for layer in ("encoders", "mining", "cluster", "pipeline", "hnce"):
+        for path in (repo / layer).rglob("*.py"):
+            if path == own:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if not isinstance(node, ast.Call):
+                    continue
+                called = node.func.attr if isinstance(node.func, ast.Attribute) else None
+                called = node.func.id if isinstance(node.func, ast.Name) else called
+                if called in ("tqdm", "trange"):
+                    found.append(f"{path.relative_to(repo)}:{node.lineno}: {called}(...)")
+    assert not found, "\n".join(found)

@@ -15,9 +15,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from hnce.cluster.stores.tables import Entity, Mention
+from hnce.encoders.progress import progress_bar
 from hnce.pipeline.data.bad_rows import (
     BadRowKind,
     BadRowPolicy,
@@ -77,7 +76,7 @@ def convert_blink_entities(
     rows_read = 0
     consecutive = True  # no blank line between rows: row number = line number
     with conversion.builder.entities() as writer:
-        progress = tqdm(desc="blink entities", unit=" entities", mininterval=2.0)
+        progress = progress_bar(desc="blink entities", unit=" entities")
         for chunk in iter_json_chunks(path, policy, _CHUNK):
             rows_read += len(chunk)
             consecutive &= chunk[-1].line == rows_read

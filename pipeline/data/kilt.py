@@ -30,11 +30,10 @@ from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from hnce.cluster.stores.tables import MISSING_GOLD, Entity, Mention
 from hnce.cluster.stores.tables_read import EntityCatalogue
 from hnce.encoders.errors import InputError
+from hnce.encoders.progress import progress_bar
 from hnce.pipeline.data.bad_rows import BadRowKind, BadRowPolicy, InputRow, iter_json_chunks
 from hnce.pipeline.data.blink import DEFAULT_MAX_TEXT_CHARS, convert_blink_entities, truncate_text
 from hnce.pipeline.data.conversion import Conversion, DatasetOutput
@@ -94,7 +93,7 @@ def convert_knowledge_source(
     policy = conversion.policy
     keys = KeySet()
     with conversion.builder.entities() as writer:
-        progress = tqdm(desc="kilt knowledge source", unit=" pages", mininterval=2.0)
+        progress = progress_bar(desc="kilt knowledge source", unit=" pages")
         for chunk in iter_json_chunks(path, policy, _CHUNK):
             pages = [(row, page) for row in chunk if (page := _page(row, policy, max_text_chars))]
             write_unique_entities(pages, writer, keys, policy, "wikipedia_id")

@@ -55,10 +55,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from hnce.cluster.stores.files import AtomicPath, atomic_write_json, sha256_file
 from hnce.encoders.errors import InputError
+from hnce.encoders.progress import progress_bar
 from hnce.pipeline.data.synthetic import SYLLABLES, syllable_word
 
 KILT_PAGES = 5_903_530
@@ -345,7 +344,7 @@ def write_knowledge_source(
     parts = _parts(world, parts_dir, part_lines)
     missing = [(path, lines) for path, lines in parts if not path.is_file()]
     with (
-        tqdm(total=world.pages, desc="kilt pages", unit=" pages", mininterval=2.0) as progress,
+        progress_bar(total=world.pages, desc="kilt pages", unit=" pages") as progress,
         ProcessPoolExecutor(workers) as pool,
     ):
         progress.update(world.pages - sum(len(lines) for _, lines in missing))
@@ -369,7 +368,9 @@ def write_aida(world: KiltWorld, out: Path, split: str, count: int) -> Path:
     """Write ``out/aidayago2-<split>-kilt.jsonl`` with ``count`` mentions."""
     target = out / aida_file_name(split)
     with AtomicPath(target) as temporary, temporary.open("w", encoding="utf-8") as handle:
-        for number in tqdm(range(count), desc=f"aida {split}", unit=" mentions", leave=False):
+        for number in progress_bar(
+            range(count), desc=f"aida {split}", unit=" mentions", leave=False
+        ):
             handle.write(world.aida_line(split, number))
     return target
 

@@ -29,10 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from hnce.cluster.stores.tables import SPLITS, Entity, Mention
 from hnce.encoders.errors import InputError
+from hnce.encoders.progress import progress_bar
 from hnce.pipeline.data.bad_rows import BadRowKind, BadRowPolicy, InputRow, chunked, iter_text_lines
 from hnce.pipeline.data.conversion import Conversion, DatasetOutput
 from hnce.pipeline.data.fields import KeySet, write_unique_entities
@@ -345,7 +344,9 @@ def convert_wordnet(
         with conversion.stage("synsets and mentions"), conversion.builder.entities() as entities:
             for path, prefix, pos in files:
                 exceptions = read_exceptions(wordnet_dir, pos, policy)
-                synsets = tqdm(iter_synsets(path, prefix, pos, policy), desc=f"wordnet {pos}")
+                synsets = progress_bar(
+                    iter_synsets(path, prefix, pos, policy), desc=f"wordnet {pos}"
+                )
                 for chunk in chunked(synsets, _CHUNK):
                     by_key: dict[str, Synset] = {}
                     for _, synset in chunk:

@@ -20,11 +20,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from hnce.cluster.stores.tables import MISSING_GOLD, Entity, Mention
 from hnce.cluster.stores.tables_read import EntityCatalogue
 from hnce.encoders.errors import InputError
+from hnce.encoders.progress import progress_bar
 from hnce.pipeline.data.bad_rows import BadRowKind, BadRowPolicy, InputRow, iter_json_chunks
 from hnce.pipeline.data.conversion import Conversion, DatasetOutput
 from hnce.pipeline.data.fields import (
@@ -144,7 +143,7 @@ def _write_documents(files: list[Path], conversion: Conversion) -> Counter[str]:
         for path in files:
             world = path.stem
             before = writer.count
-            for chunk in tqdm(
+            for chunk in progress_bar(
                 iter_json_chunks(path, policy, _CHUNK), desc=f"zeshel {world}", leave=False
             ):
                 documents = [(row, doc) for row in chunk if (doc := _document(row, policy, world))]
