@@ -1,7 +1,8 @@
 """The demo at several seeds: does its mixed-50 run beat its random run beyond the seeds' spread?
 
-``hnce demo`` (configs/demo.yaml as shipped) once per seed 0..``--seeds``-1, each in its own run
-directory under ``--work-dir`` (a seed whose ``demo_results.json`` is there is not run again). The
+``hnce demo`` (configs/demo.yaml as shipped, or with ``--set`` overrides) once per seed
+0..``--seeds``-1, each in its own run directory under ``--work-dir`` (a seed whose
+``demo_results.json`` is there is not run again). The
 seed (``run.seed``) draws the WordNet subset and the held-out mentions as well as the data order,
 the negatives and the dropout, so the spread is that of a user re-running the demo with another
 seed. The report: each run's final R@1/R@8/R@64 as mean ± sd, Welch's t of mixed-50 against
@@ -9,6 +10,9 @@ random, R@1 and R@8 at every evaluated checkpoint (the demo's ``demo.curve_every
 seconds per stage.
 
     .venv/bin/python -m benchmarks.demo_seeds --seeds 3 --work-dir /work/demo-seeds
+    .venv/bin/python -m benchmarks.demo_seeds --seeds 3 --work-dir /work/demo-seeds-120 \\
+        --set training.steps=120 --set training.learning_rate=1e-4 \\
+        --set training.keep_checkpoints=8 --output benchmarks/results/demo_seeds_120.md
 
 writes ``benchmarks/results/demo_seeds.md``.
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +36,14 @@ KS = (1, 8, 64)
 RUNS = ("random", "mixed-50")
 
 
-def run_seed(work: Path, seed: int) -> dict[str, Any]:
-    """The demo at ``seed`` (kept from an earlier invocation when its results are there): final
-    recall per run, its curve and its seconds per stage."""
+def run_seed(work: Path, seed: int, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """The demo at ``seed`` with the recipe's ``overrides`` (kept from an earlier invocation when
+    its results are there: give each recipe its own ``work``): final recall per run, its curve
+    and its seconds per stage."""
     run_dir = work / f"seed-{seed}"
     results = run_dir / "demo_results.json"
     if not results.is_file():
-        run_demo(load_config(RECIPE, [f"run.dir={run_dir}", f"run.seed={seed}"]))
+        run_demo(load_config(RECIPE, [*overrides, f"run.dir={run_dir}", f"run.seed={seed}"]))
     reports = json.loads(results.read_text())
     return {
         "recall": {  # "untrained", and each run's final checkpoint as "trained, <run>"
@@ -108,12 +114,22 @@ def verdict(seeds: list[dict[str, Any]]) -> str:
 def main() -> None:
     parser = harness.arguments(__doc__, "demo_seeds", work_dir=Path("/tmp/hnce-demo-seeds"))
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        help="recipe override, e.g. training.steps=120 (repeatable; the result names them: "
+        "give it its own --output and --work-dir)",
+    )
     args = harness.parse(parser)
-    seeds = [run_seed(Path(args.work_dir), seed) for seed in range(args.seeds)]
+    seeds = [run_seed(Path(args.work_dir), seed, args.set) for seed in range(args.seeds)]
+    recipe = "as shipped" if not args.set else "with " + ", ".join(f"`{o}`" for o in args.set)
+    named = "" if not args.set else ", " + ", ".join(args.set)
     lines = [
-        f"# The demo at {args.seeds} seeds: mixed-50 against random (benchmarks/demo_seeds.py)",
+        f"# The demo at {args.seeds} seeds: mixed-50 against random "
+        f"(benchmarks/demo_seeds.py{named})",
         "",
-        f"`hnce demo` with configs/demo.yaml as shipped, seeds 0..{args.seeds - 1}, one after the "
+        f"`hnce demo` with configs/demo.yaml {recipe}, seeds 0..{args.seeds - 1}, one after the "
         "other on this 2-core machine with nothing else running. The seed draws the WordNet "
         "subset (8,000 synsets) and its 400 held-out mentions as well as the data order, the "
         "negatives and the dropout. Final recall of each run by `hnce eval`'s path, mean ± sd "
