@@ -167,11 +167,9 @@ def report(results: dict[str, dict], args: argparse.Namespace) -> list[str]:
         for k in KS
     }
     seconds = sum(results[s][f"{arm}: seconds"] for s in seeds for arm in ARMS)
-    budget = (
-        ""
-        if args.steps == 60 and args.learning_rate == 5e-5
-        else (f", {args.steps} steps at lr {args.learning_rate:g}")
-    )
+    shipped = load_config(RECIPE).training
+    same = (args.steps, args.learning_rate) == (shipped.steps, shipped.learning_rate)
+    budget = "" if same else f", {args.steps} steps at lr {args.learning_rate:g}"
     given = sum(results[s]["other senses: senses a mention"] for s in seeds) / len(seeds)
     per_seed = [
         f"seed {s}: random {results[s]['random'][final]['1']:.3f}, "
