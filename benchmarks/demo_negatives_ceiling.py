@@ -32,7 +32,6 @@ import json
 import logging
 import tempfile
 import time
-from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -46,7 +45,7 @@ from hnce.cluster.stores.tables_read import EntityCatalogue
 from hnce.encoders.progress import quiet
 from hnce.mining.samplers.base import SampledNegatives
 from hnce.pipeline.config import Config, load_config
-from hnce.pipeline.data.demo_subset import entity_lemmas
+from hnce.pipeline.data.demo_subset import entities_by_lemma, entity_lemmas
 from hnce.pipeline.demo import demo_dataset
 from hnce.pipeline.train.negatives import CandidateSource, NegativeDrawer
 from hnce.pipeline.train.one_process import single_process_group
@@ -63,10 +62,7 @@ KS = (1, 8, 64)
 
 def other_senses(texts: Sequence[str]) -> list[list[int]]:
     """For each entity, the other entities sharing one of its lemmas (ascending)."""
-    by_lemma: dict[str, set[int]] = defaultdict(set)
-    for entity_id, text in enumerate(texts):
-        for lemma in entity_lemmas(text):
-            by_lemma[lemma].add(entity_id)
+    by_lemma = entities_by_lemma(texts)
     return [
         sorted(set().union(*(by_lemma[lemma] for lemma in entity_lemmas(text))) - {entity_id})
         for entity_id, text in enumerate(texts)

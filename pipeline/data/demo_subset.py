@@ -31,6 +31,15 @@ def entity_lemmas(text: str) -> list[str]:
     return [lemma.strip().lower() for lemma in head.split(",") if lemma.strip()]
 
 
+def entities_by_lemma(texts: Sequence[str]) -> dict[str, list[int]]:
+    """Each lemma (lower case) -> the ids of the entities whose text ``texts[id]`` lists it."""
+    by_lemma: dict[str, list[int]] = defaultdict(list)
+    for entity_id, text in enumerate(texts):
+        for lemma in entity_lemmas(text):
+            by_lemma[lemma].append(entity_id)
+    return by_lemma
+
+
 def _sample(mentions: list[Mention], count: int, rng: np.random.Generator) -> list[Mention]:
     if count <= 0 or count >= len(mentions):
         return mentions
@@ -51,10 +60,7 @@ def _choose_entities(
     """Entity ids of the subset, ascending: every gold, then the other senses of the golds'
     lemmas (in the order of ``mentions``), then random synsets, up to ``catalogue_entities``
     (at least every gold; ``<= 0``: the whole catalogue)."""
-    by_lemma: dict[str, list[int]] = defaultdict(list)
-    for entity_id, text in enumerate(texts):
-        for lemma in entity_lemmas(text):
-            by_lemma[lemma].append(entity_id)
+    by_lemma = entities_by_lemma(texts)
     ordered = [gold for mention in mentions for gold in _golds(mention)]
     for mention in mentions:
         for lemma in entity_lemmas(texts[mention.gold]):
