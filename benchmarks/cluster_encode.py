@@ -42,8 +42,8 @@ from hnce.encoders.biencoder import (
     minilm_path,
 )
 from hnce.encoders.formatting import length_sorted_batches
-from hnce.encoders.progress import quiet
 from hnce.pipeline.data.wordnet import parse_data_line
+from hnce.progress import quiet
 
 WORDNET_NOUNS = Path("/usr/share/wordnet/data.noun")
 

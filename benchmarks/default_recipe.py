@@ -61,11 +61,11 @@ from benchmarks.wordnet_runs import (
     wordnet_arguments,
 )
 from hnce.encoders.biencoder import load_biencoder, minilm_path
-from hnce.encoders.progress import quiet
 from hnce.pipeline.config import Config
 from hnce.pipeline.evaluate import evaluate_export
 from hnce.pipeline.train.events import read_events
 from hnce.pipeline.train.trainer import run_training
+from hnce.progress import quiet
 
 SHARED = "negatives.share=batch"
 NO_INDEX = ["negatives.sampler=random", "negatives.source=none", "refresh.enabled=false"]

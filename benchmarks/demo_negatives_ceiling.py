@@ -42,7 +42,6 @@ from benchmarks.peer.evaluation import exact_recall, held_out_set
 from benchmarks.wordnet_comparison import spread, welch_t
 from hnce.cluster.stores.tables import Mention
 from hnce.cluster.stores.tables_read import EntityCatalogue
-from hnce.encoders.progress import quiet
 from hnce.mining.samplers.base import SampledNegatives
 from hnce.pipeline.config import Config, load_config
 from hnce.pipeline.data.demo_subset import entities_by_lemma, entity_lemmas
@@ -52,6 +51,7 @@ from hnce.pipeline.train.one_process import single_process_group
 from hnce.pipeline.train.step import train_micro_batch
 from hnce.pipeline.train.task import TrainingTask
 from hnce.pipeline.train.worker import WorkerRun
+from hnce.progress import quiet
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ import ray
 from benchmarks import harness
 from benchmarks.cluster_encode import build_catalogue, shard_tasks
 from hnce.cluster.compute.encoder_pool import EncoderPool, EncoderPoolSettings, node_cores
-from hnce.encoders.progress import quiet
+from hnce.progress import quiet
 
 LAYOUTS = {
     "1 actor × 1 thread": EncoderPoolSettings(num_encoders=1, batch_size=64),

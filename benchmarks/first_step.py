@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 
 from benchmarks import harness
-from hnce.encoders.progress import quiet
 from hnce.pipeline.config import load_config
 from hnce.pipeline.demo import demo_dataset
 from hnce.pipeline.train.events import read_events
+from hnce.progress import quiet
 
 RECIPE = harness.ROOT / "configs" / "demo.yaml"
 INITIAL = ("random", "model")

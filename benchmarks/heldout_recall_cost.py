@@ -24,11 +24,11 @@ from benchmarks import harness
 from benchmarks.wordnet_runs import prepare_dataset, recipe, wordnet_arguments
 from hnce.cluster.compute.refresh import run_refresh
 from hnce.cluster.compute.session import init_ray
-from hnce.encoders.progress import quiet
 from hnce.pipeline.config import Config
 from hnce.pipeline.evaluate import evaluate_checkpoint
 from hnce.pipeline.train.refresh_supervisor import refresh_plan
 from hnce.pipeline.train.trainer import run_training
+from hnce.progress import quiet
 
 STEPS = 2
 

@@ -22,10 +22,10 @@ from benchmarks import harness
 from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import MentionSplit
 from hnce.encoders.biencoder import build_biencoder, export_biencoder, minilm_path
-from hnce.encoders.progress import quiet
 from hnce.pipeline.config import Config, load_config
 from hnce.pipeline.data.synthetic import generate_synthetic_dataset
 from hnce.pipeline.link import EntityLinker, marked_mentions
+from hnce.progress import quiet
 
 WORLDS = 4  # synthetic worlds: the last one's mentions are the test split
 

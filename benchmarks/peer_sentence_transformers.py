@@ -43,9 +43,9 @@ from benchmarks.peer.hnce_training import DEMO, Setup, check_checkpoints, hnce_r
 from benchmarks.peer.peer_training import peer_run, require_bench_extra
 from benchmarks.peer.report import write_raw, write_results
 from hnce.encoders.biencoder import minilm_path
-from hnce.encoders.progress import quiet
 from hnce.pipeline.config import load_config
 from hnce.pipeline.demo import demo_dataset
+from hnce.progress import quiet
 
 
 def parse_args() -> argparse.Namespace:

@@ -32,10 +32,10 @@ from benchmarks.peer.evaluation import (
 )
 from benchmarks.peer.hnce_training import DEMO
 from hnce.encoders.biencoder import BiEncoder, build_biencoder, load_biencoder, minilm_path
-from hnce.encoders.progress import quiet
 from hnce.encoders.scorers import ScorerConfig, build_scorer, index_scores
 from hnce.pipeline.config import Config, load_config
 from hnce.pipeline.demo import demo_dataset
+from hnce.progress import quiet
 
 TOP = 100
 MENTIONS_PER_CHUNK = 32

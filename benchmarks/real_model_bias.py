@@ -43,13 +43,13 @@ from benchmarks.wordnet_runs import (
 from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.encoders.biencoder import BiEncoder, load_biencoder
-from hnce.encoders.progress import quiet
 from hnce.mining.bias import default_samplers, gradient_bias
 from hnce.mining.samplers import NegativeSampler
 from hnce.mining.samplers.base import SampledNegatives, SamplingRequest
 from hnce.pipeline.evaluate import untrained_export
 from hnce.pipeline.train.events import read_events
 from hnce.pipeline.train.trainer import run_training
+from hnce.progress import quiet
 
 
 @dataclass

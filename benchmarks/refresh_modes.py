@@ -38,10 +38,10 @@ from benchmarks.wordnet_runs import (
     recipe,
     wordnet_arguments,
 )
-from hnce.encoders.progress import quiet
 from hnce.pipeline.evaluate import evaluate_export
 from hnce.pipeline.train.events import read_events
 from hnce.pipeline.train.trainer import run_training
+from hnce.progress import quiet
 
 
 def modes(args: argparse.Namespace) -> dict[str, list[str]]:

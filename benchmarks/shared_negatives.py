@@ -23,11 +23,11 @@ import ray
 from benchmarks import harness
 from benchmarks.training_runs import checkpoint_export
 from benchmarks.wordnet_runs import prepare_dataset, recipe, wordnet_arguments
-from hnce.encoders.progress import quiet
 from hnce.pipeline.config import Config, config_from_dict
 from hnce.pipeline.evaluate import evaluate_export
 from hnce.pipeline.train.events import read_events
 from hnce.pipeline.train.trainer import run_training
+from hnce.progress import quiet
 
 KS = [1, 8, 64]
 

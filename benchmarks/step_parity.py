@@ -34,7 +34,6 @@ from benchmarks import harness
 from benchmarks.peer.peer_training import require_bench_extra
 from hnce.encoders.biencoder import minilm_path
 from hnce.encoders.formatting import register_markers
-from hnce.encoders.progress import quiet
 from hnce.pipeline.config import Config, load_config
 from hnce.pipeline.demo import demo_dataset
 from hnce.pipeline.train.batch import ContrastiveBatch
@@ -42,6 +41,7 @@ from hnce.pipeline.train.one_process import single_process_group
 from hnce.pipeline.train.step import train_micro_batch
 from hnce.pipeline.train.task import TrainingTask
 from hnce.pipeline.train.worker import WorkerRun
+from hnce.progress import quiet
 
 RECIPE = harness.ROOT / "configs" / "demo.yaml"
 

@@ -34,7 +34,6 @@ import numpy as np
 import torch
 
 from benchmarks import harness
-from hnce.encoders.progress import quiet
 from hnce.pipeline.config import Config, config_from_dict, load_config
 from hnce.pipeline.demo import demo_dataset
 from hnce.pipeline.train import worker
@@ -42,6 +41,7 @@ from hnce.pipeline.train.one_process import single_process_group
 from hnce.pipeline.train.step import train_micro_batch
 from hnce.pipeline.train.task import TrainingTask
 from hnce.pipeline.train.worker import WorkerRun
+from hnce.progress import quiet
 
 RECIPE = harness.ROOT / "configs" / "demo.yaml"
 #: the issue-27 som: random + shared cell (benchmarks/default_recipe.py), refresh off

@@ -89,7 +89,7 @@ from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import MentionSplit
 from hnce.cluster.stores.tokens import TokenStore
 from hnce.encoders.biencoder import BiEncoder, TowerProjection, build_biencoder, minilm_path
-from hnce.encoders.progress import progress_bar
+from hnce.progress import progress_bar
 
 #: the catalogue's preparation: generate, convert (:mod:`benchmarks.fullscale.stages`)
 PREPARATION = STAGES[:2]

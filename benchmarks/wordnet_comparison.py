@@ -31,8 +31,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from benchmarks import harness, wordnet_runs
-from hnce.encoders.progress import quiet
 from hnce.pipeline.config import ConfigError
+from hnce.progress import quiet
 
 SCORERS = {
     "dual": "{name: dual, m: 1}",

@@ -22,7 +22,6 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel, PreTrainedModel
 
-from hnce.encoders.errors import InputError
 from hnce.encoders.formatting import (
     punctuation_ids,
     register_markers,
@@ -33,6 +32,7 @@ from hnce.encoders.local import load_local
 from hnce.encoders.pooling import POOLINGS, Pooling, mean_pool, pooled_first, resolve_pooling
 from hnce.encoders.scorers import Scorer, ScorerConfig, build_scorer
 from hnce.encoders.towers import checkpointed_chunks, enable_activation_checkpointing, use_sdpa
+from hnce.errors import InputError
 
 SCORER_FILE = "scorer.json"
 SCORER_WEIGHTS_FILE = "scorer.safetensors"

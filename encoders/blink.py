@@ -21,10 +21,10 @@ from torch import Tensor
 from transformers import AutoConfig, AutoTokenizer, BertConfig
 
 from hnce.encoders.biencoder import BiEncoder, build_biencoder
-from hnce.encoders.errors import InputError
 from hnce.encoders.local import load_local
 from hnce.encoders.reranker import JointReranker, build_reranker
 from hnce.encoders.scorers import ScorerConfig
+from hnce.errors import InputError
 
 MENTION_PREFIX = "context_encoder."
 ENTITY_PREFIX = "cand_encoder."

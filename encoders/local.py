@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hnce.encoders.errors import InputError
+from hnce.errors import InputError
 
 Loaded = TypeVar("Loaded")
 

@@ -37,7 +37,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from hnce.encoders.errors import InputError
+from hnce.errors import InputError
 
 Pooling = Literal["cls", "mean"]
 POOLINGS: tuple[Pooling, ...] = ("cls", "mean")

@@ -41,7 +41,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from hnce.encoders.settings import Flag, PositiveInt, settings
+from hnce.settings import Flag, PositiveInt, settings
 
 # Upper bound on elements of one block of pairwise logits (B x E x queries x keys) in `score`.
 _BLOCK_ELEMENTS = 1 << 24

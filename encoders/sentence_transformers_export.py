@@ -41,8 +41,8 @@ from typing import Any
 from transformers import PreTrainedModel
 
 from hnce.encoders.biencoder import BiEncoder
-from hnce.encoders.errors import InputError
 from hnce.encoders.pooling import MODULES_FILE, POOLING_MODULE, Pooling
+from hnce.errors import InputError
 
 POOLING_DIR = f"1_{POOLING_MODULE}"
 NORMALIZE_DIR = "2_Normalize"

@@ -33,7 +33,7 @@ _PUBLIC = {
     "Config": "hnce.pipeline.config",
     "ConfigError": "hnce.pipeline.config",
     "EntityLinker": "hnce.pipeline.link",
-    "InputError": "hnce.encoders.errors",
+    "InputError": "hnce.errors",
     "load_config": "hnce.pipeline.config",
 }
 

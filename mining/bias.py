@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from hnce.encoders.progress import progress_bar
 from hnce.mining.samplers.base import NegativeSampler, SamplingRequest
 from hnce.mining.samplers.hard import HardSampler
 from hnce.mining.samplers.mixed import MixedSampler
 from hnce.mining.samplers.random import RandomSampler
+from hnce.progress import progress_bar
 
 
 def default_samplers(hard_fraction: float = 0.5) -> dict[str, NegativeSampler]:

@@ -25,7 +25,7 @@ import torch
 from pydantic import Field, field_validator
 from torch import Tensor
 
-from hnce.encoders.settings import Flag, NonNegativeInt, NonNegativeReal, settings
+from hnce.settings import Flag, NonNegativeInt, NonNegativeReal, settings
 
 
 class FalseNegativeFilter:

@@ -23,7 +23,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, field_validator
 
-from hnce.encoders.settings import NonNegativeInt, Real, settings
+from hnce.settings import NonNegativeInt, Real, settings
 
 Points = Annotated[list[tuple[NonNegativeInt, Real]], Field(min_length=1)]
 

@@ -48,9 +48,13 @@ from hnce.cluster.compute.refresh import RefreshSettings
 from hnce.cluster.compute.session import ClusterSettings
 from hnce.cluster.stores.files import atomic_write_text
 from hnce.cluster.stores.sharded_index import IndexSpec, default_nprobe
-from hnce.encoders.errors import InputError
 from hnce.encoders.scorers import ScorerConfig
-from hnce.encoders.settings import (
+from hnce.errors import InputError
+from hnce.mining.false_negatives import CandidateRules
+from hnce.mining.losses import build_loss
+from hnce.mining.samplers import SAMPLER_SPECS
+from hnce.mining.schedule import SamplerSchedule
+from hnce.settings import (
     Flag,
     NonNegativeInt,
     NonNegativeReal,
@@ -59,10 +63,6 @@ from hnce.encoders.settings import (
     Text,
     settings,
 )
-from hnce.mining.false_negatives import CandidateRules
-from hnce.mining.losses import build_loss
-from hnce.mining.samplers import SAMPLER_SPECS
-from hnce.mining.schedule import SamplerSchedule
 
 #: ``training.cores``: who runs on a node's cores while training (:mod:`hnce.pipeline.train.cores`)
 CoresMode = Literal["auto", "handover", "reserved"]

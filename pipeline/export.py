@@ -28,11 +28,11 @@ from hnce.cluster.stores.checkpoints import (
 )
 from hnce.cluster.stores.files import publish_directory, staging
 from hnce.encoders.biencoder import SCORER_FILE, load_biencoder
-from hnce.encoders.errors import InputError
 from hnce.encoders.sentence_transformers_export import (
     check_exportable,
     export_sentence_transformers,
 )
+from hnce.errors import InputError
 from hnce.pipeline.config import load_config
 
 SENTENCE_TRANSFORMERS = "sentence-transformers"

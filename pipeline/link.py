@@ -52,8 +52,8 @@ from hnce.cluster.stores.tables import DatasetError, Mention
 from hnce.cluster.stores.tables_read import EntityCatalogue
 from hnce.cluster.stores.tokens import TokenStore
 from hnce.encoders.biencoder import BiEncoder, load_biencoder
-from hnce.encoders.errors import InputError
 from hnce.encoders.reranker import RERANKER_FILE, JointReranker, load_reranker
+from hnce.errors import InputError
 from hnce.pipeline.config import Config, load_config
 from hnce.pipeline.data.kilt import END_ENT, START_ENT
 from hnce.pipeline.evaluate import resolve_model

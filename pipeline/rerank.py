@@ -50,7 +50,6 @@ from hnce.cluster.stores.tokens import TokenStore
 from hnce.cluster.stores.versioned_dir import next_version
 from hnce.encoders.blink import export_blink_crossencoder
 from hnce.encoders.precision import autocast
-from hnce.encoders.progress import progress_bar
 from hnce.encoders.reranker import JointReranker, load_reranker
 from hnce.mining.false_negatives import within_margin
 from hnce.pipeline.config import Config
@@ -61,6 +60,7 @@ from hnce.pipeline.train.distributed import local_device
 from hnce.pipeline.train.refresh_supervisor import refresh_plan
 from hnce.pipeline.train.task import TrainingTask, rerank_run_dir
 from hnce.pipeline.train.trainer import TrainingSummary, run_task
+from hnce.progress import progress_bar
 
 logger = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ from hnce.cluster.stores.lock_holder import TRAINING, LockHolder, read_holder
 from hnce.cluster.stores.negatives_store import NegativesVersion
 from hnce.cluster.stores.refresh_log import HeldoutRecall, RefreshLog, RefreshRecord, read_log
 from hnce.cluster.stores.versioned_dir import read_current, version_dir_name
-from hnce.encoders.errors import InputError
+from hnce.errors import InputError
 from hnce.pipeline.config import read_recipe
 from hnce.pipeline.train.events import LOG_FILE, read_events
 from hnce.pipeline.train.nonfinite import STOP_EVENT as NONFINITE_STOP

@@ -200,7 +200,7 @@ def torch_cpu_state_as_found() -> Iterator[None]:
 @pytest.fixture(scope="session", autouse=True)
 def no_progress_output() -> Iterator[None]:
     """Tests show no progress bars, as ``hnce --no-progress`` would."""
-    from hnce.encoders.progress import quiet
+    from hnce.progress import quiet
 
     with quiet():
         yield

@@ -29,8 +29,8 @@ from hnce.cluster.stores.tables_read import EntityCatalogue
 from hnce.cluster.stores.tables_write import write_dataset
 from hnce.encoders.biencoder import build_biencoder, export_biencoder, load_biencoder, minilm_path
 from hnce.encoders.blink import export_blink_biencoder, import_blink_biencoder
-from hnce.encoders.errors import InputError
 from hnce.encoders.scorers import ScorerConfig
+from hnce.errors import InputError
 from hnce.pipeline.cli.main import main
 from hnce.pipeline.data.bad_rows import BadRowError
 from hnce.pipeline.data.kilt import convert_kilt

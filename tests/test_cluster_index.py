@@ -36,8 +36,8 @@ from hnce.cluster.stores.sharded_index import (
     resolve_faiss_device,
 )
 from hnce.cluster.stores.versioned_dir import ChecksumError, StoreError, confined_path
-from hnce.encoders.errors import InputError
 from hnce.encoders.scorers import build_scorer
+from hnce.errors import InputError
 
 
 def _vectors(rows: int, dim: int = 16, seed: int = 0) -> np.ndarray:

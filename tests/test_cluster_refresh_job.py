@@ -38,7 +38,7 @@ from hnce.cluster.stores.lock_holder import (
 from hnce.cluster.stores.refresh_log import LOG_FILE, RefreshRecord, append_record, read_log
 from hnce.cluster.stores.tables import Entity, Mention
 from hnce.cluster.stores.tables_write import write_dataset
-from hnce.encoders.errors import InputError
+from hnce.errors import InputError
 
 REPO = Path(__file__).resolve().parents[1]
 

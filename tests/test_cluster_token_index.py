@@ -39,7 +39,7 @@ from hnce.cluster.stores.sharded_index import (
 )
 from hnce.cluster.stores.versioned_dir import ChecksumError, StoreError
 from hnce.encoders.biencoder import load_biencoder
-from hnce.encoders.errors import InputError
+from hnce.errors import InputError
 
 DIM = 32
 SPEC = IndexSpec(kind="ivfpq", nlist=256, pq_m=16, nprobe=32)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hnce.encoders.errors import InputError
+from hnce.errors import InputError
 from hnce.pipeline.data import kilt_synthetic
 from hnce.pipeline.data.kilt import convert_kilt, knowledge_source_text
 from hnce.pipeline.data.kilt_synthetic import (

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from hnce import progress
 from hnce.cluster.stores.tables import Mention, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
-from hnce.encoders import progress
 from hnce.pipeline.data.bad_rows import BadRowError
 from hnce.pipeline.data.conversion import DatasetOutput
 from hnce.pipeline.data.wordnet import (

@@ -10,7 +10,7 @@ from conftest import write_jsonl
 
 from hnce.cluster.stores.tables import MISSING_GOLD, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
-from hnce.encoders.errors import InputError
+from hnce.errors import InputError
 from hnce.pipeline.data.bad_rows import BadRowError
 from hnce.pipeline.data.conversion import DatasetOutput
 from hnce.pipeline.data.zeshel import convert_zeshel

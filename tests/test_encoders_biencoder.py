@@ -19,8 +19,8 @@ from hnce.encoders.biencoder import (
     load_biencoder,
     minilm_path,
 )
-from hnce.encoders.errors import InputError
 from hnce.encoders.scorers import index_scores
+from hnce.errors import InputError
 
 
 @pytest.fixture(scope="module")

@@ -21,8 +21,8 @@ from hnce.encoders.biencoder import (
     minilm_path,
 )
 from hnce.encoders.blink import export_blink_biencoder, import_blink_biencoder
-from hnce.encoders.errors import InputError
 from hnce.encoders.pooling import declared_pooling, resolve_pooling
+from hnce.errors import InputError
 from hnce.pipeline.config import ConfigError, load_config
 from hnce.pipeline.evaluate import untrained_export
 from hnce.pipeline.train.model import build_model

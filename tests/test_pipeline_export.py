@@ -20,8 +20,8 @@ from training_helpers import write_letter_export
 from hnce.cluster.stores.index_store import IndexStore
 from hnce.cluster.stores.tables_read import EntityCatalogue
 from hnce.encoders.biencoder import build_biencoder, export_biencoder, load_biencoder
-from hnce.encoders.errors import InputError
 from hnce.encoders.pooling import declared_pooling
+from hnce.errors import InputError
 from hnce.pipeline import export
 from hnce.pipeline.cli.main import main
 from hnce.pipeline.export import SENTENCE_TRANSFORMERS, export_run

@@ -28,8 +28,8 @@ from hnce.cluster.stores.index_store import IndexStore
 from hnce.cluster.stores.tables import Mention, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.cluster.stores.tables_write import write_dataset
-from hnce.encoders.errors import InputError
 from hnce.encoders.reranker import build_reranker, export_reranker, load_reranker
+from hnce.errors import InputError
 from hnce.pipeline.cli.main import main as hnce_main
 from hnce.pipeline.data.blink import read_blink_mentions
 from hnce.pipeline.link import marked_mentions

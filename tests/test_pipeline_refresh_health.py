@@ -14,10 +14,10 @@ import pytest
 import torch
 from conftest import write_letter_bert
 
+from hnce import progress
 from hnce.cluster.compute.refresh_job import RefreshesFailing
 from hnce.cluster.stores.refresh_log import RefreshRecord, append_record, read_log
 from hnce.cluster.stores.tables import mention_split_path
-from hnce.encoders import progress
 from hnce.pipeline.config import load_config
 from hnce.pipeline.data.synthetic import generate_synthetic_dataset
 from hnce.pipeline.train.events import EventLog, read_events

@@ -100,7 +100,7 @@ def test_checkpoint_manifest_refuses_changed_missing_and_added_files(tmp_path: P
 def test_a_checkpoint_resolves_as_newest_its_directory_or_its_export_and_is_verified(
     tmp_path: Path,
 ) -> None:
-    from hnce.encoders.errors import InputError
+    from hnce.errors import InputError
 
     with pytest.raises(InputError, match="no complete checkpoint"):
         resolve_checkpoint(tmp_path, "newest")

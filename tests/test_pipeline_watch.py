@@ -20,7 +20,7 @@ from hnce.cluster.stores.refresh_log import (
     append_heldout,
     append_record,
 )
-from hnce.encoders.errors import InputError
+from hnce.errors import InputError
 from hnce.pipeline.cli.main import main
 from hnce.pipeline.status import plot_training, run_status, training_panels
 from hnce.pipeline.train.events import EventLog, read_events

@@ -29,7 +29,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError
 
-from hnce.encoders.errors import InputError
+from hnce.errors import InputError
 
 TIMEOUT_MULTIPLE = 10.0
 """A task may take this many times the slowest one measured before it counts as hung."""

@@ -74,9 +74,9 @@ from hnce.cluster.stores.sharded_index import (
 )
 from hnce.cluster.stores.tokens import TokenStore
 from hnce.encoders.biencoder import BiEncoder, load_biencoder
-from hnce.encoders.errors import InputError
 from hnce.encoders.formatting import length_sorted_batches, tokenizer_fingerprint
 from hnce.encoders.precision import autocast
+from hnce.errors import InputError
 
 logger = logging.getLogger(__name__)
 

@@ -51,11 +51,11 @@ from hnce.cluster.stores.index_store import BuildParameters, IndexBuilder, Index
 from hnce.cluster.stores.sharded_index import IndexSpec
 from hnce.cluster.stores.tokens import TokenStore
 from hnce.encoders.biencoder import SCORER_FILE
-from hnce.encoders.errors import InputError
 from hnce.encoders.formatting import register_markers
 from hnce.encoders.local import load_local
-from hnce.encoders.progress import progress_bar
 from hnce.encoders.scorers import ScorerConfig
+from hnce.errors import InputError
+from hnce.progress import progress_bar
 
 logger = logging.getLogger(__name__)
 

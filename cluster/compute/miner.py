@@ -21,7 +21,7 @@ from hnce.cluster.compute.shard_holders import HeldIndex
 from hnce.cluster.stores.negatives_store import MinedSplit
 from hnce.cluster.stores.tables import Mention
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
-from hnce.encoders.progress import progress_bar
+from hnce.progress import progress_bar
 
 
 def gold_ranks(cands: np.ndarray, gold: np.ndarray) -> np.ndarray:

@@ -55,8 +55,8 @@ from hnce.cluster.stores.refresh_log import HeldoutRecall
 from hnce.cluster.stores.sharded_index import IndexSpec
 from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import MentionSplit
-from hnce.encoders.errors import InputError
-from hnce.encoders.settings import (
+from hnce.errors import InputError
+from hnce.settings import (
     Flag,
     Fraction,
     NonNegativeInt,

@@ -52,7 +52,7 @@ from hnce.cluster.stores.refresh_log import (
     fastest_refresh_seconds,
     read_log,
 )
-from hnce.encoders.errors import InputError
+from hnce.errors import InputError
 
 logger = logging.getLogger(__name__)
 

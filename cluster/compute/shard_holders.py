@@ -36,7 +36,7 @@ from hnce.cluster.stores.sharded_index import (
     resolve_faiss_device,
 )
 from hnce.encoders.biencoder import BiEncoder
-from hnce.encoders.progress import progress_bar
+from hnce.progress import progress_bar
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from hnce.cluster.stores.files import atomic_write_json, remove_owned, sha256_file
 from hnce.cluster.stores.lock_holder import encoding_checkpoint
-from hnce.encoders.errors import InputError
+from hnce.errors import InputError
 
 CHECKPOINTS_DIR = "checkpoints"
 COMPLETE = "COMPLETE"

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from hnce.cluster.stores.sharded_index import IndexShard, merge_entity_lists
-from hnce.encoders.errors import InputError
 from hnce.encoders.scorers import Scorer, exact_index_scores
+from hnce.errors import InputError
 
 # Entities scored per chunk: bounds the grouped vectors and the [B, chunk] scores held at once.
 ENTITIES_PER_CHUNK = 4096

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hnce.encoders.errors import InputError
+from hnce.errors import InputError
 
 #: the lock every refresh of a run takes, and the one every launch of ``hnce train`` takes
 REFRESH, TRAINING = "refresh", "training"

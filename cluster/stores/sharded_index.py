@@ -70,8 +70,8 @@ import numpy as np
 from faiss.contrib.ivf_tools import add_preassigned
 from pydantic import ValidationInfo, field_validator
 
-from hnce.encoders.errors import InputError
-from hnce.encoders.settings import PositiveInt, settings
+from hnce.errors import InputError
+from hnce.settings import PositiveInt, settings
 
 logger = logging.getLogger(__name__)
 

@@ -49,7 +49,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hnce.encoders.errors import InputError
+from hnce.errors import InputError
 
 ENTITY_SCHEMA: pa.Schema = pa.schema(
     [

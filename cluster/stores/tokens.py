@@ -49,9 +49,9 @@ from hnce.cluster.stores.files import (
     sha256_file,
 )
 from hnce.cluster.stores.tables_read import EntityCatalogue, catalogue_fingerprint
-from hnce.encoders.errors import InputError
 from hnce.encoders.formatting import tokenize_entities, tokenizer_fingerprint
-from hnce.encoders.progress import progress_bar
+from hnce.errors import InputError
+from hnce.progress import progress_bar
 
 logger = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from hnce.cluster.stores.files import (
     remove_owned,
     sha256_file,
 )
-from hnce.encoders.errors import InputError
+from hnce.errors import InputError
 
 MANIFEST_FILE = "manifest.json"
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]

@@ -26,14 +26,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hnce.encoders.settings import (
-    Flag,
-    Fraction,
-    NonNegativeReal,
-    PositiveInt,
-    PositiveReal,
-    settings,
-)
 from hnce.mining.samplers.base import (
     NegativeSampler,
     SampledNegatives,
@@ -46,6 +38,14 @@ from hnce.mining.samplers.base import (
 )
 from hnce.mining.samplers.random import RandomSampler
 from hnce.mining.samplers.spec import LocalScores, SamplerSpec
+from hnce.settings import (
+    Flag,
+    Fraction,
+    NonNegativeReal,
+    PositiveInt,
+    PositiveReal,
+    settings,
+)
 
 
 class CandidateGenerator(nn.Module):

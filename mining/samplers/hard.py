@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 import torch
 
-from hnce.encoders.settings import PositiveReal, settings
 from hnce.mining.samplers.base import (
     SampledNegatives,
     SamplingRequest,
@@ -15,6 +14,7 @@ from hnce.mining.samplers.base import (
     gumbel_top_k,
 )
 from hnce.mining.samplers.spec import SamplerSpec
+from hnce.settings import PositiveReal, settings
 
 
 @dataclass

@@ -25,9 +25,9 @@ from types import ModuleType
 import numpy as np
 import torch
 
-from hnce.encoders.settings import Fraction, PositiveInt, PositiveReal, settings
 from hnce.mining.samplers.greedy import GreedySampler
 from hnce.mining.samplers.spec import SamplerSpec
+from hnce.settings import Fraction, PositiveInt, PositiveReal, settings
 
 
 def _bm25s() -> ModuleType:

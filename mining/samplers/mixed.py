@@ -7,7 +7,6 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from hnce.encoders.settings import Fraction, settings
 from hnce.mining.samplers.base import (
     SampledNegatives,
     SamplingRequest,
@@ -18,6 +17,7 @@ from hnce.mining.samplers.base import (
 from hnce.mining.samplers.hard import HardSampler
 from hnce.mining.samplers.random import uniform_distinct
 from hnce.mining.samplers.spec import SamplerSpec
+from hnce.settings import Fraction, settings
 
 
 def hard_count(hard_fraction: float, num_negatives: int) -> int:

@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from hnce.encoders.settings import Fraction, PositiveInt, settings
 from hnce.mining.samplers.base import SampledNegatives, SamplingRequest, admissible, take_first
 from hnce.mining.samplers.random import RandomSampler
 from hnce.mining.samplers.spec import SamplerSpec
+from hnce.settings import Fraction, PositiveInt, settings
 
 if TYPE_CHECKING:  # a type only: importing samplers must not pull in transformers
     from hnce.encoders.biencoder import BiEncoder

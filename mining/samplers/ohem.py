@@ -8,7 +8,6 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor
 
-from hnce.encoders.settings import PositiveInt, settings
 from hnce.mining.samplers.ance import AnceSampler
 from hnce.mining.samplers.base import (
     NegativeSampler,
@@ -19,6 +18,7 @@ from hnce.mining.samplers.base import (
 )
 from hnce.mining.samplers.greedy import GreedySampler
 from hnce.mining.samplers.spec import LocalScores, SamplerSpec
+from hnce.settings import PositiveInt, settings
 
 ScoreFn = Callable[[Tensor, Tensor], Tensor]
 """(gold [B], negative ids [B, P]) -> current-model scores s(x, y) [B, P]."""

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hnce.encoders.errors import InputError
+from hnce.errors import InputError
 from hnce.pipeline.cli._common import add_config_arguments, load_recipe
 
 if TYPE_CHECKING:

@@ -26,8 +26,8 @@ import sys
 from collections.abc import Callable
 
 from hnce.cluster.stores.lock_holder import EXIT_LOCKED, RunLocked
-from hnce.encoders.errors import InputError
-from hnce.encoders.progress import quiet
+from hnce.errors import InputError
+from hnce.progress import quiet
 
 EXIT_INPUT_ERROR = 2
 EXIT_IO_ERROR = 74  # sysexits' EX_IOERR: a full disk, a file system that refuses a write

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO, Any, Literal, TypeVar
 
 from hnce.cluster.stores.files import ClosedOnExit
-from hnce.encoders.errors import InputError
+from hnce.errors import InputError
 
 T = TypeVar("T")
 BadRowMode = Literal["strict", "skip"]

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from hnce.cluster.stores.tables import Entity, Mention
-from hnce.encoders.progress import progress_bar
 from hnce.pipeline.data.bad_rows import (
     BadRowKind,
     BadRowPolicy,
@@ -26,6 +25,7 @@ from hnce.pipeline.data.bad_rows import (
 )
 from hnce.pipeline.data.conversion import Conversion
 from hnce.pipeline.data.fields import KeySet, text_field, write_unique_entities
+from hnce.progress import progress_bar
 
 DEFAULT_MAX_TEXT_CHARS = 2048
 BLINK_FIELDS = ("text", "idx", "title")

@@ -33,7 +33,7 @@ from typing import Any
 from hnce.cluster.stores.tables import REJECTS_FILE
 from hnce.cluster.stores.tables_read import EntityCatalogue
 from hnce.cluster.stores.tables_write import DatasetBuilder
-from hnce.encoders.errors import InputError
+from hnce.errors import InputError
 from hnce.pipeline.data.bad_rows import BadRowKind, BadRowMode, BadRowPolicy
 
 logger = logging.getLogger(__name__)

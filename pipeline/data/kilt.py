@@ -32,12 +32,12 @@ from typing import Any
 
 from hnce.cluster.stores.tables import MISSING_GOLD, Entity, Mention
 from hnce.cluster.stores.tables_read import EntityCatalogue
-from hnce.encoders.errors import InputError
-from hnce.encoders.progress import progress_bar
+from hnce.errors import InputError
 from hnce.pipeline.data.bad_rows import BadRowKind, BadRowPolicy, InputRow, iter_json_chunks
 from hnce.pipeline.data.blink import DEFAULT_MAX_TEXT_CHARS, convert_blink_entities, truncate_text
 from hnce.pipeline.data.conversion import Conversion, DatasetOutput
 from hnce.pipeline.data.fields import KeySet, key_and_title, source_key, write_unique_entities
+from hnce.progress import progress_bar
 
 CONVERTER_VERSION = 2
 KNOWLEDGE_SOURCE_FIELDS = ("wikipedia_id", "wikipedia_title", "text")

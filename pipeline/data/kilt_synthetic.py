@@ -56,9 +56,9 @@ from pathlib import Path
 from typing import Any
 
 from hnce.cluster.stores.files import AtomicPath, atomic_write_json, sha256_file
-from hnce.encoders.errors import InputError
-from hnce.encoders.progress import progress_bar
+from hnce.errors import InputError
 from hnce.pipeline.data.synthetic import SYLLABLES, syllable_word
+from hnce.progress import progress_bar
 
 KILT_PAGES = 5_903_530
 AIDA_MENTIONS = {"train": 18_395, "dev": 4_784, "test": 4_463}

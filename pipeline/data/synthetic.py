@@ -24,7 +24,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import IO, Any
 
-from hnce.encoders.errors import InputError
+from hnce.errors import InputError
 from hnce.pipeline.data.conversion import DatasetOutput
 from hnce.pipeline.data.zeshel import convert_zeshel
 

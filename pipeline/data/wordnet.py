@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from hnce.cluster.stores.tables import SPLITS, Entity, Mention
-from hnce.encoders.errors import InputError
-from hnce.encoders.progress import progress_bar
+from hnce.errors import InputError
 from hnce.pipeline.data.bad_rows import BadRowKind, BadRowPolicy, InputRow, chunked, iter_text_lines
 from hnce.pipeline.data.conversion import Conversion, DatasetOutput
 from hnce.pipeline.data.fields import KeySet, write_unique_entities
+from hnce.progress import progress_bar
 
 DEFAULT_WORDNET_DIR = Path("/usr/share/wordnet")
 #: data file suffix -> (key prefix, part of speech used for inflection and exceptions)

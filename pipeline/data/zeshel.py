@@ -22,8 +22,7 @@ from typing import Any
 
 from hnce.cluster.stores.tables import MISSING_GOLD, Entity, Mention
 from hnce.cluster.stores.tables_read import EntityCatalogue
-from hnce.encoders.errors import InputError
-from hnce.encoders.progress import progress_bar
+from hnce.errors import InputError
 from hnce.pipeline.data.bad_rows import BadRowKind, BadRowPolicy, InputRow, iter_json_chunks
 from hnce.pipeline.data.conversion import Conversion, DatasetOutput
 from hnce.pipeline.data.fields import (
@@ -33,6 +32,7 @@ from hnce.pipeline.data.fields import (
     text_field,
     write_unique_entities,
 )
+from hnce.progress import progress_bar
 
 CONVERTER_VERSION = 2
 #: Zeshel split file stems and the split names they are written under.

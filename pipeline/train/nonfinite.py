@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from hnce.encoders.errors import InputError
+from hnce.errors import InputError
 from hnce.pipeline.train.distributed import Collectives
 from hnce.pipeline.train.events import read_events
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from hnce.cluster.stores.refresh_log import RefreshRecord, read_log
-from hnce.encoders.progress import progress_bar
 from hnce.pipeline.train.events import read_events
+from hnce.progress import progress_bar
 
 logger = logging.getLogger(__name__)
 

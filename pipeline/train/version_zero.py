@@ -57,7 +57,7 @@ from hnce.cluster.stores.index_store import IndexBuilder, IndexVersion
 from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit, catalogue_fingerprint
 from hnce.cluster.stores.tokens import TokenStore
-from hnce.encoders.errors import InputError
+from hnce.errors import InputError
 from hnce.pipeline.config import Config
 from hnce.pipeline.train.events import EventLog, read_events
 from hnce.pipeline.train.model import untrained_export

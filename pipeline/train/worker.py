@@ -36,7 +36,6 @@ from hnce.cluster.stores.tables import Mention, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.cluster.stores.tokens import TokenStore
 from hnce.encoders.biencoder import BiEncoder
-from hnce.encoders.progress import quiet
 from hnce.encoders.reranker import JointReranker
 from hnce.mining.losses import build_loss
 from hnce.mining.samplers import SAMPLER_SPECS, LossColumns
@@ -77,6 +76,7 @@ from hnce.pipeline.train.staleness import STALE_EVENT, StalenessMonitor
 from hnce.pipeline.train.step import ContrastiveScoring, train_micro_batch
 from hnce.pipeline.train.task import TrainingTask
 from hnce.pipeline.train.version_zero import initial_negatives_error
+from hnce.progress import quiet
 
 logger = logging.getLogger(__name__)
 

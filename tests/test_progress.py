@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hnce.encoders import progress
-from hnce.encoders.progress import progress_bar, quiet
+from hnce import progress
+from hnce.progress import progress_bar, quiet
 
 
 def test_off_a_terminal_progress_is_log_lines_not_a_redrawn_bar(
@@ -60,9 +60,9 @@ def test_every_command_and_subcommand_takes_no_progress(argv: list[str]) -> None
 
 def test_every_bar_in_the_package_goes_through_progress_bar() -> None:
     """A bare ``tqdm(...)`` ignores ``--no-progress`` and redraws a bar into log files; every
-    loop must make its bar with :func:`progress_bar` (only ``hnce.encoders.progress`` builds one)."""
+    loop must make its bar with :func:`progress_bar` (only ``hnce.progress`` builds one)."""
     repo = Path(__file__).resolve().parents[1]
-    own = repo / "encoders" / "progress.py"
+    own = repo / "hnce" / "progress.py"
     found = []
     for layer in ("encoders", "mining", "cluster", "pipeline", "hnce"):
         for path in (repo / layer).rglob("*.py"):
