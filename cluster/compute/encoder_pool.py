@@ -40,7 +40,6 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
 import faiss
 import numpy as np
@@ -609,12 +608,7 @@ class EncoderPool:
     def __enter__(self) -> EncoderPool:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *_: object) -> None:
         self.shutdown()
 
     def clock(self, what: str) -> TaskClock:

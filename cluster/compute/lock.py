@@ -39,7 +39,6 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import ray
@@ -138,12 +137,7 @@ class RunLock:
         if self._token is not None:
             self._token.update.remote(asdict(self.holder))  # what a refused contender sees
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *_: object) -> None:
         self._release()
 
     def _take_cluster_lock(self) -> Any:

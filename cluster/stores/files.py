@@ -31,7 +31,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self
 
 logger = logging.getLogger(__name__)
@@ -86,12 +85,7 @@ class AtomicPath:
     def __enter__(self) -> Path:
         return self.temporary
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         if exc_type is None:
             self.commit()
         else:

@@ -10,7 +10,6 @@ import time
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import pyarrow as pa
@@ -329,12 +328,7 @@ class DatasetBuilder:
     def __enter__(self) -> DatasetBuilder:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         if exc_type is not None or self.published is None:
             self.abort()
 

@@ -27,7 +27,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from hnce.cluster.stores.tables import REJECTS_FILE
@@ -187,12 +186,7 @@ class Conversion:
     def __enter__(self) -> Conversion:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *_: object) -> None:
         self.policy.close()
         if self.builder.published is None:
             self.builder.abort()
