@@ -42,11 +42,9 @@ from hnce.cluster.stores.negatives_store import NegativesVersion
 from hnce.cluster.stores.refresh_log import HeldoutRecall, RefreshLog, RefreshRecord, read_log
 from hnce.cluster.stores.versioned_dir import read_current, version_dir_name
 from hnce.errors import InputError
+from hnce.events import RunEvent
 from hnce.pipeline.config import read_recipe
 from hnce.pipeline.train.events import LOG_FILE, read_events
-from hnce.pipeline.train.nonfinite import STOP_EVENT as NONFINITE_STOP
-from hnce.pipeline.train.refresh_health import STOP_EVENT
-from hnce.pipeline.train.staleness import STALE_EVENT
 
 INDEX_DIR = "index"
 NEGATIVES_DIR = "negatives"
@@ -199,7 +197,7 @@ def _training(run_dir: Path) -> dict[str, Any] | None:
     """The last step logged and whether the run ended, stopped, or is going on."""
     events = read_events(run_dir)
     steps = [event for event in events if event["event"] == "step"]
-    stops = (STOP_EVENT, NONFINITE_STOP)
+    stops = (RunEvent.REFRESH_STOP, RunEvent.NONFINITE_STOP)
     lifecycle = [e for e in events if e["event"] in ("start", "resume", "end", *stops)]
     if not lifecycle:
         return None
@@ -224,7 +222,7 @@ def _refresh_trigger(run_dir: Path) -> dict[str, Any] | None:
     refresh = recipe.get("refresh") or {}
     if not isinstance(refresh, dict):
         raise InputError(f"{path}: refresh is not a section of settings")
-    requests = read_events(run_dir, STALE_EVENT)
+    requests = read_events(run_dir, RunEvent.STALE)
     last = requests[-1] if requests else None
     return {
         "trigger": refresh.get("trigger", "checkpoints"),

@@ -14,12 +14,11 @@ from safetensors.torch import load_file
 from training_helpers import CONFIGS
 
 from hnce.cluster.stores.checkpoints import EXPORT_DIR, complete_checkpoints
+from hnce.events import RunEvent
 from hnce.pipeline.cli.main import EXIT_INPUT_ERROR, main
 from hnce.pipeline.train.distributed import Collectives
 from hnce.pipeline.train.events import read_events
 from hnce.pipeline.train.nonfinite import (
-    STOP_EVENT,
-    WARNING_EVENT,
     nonfinite_ranks,
     weights_are_finite,
 )
@@ -72,7 +71,7 @@ def test_a_diverging_run_stops_at_the_first_non_finite_loss_before_any_checkpoin
     assert code == EXIT_INPUT_ERROR
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith("hnce train: step 2: the training loss is not finite"), error
-    (stop,) = read_events(tmp_path / "run", STOP_EVENT)
+    (stop,) = read_events(tmp_path / "run", RunEvent.NONFINITE_STOP)
     assert stop["step"] == 2
     assert [e["step"] for e in read_events(tmp_path / "run", "step")] == [1]
     assert complete_checkpoints(tmp_path / "run") == []
@@ -91,7 +90,7 @@ def test_warn_goes_on_and_publishes_only_finite_weights(
     )
     assert code == 0
     run_dir = tmp_path / "run"
-    assert [e["step"] for e in read_events(run_dir, WARNING_EVENT)] == [2, 3, 4, 5, 6]
+    assert [e["step"] for e in read_events(run_dir, RunEvent.NONFINITE_LOSS)] == [2, 3, 4, 5, 6]
     published = complete_checkpoints(run_dir)
     assert [step for step, _ in published] == [3, 6]
     for _, directory in published:

@@ -18,13 +18,12 @@ from hnce import progress
 from hnce.cluster.compute.refresh_job import RefreshesFailing
 from hnce.cluster.stores.refresh_log import RefreshRecord, append_record, read_log
 from hnce.cluster.stores.tables import mention_split_path
+from hnce.events import RunEvent
 from hnce.pipeline.config import load_config
 from hnce.pipeline.data.synthetic import generate_synthetic_dataset
 from hnce.pipeline.train.events import EventLog, read_events
 from hnce.pipeline.train.progress import follow_progress
 from hnce.pipeline.train.refresh_health import (
-    FAILED_EVENT,
-    STOP_EVENT,
     RefreshHealth,
     raise_if_stopped,
 )
@@ -61,9 +60,9 @@ def test_failures_are_logged_at_once_and_the_limit_stops_training(tmp_path: Path
     ]
     append_record(tmp_path, _failure(20, 3, time.time()))
     assert health.should_stop(21, log, CPU)
-    stop = read_events(tmp_path, STOP_EVENT)
+    stop = read_events(tmp_path, RunEvent.REFRESH_STOP)
     assert len(stop) == 1 and stop[0]["step"] == 21
-    assert len(read_events(tmp_path, FAILED_EVENT)) == 3
+    assert len(read_events(tmp_path, RunEvent.REFRESH_FAILED)) == 3
     with pytest.raises(RefreshesFailing, match=r"step 21: 3 refreshes .* of step-20: OSError"):
         raise_if_stopped(tmp_path, since=started)
     raise_if_stopped(tmp_path, since=time.time() + 1)  # a later driver: not its stop
@@ -134,14 +133,14 @@ def test_training_stops_with_the_cause_when_every_refresh_fails(
     with pytest.raises(RefreshesFailing) as raised:
         run_training(config)
     run_dir = config.run_dir
-    stop = read_events(run_dir, STOP_EVENT)
+    stop = read_events(run_dir, RunEvent.REFRESH_STOP)
     assert len(stop) == 1 and stop[0]["step"] < steps
     assert re.search(
         rf"training stopped at step {stop[0]['step']}: 2 refreshes in a row failed .*the last, "
         r"of step-\d+: ArrowInvalid",
         str(raised.value),
     ), raised.value
-    failed = read_events(run_dir, FAILED_EVENT)
+    failed = read_events(run_dir, RunEvent.REFRESH_FAILED)
     assert [event["consecutive"] for event in failed][:2] == [1, 2]  # logged as they happened
     assert failed[0]["step"] <= stop[0]["step"] and "ArrowInvalid" in failed[0]["error"]
     assert not read_events(run_dir, "end")  # the stop is final: no restart trained to the end

@@ -36,13 +36,12 @@ from hnce.cluster.stores.negatives_store import NegativesStore
 from hnce.cluster.stores.refresh_log import fastest_refresh_seconds, read_log
 from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
+from hnce.events import RunEvent
 from hnce.pipeline.config import Config, config_from_dict, load_config
 from hnce.pipeline.data.synthetic import generate_synthetic_dataset
 from hnce.pipeline.demo import write_demo_subset
 from hnce.pipeline.evaluate import evaluate_checkpoint, evaluate_export
 from hnce.pipeline.train.events import read_events
-from hnce.pipeline.train.refresh_payoff import REFRESHES_END_EVENT
-from hnce.pipeline.train.staleness import STALE_EVENT
 from hnce.pipeline.train.trainer import run_training
 from hnce.pipeline.train.version_zero import prepare_initial_negatives
 
@@ -120,7 +119,7 @@ def test_training_switches_to_refreshed_negatives_without_waiting(
     # early enough for a refresh as fast as the first to publish before the end that every later
     # checkpoint expected (hnce.cluster.compute.refresh_job.publishes_late), was refreshed next
     # (published, or abandoned when training ended); never an older one.
-    end_step = read_events(run_dir, REFRESHES_END_EVENT)[0]["step"]
+    end_step = read_events(run_dir, RunEvent.REFRESHES_END)[0]["step"]
     later = [e for e in read_events(run_dir, "checkpoint") if e["step"] > attempts[0].checkpoint]
     newer = [e["time"] for e in later if e["step"] < end_step]
     expected_ends = [e["training_ends_at"] for e in later if e["training_ends_at"] is not None]
@@ -182,11 +181,11 @@ def test_stale_negatives_ask_for_the_only_refreshes_the_coordinator_runs(
     assert read_events(run_dir, "launch")[0]["cores"] == "handover"
     threads = [event["threads"] for event in read_events(run_dir, "step")]
     assert threads[0] == node_cores() and set(threads) <= {1, node_cores()}, threads
-    stale = read_events(run_dir, STALE_EVENT)
+    stale = read_events(run_dir, RunEvent.STALE)
     requested = sorted(event["step"] for event in stale)
     assert requested and all(0 < e["loss_ratio"] <= ratio for e in stale), stale
     # a request at the last step asks nothing: no refresh would publish in time
-    ended = [event["step"] for event in read_events(run_dir, REFRESHES_END_EVENT)]
+    ended = [event["step"] for event in read_events(run_dir, RunEvent.REFRESHES_END)]
     assert ended and ended[0] <= steps
     asked_for = {step for step in requested if step < ended[0]}
     asks = {step: wants_refresh(path) for step, path in complete_checkpoints(run_dir)}

@@ -21,12 +21,12 @@ from hnce.cluster.stores.refresh_log import (
     append_record,
 )
 from hnce.errors import InputError
+from hnce.events import RunEvent
 from hnce.pipeline.cli.main import main
 from hnce.pipeline.status import plot_training, run_status, training_panels
 from hnce.pipeline.train.events import EventLog, read_events
 from hnce.pipeline.train.one_process import single_process_group
 from hnce.pipeline.train.refresh_health import RefreshHealth
-from hnce.pipeline.train.staleness import STALE_EVENT
 from hnce.pipeline.train.task import TrainingTask
 from hnce.pipeline.train.tensorboard import TENSORBOARD_DIR
 from hnce.pipeline.train.worker import WorkerRun
@@ -156,8 +156,8 @@ def test_status_reports_the_trigger_and_the_last_staleness_request(
     log.write("start", step=0)
     if trigger == "stale":
         assert "stale: no refresh asked for yet" in run_status(tmp_path).render()
-    log.write(STALE_EVENT, step=40, version=0, loss_ratio=0.71)
-    log.write(STALE_EVENT, step=90, version=1, loss_ratio=0.6842)
+    log.write(RunEvent.STALE, step=40, version=0, loss_ratio=0.71)
+    log.write(RunEvent.STALE, step=90, version=1, loss_ratio=0.6842)
     log.close()
     status = run_status(tmp_path)
     assert status.refresh_trigger == {

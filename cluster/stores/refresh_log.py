@@ -27,12 +27,11 @@ from pathlib import Path
 from typing import Literal
 
 from hnce.cluster.stores.jsonl import append_jsonl, read_jsonl
+from hnce.events import RunEvent
 
 logger = logging.getLogger(__name__)
 
 LOG_FILE = "refresh_log.jsonl"
-RECORD_EVENT = "refresh"
-HELDOUT_EVENT = "heldout_recall"
 
 Outcome = Literal[
     "published", "up-to-date", "failed", "abandoned", "locked", "no-checkpoint", "stopped"
@@ -82,14 +81,14 @@ class RefreshRecord:
         return record
 
     def json_line(self) -> str:
-        return json.dumps({"event": RECORD_EVENT, **self.to_json()}, sort_keys=False)
+        return json.dumps({"event": RunEvent.REFRESH, **self.to_json()}, sort_keys=False)
 
 
 def append_record(run_dir: Path, record: RefreshRecord) -> None:
     """Append ``record`` to the run's refresh log (call only while holding the run's lock);
     a line torn by a writer that died is repaired first (:mod:`hnce.cluster.stores.jsonl`)."""
     append_jsonl(
-        Path(run_dir) / LOG_FILE, {"event": RECORD_EVENT, **record.to_json()}, durable=True
+        Path(run_dir) / LOG_FILE, {"event": RunEvent.REFRESH, **record.to_json()}, durable=True
     )
 
 
@@ -127,7 +126,9 @@ class HeldoutRecall:
 def append_heldout(run_dir: Path, heldout: HeldoutRecall) -> None:
     """Append ``heldout`` to the run's refresh log (only while holding the run's lock)."""
     append_jsonl(
-        Path(run_dir) / LOG_FILE, {"event": HELDOUT_EVENT, **asdict(heldout)}, durable=True
+        Path(run_dir) / LOG_FILE,
+        {"event": RunEvent.HELDOUT_RECALL, **asdict(heldout)},
+        durable=True,
     )
 
 
@@ -161,9 +162,9 @@ def read_log(run_dir: Path, offset: int = 0, problems: list[str] | None = None) 
     bad = list(found.problems)
     log = RefreshLog(offset=found.offset)
     for fields in found.records:
-        event = fields.pop("event", RECORD_EVENT)
+        event = fields.pop("event", RunEvent.REFRESH)
         try:
-            if event == HELDOUT_EVENT:
+            if event == RunEvent.HELDOUT_RECALL:
                 log.heldout.append(HeldoutRecall(**fields))
             else:
                 log.records.append(RefreshRecord(**fields))

@@ -19,11 +19,9 @@ import torch
 from torch import nn
 
 from hnce.errors import InputError
+from hnce.events import RunEvent
 from hnce.pipeline.train.distributed import Collectives
 from hnce.pipeline.train.events import read_events
-
-STOP_EVENT = "nonfinite_stop"
-WARNING_EVENT = "nonfinite_loss"
 
 
 class NonFiniteTraining(InputError):
@@ -71,6 +69,8 @@ def weights_cause(step: int, ranks: list[int]) -> str:
 def raise_if_diverged(run_dir: Path, since: float) -> None:
     """Raise :class:`NonFiniteTraining` when the workers stopped for non-finite numbers (a
     ``nonfinite_stop`` event at or after ``since``, the driver's start)."""
-    stops = [event for event in read_events(run_dir, STOP_EVENT) if event["time"] >= since]
+    stops = [
+        event for event in read_events(run_dir, RunEvent.NONFINITE_STOP) if event["time"] >= since
+    ]
     if stops:
         raise NonFiniteTraining(stops[-1]["cause"])

@@ -28,12 +28,9 @@ import torch
 import torch.distributed as dist
 
 from hnce.cluster.compute.refresh_job import RefreshesFailing
-from hnce.cluster.stores.refresh_log import HELDOUT_EVENT, RefreshRecord, read_log
+from hnce.cluster.stores.refresh_log import RefreshRecord, read_log
+from hnce.events import RunEvent
 from hnce.pipeline.train.events import EventLog, read_events
-
-STOP_EVENT = "refresh_stop"
-FAILED_EVENT = "refresh_failed"
-PUBLISHED_EVENT = "refresh"
 
 
 class RefreshHealth:
@@ -56,7 +53,7 @@ class RefreshHealth:
         if dist.is_available() and dist.is_initialized():
             dist.broadcast(stop, src=0)
         if log is not None and cause is not None:
-            log.write(STOP_EVENT, step=step, cause=cause)
+            log.write(RunEvent.REFRESH_STOP, step=step, cause=cause)
         return bool(stop.item())
 
     def _read(self, step: int, log: EventLog | None) -> str | None:
@@ -66,7 +63,7 @@ class RefreshHealth:
         self._offset = found.offset
         for heldout in found.heldout:
             if log is not None and heldout.time >= self.since:
-                log.write(HELDOUT_EVENT, **asdict(heldout))  # at the time it was scored
+                log.write(RunEvent.HELDOUT_RECALL, **asdict(heldout))  # at the time it was scored
         cause = None
         for record in found.records:
             if record.finished < self.since:
@@ -83,7 +80,7 @@ class RefreshHealth:
         """A published refresh as a ``refresh`` event, a failed one as ``refresh_failed``."""
         if record.outcome == "published":
             log.write(
-                PUBLISHED_EVENT,
+                RunEvent.REFRESH,
                 step=step,
                 checkpoint=record.checkpoint,
                 index_version=record.index_version,
@@ -92,7 +89,7 @@ class RefreshHealth:
             )
         elif record.outcome == "failed":
             log.write(
-                FAILED_EVENT,
+                RunEvent.REFRESH_FAILED,
                 step=step,
                 checkpoint=record.checkpoint,
                 consecutive=record.consecutive_failures,
@@ -103,6 +100,8 @@ class RefreshHealth:
 def raise_if_stopped(run_dir: Path, since: float) -> None:
     """Raise :class:`RefreshesFailing` when the workers stopped training for failing refreshes
     (a ``refresh_stop`` event at or after ``since``, the driver's start)."""
-    stops = [event for event in read_events(run_dir, STOP_EVENT) if event["time"] >= since]
+    stops = [
+        event for event in read_events(run_dir, RunEvent.REFRESH_STOP) if event["time"] >= since
+    ]
     if stops:
         raise RefreshesFailing(stops[-1]["cause"])

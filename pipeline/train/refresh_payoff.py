@@ -33,9 +33,6 @@ from pathlib import Path
 
 from hnce.cluster.stores.refresh_log import fastest_refresh_seconds, read_log
 
-#: the trainer's event when its refreshes end before the last step: step, the estimates
-REFRESHES_END_EVENT = "refreshes_end"
-
 
 @dataclass(frozen=True)
 class PayoffEstimate:

@@ -31,9 +31,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-#: the trainer's event when it asks for a refresh: step, negatives version, loss ratio r_t
-STALE_EVENT = "stale"
-
 
 @dataclass
 class StalenessMonitor:

@@ -58,6 +58,7 @@ from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit, catalogue_fingerprint
 from hnce.cluster.stores.tokens import TokenStore
 from hnce.errors import InputError
+from hnce.events import RunEvent
 from hnce.pipeline.config import Config
 from hnce.pipeline.train.events import EventLog, read_events
 from hnce.pipeline.train.model import untrained_export
@@ -67,8 +68,6 @@ logger = logging.getLogger(__name__)
 
 INITIAL_VERSION = 0
 INITIAL_STEP = 0
-#: the driver's event when negatives version 0 is ready or has failed (``error`` then set)
-INITIAL_NEGATIVES_EVENT = "initial_negatives"
 #: how long :meth:`VersionZeroBeside.abandon` waits for the build to stop and its actors to go
 ABANDON_SECONDS = 120.0
 
@@ -266,7 +265,7 @@ class VersionZeroBeside:
             self.error = error
             logger.error("negatives version 0 (%s) failed: %s", initial, error)
             EventLog(self.run_dir).write(
-                INITIAL_NEGATIVES_EVENT,
+                RunEvent.INITIAL_NEGATIVES,
                 initial=initial,
                 seconds=time.perf_counter() - started,
                 error=f"{type(error).__name__}: {error}",
@@ -274,7 +273,7 @@ class VersionZeroBeside:
             return
         seconds = time.perf_counter() - started
         logger.info("negatives version 0 (%s) ready in %.1fs", initial, seconds)
-        EventLog(self.run_dir).write(INITIAL_NEGATIVES_EVENT, initial=initial, seconds=seconds)
+        EventLog(self.run_dir).write(RunEvent.INITIAL_NEGATIVES, initial=initial, seconds=seconds)
 
     def abandon(self) -> None:
         """Stop preparing version 0 (the trainer failed): the build stops within a batch and its
@@ -297,7 +296,7 @@ def initial_negatives_error(run_dir: Path, since: float) -> str | None:
     """The error of negatives version 0 prepared beside the workers by the driver that started
     at ``since`` (an ``initial_negatives`` event of this launch), None while it is not known to
     have failed."""
-    for event in read_events(run_dir, INITIAL_NEGATIVES_EVENT):
+    for event in read_events(run_dir, RunEvent.INITIAL_NEGATIVES):
         if event["time"] >= since and event.get("error"):
             return str(event["error"])
     return None

@@ -37,6 +37,7 @@ from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.cluster.stores.tokens import TokenStore
 from hnce.encoders.biencoder import BiEncoder
 from hnce.encoders.reranker import JointReranker
+from hnce.events import RunEvent
 from hnce.mining.losses import build_loss
 from hnce.mining.samplers import SAMPLER_SPECS, LossColumns
 from hnce.pipeline.config import Config, CoresMode, TrainingSettings, config_from_dict
@@ -62,8 +63,6 @@ from hnce.pipeline.train.negatives import (
     NegativeDrawer,
     RefreshedNegatives,
 )
-from hnce.pipeline.train.nonfinite import STOP_EVENT as NONFINITE_STOP
-from hnce.pipeline.train.nonfinite import WARNING_EVENT as NONFINITE_WARNING
 from hnce.pipeline.train.nonfinite import (
     loss_cause,
     nonfinite_ranks,
@@ -71,8 +70,8 @@ from hnce.pipeline.train.nonfinite import (
     weights_cause,
 )
 from hnce.pipeline.train.refresh_health import RefreshHealth
-from hnce.pipeline.train.refresh_payoff import REFRESHES_END_EVENT, RefreshPayoff
-from hnce.pipeline.train.staleness import STALE_EVENT, StalenessMonitor
+from hnce.pipeline.train.refresh_payoff import RefreshPayoff
+from hnce.pipeline.train.staleness import StalenessMonitor
 from hnce.pipeline.train.step import ContrastiveScoring, train_micro_batch
 from hnce.pipeline.train.task import TrainingTask
 from hnce.pipeline.train.version_zero import initial_negatives_error
@@ -539,7 +538,7 @@ class WorkerRun:
             self.staleness.mark_requested()
             if self.log is not None:
                 self.log.write(
-                    STALE_EVENT,
+                    RunEvent.STALE,
                     step=step,
                     version=self.data.source.version,
                     loss_ratio=self.staleness.loss_ratio(),
@@ -576,7 +575,9 @@ class WorkerRun:
         stop = self.settings.on_nonfinite == "stop"
         cause = loss_cause(step, ranks, loss)
         if self.log is not None:
-            self.log.write(NONFINITE_STOP if stop else NONFINITE_WARNING, step=step, cause=cause)
+            self.log.write(
+                RunEvent.NONFINITE_STOP if stop else RunEvent.NONFINITE_LOSS, step=step, cause=cause
+            )
         logger.warning("rank %d: %s", self.rank, cause)
         return stop
 
@@ -603,7 +604,7 @@ class WorkerRun:
         ends = bool(self.collectives.broadcast_int(int(estimate.ends)))
         if ends and not self.refreshes_ended and self.log is not None:
             self.log.write(
-                REFRESHES_END_EVENT,
+                RunEvent.REFRESHES_END,
                 step=step,
                 refresh_seconds=estimate.refresh_seconds,
                 seconds_left=estimate.seconds_left,
@@ -626,7 +627,7 @@ class WorkerRun:
         ranks = nonfinite_ranks(self.collectives, weights_are_finite(self.model))
         if ranks:
             if self.log is not None:
-                self.log.write(NONFINITE_STOP, step=step, cause=weights_cause(step, ranks))
+                self.log.write(RunEvent.NONFINITE_STOP, step=step, cause=weights_cause(step, ranks))
             return False
         ends, ends_at = self.refreshes_end(step)
         state: dict[str, Any] = {
