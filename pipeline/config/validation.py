@@ -1,0 +1,190 @@
+"""The cross-field rules of a recipe, which no single field's type can express (a scorer mined
+exactly needs a flat index, a sampler's needs of the rest of the recipe, ...); each failure is a
+:class:`ConfigError` naming the key and where it was set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hnce.cluster.stores.sharded_index import default_nprobe
+from hnce.mining.losses import build_loss
+from hnce.mining.samplers import SAMPLER_SPECS
+from hnce.pipeline.config.sections import Config
+
+
+def validate(config: Config) -> Config:
+    """Cross-field rules a field's type cannot express; raise ``ConfigError`` naming the keys."""
+    negatives, refresh = config.negatives, config.refresh
+    if config.model.scorer.mining == "exact" and config.index.kind != "flat":
+        raise config.error(
+            "index.kind",
+            f"is {config.index.kind!r}, but scorer {config.model.scorer.name!r} is mined and "
+            f"evaluated exactly (its query depends on the entity, docs/math.md): its shards "
+            f"store reduced entity vectors, which only a flat index keeps exactly; set index.kind: flat",
+        )
+    if config.model.scorer.name == "som" and config.index.kind == "hnsw":
+        raise config.error(
+            "index.kind",
+            "is 'hnsw', but sum-of-max rescores its candidates from their token vectors, which "
+            "hnce reads from a flat index or decodes from an ivfpq one, not from HNSW; set index.kind: flat (exact) "
+            "or ivfpq (compressed, docs/engines.md)",
+        )
+    if config.index.token_copy and (
+        config.model.scorer.name != "som" or config.index.kind != "ivfpq"
+    ):
+        raise config.error(
+            "index.token_copy",
+            f"is true, but it chooses what a compressed sum-of-max shard rescores from (index.kind "
+            f"ivfpq, scorer som), and this recipe has scorer {config.model.scorer.name!r} over "
+            f"{config.index.kind!r} (flat shards rescore from their own vectors; compressed "
+            f"multi-m always keeps its copy); set index.token_copy: false",
+        )
+    if config.index.nprobe is None:
+        config.index.nprobe = default_nprobe(
+            config.index.nlist, config.model.scorer.name == "multi"
+        )
+    if negatives.share == "global" and not config.model.scorer.indexable:
+        raise config.error(
+            "negatives.share",
+            f"is 'global', which gathers the entity side of the score across workers, but "
+            f"'model.scorer.name' is {config.model.scorer.name!r}, whose score is not split into "
+            f"a mention side and an entity side (not indexable, docs/math.md); use share 'batch' "
+            f"or 'none', or a dual, multi or som scorer",
+        )
+    _validate_samplers(config)
+    if refresh.mode == "sync" and (negatives.source != "index" or not refresh.enabled):
+        raise config.error(
+            "refresh.mode",
+            "is sync, which waits for refreshed negatives: it needs 'negatives.source: index' "
+            "and 'refresh.enabled: true'",
+        )
+    if refresh.trigger == "stale" and refresh.mode != "async":
+        raise config.error(
+            "refresh.trigger",
+            "is stale, which asks the asynchronous coordinator for refreshes: it needs "
+            "'refresh.mode: async' (sync refreshes every 'refresh.sync_every' steps)",
+        )
+    if refresh.top_n < negatives.num_negatives:
+        raise config.error(
+            "refresh.top_n",
+            f"({refresh.top_n}) must be at least 'negatives.num_negatives' "
+            f"({negatives.num_negatives})",
+        )
+    if negatives.source == "index" and config.data.train_split not in refresh.splits:
+        raise config.error(
+            "refresh.splits",
+            f"{refresh.splits} must include the train split {config.data.train_split!r}",
+        )
+    try:
+        build_loss(config.loss.name, **config.loss.options)
+    except ValueError as error:
+        raise config.error("loss", f"(name / options): {error}") from error
+    if config.training.precision == "bf16" and not config.cluster.use_gpu:
+        raise config.error(
+            "training.precision", "is bf16, which needs GPUs ('cluster.use_gpu: true')"
+        )
+    if config.model.shared_towers and config.training.zero_stage == 3:
+        raise config.error(
+            "model.shared_towers",
+            "with training.zero_stage 3 is not supported (one tower registered twice under "
+            "ZeRO-3's partitioned weights is untested here); use ZeRO 0, 1 or 2",
+        )
+    if config.cluster.gpu_sharing != "auto" and not config.cluster.use_gpu:
+        raise config.error(
+            "cluster.gpu_sharing",
+            f"is {config.cluster.gpu_sharing}, which needs GPUs ('cluster.use_gpu: true')",
+        )
+    return config
+
+
+def _validate_samplers(config: Config) -> None:
+    """What the chosen sampler's spec asks of the rest of the recipe."""
+    negatives = config.negatives
+    spec = SAMPLER_SPECS[negatives.sampler]
+    name = negatives.sampler
+    if spec.candidates == "index" and negatives.source != "index":
+        raise config.error(
+            "negatives.sampler",
+            f"{name!r} mines from an index but 'negatives.source' is {negatives.source!r}",
+        )
+    if spec.candidates == "index" and not (config.refresh.enabled or negatives.initial != "random"):
+        raise config.error(
+            "negatives.sampler",
+            f"{name!r} needs mined negatives but 'refresh.enabled' is false and "
+            f"'negatives.initial' is random",
+        )
+    if spec.candidates == "lexical" and negatives.source != "none":
+        raise config.error(
+            "negatives.sampler",
+            f"is {name}, which needs no index, but 'negatives.source' is {negatives.source!r}: "
+            f"set it to none, or start an index run from BM25 with 'negatives.initial: lexical'",
+        )
+    if negatives.initial != "random" and negatives.source != "index":
+        raise config.error(
+            "negatives.initial",
+            f"is {negatives.initial} (negatives version 0) but 'negatives.source' is none",
+        )
+    for check in (group.check for group in SAMPLER_SPECS.values() if group.check is not None):
+        problem = check(negatives)
+        if problem is not None:
+            raise config.error(*problem)
+    _validate_candidate_rules(config)
+    _validate_schedule(config)
+    scorer = config.model.scorer
+    if spec.loss_columns is not None and scorer.name != "dual":
+        raise config.error(
+            "model.scorer.name",
+            f"is {scorer.name!r}; the {name!r} sampler adds one vector per entity to the loss, "
+            f"which only the dual scorer reads",
+        )
+    if spec.scores_online and config.training.zero_stage == 3:
+        raise config.error(
+            "training.zero_stage",
+            f"is 3, whose partitioned weights cannot score outside the engine's forward, which "
+            f"{name!r} does; use 0, 1 or 2",
+        )
+
+
+def _validate_candidate_rules(config: Config) -> None:
+    """``negatives.candidates`` needs a sampler that draws from scored candidates, and a rank
+    window that starts inside the mined depth."""
+    negatives = config.negatives
+    rules, name = negatives.candidates, negatives.sampler
+    if SAMPLER_SPECS[name].candidates == "none":
+        for key in ("absolute_margin", "relative_margin", "rank_window"):
+            if getattr(rules, key) is not None:
+                raise config.error(
+                    f"negatives.candidates.{key}",
+                    f"is set, but sampler {name!r} draws from no scored candidates (only the "
+                    f"samplers of an index or BM25 do); remove it or pick such a sampler",
+                )
+        if rules.denoised:
+            raise config.error(
+                "negatives.candidates.denoised",
+                f"is true, but sampler {name!r} draws from no mined candidates",
+            )
+    depth = negatives.lexical.top_n if negatives.source == "none" else config.refresh.top_n
+    if rules.rank_window is not None and rules.rank_window[0] >= depth:
+        raise config.error(
+            "negatives.candidates.rank_window",
+            f"starts at rank {rules.rank_window[0]}, but each mention has only {depth} mined "
+            f"candidates ('refresh.top_n', or 'negatives.lexical.top_n' for BM25)",
+        )
+
+
+def _validate_schedule(config: Config) -> None:
+    """Each scheduled option must be a field of the chosen sampler."""
+    name = config.negatives.sampler
+    sampler = SAMPLER_SPECS[name].sampler
+    fields = (
+        {f.name for f in dataclasses.fields(sampler)}
+        if dataclasses.is_dataclass(sampler)
+        else set()
+    )
+    for option in config.negatives.schedule.scheduled:
+        if option not in fields:
+            raise config.error(
+                f"negatives.schedule.{option}",
+                f"is scheduled, but sampler {name!r} has no option {option!r} to schedule",
+            )
