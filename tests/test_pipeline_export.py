@@ -1,6 +1,6 @@
 """``hnce export``: a dual model's towers load in sentence-transformers and give hnce's own vectors
 (mean and [CLS] pooling, normalised or not); other scorers are refused before any work; and the
-README's export section, run as written, finds with plain faiss and pyarrow what hnce's own
+export page's (docs/export.md), run as written, finds with plain faiss and pyarrow what hnce's own
 searcher finds in a published index version."""
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from hnce.pipeline import export
 from hnce.pipeline.cli.main import main
 from hnce.pipeline.export import SENTENCE_TRANSFORMERS, export_run
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-SECTION = "### Export: sentence-transformers and plain FAISS"
+EXPORT_PAGE = Path(__file__).resolve().parents[1] / "docs" / "export.md"
+SECTION = "# Export: `hnce export`"
 # Short enough that BLINK's layout keeps every context piece at the mention length below.
 MENTIONS = [("the big", "paris", "is a city"), ("", "seine", "river"), ("on a river", "city", "")]
 # The first is longer than the entity length: both cut it there. None: no title (nor its marker).
@@ -53,7 +53,7 @@ def write_run(run_dir: Path, pooling: str, normalize: bool, hidden_size: int = 3
 
 
 def blink_texts(rows: list[tuple[str, ...]], markers: tuple[str, ...]) -> list[str]:
-    """Each row's fields joined by BLINK's markers, as the README tells users to feed the towers."""
+    """Each row's fields joined by BLINK's markers, as docs/export.md tells users to feed the towers."""
     texts = []
     for row in rows:
         parts = [row[0]]
@@ -139,8 +139,8 @@ def test_the_command_refuses_an_existing_out_and_a_missing_checkpoint_and_reads_
 
 
 def readme_section() -> tuple[list[str], list[str]]:
-    """The ``hnce`` command lines and the Python blocks of the README's export section."""
-    text = README.read_text(encoding="utf-8")
+    """The ``hnce`` command lines and the Python blocks of the export page's (docs/export.md)."""
+    text = EXPORT_PAGE.read_text(encoding="utf-8")
     start = text.index(SECTION)
     end = text.find("\n#", start + len(SECTION))
     section = text[start : end if end >= 0 else len(text)]
@@ -150,7 +150,7 @@ def readme_section() -> tuple[list[str], list[str]]:
 
 
 def test_the_readme_export_section_runs_as_written(tmp_path: Path) -> None:
-    """The README's command, its sentence-transformers lines and its plain-faiss lines, with the
+    """The export page's command, its sentence-transformers lines and its plain-faiss lines, with the
     example paths pointed at a small run: the top entities equal hnce's own searcher's."""
     places = {
         "runs/wordnet": tmp_path / "runs" / "wordnet",
@@ -171,7 +171,7 @@ def test_the_readme_export_section_runs_as_written(tmp_path: Path) -> None:
     assert main(shlex.split(pointed(commands[0]))[1:]) == 0
     namespace: dict[str, object] = {}
     for block in blocks:
-        exec(pointed(block), namespace)  # the README's own lines
+        exec(pointed(block), namespace)  # the page's own lines
 
     searcher = IndexStore(places["runs/wordnet"] / "index").current().load()
     queries = np.asarray(namespace["queries"], dtype=np.float32)
