@@ -31,50 +31,85 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
 
-# Reading order of the sections; result files not listed here follow alphabetically.
-SECTION_ORDER = (
-    "pipeline_demo",
-    "demo_seeds",
-    "demo_errors",
-    "demo_negatives_ceiling",
-    "peer_sentence_transformers",
-    "step_parity",
-    "first_step",
-    "default_recipe_long",
-    "wordnet_comparison",
-    "shared_negatives",
-    "refresh_modes",
-    "bias",
-    "real_model_bias",
-    "full_scale",
-    "full_scale_20000_som",
-    "cluster_scale",
-    "cluster_scale_1024",
-    "token_index",
-    "exact_mining",
-    "data_converters",
-    "encoders_throughput",
-    "cluster_search",
-    "cluster_encode",
-    "encode_cores",
-    "kept_pool",
-    "heldout_recall_cost",
-    "pipeline_refresh_overlap",
-    "core_handover",
-    "subnormal_flush",
-    "punctuation_skip",
-    "link_throughput",
-    "gpu_paths",
-    "gpu_multivector",
+# Reading order of the sections, grouped by the question they answer: (group, ((result file,
+# its name in the table of contents), ...)). Result files not listed here follow alphabetically,
+# under "Other".
+SECTIONS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
+    (
+        "The demo",
+        (
+            ("pipeline_demo", "what it prints"),
+            ("demo_seeds", "3 seeds"),
+            ("demo_errors", "where R@1 is lost"),
+            ("demo_negatives_ceiling", "the best possible negatives"),
+        ),
+    ),
+    (
+        "Against the peer",
+        (
+            ("peer_sentence_transformers", "sentence-transformers"),
+            ("step_parity", "the training step"),
+            ("first_step", "time to the first step"),
+        ),
+    ),
+    (
+        "Recipes and negatives",
+        (
+            ("default_recipe_long", "the default recipe"),
+            ("wordnet_comparison", "scorers x negatives"),
+            ("shared_negatives", "shared negatives"),
+            ("refresh_modes", "refresh modes"),
+            ("bias", "gradient bias"),
+            ("real_model_bias", "gradient bias while training"),
+        ),
+    ),
+    (
+        "Scale",
+        (
+            ("full_scale", "5.9M entities"),
+            ("full_scale_20000_som", "sum-of-max path"),
+            ("cluster_scale", "5.9M index, 128-d"),
+            ("cluster_scale_1024", "1024-d"),
+            ("token_index", "compressed multi-vector indexes"),
+            ("exact_mining", "exact mining"),
+        ),
+    ),
+    (
+        "Throughput on CPUs",
+        (
+            ("data_converters", "converters"),
+            ("encoders_throughput", "encoders"),
+            ("cluster_search", "sharded search"),
+            ("cluster_encode", "refresh encoding"),
+            ("encode_cores", "encoding on every core"),
+            ("kept_pool", "kept encoder pool"),
+            ("heldout_recall_cost", "held-out recall"),
+            ("pipeline_refresh_overlap", "trainer beside a refresh"),
+            ("core_handover", "core hand-over"),
+            ("subnormal_flush", "subnormal floats"),
+            ("punctuation_skip", "punctuation skiplist"),
+            ("link_throughput", "linking"),
+        ),
+    ),
+    (
+        "GPUs",
+        (
+            ("gpu_paths", "GPU paths"),
+            ("gpu_multivector", "multi-vector scorers"),
+        ),
+    ),
 )
+SECTION_ORDER = tuple(name for _, names in SECTIONS for name, _ in names)
 
 HEADER = """# Benchmarks
 
 Figures measured on the development machine (2 CPU cores, 24 GiB, no GPU) unless a section says
-otherwise. Each section is written by the script named in it (`benchmarks/<name>.py`, run as
-`python -m benchmarks.<name>`, results in `benchmarks/results/<name>.md`);
-`python -m benchmarks.report` reassembles this file. Timings on a shared 2-core machine are
-noisy: compare the ratios measured within one run, not absolute figures across runs.
+otherwise. Each section names the command that reproduces it and the commit it was measured at;
+it is the current figure of its question (older runs are in git). Each section is written by its
+script (`benchmarks/<name>.py`, run as `python -m benchmarks.<name>`, results in
+`benchmarks/results/<name>.md`); `python -m benchmarks.report` reassembles this file. Timings on
+a shared 2-core machine are noisy: compare the ratios measured within one run, not absolute
+figures across runs.
 """
 
 _RELATIVE_LINK = re.compile(r"\]\((?![a-z]+://|/|#)([^)]+)\)")
@@ -95,10 +130,41 @@ def as_section(markdown: str) -> str:
     return _RELATIVE_LINK.sub(lambda link: f"]({results}/{link.group(1)})", "\n".join(lines))
 
 
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces turned into
+    hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+def table_of_contents(files: list[Path]) -> str:
+    """One line per group of :data:`SECTIONS`, each section linked by its short name; result
+    files outside it under "Other", by their title."""
+    titles = {}
+    for path in files:
+        first = path.read_text(encoding="utf-8").lstrip().splitlines()[0]
+        titles[path.stem] = first.lstrip("#").strip()
+    groups = [
+        (group, [(name, label) for name, label in names if name in titles])
+        for group, names in SECTIONS
+    ]
+    listed = set(SECTION_ORDER)
+    groups.append(("Other", [(name, titles[name]) for name in titles if name not in listed]))
+    lines = [
+        f"- **{group}**: "
+        + ", ".join(f"[{label}](#{anchor(titles[name])})" for name, label in entries)
+        for group, entries in groups
+        if entries
+    ]
+    return "Contents:\n\n" + "\n".join(lines)
+
+
 def update_benchmarks_md() -> Path:
-    """Rewrite BENCHMARKS.md (atomically) from every result file; returns its path."""
-    sections = [as_section(path.read_text(encoding="utf-8")) for path in ordered_result_files()]
-    return atomic_write_text(BENCHMARKS_MD, "\n\n".join([HEADER.strip(), *sections]) + "\n")
+    """Rewrite BENCHMARKS.md (atomically) from every result file, a table of contents first;
+    returns its path."""
+    files = ordered_result_files()
+    sections = [as_section(path.read_text(encoding="utf-8")) for path in files]
+    parts = [HEADER.strip(), table_of_contents(files), *sections]
+    return atomic_write_text(BENCHMARKS_MD, "\n\n".join(parts) + "\n")
 
 
 def in_results(path: Path) -> bool:
