@@ -65,28 +65,70 @@ README = REPO / "README.md"
 README_LINK = re.compile(r"\]\(([^)\s]+)\)")
 # `hnce <command>` in running text, or a command line of a code block
 HNCE_COMMAND = re.compile(r"(?:`|^)hnce ([a-z][a-z-]*)", re.MULTILINE)
-HASH_OR_DATE = re.compile(r"\b[0-9a-f]{7,40}\b|20[0-9]{2}-[0-9]{2}")
+# A commit hash (hex with a letter and a digit, so that 5903530 or a synset offset is not one; any
+# hex in backticks) or a date (2026-11-24, 24 November 2026). A paper's "September 2020" is a
+# citation, not a date.
+HASH_OR_DATE = re.compile(
+    r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b|`[0-9a-f]{7,40}`"
+    r"|\b20[0-9]{2}-(?:0[1-9]|1[0-2])\b"
+    r"|\b[0-9]{1,2} (?:January|February|March|April|May|June|July|August|September|October"
+    r"|November|December) 20[0-9]{2}\b"
+)
 
 
 def _anchors(page: Path) -> set[str]:
-    """GitHub's anchors of a Markdown page's headings: lower case, punctuation dropped, spaces
-    turned into hyphens."""
-    headings = re.findall(r"^#+ (.+)$", page.read_text(encoding="utf-8"), flags=re.MULTILINE)
-    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+    """GitHub's anchors of a Markdown page's headings (lower case, punctuation dropped, spaces
+    turned into hyphens) and its explicit ones (``<a id="eq-19"></a>``)."""
+    text = page.read_text(encoding="utf-8")
+    headings = re.findall(r"^#+ (.+)$", text, flags=re.MULTILINE)
+    explicit = set(re.findall(r"<a (?:id|name)=\"([^\"]+)\"", text))
+    return explicit | {
+        re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings
+    }
+
+
+def _broken_links(page: Path) -> list[str]:
+    """The relative links of ``page`` that lead to no file, or to a Markdown page without the
+    heading their anchor names (``#anchor`` alone: a heading of ``page`` itself)."""
+    broken = []
+    for target in README_LINK.findall(page.read_text(encoding="utf-8")):
+        if "://" in target or target.startswith("mailto:"):
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path) if path else page
+        if not linked.exists():
+            broken.append(f"{page.relative_to(REPO)}: {target}: no such file")
+        elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+            broken.append(f"{page.relative_to(REPO)}: {target}: no such heading")
+    return broken
 
 
 def test_every_relative_link_of_the_readme_resolves_to_a_file_and_its_heading() -> None:
-    broken = []
-    for target in README_LINK.findall(README.read_text(encoding="utf-8")):
-        if "://" in target:
-            continue
-        path, _, anchor = target.partition("#")
-        page = (REPO / path) if path else README
-        if not page.exists():
-            broken.append(f"{target}: no such file")
-        elif anchor and anchor not in _anchors(page):
-            broken.append(f"{target}: no such heading")
+    broken = _broken_links(README)
     assert not broken, "\n".join(broken)
+
+
+def test_every_link_of_the_docs_pages_and_benchmarks_resolves_to_a_file_and_its_heading() -> None:
+    """Links from a docs page to another (``stores.md#the-run-lock``), to the README and to a
+    section of BENCHMARKS.md, and BENCHMARKS.md's own table of contents, reach their heading."""
+    pages = [REPO / "BENCHMARKS.md", *sorted((REPO / "docs").glob("*.md"))]
+    broken = [link for page in pages for link in _broken_links(page)]
+    assert not broken, "\n".join(broken)
+
+
+FENCED_BLOCK = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
+
+
+def test_no_docs_page_holds_a_commit_hash_or_a_date() -> None:
+    """Docs pages describe the code as it is; a measured figure, with the commit and the date it
+    was measured at, lives in BENCHMARKS.md. Sample output in a code block may show a timestamp."""
+    found = [
+        f"{page.relative_to(REPO)}: {line.strip()}"
+        for page in sorted((REPO / "docs").glob("*.md"))
+        for line in FENCED_BLOCK.sub("", page.read_text(encoding="utf-8")).splitlines()
+        if HASH_OR_DATE.search(line)
+    ]
+    assert not found, "\n".join(found)
 
 
 def test_every_docs_page_is_linked_from_the_readme_or_the_docs_index() -> None:
