@@ -278,9 +278,10 @@ class Scorer(nn.Module, metaclass=abc.ABCMeta):
     ) -> tuple[Tensor, Tensor]:
         """Vectors an index shard stores, float32 [V, d], and each one's row in the batch [V].
 
-        Indexable scorers: vectors of an inner-product index. Exact scorers (this default): the
-        kept vectors of ``reduce_entities``, in order, which :func:`exact_index_scores` groups
-        back per entity.
+        This default: the kept vectors of ``reduce_entities``, in order: for som one vector per
+        real token (its inner-product index); for the exact scorers what
+        :func:`exact_index_scores` groups back per entity. The other indexable scorers store
+        the vectors of their inner-product index.
         """
         vectors, kept = self.reduce_entities(entity_hidden, entity_mask)
         rows = torch.arange(vectors.shape[0], device=vectors.device)
@@ -289,8 +290,9 @@ class Scorer(nn.Module, metaclass=abc.ABCMeta):
     def mention_query_vectors(self, mention_hidden: Tensor, mention_mask: Tensor) -> Tensor:
         """Query vectors [B, Q, d] searched against ``entity_index_vectors``.
 
-        Indexable scorers: see ``index_scores``. Exact scorers (this default): ``reduce_mentions``
-        with masked vectors zeroed (a zero row reads as masked in :func:`exact_index_scores`).
+        This default: ``reduce_mentions`` with masked vectors zeroed: for som every token (a
+        padded one adds max_j 0 = 0 to the sum, ``index_scores``); for the exact scorers a zero
+        row reads as masked (:func:`exact_index_scores`).
         """
         vectors, kept = self.reduce_mentions(mention_hidden, mention_mask)
         return vectors * kept[..., None].to(vectors.dtype)
@@ -402,18 +404,6 @@ class SumOfMaxScorer(Scorer):
         best = logits.masked_fill(~entity_kept, float("-inf")).amax(-1)
         return best.masked_fill(~mention_kept[..., 0], 0.0).sum(-1)
 
-    def entity_index_vectors(
-        self, entity_hidden: Tensor, entity_mask: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        """One vector per real token, with its entity's row."""
-        kept = entity_mask.bool()
-        rows = torch.arange(entity_hidden.shape[0], device=entity_hidden.device)
-        return entity_hidden[kept].float(), rows[:, None].expand_as(kept)[kept]
-
-    def mention_query_vectors(self, mention_hidden: Tensor, mention_mask: Tensor) -> Tensor:
-        """Every token; padded ones are zero vectors, which add max_j 0 = 0 to the sum."""
-        return mention_hidden * mention_mask[..., None].to(mention_hidden.dtype)
-
 
 class PolyScorer(Scorer):
     """Poly-encoder (Humeau et al.; Zhang & Stratos (2021) §4.2) and its generalisation genpoly-m.
@@ -499,21 +489,18 @@ class GeneralScorer(Scorer):
     def _query_side_is_mention(self) -> bool:
         return self.config.query_side == "mention"
 
+    def _side(self, mention: bool) -> tuple[str, int, Tensor | None]:
+        """The reduction of the mention side (``mention``) or the entity side: the queries'
+        on the query side, the keys' on the other."""
+        if mention == self._query_side_is_mention():
+            return self.config.query_reduction, self.query_count, self.query_codes
+        return self.config.key_reduction, self.key_count, self.key_codes
+
     def reduce_mentions(self, hidden: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        if self._query_side_is_mention():
-            return self._reduce(
-                hidden, mask, self.config.query_reduction, self.query_count, self.query_codes
-            )
-        return self._reduce(hidden, mask, self.config.key_reduction, self.key_count, self.key_codes)
+        return self._reduce(hidden, mask, *self._side(mention=True))
 
     def reduce_entities(self, hidden: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        if self._query_side_is_mention():
-            return self._reduce(
-                hidden, mask, self.config.key_reduction, self.key_count, self.key_codes
-            )
-        return self._reduce(
-            hidden, mask, self.config.query_reduction, self.query_count, self.query_codes
-        )
+        return self._reduce(hidden, mask, *self._side(mention=False))
 
     def interact(
         self,
