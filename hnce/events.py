@@ -21,19 +21,19 @@ INITIAL_NEGATIVES  event log             ``train.version_zero``: the     ``train
                                          driver when negatives version   workers' wait), benchmarks
                                          0 is ready (``error`` if it
                                          failed)
-NONFINITE_LOSS     event log             ``train.worker``: a non-finite  tests
-                                         loss, skipped
-NONFINITE_STOP     event log             ``train.worker``: training      ``train.nonfinite`` (the driver
+NONFINITE_LOSS     event log             ``train.nonfinite``: a          tests
+                                         non-finite loss, skipped
+NONFINITE_STOP     event log             ``train.nonfinite``: training   ``train.nonfinite`` (the driver
                                          stopped on non-finite values    raises), ``hnce status``
-STALE              event log             ``train.worker``: the loss      ``hnce status`` (refresh
-                                         ratio asked for a refresh       requests)
-                                         (``train.staleness``)
+STALE              event log             ``train.refresh_handover``:     ``hnce status`` (refresh
+                                         the loss ratio asked for a      requests)
+                                         refresh (``train.staleness``)
 REFRESH_STOP       event log             ``train.refresh_health``:       ``train.refresh_health`` (the
                                          refreshes kept failing          driver raises), ``hnce status``
 REFRESH_FAILED     event log             ``train.refresh_health``: one   tests
                                          failed refresh, copied
-REFRESHES_END      event log             ``train.worker``: refreshes     tests
-                                         stop paying off
+REFRESHES_END      event log             ``train.refresh_handover``:     tests
+                                         refreshes stop paying off
                                          (``train.refresh_payoff``)
 =================  ====================  ==============================  ==================================
 

@@ -39,9 +39,9 @@ from hnce.pipeline.train.deepspeed_config import build_deepspeed_config
 from hnce.pipeline.train.events import read_events
 from hnce.pipeline.train.model import build_model, build_trainable
 from hnce.pipeline.train.one_process import single_process_group
-from hnce.pipeline.train.step import contrastive_loss, train_micro_batch
+from hnce.pipeline.train.step import contrastive_loss, start_engine, train_micro_batch
 from hnce.pipeline.train.task import TrainingTask
-from hnce.pipeline.train.worker import WorkerRun, start_engine
+from hnce.pipeline.train.worker import WorkerRun
 
 pytestmark = pytest.mark.slow
 

@@ -2,7 +2,9 @@
 
 One driver (``trainer.run_task``; ``run_training`` for ``hnce train``), one worker loop
 (``worker.WorkerRun``) and one contrastive step (``step``, over a ``batch.ContrastiveBatch``)
-train both the retriever and the joint reranker (``task.TrainingTask``). ``negatives`` holds
-where negatives come from, ``checkpointing`` the DeepSpeed side of checkpoints (weights-only
-resume), ``distributed`` the worker's device and collectives.
+train both the retriever and the joint reranker (``task.TrainingTask``). The loop wires its
+parts: ``negatives`` holds where negatives come from and the micro-batches a worker draws,
+``checkpointing`` the DeepSpeed side of checkpoints (weights-only resume),
+``refresh_handover`` the worker's side of the refreshes; ``distributed`` holds the worker's
+device and collectives.
 """

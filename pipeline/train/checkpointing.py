@@ -8,7 +8,9 @@ The layout and its SHA-256 manifest belong to :mod:`hnce.cluster.stores.checkpoi
   resumes from;
 - :func:`agreed_resume_step` and :func:`load_training_state`: the step to resume from (rank 0
   decides, every rank follows), verified against its manifest, then loaded through
-  :class:`WeightsOnlyCheckpointEngine`.
+  :class:`WeightsOnlyCheckpointEngine`;
+- :class:`WorkerCheckpoints`: a worker's side of both, the part of its loop that resumes and
+  publishes (only finite weights: :mod:`hnce.pipeline.train.nonfinite`).
 
 Trust: DeepSpeed's own loader calls ``torch.load(weights_only=False)``, which runs any code a
 pickle names. Whoever can write to ``run.dir`` controls both the state files and their manifest,
@@ -23,6 +25,8 @@ from __future__ import annotations
 import json
 import pickle
 import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +54,7 @@ from hnce.cluster.stores.checkpoints import (
 from hnce.pipeline.train.distributed import Collectives
 from hnce.pipeline.train.events import EventLog
 from hnce.pipeline.train.model import export_trainable
+from hnce.pipeline.train.nonfinite import weights_stop
 
 POINTER_FILE = "hnce_checkpoint.json"
 
@@ -160,3 +165,54 @@ def publish_checkpoint(
             path=str(directory),
             training_ends_at=state.get(TRAINING_ENDS_AT),
         )
+
+
+#: hears of every published checkpoint: (step, loss, rank); :func:`report_checkpoint` under Ray
+#: Train
+CheckpointReport = Callable[[int, float, int], None]
+
+
+@dataclass
+class WorkerCheckpoints:
+    """One worker's checkpoints of one task's run (``run_dir``, ``keep`` of them kept): the
+    step it resumes from and each checkpoint it publishes, which ``report`` hears of; ``log``:
+    rank 0's event log."""
+
+    engine: deepspeed.DeepSpeedEngine
+    model: nn.Module
+    run_dir: Path
+    collectives: Collectives
+    keep: int
+    log: EventLog | None
+    report: CheckpointReport
+
+    def resume(self, reported_step: int | None, setup_seconds: dict[str, float]) -> int | None:
+        """Load the checkpoint every rank agrees on (:func:`agreed_resume_step` of Ray Train's
+        ``reported_step``), logging a ``resume`` event with the worker's ``setup_seconds``; its
+        step, or None to start afresh."""
+        step = agreed_resume_step(self.run_dir, self.collectives, reported_step)
+        if step is None:
+            return None
+        path = load_training_state(self.engine, self.run_dir, step)
+        if self.log is not None:
+            self.log.write("resume", step=step, path=str(path), setup_seconds=setup_seconds)
+        return step
+
+    def publish(
+        self,
+        state: Mapping[str, Any],
+        request: Callable[[], Mapping[str, Any]] = dict,
+    ) -> bool:
+        """Checkpoint ``step-<S>/`` (S = ``state["step"]``, with its ``"loss"``) holding
+        ``state`` and then ``request()``'s entries (what it asks of the refresh coordinator,
+        asked only once the weights are known finite), reported; False on every rank, nothing
+        published and a stop logged, when some rank's weights are not finite."""
+        step = int(state["step"])
+        if weights_stop(self.collectives, self.model, step, self.log):
+            return False
+        published = {**state, **request()}
+        publish_checkpoint(
+            self.engine, self.model, self.run_dir, published, self.collectives, self.keep, self.log
+        )
+        self.report(step, float(state["loss"]), self.collectives.rank)
+        return True

@@ -14,12 +14,20 @@
   the current model's scores); a mention's known positives are never its negatives, nor are the
   candidates ``negatives.candidates`` rules out; ``negatives.schedule`` sets the sampler's
   options at each step.
+- :class:`TrainingData`: what a worker draws its micro-batches from (the training mentions in the
+  run's data order, their tokens, the catalogue's token store, the drawer and its source), built
+  by :func:`load_training_data`. The micro-batch of a micro-step, negatives and dropout seed
+  included, is a function of (seed, micro-step, rank) alone (:func:`micro_step_seed`), so a
+  resumed run draws what an uninterrupted one would; :meth:`TrainingData.switch` moves every
+  rank to the newest negatives version together.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -30,13 +38,17 @@ from torch import Tensor
 from hnce.cluster.compute.lexical import ensure_bm25
 from hnce.cluster.stores.denoised import denoised_path, read_denoised
 from hnce.cluster.stores.negatives_store import NegativesStore, NegativesVersion, check_catalogue
-from hnce.cluster.stores.tables import Mention
-from hnce.cluster.stores.tables_read import EntityCatalogue, catalogue_fingerprint
+from hnce.cluster.stores.tables import Mention, mention_split_path
+from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit, catalogue_fingerprint
+from hnce.cluster.stores.tokens import TokenStore
 from hnce.cluster.stores.versioned_dir import version_dir_name
+from hnce.encoders.biencoder import BiEncoder
+from hnce.encoders.reranker import JointReranker
 from hnce.mining.false_negatives import CandidateRules, FalseNegativeFilter
 from hnce.mining.samplers import (
     SAMPLER_SPECS,
     LocalScores,
+    LossColumns,
     NegativeSampler,
     SampledNegatives,
     SamplingRequest,
@@ -47,8 +59,13 @@ from hnce.mining.samplers.base import restricted
 from hnce.mining.samplers.lexical import Bm25Index
 from hnce.mining.schedule import SamplerSchedule
 from hnce.pipeline.config import Config
+from hnce.pipeline.train.batch import ContrastiveBatch, MentionTokens, ShareMode, assemble_batch
+from hnce.pipeline.train.data_order import MentionOrder
 from hnce.pipeline.train.distributed import Collectives
-from hnce.pipeline.train.model_scores import EntityScores
+from hnce.pipeline.train.events import EventLog
+from hnce.pipeline.train.model_scores import CurrentModelScores, EntityScores
+from hnce.pipeline.train.task import TrainingTask
+from hnce.progress import quiet
 
 logger = logging.getLogger(__name__)
 
@@ -321,3 +338,159 @@ class NegativeDrawer:
             log_q=sampled.log_q,
             hard=sampled.hard,
         )
+
+
+def trainable_mentions(config: Config, task: TrainingTask) -> tuple[list[Mention], int]:
+    """The training split (its first ``max_mentions`` when set) without the mentions whose gold
+    is missing from the catalogue (nothing to train towards); and how many were left out."""
+    split = MentionSplit.open(mention_split_path(Path(config.data.root), config.data.train_split))
+    mentions = split.read_all()
+    limit = task.max_mentions(config)
+    mentions = mentions[:limit] if limit > 0 else mentions
+    kept = [m for m in mentions if m.gold >= 0]
+    return kept, len(mentions) - len(kept)
+
+
+def micro_step_seed(seed: int, micro_step: int, rank: int) -> int:
+    """The seed of every random draw of one micro-step on one rank (negatives and dropout)."""
+    return ((seed * 1_000_003 + micro_step) * 1009 + rank) % (2**63)
+
+
+@dataclass
+class TrainingData:
+    """What one rank draws its micro-batches from (module docs): ``seed`` the run's, ``rank``
+    this worker's, ``accumulation`` micro-batches per optimizer step, ``share`` which candidates
+    are a mention's negatives (``negatives.share``, :mod:`hnce.pipeline.train.batch`)."""
+
+    mentions: list[Mention]
+    tokens: MentionTokens
+    store: TokenStore
+    order: MentionOrder
+    drawer: NegativeDrawer
+    source: CandidateSource
+    seed: int
+    rank: int
+    accumulation: int
+    share: ShareMode
+    scores: CurrentModelScores | None = None  # for the samplers that read the current model
+    loss_columns: LossColumns | None = None  # for the samplers that add columns to the loss
+
+    def micro_batch(self, micro_step: int) -> ContrastiveBatch:
+        """This rank's mentions at ``micro_step`` with their negatives, seeded by the micro-step
+        (torch's global seed too, for dropout) and with the sampler's options at its optimizer
+        step (``negatives.schedule``), so a resumed run draws what an uninterrupted one would."""
+        seed = micro_step_seed(self.seed, micro_step, self.rank)
+        torch.manual_seed(seed)
+        rows = self.order.batch(micro_step, self.rank)
+        mentions = [self.mentions[i] for i in rows]
+        scores = self.scores.for_rows(rows) if self.scores is not None else None
+        step = micro_step // self.accumulation
+        generator = torch.Generator().manual_seed(seed)
+        negatives = self.drawer.draw(mentions, self.source, generator, scores, step)
+        positives = [self.drawer.known_positives(m) for m in mentions]
+        batch = assemble_batch(
+            mentions, rows, self.tokens, negatives, self.store, positives, self.share
+        )
+        if self.loss_columns is not None:
+            vectors, valid = self.loss_columns.columns(batch.entity_ids[batch.gold], positives)
+            batch = dataclasses.replace(batch, queue_vectors=vectors, queue_valid=valid)
+        return batch
+
+    def micro_batches(self, step: int, device: torch.device) -> Iterator[ContrastiveBatch]:
+        """The micro-batches of optimizer step ``step``, on ``device``, drawn one at a time: the
+        next is drawn only once the consumer asks for it, after training on this one, whose
+        candidates then enter the loss columns (which end the step after the last). Read it to
+        the end."""
+        for micro in range(self.accumulation):
+            batch = self.micro_batch(step * self.accumulation + micro).to(device)
+            yield batch
+            if self.loss_columns is not None:
+                candidates = batch.candidates
+                self.loss_columns.observe(
+                    batch.entity_ids, candidates["input_ids"], candidates["attention_mask"]
+                )
+        if self.loss_columns is not None:
+            self.loss_columns.after_step()
+
+    def switch(self, step: int, log: EventLog | None) -> None:
+        """Switch to the newest published negatives version (a collective: every rank calls
+        it), logging a switch (``negatives`` event) in ``log``."""
+        source = self.source
+        if source.poll() and log is not None and source.current is not None:
+            log.write(
+                "negatives",
+                step=step,
+                version=source.version,
+                checkpoint_step=source.current.checkpoint_step,
+                lag=source.lag(step),
+            )
+
+    def start_loss_columns(
+        self,
+        config: Config,
+        task: TrainingTask,
+        model: BiEncoder | JointReranker,
+        log: EventLog | None,
+    ) -> None:
+        """When the retriever's sampler adds columns to the loss (its spec's ``loss_columns``,
+        e.g. the momentum queue): start them from ``model`` (the resumed one), logging their
+        memory."""
+        spec = SAMPLER_SPECS[config.negatives.sampler]
+        if task.kind != "retriever" or spec.loss_columns is None:
+            return
+        assert isinstance(model, BiEncoder)
+        columns = spec.loss_columns(model, config.negatives, len(self.store))
+        self.loss_columns = columns
+        logger.info(
+            "rank %d: %s adds loss columns: %.1f MiB",
+            self.rank,
+            spec.name,
+            columns.memory_bytes / 2**20,
+        )
+        if log is not None:
+            log.write("loss_columns", sampler=spec.name, bytes=columns.memory_bytes)
+
+
+def load_training_data(
+    config: Config,
+    task: TrainingTask,
+    model: BiEncoder | JointReranker,
+    collectives: Collectives,
+    world_size: int,
+    device: torch.device,
+) -> tuple[TrainingData, int]:
+    """Mentions (tokenized once), the catalogue's token store (built by whichever rank gets its
+    lock first), the data order, the negative drawer and its candidate source (with the current
+    model's scores when the sampler reads them, on ``device``); and how many mentions were left
+    out (no gold in the catalogue)."""
+    data_root = Path(config.data.root)
+    catalogue = EntityCatalogue.open(data_root)
+    mentions, skipped = trainable_mentions(config, task)
+    settings = task.settings(config)
+    if task.kind == "retriever":
+        drawer = NegativeDrawer.for_retriever(config, catalogue, mentions)
+        source: CandidateSource = RefreshedNegatives(
+            config.run_dir / "negatives", config.data.train_split, collectives, data_root
+        )
+    else:
+        assert task.candidates is not None
+        drawer = NegativeDrawer.for_reranker(config, len(catalogue), mentions)
+        source = FixedNegatives(task.candidates, data_root)
+    with quiet(collectives.rank != 0):  # whichever rank builds it, rank 0 reports
+        store = TokenStore.ensure(data_root, model.tokenizer, model.entity_length)
+    data = TrainingData(
+        mentions=mentions,
+        tokens=MentionTokens.tokenize(model, mentions),
+        store=store,
+        order=MentionOrder(len(mentions), settings.batch_size, world_size, config.run.seed),
+        drawer=drawer,
+        source=source,
+        seed=config.run.seed,
+        rank=collectives.rank,
+        accumulation=settings.gradient_accumulation,
+        share=task.share(config),
+    )
+    if drawer.scores_online:
+        assert isinstance(model, BiEncoder)
+        data.scores = CurrentModelScores(model, data.tokens, store, device)
+    return data, skipped

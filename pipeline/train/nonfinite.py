@@ -12,8 +12,10 @@ refresh nor an evaluation ever encodes with a diverged model.
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
+from typing import Literal
 
 import torch
 from torch import nn
@@ -21,7 +23,9 @@ from torch import nn
 from hnce.errors import InputError
 from hnce.events import RunEvent
 from hnce.pipeline.train.distributed import Collectives
-from hnce.pipeline.train.events import read_events
+from hnce.pipeline.train.events import EventLog, read_events
+
+logger = logging.getLogger(__name__)
 
 
 class NonFiniteTraining(InputError):
@@ -64,6 +68,40 @@ def weights_cause(step: int, ranks: list[int]) -> str:
         f"published and training stopped. Lower training.learning_rate or "
         f"training.max_grad_norm"
     )
+
+
+def loss_stops(
+    collectives: Collectives,
+    step: int,
+    loss: float,
+    on_nonfinite: Literal["stop", "warn"],
+    log: EventLog | None,
+) -> bool:
+    """True on every rank when some rank's ``loss`` at ``step`` is not finite and
+    ``on_nonfinite`` (``training.on_nonfinite``) stops; the cause is logged in ``log`` (rank 0's)
+    as a stop or a warning either way."""
+    ranks = nonfinite_ranks(collectives, math.isfinite(loss))
+    if not ranks:
+        return False
+    stop = on_nonfinite == "stop"
+    cause = loss_cause(step, ranks, loss)
+    if log is not None:
+        log.write(
+            RunEvent.NONFINITE_STOP if stop else RunEvent.NONFINITE_LOSS, step=step, cause=cause
+        )
+    logger.warning("rank %d: %s", collectives.rank, cause)
+    return stop
+
+
+def weights_stop(
+    collectives: Collectives, model: nn.Module, step: int, log: EventLog | None
+) -> bool:
+    """True on every rank when some rank's weights are not finite, so the checkpoint of
+    ``step`` must not be published (a stop logged in ``log``, rank 0's)."""
+    ranks = nonfinite_ranks(collectives, weights_are_finite(model))
+    if ranks and log is not None:
+        log.write(RunEvent.NONFINITE_STOP, step=step, cause=weights_cause(step, ranks))
+    return bool(ranks)
 
 
 def raise_if_diverged(run_dir: Path, since: float) -> None:

@@ -14,20 +14,31 @@ Which candidates are valid is ``negatives.share`` (:mod:`hnce.pipeline.train.bat
 ids are gathered from every worker between encoding and scoring (RocketQA's cross-batch
 negatives): a mention is scored against every worker's candidates, gradients flow only to this
 worker's (the others' are constants), and DeepSpeed averages the workers' gradients as usual.
+
+One optimizer step (:func:`train_step`) is ``gradient_accumulation`` such micro-batches on the
+DeepSpeed engine :func:`start_engine` starts; the micro-batches come from wherever the caller
+draws them (a worker's: :meth:`hnce.pipeline.train.negatives.TrainingData.micro_batches`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 import deepspeed
 import torch
+from deepspeed.accelerator import get_accelerator
 from torch import Tensor, nn
 
 from hnce.encoders.biencoder import with_extra_entities
+from hnce.pipeline.config import TrainingSettings
 from hnce.pipeline.train.batch import ContrastiveBatch
+from hnce.pipeline.train.checkpointing import use_weights_only_loading
+from hnce.pipeline.train.deepspeed_config import build_deepspeed_config
 from hnce.pipeline.train.distributed import Collectives
+
+logger = logging.getLogger(__name__)
 
 
 class ScoringModel(Protocol):
@@ -126,3 +137,72 @@ def train_micro_batch(
     engine.backward(value)
     engine.step()
     return float(value.detach())
+
+
+def train_step(
+    engine: deepspeed.DeepSpeedEngine, micro_batches: Iterable[ContrastiveBatch], loss: nn.Module
+) -> tuple[float, list[str]]:
+    """One optimizer step: :func:`train_micro_batch` on each of ``micro_batches`` (already on
+    the engine's device; DeepSpeed applies the optimizer after the last of the step's
+    ``gradient_accumulation``); the mean of their losses and the mentions they held, in order.
+    Each micro-batch is taken from ``micro_batches`` only once the one before is trained."""
+    mention_ids: list[str] = []
+    losses = []
+    for batch in micro_batches:
+        mention_ids += batch.mention_ids
+        losses.append(train_micro_batch(engine, batch, loss))
+    return sum(losses) / len(losses), mention_ids
+
+
+def skip_shared_memory_op() -> None:
+    """Keep DeepSpeed from building its shared-memory all-reduce op (``deepspeed_shm_comm``).
+
+    DeepSpeed's CPU backend JIT-loads that op at every process group it starts, under torch's
+    lock file ``<torch extensions>/deepspeed_shm_comm/lock``. A process killed while it holds
+    the lock (a worker lost mid-start: the fault tests kill them on purpose) leaves the file,
+    and every later DeepSpeed start on the machine waits on it for ever. The op serves only
+    ``deepspeed.comm.inference_all_reduce``, which training never calls, so it is marked
+    incompatible and no start loads it. GPU accelerators have no such op: nothing changes
+    there."""
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is not None:
+        deepspeed.ops.__compatible_ops__[builder.NAME] = False
+
+
+def flush_subnormal_floats() -> None:
+    """Flush subnormal floats to zero in this process (x86's FTZ/DAZ, ``torch.set_flush_denormal``).
+
+    Once a batch is well separated, the contrastive loss's gradients (and Adam's squared
+    moments) underflow below fp32's smallest normal number (~1.2e-38), and a CPU computes on
+    such subnormal numbers many times slower: sum-of-max with random negatives took 239.5 s for
+    30 steps instead of 24.3 s on 2 threads (``benchmarks/subnormal_flush.py``). The flag is per
+    thread and torch's intra-op threads take it from the thread that starts them, so it is set
+    before the worker's first step. Zero instead of a subnormal changes
+    no weight: added to weights of fp32 precision, such a value is far below their last bit."""
+    if not torch.set_flush_denormal(True):
+        logger.warning("this CPU cannot flush subnormal floats to zero: steps may slow down")
+
+
+def start_engine(
+    model: nn.Module,
+    settings: TrainingSettings,
+    device: torch.device,
+    gather: Collectives | None = None,
+) -> deepspeed.DeepSpeedEngine:
+    """``deepspeed.initialize`` of the step's module on the worker's device, loading weights-only;
+    ``gather``: the worker's collectives when candidates are shared across workers.
+
+    A lone worker whose optimizer is torch's own (ZeRO 0, fp32) has no gradient to average:
+    DeepSpeed's averaging would still flatten every gradient into buckets and copy it back each
+    step (0.1 s of the demo's 1.6 s step on 2 cores), so it is switched off there."""
+    module = ContrastiveScoring(model, settings.candidate_chunk_size, gather)
+    skip_shared_memory_op()
+    engine, _, _, _ = deepspeed.initialize(
+        model=module,
+        model_parameters=[p for p in module.parameters() if p.requires_grad],
+        config=build_deepspeed_config(settings, device),
+    )
+    use_weights_only_loading(engine)
+    if engine.dp_world_size == 1 and isinstance(engine.optimizer, torch.optim.Optimizer):
+        engine.enable_backward_allreduce = False
+    return engine
