@@ -1,11 +1,13 @@
 """The training step's parts without Ray: the micro-batch (unique candidates, masks, token rows),
 the loss over it (exactly eq. 11 for the classic per-mention case), the negative drawer (domain
-restriction, local ids, known positives), and the worker's device and collective rules
-(``pytest -k device``: every tensor handed to a collective is on the device its backend needs)."""
+restriction, local ids, known positives), a worker's micro-batches (no engine) and optimizer
+step (no DeepSpeed), and the worker's device and collective rules (``pytest -k device``: every
+tensor handed to a collective is on the device its backend needs)."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import torch.distributed as dist
 from store_helpers import mined_split
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
-from training_helpers import config_for
+from training_helpers import NO_INDEX, config_for, synthetic_config
 
 from hnce.cluster.stores.negatives_store import MinedSplit, NegativesStore
 from hnce.cluster.stores.tables import Entity, Mention, mention_split_path
@@ -31,14 +33,18 @@ from hnce.pipeline.train import distributed
 from hnce.pipeline.train.batch import ContrastiveBatch, MentionTokens, assemble_batch
 from hnce.pipeline.train.checkpointing import agreed_resume_step
 from hnce.pipeline.train.distributed import Collectives
+from hnce.pipeline.train.model import build_trainable
 from hnce.pipeline.train.negatives import (
     FixedNegatives,
     NegativeDrawer,
     RefreshedNegatives,
+    TrainingData,
+    load_training_data,
     training_entities,
 )
 from hnce.pipeline.train.one_process import single_process_group
-from hnce.pipeline.train.step import contrastive_loss
+from hnce.pipeline.train.step import contrastive_loss, train_micro_batch, train_step
+from hnce.pipeline.train.task import TrainingTask
 
 
 def split_mentions(small_dataset: Path, split: str = "train") -> list[Mention]:
@@ -243,6 +249,145 @@ def _generator() -> torch.Generator:
 
 def _cpu() -> torch.device:
     return torch.device("cpu")
+
+
+# --------------------------------------------------------------------------------------------
+# A worker's micro-batches (the negatives part, no engine) and its optimizer step (no DeepSpeed)
+
+
+def test_a_workers_micro_batch_is_a_function_of_seed_micro_step_and_rank_alone(
+    small_dataset: Path, syllable_bert: Path, tmp_path: Path
+) -> None:
+    """The same (seed, micro-step, rank) draws the same micro-batch whatever was drawn before (a
+    resumed run's first), and leaves torch's global seed where the step's dropout reads it;
+    the other rank draws other mentions of the same global batch."""
+    data = _training_data(small_dataset, syllable_bert, tmp_path)
+    first = data.micro_batch(3)
+    dropout = torch.rand(4)
+    data.micro_batch(0)
+    again = data.micro_batch(3)
+    assert torch.equal(torch.rand(4), dropout)
+    assert again.mention_ids == first.mention_ids
+    for name in ("entity_ids", "gold", "valid"):
+        assert torch.equal(getattr(again, name), getattr(first, name)), name
+    assert torch.equal(again.candidates["input_ids"], first.candidates["input_ids"])
+    other_rank = dataclasses.replace(data, rank=1).micro_batch(3)
+    assert len(other_rank.mention_ids) == len(first.mention_ids) == 2
+    assert not set(other_rank.mention_ids) & set(first.mention_ids)
+
+
+def test_a_steps_micro_batches_are_drawn_one_at_a_time_after_the_loss_columns_saw_the_last(
+    small_dataset: Path, syllable_bert: Path, tmp_path: Path
+) -> None:
+    """Optimizer step 1 of two micro-batches each: micro-steps 2 and 3, each drawn (and given
+    its loss columns) only once the one before was trained and entered the columns; the
+    columns end the step after the last."""
+    data = _training_data(small_dataset, syllable_bert, tmp_path)
+    calls: list[str] = []
+    data.loss_columns = RecordedColumns(calls)
+    trained = []
+    for batch in data.micro_batches(1, _cpu()):
+        calls.append("train")
+        trained.append(batch.mention_ids)
+    assert calls == ["columns", "train", "observe", "columns", "train", "observe", "after step"]
+    data.loss_columns = None
+    assert trained == [data.micro_batch(2).mention_ids, data.micro_batch(3).mention_ids]
+
+
+def test_one_optimizer_step_trains_its_micro_batches_in_order_and_averages_their_losses() -> None:
+    """The step without DeepSpeed or a worker: each micro-batch is forwarded, backpropagated and
+    stepped before the next is taken, and the step's loss is the mean of theirs."""
+    golds = torch.tensor([0, 1])
+    batches = [
+        _batch_without_tokens(golds, SampledNegatives(ids=ids, valid=torch.ones(2, 2, dtype=bool)))
+        for ids in (torch.tensor([[2, 3], [2, 4]]), torch.tensor([[3, 5], [4, 5]]))
+    ]
+    engine, reference = PlainEngine(), PlainEngine()
+    taken = []
+
+    def drawn() -> Iterator[ContrastiveBatch]:
+        for batch in batches:
+            taken.append(engine.steps)
+            yield batch
+
+    loss, mention_ids = train_step(engine, drawn(), NCELoss())
+    assert taken == [0, 1]
+    losses = [train_micro_batch(reference, batch, NCELoss()) for batch in batches]
+    assert loss == pytest.approx(sum(losses) / 2) and losses[0] != losses[1]
+    assert mention_ids == ["m0", "m1", "m0", "m1"]
+    assert torch.equal(engine.module.weights, reference.module.weights)
+
+
+def _training_data(dataset: Path, model_dir: Path, run_dir: Path) -> TrainingData:
+    """This rank's (0 of 2) training data for the retriever on random negatives, two
+    micro-batches of two mentions per step; no process group, no engine."""
+    config = synthetic_config(
+        run_dir,
+        dataset,
+        model_dir,
+        *NO_INDEX,
+        "training.batch_size=2",
+        "training.gradient_accumulation=2",
+    )
+    model = build_trainable(config, "retriever")
+    task = TrainingTask.retriever(config)
+    data, skipped = load_training_data(config, task, model, Collectives(_cpu()), 2, _cpu())
+    assert skipped == 0 and data.accumulation == 2 and data.rank == 0
+    return data
+
+
+class RecordedColumns:
+    """Loss columns that add none and record when they are asked for and shown candidates."""
+
+    memory_bytes = 0
+
+    def __init__(self, calls: list[str]) -> None:
+        self.calls = calls
+
+    def columns(
+        self, gold: torch.Tensor, positives: list[set[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self.calls.append("columns")
+        return torch.zeros(len(positives), 0, 1), torch.zeros(len(positives), 0, dtype=bool)
+
+    def observe(self, entity_ids: torch.Tensor, *tokens: torch.Tensor) -> None:
+        self.calls.append("observe")
+
+    def after_step(self) -> None:
+        self.calls.append("after step")
+
+
+class PlainScores(torch.nn.Module):
+    """Scores [B, C] read off one weight matrix, whatever the tokens: a model for the step."""
+
+    gather = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weights = torch.nn.Parameter(torch.randn(4, 8, generator=_generator()))
+
+    def forward(self, mentions: dict, candidates: dict, *_: object) -> torch.Tensor:
+        return self.weights[: len(mentions["input_ids"]), : len(candidates["input_ids"])]
+
+
+class PlainEngine:
+    """What the step asks of a DeepSpeed engine, over plain SGD: call, backward, step."""
+
+    def __init__(self) -> None:
+        self.module = PlainScores()
+        self.optimizer = torch.optim.SGD(self.module.parameters(), lr=0.5)
+        self.steps = 0
+
+    def __call__(self, *inputs: object) -> torch.Tensor:
+        return self.module(*inputs)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self) -> None:
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        self.steps += 1
 
 
 # --------------------------------------------------------------------------------------------
