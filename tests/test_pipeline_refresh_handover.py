@@ -1,0 +1,168 @@
+"""A worker's side of the refreshes on its own (:mod:`hnce.pipeline.train.refresh_handover`): no
+engine, no micro-batch, no process group; the negatives it reads and switches are a stand-in
+whose versions arrive one switch at a time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from training_helpers import CONFIGS
+
+from hnce.cluster.stores.checkpoints import REFRESH_REQUEST, REFRESHES_END, TRAINING_ENDS_AT
+from hnce.events import RunEvent
+from hnce.pipeline.config import load_config
+from hnce.pipeline.train.distributed import Collectives
+from hnce.pipeline.train.events import EventLog, read_events
+from hnce.pipeline.train.refresh_handover import RefreshHandover
+from hnce.pipeline.train.task import TrainingTask
+from hnce.pipeline.train.version_zero import initial_negatives_error
+
+
+@dataclass
+class Version:
+    """A negatives version: its number and the step of the checkpoint it was mined with."""
+
+    version: int
+    checkpoint_step: int
+
+
+@dataclass
+class Source:
+    """The version in use (None before the first)."""
+
+    current: Version | None = None
+
+    @property
+    def version(self) -> int:
+        return -1 if self.current is None else self.current.version
+
+
+@dataclass
+class ArrivingNegatives:
+    """Negatives whose next version (mined with the checkpoint of the next of ``arrivals``, or
+    none where it says None) is live after each switch; ``switches``: the steps it switched at."""
+
+    arrivals: list[int | None] = field(default_factory=list)
+    source: Source = field(default_factory=Source)
+    switches: list[int] = field(default_factory=list)
+
+    def switch(self, step: int, log: EventLog | None) -> None:
+        self.switches.append(step)
+        checkpoint = self.arrivals.pop(0) if self.arrivals else None
+        if checkpoint is not None:
+            self.source.current = Version(self.source.version + 1, checkpoint)
+
+
+def handover(
+    tmp_path: Path,
+    *overrides: str,
+    arrivals: tuple[int | None, ...] = (),
+    since: float | None = None,
+) -> tuple[RefreshHandover, ArrivingNegatives]:
+    """The retriever's hand-over on the test recipe (12 steps, a checkpoint every 4, a look
+    for negatives every 3), rank 0 of a lone worker, logging to ``tmp_path``."""
+    config = load_config(
+        CONFIGS / "synthetic-test.yaml",
+        [
+            f"run.dir={tmp_path}",
+            "training.steps=12",
+            "training.checkpoint_every=4",
+            "training.negatives_check_every=3",
+            "refresh.poll_seconds=0.01",
+            *overrides,
+        ],
+    )
+    negatives = ArrivingNegatives(list(arrivals))
+    task = TrainingTask.retriever(config)
+    log = EventLog(tmp_path)
+    collectives = Collectives(torch.device("cpu"))
+    return RefreshHandover(config, task, collectives, log, negatives, since), negatives
+
+
+def test_a_worker_looks_for_newer_negatives_every_few_steps_and_at_each_start(
+    tmp_path: Path,
+) -> None:
+    """``negatives_check_every`` 3: steps 0, 3, 6 and 9, and the first step of a resume (5);
+    asynchronous refreshes never make it wait, and every checkpoint asks for one."""
+    run, negatives = handover(tmp_path)
+    assert not any(run.poll(step, first=step == 0) for step in range(12))
+    assert not run.poll(5, first=True)
+    assert negatives.switches == [0, 3, 6, 9, 5]
+    assert [step for step in range(1, 13) if run.publishes_at(step)] == [4, 8, 12]
+    assert all(run.asks_for_refresh(step, stale=False) for step in (4, 8))
+    assert read_events(tmp_path, "refresh_wait") == []
+
+
+def test_a_sync_worker_waits_for_the_negatives_of_its_checkpoint(tmp_path: Path) -> None:
+    """``refresh.mode: sync`` every 4 steps: at step 4 training waits until a version mined
+    with the checkpoint of step 4 is live (an older one does not do), and the checkpoints it
+    waits for, and only those, ask for a refresh."""
+    run, negatives = handover(
+        tmp_path,
+        "refresh.mode=sync",
+        "refresh.sync_every=4",
+        "training.checkpoint_every=6",
+        arrivals=(None, 0, None, 4),
+    )
+    assert not run.poll(3)
+    assert not run.poll(4)
+    assert negatives.switches == [3, 4, 4, 4] and negatives.source.current == Version(1, 4)
+    (wait,) = read_events(tmp_path, "refresh_wait")
+    assert wait["step"] == 4 and wait["seconds"] > 0
+    assert [step for step in range(1, 13) if run.publishes_at(step)] == [4, 6, 8, 12]
+    assert [run.asks_for_refresh(step, stale=False) for step in (4, 6, 8)] == [True, False, True]
+
+
+def test_a_checkpoint_asks_for_no_refresh_once_refreshes_end(tmp_path: Path) -> None:
+    """The last checkpoint ends the run's refreshes (nothing would train on them): its state
+    asks for none and says so, and only the first checkpoint that ends them logs why."""
+    run, _ = handover(tmp_path)
+    assert run.checkpoint_request(4) == {
+        REFRESH_REQUEST: True,
+        REFRESHES_END: False,
+        TRAINING_ENDS_AT: None,
+    }
+    for _ in range(2):
+        request = run.checkpoint_request(12)
+        assert request[REFRESHES_END] and not request[REFRESH_REQUEST]
+    assert [e["step"] for e in read_events(tmp_path, RunEvent.REFRESHES_END)] == [12]
+
+
+def test_stale_negatives_make_their_checkpoint_ask_for_a_refresh(tmp_path: Path) -> None:
+    """``refresh.trigger: stale``: once the loss on a version falls to the ratio, the next look
+    (every 3 steps) finds it stale, logs why, and that checkpoint asks; the version is asked
+    for once, and the other checkpoints do not ask."""
+    run, negatives = handover(
+        tmp_path,
+        "refresh.trigger=stale",
+        "refresh.stale_window=1",
+        "refresh.stale_loss_ratio=0.5",
+        arrivals=(0,),
+    )
+    run.poll(0, first=True)
+    losses = [4.0, 4.0, 1.0, 1.0, 1.0, 1.0]
+    stale = [run.after_step(step, loss, 1.0) for step, loss in enumerate(losses, 1)]
+    assert stale == [False, False, True, False, False, False]
+    (event,) = read_events(tmp_path, RunEvent.STALE)
+    assert (event["step"], event["version"]) == (3, negatives.source.version)
+    assert run.asks_for_refresh(3, stale=True) and not run.asks_for_refresh(4, stale=False)
+
+
+def test_the_first_step_waits_for_version_zero_or_stands_down_when_it_failed(
+    tmp_path: Path,
+) -> None:
+    """Negatives version 0 prepared beside the workers' start: the first step waits for it
+    (an ``initial_negatives_wait`` event); when the driver reports that it failed, the worker
+    stands down instead; without such a driver nothing waits."""
+    ready, negatives = handover(tmp_path / "ready", arrivals=(None, None, 0), since=0.0)
+    assert not ready.wait_for_version_zero(0)
+    assert negatives.switches == [0, 0, 0]
+    assert [e["step"] for e in read_events(tmp_path / "ready", "initial_negatives_wait")] == [0]
+    failing, _ = handover(tmp_path / "failing", since=0.0)
+    EventLog(tmp_path / "failing").write(RunEvent.INITIAL_NEGATIVES, error="no index")
+    assert initial_negatives_error(tmp_path / "failing", 0.0) == "no index"
+    assert failing.wait_for_version_zero(0)
+    unprepared, negatives = handover(tmp_path / "unprepared")
+    assert not unprepared.wait_for_version_zero(0) and negatives.switches == []
