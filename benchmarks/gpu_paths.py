@@ -125,6 +125,10 @@ def one_gpu_training(args: argparse.Namespace) -> list[str]:
         "cluster.use_gpu": "true",
         "training.precision": "bf16",
         "training.num_workers": 1,
+        "training.zero_stage": 1,  # the test recipe's ZeRO, mixed negatives and refresh: off by default
+        "negatives.sampler": "mixed",
+        "negatives.source": "index",
+        "refresh.enabled": "true",
         "training.cpus_per_worker": 4,
         "training.steps": args.steps,
         "training.batch_size": 32,

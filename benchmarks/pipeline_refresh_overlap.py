@@ -92,7 +92,16 @@ def training_configs(args: argparse.Namespace, data: Path, work: Path) -> tuple[
         ],
     )
     overlapped = load_config(
-        recipe, [*common, f"run.dir={work / 'overlap'}", "refresh.encoder_cpus=1"]
+        recipe,
+        [
+            *common,
+            f"run.dir={work / 'overlap'}",
+            "refresh.encoder_cpus=1",
+            # the test recipe's mixed negatives and refresh, off by default
+            "negatives.sampler=mixed",
+            "negatives.source=index",
+            "refresh.enabled=true",
+        ],
     )
     return alone, overlapped
 

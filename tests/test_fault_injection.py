@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 from conftest import write_letter_bert
 from ray_cluster_helpers import MARKER_VARIABLE, hang_report, kill_marked
+from training_helpers import CONFIGS, REFRESHED
 
 from hnce.cluster.stores.checkpoints import EXPORT_DIR, complete_checkpoints, verify_checkpoint
 from hnce.cluster.stores.files import STAGING_PREFIX
@@ -44,7 +45,6 @@ from hnce.pipeline.train.events import read_events
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 HNCE = [sys.executable, "-m", "hnce.pipeline.cli.main"]
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 MARKER = f"fault-injection-{os.getpid()}"
@@ -172,11 +172,12 @@ def recipe(inputs: Path) -> Callable[[Path], list[str]]:
     settings = [
         f"data.root={inputs / 'data'}",
         f"model.path={inputs / 'model'}",
+        *REFRESHED,
         "negatives.sampler=random",
+        "training.zero_stage=1",  # resumed from DeepSpeed's partitioned optimizer state
         "training.steps=24",
         "training.checkpoint_every=4",
         "training.keep_checkpoints=10",
-        "training.num_workers=1",
         "training.batch_size=8",
         "training.cores=reserved",
         "refresh.shard_size=16",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from training_helpers import NO_INDEX, synthetic_config
+from training_helpers import synthetic_config
 
 from hnce.cluster.stores.files import atomic_write_json
 from hnce.cluster.stores.lock_holder import REFRESH, LockHolder, holder_file
@@ -124,7 +124,6 @@ def test_training_steps_give_the_cores_back_while_a_refresh_works(
         tmp_path / "run",
         small_dataset,
         syllable_bert,
-        *NO_INDEX,
         "training.cpus_per_worker=1",
         "training.batch_size=4",
         "training.steps=4",

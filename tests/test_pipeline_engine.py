@@ -16,7 +16,7 @@ import torch
 from deepspeed.comm import comm as deepspeed_comm
 from deepspeed.ops.op_builder.builder import OpBuilder
 from torch.utils.file_baton import FileBaton
-from training_helpers import NO_INDEX, synthetic_config, write_syllable_bert
+from training_helpers import synthetic_config, write_syllable_bert
 
 from hnce.cluster.stores.checkpoints import (
     DEEPSPEED_DIR,
@@ -66,7 +66,6 @@ def recipe(run_dir: Path, small_dataset: Path, syllable_bert: Path, *overrides: 
         run_dir,
         small_dataset,
         syllable_bert,
-        *NO_INDEX,
         "training.batch_size=4",
         "training.log_every=1",
         *overrides,

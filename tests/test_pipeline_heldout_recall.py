@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from store_helpers import write_checkpoint
-from training_helpers import CONFIGS, synthetic_config, write_letter_export
+from training_helpers import CONFIGS, REFRESHED, synthetic_config, write_letter_export
 
 from hnce.cluster.compute.heldout import HeldoutSpec, score_heldout
 from hnce.cluster.compute.refresh_job import EXIT_OK, refresh_once
@@ -38,6 +38,7 @@ def _settings(run_dir: Path, data: Path, model_dir: Path) -> list[str]:
         f"data.root={data}",
         f"model.path={model_dir}",
         f"eval.ks=[{', '.join(map(str, KS))}]",
+        *REFRESHED,
         "data.max_eval_mentions=50",
         "refresh.shard_size=32",
         "refresh.heldout_recall=true",

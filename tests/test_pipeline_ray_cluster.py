@@ -15,6 +15,7 @@ import pytest
 import yaml
 from conftest import write_letter_bert
 from ray_cluster_helpers import BUILTIN_RESOURCES, LocalRayCluster
+from training_helpers import REFRESHED, TWO_WORKERS
 
 from hnce.cluster.compute import resources
 from hnce.cluster.compute.resources import ENCODER_RESOURCE, TRAINER_RESOURCE
@@ -168,6 +169,7 @@ def jobs(cluster: LocalRayCluster, tmp_path_factory: pytest.TempPathFactory) -> 
         run_dir,
         "train",
         "--no-progress",
+        *(part for setting in (*REFRESHED, *TWO_WORKERS) for part in ("--set", setting)),
         *("--set", f"training.steps={TRAINED_STEPS}", "--set", "training.checkpoint_every=4"),
         *("--set", "refresh.poll_seconds=0.5"),
     )

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import write_letter_bert
+from training_helpers import CONFIGS, REFRESHED
 
 from hnce import progress
 from hnce.cluster.compute.refresh_job import RefreshesFailing
@@ -30,7 +31,6 @@ from hnce.pipeline.train.refresh_health import (
 from hnce.pipeline.train.trainer import run_training
 
 CPU = torch.device("cpu")
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def _failure(checkpoint: int, in_a_row: int, finished: float) -> RefreshRecord:
@@ -118,7 +118,7 @@ def test_training_stops_with_the_cause_when_every_refresh_fails(
             f"run.dir={tmp_path / 'run'}",
             f"data.root={data}",
             f"model.path={write_letter_bert(tmp_path / 'model')}",
-            "training.num_workers=1",
+            *REFRESHED,
             "training.batch_size=8",
             "refresh.poll_seconds=0.2",
             "refresh.shard_size=8",

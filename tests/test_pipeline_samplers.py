@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from training_helpers import config_for
+from training_helpers import REFRESHED, config_for
 
 from hnce.cluster.compute.lexical import bm25_directory, ensure_bm25, publish_lexical_negatives
 from hnce.cluster.stores.negatives_store import NegativesStore
@@ -254,12 +254,12 @@ def test_momentum_queue_feeds_the_step_and_follows_the_ema_rule(
     ("overrides", "key"),
     [
         (("negatives.sampler=momentum-queue", "model.scorer={name: multi, m: 2}"), "model.scorer"),
-        (("negatives.sampler=lexical",), "negatives.sampler"),
+        (("negatives.sampler=lexical", "negatives.source=index"), "negatives.sampler"),
         (
             ("negatives.initial=lexical", "negatives.source=none", "negatives.sampler=random"),
             "negatives.initial",
         ),
-        (("negatives.sampler=ohem", "training.zero_stage=3"), "training.zero_stage"),
+        ((*REFRESHED, "negatives.sampler=ohem", "training.zero_stage=3"), "training.zero_stage"),
         (
             ("negatives.sampler=lexical", "negatives.source=none", "negatives.lexical.top_n=2"),
             "negatives.lexical.top_n",
@@ -277,7 +277,7 @@ def test_sampler_recipes_refused_with_the_key(
 def test_index_samplers_need_a_refresh_or_bm25_version_zero(
     small_dataset: Path, syllable_bert: Path
 ) -> None:
-    overrides = ("negatives.sampler=adversarial", "refresh.enabled=false")
+    overrides = ("negatives.sampler=adversarial", "negatives.source=index")
     with pytest.raises(ConfigError, match=r"'negatives\.sampler'"):
         config_for(small_dataset, syllable_bert, *overrides)
     config = config_for(small_dataset, syllable_bert, *overrides, "negatives.initial=lexical")

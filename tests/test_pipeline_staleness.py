@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from store_helpers import publish_index, write_checkpoint
-from training_helpers import CONFIGS
+from training_helpers import CONFIGS, REFRESHED
 
 from hnce.cluster.compute.refresh import NoCheckpointError, RefreshPlan
 from hnce.cluster.compute.refresh_job import refresh_target
@@ -102,9 +102,10 @@ def test_pruning_spares_the_newest_request(tmp_path: Path) -> None:
 
 def test_the_stale_trigger_needs_the_asynchronous_coordinator() -> None:
     recipe = CONFIGS / "synthetic-test.yaml"
-    config = load_config(recipe, ["refresh.trigger=stale", "refresh.stale_loss_ratio=0.7"])
+    stale = [*REFRESHED, "refresh.trigger=stale"]
+    config = load_config(recipe, [*stale, "refresh.stale_loss_ratio=0.7"])
     assert (config.refresh.trigger, config.refresh.stale_loss_ratio) == ("stale", 0.7)
     with pytest.raises(ConfigError, match=r"refresh\.trigger.*async"):
-        load_config(recipe, ["refresh.trigger=stale", "refresh.mode=sync"])
+        load_config(recipe, [*stale, "refresh.mode=sync"])
     with pytest.raises(ConfigError, match="stale_loss_ratio"):
         load_config(recipe, ["refresh.stale_loss_ratio=1.5"])

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from store_helpers import mined_split
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
-from training_helpers import NO_INDEX, config_for, synthetic_config
+from training_helpers import REFRESHED, config_for, synthetic_config
 
 from hnce.cluster.stores.negatives_store import MinedSplit, NegativesStore
 from hnce.cluster.stores.tables import Entity, Mention, mention_split_path
@@ -189,6 +189,7 @@ def test_index_candidates_outside_the_domains_and_known_positives_are_never_draw
         config = config_for(
             small_dataset,
             syllable_bert,
+            *REFRESHED,
             "negatives.sampler=greedy",
             "negatives.num_negatives=1",
             f"negatives.filter_false_negatives={str(filter_false_negatives).lower()}",
@@ -203,7 +204,7 @@ def test_index_candidates_outside_the_domains_and_known_positives_are_never_draw
 def test_retriever_draws_random_until_the_first_refresh(
     small_dataset: Path, syllable_bert: Path, tmp_path: Path
 ) -> None:
-    config = config_for(small_dataset, syllable_bert, "negatives.sampler=hard")
+    config = config_for(small_dataset, syllable_bert, *REFRESHED, "negatives.sampler=hard")
     catalogue = EntityCatalogue.open(small_dataset)
     mentions = split_mentions(small_dataset)[:3]
     drawer = NegativeDrawer.for_retriever(config, catalogue, mentions)
@@ -325,7 +326,6 @@ def _training_data(dataset: Path, model_dir: Path, run_dir: Path) -> TrainingDat
         run_dir,
         dataset,
         model_dir,
-        *NO_INDEX,
         "training.batch_size=2",
         "training.gradient_accumulation=2",
     )

@@ -18,7 +18,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from training_helpers import CONFIGS, exact_scores, synthetic_config, write_syllable_bert
+from training_helpers import (
+    CONFIGS,
+    REFRESHED,
+    TWO_WORKERS,
+    exact_scores,
+    synthetic_config,
+    write_syllable_bert,
+)
 
 from hnce.cluster.compute.actors import StopRequested
 from hnce.cluster.compute.coordinator import COORDINATOR_ROLE
@@ -100,6 +107,8 @@ def test_training_switches_to_refreshed_negatives_without_waiting(
         run_dir,
         dataset,
         tiny_model_dir,
+        *REFRESHED,
+        *TWO_WORKERS,
         f"training.steps={STEPS}",
         "training.checkpoint_every=20",
         "training.negatives_check_every=2",
@@ -164,8 +173,8 @@ def test_stale_negatives_ask_for_the_only_refreshes_the_coordinator_runs(
         run_dir,
         dataset,
         tiny_model_dir,
+        *REFRESHED,
         f"training.steps={steps}",
-        "training.num_workers=1",
         "training.checkpoint_every=50",
         "training.negatives_check_every=2",
         "training.keep_checkpoints=20",
@@ -229,9 +238,8 @@ def test_poly_trains_on_exactly_mined_hard_negatives_and_evaluates_exactly(
         dataset,
         tiny_model_dir,
         "model.scorer={name: poly, m: 16}",
-        "training.num_workers=1",
+        *REFRESHED,
         "negatives.sampler=hard",
-        "negatives.source=index",
         "training.steps=16",
         "training.checkpoint_every=100",
         "refresh.mode=sync",
@@ -289,12 +297,10 @@ def test_killed_worker_resumes_and_repeats_the_uninterrupted_run(
     checkpoint and then draws exactly the mentions, and computes exactly the losses, of a run
     that was never interrupted."""
     overrides = (
+        *TWO_WORKERS,  # a worker of the group is killed
         "training.steps=60",
         "training.checkpoint_every=20",
         "training.max_failures=2",
-        "negatives.sampler=random",
-        "negatives.source=none",
-        "refresh.enabled=false",
     )
     whole = synthetic_config(tmp_path / "whole", dataset, tiny_model_dir, *overrides)
     run_training(whole)
@@ -341,12 +347,7 @@ def test_a_launch_killed_while_ray_train_wrote_its_snapshot_resumes_from_the_new
     """Ray Train writes its checkpoint manager's snapshot in place; a launch killed mid-write
     leaves it empty (as CI once saw), and Ray Train refuses to start from it. The next launch of
     the same command discards that state and resumes from the newest complete checkpoint."""
-    overrides = (
-        "training.checkpoint_every=2",
-        "negatives.sampler=random",
-        "negatives.source=none",
-        "refresh.enabled=false",
-    )
+    overrides = ("training.checkpoint_every=2",)
     run_dir = tmp_path / "run"
     run_training(synthetic_config(run_dir, dataset, tiny_model_dir, "training.steps=4", *overrides))
     snapshots = list((run_dir / "ray").rglob("checkpoint_manager_snapshot.json"))
@@ -374,6 +375,7 @@ def test_sync_refreshes_hold_training_until_their_negatives_are_live(
         run_dir,
         dataset,
         tiny_model_dir,
+        *REFRESHED,
         "training.steps=24",
         "training.checkpoint_every=4",
         "training.keep_checkpoints=10",
@@ -415,7 +417,9 @@ def test_version_zero_takes_over_the_index_an_evaluation_built_for_the_untrained
     negatives version 0 comes from that same model: version 0 is the evaluation's index, its
     files linked (nothing encoded again), and version 0's negatives are mined from it."""
     run_dir = tmp_path / "run"
-    config = synthetic_config(run_dir, dataset, tiny_model_dir, "negatives.initial=model")
+    config = synthetic_config(
+        run_dir, dataset, tiny_model_dir, *REFRESHED, "negatives.initial=model"
+    )
     untrained = evaluate_checkpoint(config, "untrained")
     evaluations = IndexStore(run_dir / "eval-index")
     [number] = evaluations.versions()
@@ -457,6 +461,7 @@ def test_a_failing_version_zero_stops_the_waiting_workers_and_reaches_the_driver
         run_dir,
         dataset,
         tiny_model_dir,
+        *REFRESHED,
         "training.steps=8",
         "training.max_failures=1",
         "negatives.initial=model",
@@ -504,7 +509,12 @@ def test_a_failing_trainer_abandons_version_zero_before_its_error_is_raised(
     monkeypatch.setattr(trainer, "fit_interruptibly", worker_dies)
     run_dir = tmp_path / "run"
     config = synthetic_config(
-        run_dir, dataset, tiny_model_dir, "negatives.initial=model", "refresh.enabled=false"
+        run_dir,
+        dataset,
+        tiny_model_dir,
+        *REFRESHED,
+        "negatives.initial=model",
+        "refresh.enabled=false",
     )
     with pytest.raises(RuntimeError, match="planted: the worker group failed"):
         run_training(config)

@@ -56,6 +56,7 @@ def test_online_samplers_train_on_negatives_mined_once_before_training(
         small_dataset,
         syllable_bert,
         f"negatives.sampler={sampler}",
+        "negatives.source=index",
         f"negatives.initial={initial}",
         "negatives.ohem.pool_size=8",
     )

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from training_helpers import NO_INDEX, synthetic_config
+from training_helpers import synthetic_config
 
 from hnce.cluster.stores.refresh_log import (
     HeldoutRecall,
@@ -90,7 +90,6 @@ def test_a_training_worker_writes_tensorboard_scalars_of_its_steps(
         tmp_path / "run",
         small_dataset,
         syllable_bert,
-        *NO_INDEX,
         "training.batch_size=4",
         "training.steps=3",
         "training.checkpoint_every=100",

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import torch
-from training_helpers import NO_INDEX, synthetic_config
+from training_helpers import synthetic_config
 
 from hnce.cluster.stores.checkpoints import REFRESH_REQUEST, STATE_FILE, checkpoint_dir
 from hnce.events import RunEvent
@@ -28,7 +28,7 @@ def test_a_worker_publishes_resumes_and_refuses_non_finite_weights(
     reported; a later resume finds it and loads its weights back; weights that are not finite
     publish nothing, report nothing, ask the coordinator nothing and log a stop."""
     run_dir = tmp_path / "run"
-    config = synthetic_config(run_dir, small_dataset, syllable_bert, *NO_INDEX)
+    config = synthetic_config(run_dir, small_dataset, syllable_bert)
     reports: list[tuple[int, float, int]] = []
     asked: list[int] = []
 

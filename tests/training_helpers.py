@@ -20,14 +20,12 @@ from hnce.pipeline.data import synthetic
 from hnce.pipeline.data.synthetic import generate_synthetic_dataset
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-#: one in-process worker on random negatives: no index, no refresh, nothing but the worker and
-#: DeepSpeed takes part
-NO_INDEX = (
-    "negatives.sampler=random",
-    "negatives.source=none",
-    "refresh.enabled=false",
-    "training.num_workers=1",
-)
+#: the recipe's costly parts, off by default in ``configs/synthetic-test.yaml`` (one worker on
+#: random negatives, no refresh actor), turned on by the tests that are about them:
+#: mixed negatives mined from the index that a refresh coordinator keeps fresh beside training
+REFRESHED = ("negatives.sampler=mixed", "negatives.source=index", "refresh.enabled=true")
+#: two trainer workers whose optimizer state ZeRO stage 1 partitions
+TWO_WORKERS = ("training.num_workers=2", "training.zero_stage=1")
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
