@@ -160,6 +160,16 @@ def _base_config_and_tokenizer(
     return config, tokenizer if tokenizer is not None else load_local(AutoTokenizer, path)
 
 
+def _checkpoint_state(
+    checkpoint: Path | Mapping[str, Tensor], unnamed: str
+) -> tuple[str, dict[str, Tensor]]:
+    """(name for error messages, state_dict) of a checkpoint file or an in-memory state_dict
+    (named ``unnamed``)."""
+    if isinstance(checkpoint, Path | str):
+        return str(checkpoint), read_blink_checkpoint(Path(checkpoint))
+    return unnamed, dict(checkpoint)
+
+
 def import_blink_biencoder(
     checkpoint: Path | Mapping[str, Tensor],
     base_model: Path | str | BertConfig,
@@ -174,14 +184,7 @@ def import_blink_biencoder(
     ``tokenizer``); its weights and declared pooling are not read: BLINK pools [CLS].
     ``additional_linear`` is detected from the checkpoint.
     """
-    source = (
-        str(checkpoint) if isinstance(checkpoint, Path | str) else "BLINK bi-encoder state_dict"
-    )
-    state = (
-        read_blink_checkpoint(Path(checkpoint))
-        if isinstance(checkpoint, Path | str)
-        else dict(checkpoint)
-    )
+    source, state = _checkpoint_state(checkpoint, "BLINK bi-encoder state_dict")
     config, tokenizer = _base_config_and_tokenizer(base_model, tokenizer)
     linear = state.get(MENTION_PREFIX + "additional_linear.weight")
     model = build_biencoder(
@@ -242,14 +245,7 @@ def import_blink_crossencoder(
     max_length: int | None = None,
 ) -> JointReranker:
     """A JointReranker holding a BLINK cross-encoder (``encoder.bert_model.*`` + ``encoder.additional_linear.*``)."""
-    source = (
-        str(checkpoint) if isinstance(checkpoint, Path | str) else "BLINK cross-encoder state_dict"
-    )
-    state = (
-        read_blink_checkpoint(Path(checkpoint))
-        if isinstance(checkpoint, Path | str)
-        else dict(checkpoint)
-    )
+    source, state = _checkpoint_state(checkpoint, "BLINK cross-encoder state_dict")
     config, tokenizer = _base_config_and_tokenizer(base_model, tokenizer)
     model = build_reranker(config, tokenizer, mention_length, entity_length, max_length)
     load_blink_crossencoder_state_dict(model, state, source)
