@@ -31,8 +31,8 @@ from hnce.mining.samplers.base import (
     SampledNegatives,
     SamplingRequest,
     candidates_of,
+    draw_ids,
     excluded,
-    gumbel_top_k,
     later_duplicates,
     take_first,
 )
@@ -144,8 +144,7 @@ class AdversarialSampler(nn.Module):
         k = request.num_negatives
         k_fixed = min(k, math.floor(self.mix * k + 0.5))
         ids, log_g, support = self.generator_log_probs(request)
-        columns, drawn = gumbel_top_k(log_g.detach(), k - k_fixed, request.generator)
-        adv_ids = ids.gather(1, columns).masked_fill(~drawn, -1)
+        adv_ids, drawn, columns = draw_ids(ids, log_g.detach(), k - k_fixed, request.generator)
         # Plackett-Luce step probabilities: each draw given the earlier draws removed.
         step_log_prob = []
         remaining = log_g

@@ -9,9 +9,8 @@ import torch
 from hnce.mining.samplers.base import (
     SampledNegatives,
     SamplingRequest,
-    admissible,
-    candidates_of,
-    gumbel_top_k,
+    admissible_candidates,
+    draw_ids,
 )
 from hnce.mining.samplers.spec import SamplerSpec
 
@@ -28,8 +27,7 @@ class AnceSampler:
     top_n: int | None = None
 
     def sample(self, request: SamplingRequest) -> SampledNegatives:
-        ids, scores = candidates_of(request, "ance")
-        keep = admissible(request, ids, scores)
+        ids, scores, keep = admissible_candidates(request, "ance")
         if self.top_n is not None and self.top_n < ids.shape[1]:
             ranked = scores.double().masked_fill(~keep, float("-inf"))
             top = ranked.topk(self.top_n, dim=1).indices
@@ -37,8 +35,7 @@ class AnceSampler:
             keep &= in_top
         logits = torch.zeros(ids.shape, dtype=torch.float64, device=ids.device)
         logits = logits.masked_fill(~keep, float("-inf"))
-        columns, valid = gumbel_top_k(logits, request.num_negatives, request.generator)
-        out = ids.gather(1, columns).masked_fill(~valid, -1)
+        out, valid, _ = draw_ids(ids, logits, request.num_negatives, request.generator)
         count = keep.sum(dim=1, keepdim=True).clamp_min(1).double()
         log_q = (-count.log()).float().expand_as(out).masked_fill(~valid, 0.0)
         return SampledNegatives(ids=out, valid=valid, log_q=log_q)

@@ -178,6 +178,23 @@ def candidates_of(request: SamplingRequest, sampler: str) -> tuple[Tensor, Tenso
     return ids.long(), scores
 
 
+def draw_ids(
+    ids: Tensor, logits: Tensor, k: int, generator: torch.Generator | None, noise: bool = True
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`gumbel_top_k` over ``logits`` [B, N], read back as the ids [B, N] in those columns.
+
+    Returns (drawn ids [B, k] with -1 where invalid, valid [B, k], column [B, k])."""
+    columns, valid = gumbel_top_k(logits, k, generator, noise)
+    return ids.gather(1, columns).masked_fill(~valid, -1), valid, columns
+
+
+def admissible_candidates(request: SamplingRequest, sampler: str) -> tuple[Tensor, Tensor, Tensor]:
+    """(candidate ids [B, N], scores [B, N], admissible [B, N]): :func:`candidates_of`, then
+    :func:`admissible` of them."""
+    ids, scores = candidates_of(request, sampler)
+    return ids, scores, admissible(request, ids, scores)
+
+
 def admissible(request: SamplingRequest, ids: Tensor, scores: Tensor | None = None) -> Tensor:
     """Bool [B, N]: candidates that may be negatives — in range, not the gold, not a known
     positive, finite score, first occurrence of their id in the row."""
@@ -203,8 +220,7 @@ def restricted(request: SamplingRequest, rules: CandidateRules) -> SamplingReque
     eqs. (56)–(57)). A request without candidate scores is returned as is."""
     if request.candidate_scores is None or not rules.restricts_scores:
         return request
-    ids, scores = candidates_of(request, "restricted")
+    ids, scores, keep = admissible_candidates(request, "restricted")
     gold = request.gold.to(ids.device)
-    keep = admissible(request, ids, scores)
     ruled_out = keep & ~rules.drawable(ids, scores, gold, keep)
     return replace(request, candidate_scores=scores.masked_fill(ruled_out, float("-inf")))

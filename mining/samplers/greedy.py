@@ -7,9 +7,8 @@ from dataclasses import dataclass
 from hnce.mining.samplers.base import (
     SampledNegatives,
     SamplingRequest,
-    admissible,
-    candidates_of,
-    gumbel_top_k,
+    admissible_candidates,
+    draw_ids,
 )
 from hnce.mining.samplers.spec import SamplerSpec
 
@@ -23,11 +22,10 @@ class GreedySampler:
     """
 
     def sample(self, request: SamplingRequest) -> SampledNegatives:
-        ids, scores = candidates_of(request, "greedy")
-        keep = admissible(request, ids, scores)
+        ids, scores, keep = admissible_candidates(request, "greedy")
         logits = scores.double().masked_fill(~keep, float("-inf"))
-        columns, valid = gumbel_top_k(logits, request.num_negatives, None, noise=False)
-        return SampledNegatives(ids=ids.gather(1, columns).masked_fill(~valid, -1), valid=valid)
+        out, valid, _ = draw_ids(ids, logits, request.num_negatives, None, noise=False)
+        return SampledNegatives(ids=out, valid=valid)
 
 
 SPEC = SamplerSpec(

@@ -14,7 +14,7 @@ from hnce.mining.samplers.base import (
     SampledNegatives,
     SamplingRequest,
     candidates_of,
-    gumbel_top_k,
+    draw_ids,
 )
 from hnce.mining.samplers.greedy import GreedySampler
 from hnce.mining.samplers.spec import LocalScores, SamplerSpec
@@ -56,10 +56,8 @@ class OhemSampler:
         else:
             scores = self._index_scores(request, pool.ids)
         scores = scores.masked_fill(~pool.valid.to(scores.device), float("-inf")).cpu()
-        columns, valid = gumbel_top_k(scores, k, None, noise=False)
-        return SampledNegatives(
-            ids=pool.ids.gather(1, columns).masked_fill(~valid, -1), valid=valid
-        )
+        ids, valid, _ = draw_ids(pool.ids, scores, k, None, noise=False)
+        return SampledNegatives(ids=ids, valid=valid)
 
     def sample_scored(self, request: SamplingRequest, scores: LocalScores) -> SampledNegatives:
         """:meth:`sample` with the current model's ``scores`` of the pool (in the trainer, where
