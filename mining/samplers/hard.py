@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from hnce.mining.samplers.base import (
     SampledNegatives,
     SamplingRequest,
-    admissible,
-    candidates_of,
-    gumbel_top_k,
+    admissible_candidates,
+    draw_ids,
 )
 from hnce.mining.samplers.spec import SamplerSpec
 from hnce.settings import PositiveReal, settings
@@ -43,12 +43,17 @@ class HardSampler:
         if not self.temperature > 0:
             raise ValueError(f"{__file__}: temperature must be > 0, got {self.temperature}")
 
+    def logits(
+        self, request: SamplingRequest, sampler: str = "hard"
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """(candidate ids [B, N], admissible [B, N], logits score/τ [B, N] of eq. 8, ``-inf``
+        off the admissible set); ``sampler`` names the caller in errors."""
+        ids, scores, keep = admissible_candidates(request, sampler)
+        return ids, keep, (scores.double() / self.temperature).masked_fill(~keep, float("-inf"))
+
     def sample(self, request: SamplingRequest) -> SampledNegatives:
-        ids, scores = candidates_of(request, "hard")
-        keep = admissible(request, ids, scores)
-        logits = (scores.double() / self.temperature).masked_fill(~keep, float("-inf"))
-        columns, valid = gumbel_top_k(logits, request.num_negatives, request.generator)
-        out = ids.gather(1, columns).masked_fill(~valid, -1)
+        ids, _, logits = self.logits(request)
+        out, valid, columns = draw_ids(ids, logits, request.num_negatives, request.generator)
         log_probs = torch.log_softmax(logits, dim=1).nan_to_num(nan=0.0, neginf=0.0)
         log_q = log_probs.gather(1, columns).float().masked_fill(~valid, 0.0)
         return SampledNegatives(ids=out, valid=valid, log_q=log_q)

@@ -7,13 +7,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from hnce.mining.samplers.base import (
-    SampledNegatives,
-    SamplingRequest,
-    admissible,
-    candidates_of,
-    take_first,
-)
+from hnce.mining.samplers.base import SampledNegatives, SamplingRequest, take_first
 from hnce.mining.samplers.hard import HardSampler
 from hnce.mining.samplers.random import uniform_distinct
 from hnce.mining.samplers.spec import SamplerSpec
@@ -105,9 +99,7 @@ class MixedSampler:
         q_random = (1.0 / eligible).unsqueeze(1).expand(-1, k)
         q_hard = torch.zeros_like(q_random)
         if k_hard > 0:
-            cand_ids, scores = candidates_of(request, "mixed")
-            keep = admissible(request, cand_ids, scores)
-            logits = (scores.double() / self.temperature).masked_fill(~keep, float("-inf"))
+            cand_ids, keep, logits = HardSampler(self.temperature).logits(request, "mixed")
             probs = torch.softmax(logits, dim=1).nan_to_num(nan=0.0).cpu()
             if request.candidate_ids is None:
                 q_hard = probs.gather(1, ids.clamp_min(0))
