@@ -334,16 +334,26 @@ def test_no_sampler_returns_gold_positive_or_duplicate(request: SamplingRequest)
     )
     for name, sampler in {**SAMPLERS, "momentum-queue": queue}.items():
         out = sampler.sample(request)
-        k = request.num_negatives
-        assert out.ids.shape == (request.batch_size, k) and out.valid.shape == out.ids.shape, name
-        for row in range(request.batch_size):
-            chosen = out.ids[row][out.valid[row]].tolist()
-            forbidden = request.positives[row] | {int(request.gold[row])}
-            assert not forbidden & set(chosen), (name, chosen, forbidden)
-            assert len(chosen) == len(set(chosen)), (name, chosen)
-            assert all(0 <= e < request.num_entities for e in chosen), (name, chosen)
-            assert (out.ids[row][~out.valid[row]] == -1).all(), name
+        for row, chosen in enumerate(_keeps_the_contract(name, request, out)):
             assert len(chosen) == expected_valid(name, request, queue, row), (name, row, chosen)
+
+
+def _keeps_the_contract(name: str, request: SamplingRequest, out) -> list[list[int]]:
+    """Asserts that ``out`` is [B, K] ids holding, among its valid entries, no gold, known
+    positive, repeat or id outside the catalogue, and -1 where invalid; returns each row's valid
+    ids."""
+    k = request.num_negatives
+    assert out.ids.shape == (request.batch_size, k) == out.valid.shape, name
+    rows = []
+    for row in range(request.batch_size):
+        chosen = out.ids[row][out.valid[row]].tolist()
+        forbidden = request.positives[row] | {int(request.gold[row])}
+        assert not forbidden & set(chosen), (name, chosen, forbidden)
+        assert len(chosen) == len(set(chosen)), (name, chosen)
+        assert all(0 <= e < request.num_entities for e in chosen), (name, chosen)
+        assert (out.ids[row][~out.valid[row]] == -1).all(), name
+        rows.append(chosen)
+    return rows
 
 
 def test_in_batch_negatives_are_the_other_mentions_golds_in_random_order() -> None:
@@ -405,16 +415,7 @@ def test_every_declared_sampler_as_the_trainer_builds_it_keeps_the_contract(
     returns [B, K] ids, never the gold, a known positive, a repeat or an id outside the
     catalogue among its valid entries, and -1 where invalid."""
     for name in SAMPLER_SPECS:
-        out = _as_the_trainer_draws(name, request)
-        k = request.num_negatives
-        assert out.ids.shape == (request.batch_size, k) == out.valid.shape, name
-        for row in range(request.batch_size):
-            chosen = out.ids[row][out.valid[row]].tolist()
-            forbidden = request.positives[row] | {int(request.gold[row])}
-            assert not forbidden & set(chosen), (name, chosen, forbidden)
-            assert len(chosen) == len(set(chosen)), (name, chosen)
-            assert all(0 <= e < request.num_entities for e in chosen), (name, chosen)
-            assert (out.ids[row][~out.valid[row]] == -1).all(), name
+        _keeps_the_contract(name, request, _as_the_trainer_draws(name, request))
 
 
 def test_a_sampler_module_without_a_spec_is_refused_at_import(tmp_path, monkeypatch) -> None:
