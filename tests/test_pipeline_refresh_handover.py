@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from training_helpers import CONFIGS
+from training_helpers import CONFIGS, REFRESHED
 
 from hnce.cluster.stores.checkpoints import REFRESH_REQUEST, REFRESHES_END, TRAINING_ENDS_AT
 from hnce.events import RunEvent
@@ -61,12 +61,13 @@ def handover(
     arrivals: tuple[int | None, ...] = (),
     since: float | None = None,
 ) -> tuple[RefreshHandover, ArrivingNegatives]:
-    """The retriever's hand-over on the test recipe (12 steps, a checkpoint every 4, a look
+    """The retriever's hand-over on the test recipe with its refresh (12 steps, a checkpoint every 4, a look
     for negatives every 3), rank 0 of a lone worker, logging to ``tmp_path``."""
     config = load_config(
         CONFIGS / "synthetic-test.yaml",
         [
             f"run.dir={tmp_path}",
+            *REFRESHED,
             "training.steps=12",
             "training.checkpoint_every=4",
             "training.negatives_check_every=3",
