@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import string
 import sys
@@ -141,6 +142,27 @@ def real_wordnet(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
 
     root = tmp_path_factory.mktemp("real-wordnet") / "wordnet"
     return root, convert_wordnet(root)
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory: pytest.TempPathFactory, ray_session: str):
+    """One trained run for the whole test session (``training_helpers.build_trained_run``),
+    shared by both pytest processes: the first to ask builds it in their common temp directory
+    under a file lock, the other waits for it. Its tests only read it: whatever they write goes
+    to their own directories (a test that needs to change a run trains its own)."""
+    from filelock import FileLock
+    from training_helpers import TrainedRun, build_trained_run
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the directory both processes' temp directories are made in
+    root, built = shared / "trained-run", shared / "trained-run.built"
+    with FileLock(shared / "trained-run.lock"):
+        if not built.is_file():
+            shutil.rmtree(root, ignore_errors=True)
+            build_trained_run(root)
+            built.touch()
+    return TrainedRun(root / "run", root / "data", root / "model")
 
 
 #: logical CPUs of the session's Ray instance: two trainer workers and two encoder actors fit,

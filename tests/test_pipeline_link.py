@@ -2,7 +2,7 @@
 
 Fast: the marked-text parser, and bad inputs refused (naming the argument or stdin line) before
 any model or Ray starts. Slow: a tiny bi-encoder trained for 30 steps and its final checkpoint
-indexed by ``hnce refresh`` (module fixture); then linking finds exactly the model's top k over
+indexed by ``hnce refresh`` (the session's shared ``trained_run``); then linking finds exactly the model's top k over
 the whole catalogue (checked against every entity scored in this process), in the run's
 published index version (no version is built: ``<run>/eval-index/`` stays empty), as a table, as
 JSON lines and through the Python API, and a joint reranker reorders the retriever's top
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import write_jsonl
-from training_helpers import CONFIGS, assert_exact_top_k, exact_scores
+from training_helpers import CONFIGS, TrainedRun, assert_exact_top_k, exact_scores
 
 import hnce
 from hnce.cluster.compute.retrieval import EVAL_INDEX_DIR
@@ -148,35 +148,6 @@ def test_an_empty_catalogue_is_refused_before_any_work(run_hnce, tmp_path: Path)
 # ---------------------------------------------------------------- a trained run
 
 
-@pytest.fixture(scope="module")
-def trained_run(
-    tmp_path_factory: pytest.TempPathFactory,
-    small_dataset: Path,
-    syllable_bert: Path,
-    ray_session: str,
-) -> Path:
-    """30 training steps of the tiny BERT, mean-pooled (one worker, random negatives, no refresh
-    while training), then ``hnce refresh`` publishes index v<N> of the final checkpoint. Steps
-    cost milliseconds beside the start-up: 30 rank two thirds of the training mentions' golds
-    among the top 5 of the 90 entities (2 steps, or [CLS] pooling: a tenth, with near-ties)."""
-    run = tmp_path_factory.mktemp("link") / "run"
-    settings = [
-        f"run.dir={run}",
-        f"data.root={small_dataset}",
-        f"model.path={syllable_bert}",
-        "model.pooling=mean",
-        "training.steps=30",
-        "training.checkpoint_every=30",
-        "training.num_workers=1",
-        "negatives.sampler=random",
-        "refresh.enabled=false",
-    ]
-    train = ["train", "--config", str(CONFIGS / "synthetic-test.yaml"), "--no-progress"]
-    assert hnce_main([*train, *(f"--set={setting}" for setting in settings)]) == 0
-    assert hnce_main(["refresh", "--config", str(run / "config.yaml")]) == 0
-    return run
-
-
 def marked(mention: Mention) -> str:
     return f"{mention.context_left} [START_ENT] {mention.mention} [END_ENT] {mention.context_right}"
 
@@ -197,11 +168,11 @@ def assert_exact(found_keys: list[list[str]], scores: np.ndarray, data_root: Pat
 
 
 @pytest.fixture(scope="module")
-def linkable(trained_run: Path, small_dataset: Path) -> list[Mention]:
+def linkable(trained_run: TrainedRun) -> list[Mention]:
     """Two training mentions whose gold the trained model ranks among its top K (the two best
     ranked), so that linking them must find their gold."""
-    mentions = MentionSplit.open(mention_split_path(small_dataset, "train")).read_all()
-    scores = exact(trained_run, small_dataset, mentions)
+    mentions = MentionSplit.open(mention_split_path(trained_run.data, "train")).read_all()
+    scores = exact(trained_run.run, trained_run.data, mentions)
     golds = np.asarray([m.gold for m in mentions])
     ranks = (scores > scores[np.arange(len(mentions)), golds][:, None]).sum(axis=1)
     best = np.argsort(ranks, kind="stable")[:2]
@@ -218,61 +189,61 @@ def assert_nothing_built(run: Path) -> None:
 
 @pytest.mark.slow
 def test_link_prints_the_gold_among_the_exact_top_k_from_the_published_index(
-    run_hnce, trained_run: Path, small_dataset: Path, linkable: list[Mention]
+    run_hnce, trained_run: TrainedRun, linkable: list[Mention]
 ) -> None:
-    recipe = ["--config", str(trained_run / "config.yaml")]
+    recipe = ["--config", str(trained_run.run / "config.yaml")]
     status, out, err = run_hnce("link", *recipe, "-k", str(K), marked(linkable[0]))
     assert status == 0, err
-    assert_nothing_built(trained_run)
-    catalogue = EntityCatalogue.open(small_dataset)
+    assert_nothing_built(trained_run.run)
+    catalogue = EntityCatalogue.open(trained_run.data)
     gold = catalogue.get(linkable[0].gold)
     rows = [line.split(" | ") for line in out.splitlines() if " | " in line][1:]
     assert [int(row[0]) for row in rows] == list(range(1, K + 1))
     assert [gold.key, gold.title] in [[cell.strip() for cell in row[1:3]] for row in rows]
     assert_exact(
         [[row[1].strip() for row in rows]],
-        exact(trained_run, small_dataset, linkable[:1]),
-        small_dataset,
+        exact(trained_run.run, trained_run.data, linkable[:1]),
+        trained_run.data,
     )
     assert out.splitlines()[0].startswith("argument 1#1: ")
 
 
 @pytest.mark.slow
 def test_link_json_lines_from_stdin_one_object_per_mention(
-    run_hnce, trained_run: Path, small_dataset: Path, linkable: list[Mention]
+    run_hnce, trained_run: TrainedRun, linkable: list[Mention]
 ) -> None:
     stdin = "\n".join(marked(mention) for mention in linkable) + "\n"
-    recipe = ["--config", str(trained_run / "config.yaml")]
+    recipe = ["--config", str(trained_run.run / "config.yaml")]
     status, out, err = run_hnce("link", *recipe, "-k", str(K), "--json", stdin=stdin)
     assert status == 0, err
-    assert_nothing_built(trained_run)
+    assert_nothing_built(trained_run.run)
     lines = [json.loads(line) for line in out.splitlines()]
     assert [line["id"] for line in lines] == ["stdin line 1#1", "stdin line 2#1"]
-    catalogue = EntityCatalogue.open(small_dataset)
+    catalogue = EntityCatalogue.open(trained_run.data)
     for line, mention in zip(lines, linkable, strict=True):
         assert line["mention"] == mention.mention
         candidates = line["candidates"]
         assert [c["rank"] for c in candidates] == list(range(1, K + 1))
         assert catalogue.get(mention.gold).title in [c["title"] for c in candidates]
     keys = [[c["key"] for c in line["candidates"]] for line in lines]
-    assert_exact(keys, exact(trained_run, small_dataset, linkable), small_dataset)
+    assert_exact(keys, exact(trained_run.run, trained_run.data, linkable), trained_run.data)
 
 
 @pytest.mark.slow
 def test_python_api_links_reuses_the_index_and_agrees_with_its_own_vectors(
-    trained_run: Path, small_dataset: Path, linkable: list[Mention]
+    trained_run: TrainedRun, linkable: list[Mention]
 ) -> None:
-    linker = hnce.EntityLinker.from_run(trained_run)
+    linker = hnce.EntityLinker.from_run(trained_run.run)
     texts = [marked(mention) for mention in linkable]
     cold = linker.search(marked_mentions(texts[0], "text 1"), K)
     assert cold.built is False and {"start", "hold", "search"} <= set(cold.seconds)
-    assert_nothing_built(trained_run)
+    assert_nothing_built(trained_run.run)
     linked = linker.link(texts, k=K)
     warm = linker.search(marked_mentions(texts[0], "text 1"), K)
     assert set(warm.seconds) == {"search"}  # nothing started or loaded again
     np.testing.assert_array_equal(warm.cands, cold.cands)
     assert [item.mention.mention for item in linked] == [m.mention for m in linkable]
-    gold = EntityCatalogue.open(small_dataset).get(linkable[0].gold)
+    gold = EntityCatalogue.open(trained_run.data).get(linkable[0].gold)
     assert (gold.key, gold.title) in [(key, title) for _, key, title, _ in linked[0].candidates]
     # dual: a candidate's score is its mention vector times its entity vector
     queries = linker.encode_mentions(texts)
@@ -298,24 +269,23 @@ def reranker_export(tmp_path_factory: pytest.TempPathFactory, syllable_bert: Pat
 @pytest.mark.slow
 def test_rerank_orders_the_retrievers_top_candidates_by_the_rerankers_scores(
     run_hnce,
-    trained_run: Path,
-    small_dataset: Path,
+    trained_run: TrainedRun,
     linkable: list[Mention],
     reranker_export: Path,
 ) -> None:
     # the retriever's candidates: its top `depth`, cut where no near-tie straddles the cut
-    scores = exact(trained_run, small_dataset, linkable[1:])[0]
+    scores = exact(trained_run.run, trained_run.data, linkable[1:])[0]
     ranked = np.sort(scores)[::-1]
     depth = next(n for n in range(K + 3, len(ranked)) if ranked[n - 1] - ranked[n] > 1e-3)
-    recipe = ["--config", str(trained_run / "config.yaml")]
+    recipe = ["--config", str(trained_run.run / "config.yaml")]
     recipe += ["--set", f"rerank.num_candidates={depth}"]
     arguments = [*recipe, "-k", str(K), "--json", "--rerank", str(reranker_export)]
     status, out, err = run_hnce("link", *arguments, marked(linkable[1]))
     assert status == 0, err
-    assert_nothing_built(trained_run)
+    assert_nothing_built(trained_run.run)
     (line,) = [json.loads(text) for text in out.splitlines()]
     # the oracle: those candidates scored one by one by the reranker
-    catalogue = EntityCatalogue.open(small_dataset)
+    catalogue = EntityCatalogue.open(trained_run.data)
     retrieved = np.argsort(-scores, kind="stable")[:depth]
     entities = catalogue.get_many(retrieved.tolist())
     reranker = load_reranker(reranker_export)
