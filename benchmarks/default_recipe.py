@@ -63,7 +63,7 @@ from benchmarks.wordnet_runs import (
 from hnce.encoders.biencoder import load_biencoder, minilm_path
 from hnce.pipeline.config import Config
 from hnce.pipeline.evaluate import evaluate_export
-from hnce.pipeline.train.events import read_events
+from hnce.pipeline.event_log import read_events
 from hnce.pipeline.train.trainer import run_training
 from hnce.progress import quiet
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from benchmarks import harness
 from hnce.pipeline.config import load_config
 from hnce.pipeline.demo import demo_dataset
-from hnce.pipeline.train.events import read_events
+from hnce.pipeline.event_log import read_events
 from hnce.progress import quiet
 
 RECIPE = harness.ROOT / "configs" / "demo.yaml"

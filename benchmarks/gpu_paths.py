@@ -39,7 +39,7 @@ from benchmarks import harness
 from benchmarks.harness.models import write_random_bert
 from benchmarks.training_runs import published_refreshes, wall_clock_parts
 from hnce.encoders.precision import autocast
-from hnce.pipeline.train.events import read_events
+from hnce.pipeline.event_log import read_events
 
 RECIPE = harness.ROOT / "configs" / "synthetic-test.yaml"
 

@@ -26,7 +26,7 @@ from hnce.cluster.compute.refresh import run_refresh
 from hnce.cluster.compute.session import init_ray
 from hnce.pipeline.config import Config
 from hnce.pipeline.evaluate import evaluate_checkpoint
-from hnce.pipeline.train.refresh_supervisor import refresh_plan
+from hnce.pipeline.run import refresh_plan
 from hnce.pipeline.train.trainer import run_training
 from hnce.progress import quiet
 

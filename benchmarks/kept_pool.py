@@ -29,7 +29,7 @@ from hnce.cluster.compute.refresh import RefreshSummary, run_refresh
 from hnce.cluster.stores.checkpoints import EXPORT_DIR, checkpoint_dir, mark_complete
 from hnce.encoders.biencoder import build_biencoder, export_biencoder, minilm_path
 from hnce.pipeline.config import Config
-from hnce.pipeline.train.refresh_supervisor import refresh_plan
+from hnce.pipeline.run import refresh_plan
 from hnce.progress import quiet
 
 STAGES = ("start", "reload", "index", "heldout", "mine", "total")

@@ -33,8 +33,8 @@ from hnce.cluster.compute.index_build import IndexedModel, ensure_token_store
 from hnce.cluster.stores.tables_read import EntityCatalogue
 from hnce.pipeline.config import Config, load_config
 from hnce.pipeline.data.synthetic import generate_synthetic_dataset
-from hnce.pipeline.evaluate import untrained_export
-from hnce.pipeline.train.events import read_events
+from hnce.pipeline.event_log import read_events
+from hnce.pipeline.models import untrained_export
 from hnce.pipeline.train.trainer import run_training
 from hnce.progress import quiet
 

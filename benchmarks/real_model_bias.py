@@ -46,8 +46,8 @@ from hnce.encoders.biencoder import BiEncoder, load_biencoder
 from hnce.mining.bias import default_samplers, gradient_bias
 from hnce.mining.samplers import NegativeSampler
 from hnce.mining.samplers.base import SampledNegatives, SamplingRequest
-from hnce.pipeline.evaluate import untrained_export
-from hnce.pipeline.train.events import read_events
+from hnce.pipeline.event_log import read_events
+from hnce.pipeline.models import untrained_export
 from hnce.pipeline.train.trainer import run_training
 from hnce.progress import quiet
 

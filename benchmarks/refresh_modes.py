@@ -39,7 +39,7 @@ from benchmarks.wordnet_runs import (
     wordnet_arguments,
 )
 from hnce.pipeline.evaluate import evaluate_export
-from hnce.pipeline.train.events import read_events
+from hnce.pipeline.event_log import read_events
 from hnce.pipeline.train.trainer import run_training
 from hnce.progress import quiet
 

@@ -25,7 +25,7 @@ from benchmarks.training_runs import checkpoint_export
 from benchmarks.wordnet_runs import prepare_dataset, recipe, wordnet_arguments
 from hnce.pipeline.config import Config, config_from_dict
 from hnce.pipeline.evaluate import evaluate_export
-from hnce.pipeline.train.events import read_events
+from hnce.pipeline.event_log import read_events
 from hnce.pipeline.train.trainer import run_training
 from hnce.progress import quiet
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hnce.cluster.stores.checkpoints import EXPORT_DIR, checkpoint_dir, newest_checkpoint
-from hnce.pipeline.train.events import read_events
+from hnce.pipeline.event_log import read_events
 
 
 def steps_per_second(run_dir: Path, first: int, last: int) -> float:

@@ -1,7 +1,7 @@
 """The run's named events: one home for the ``"event"`` strings its logs are written with.
 
-A training run keeps two JSON-lines logs: the trainer's event log (``<run>/events.jsonl``,
-``hnce.pipeline.train.events``) and the refresh log (``<run>/refresh_log.jsonl``,
+A training run keeps two JSON-lines logs: the trainer's event log (``<run>/train_log.jsonl``,
+``hnce.pipeline.event_log``) and the refresh log (``<run>/refresh_log.jsonl``,
 ``hnce.cluster.stores.refresh_log``). Every line names its kind in ``"event"``. The kinds that
 more than one module writes or reads are the members of :class:`RunEvent`; their values are
 the on-disk strings and must not change, or logs of earlier runs stop being readable.

@@ -33,9 +33,9 @@ from hnce.pipeline.data.conversion import DatasetOutput
 from hnce.pipeline.data.demo_subset import write_demo_subset
 from hnce.pipeline.data.wordnet import convert_wordnet
 from hnce.pipeline.evaluate import evaluate_export, evaluate_model
+from hnce.pipeline.event_log import read_events
 from hnce.pipeline.metrics import format_table, write_json_report, write_reports
-from hnce.pipeline.train.events import read_events
-from hnce.pipeline.train.model import untrained_export
+from hnce.pipeline.models import untrained_export
 from hnce.pipeline.train.trainer import TrainingSummary, run_training
 
 CURVE_FILE = "demo_curves.json"

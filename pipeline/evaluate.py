@@ -28,9 +28,9 @@ from hnce.cluster.compute.session import init_ray
 from hnce.cluster.stores.checkpoints import resolve_checkpoint
 from hnce.pipeline.config import Config
 from hnce.pipeline.data.kilt_predictions import SplitResult, link_files
+from hnce.pipeline.models import untrained_export
 from hnce.pipeline.preflight import check_eval_inputs
-from hnce.pipeline.train.model import untrained_export
-from hnce.pipeline.train.refresh_supervisor import refresh_plan
+from hnce.pipeline.run import refresh_plan
 
 logger = logging.getLogger(__name__)
 

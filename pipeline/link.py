@@ -56,17 +56,15 @@ from hnce.encoders.reranker import RERANKER_FILE, JointReranker, load_reranker
 from hnce.errors import InputError
 from hnce.pipeline.config import Config, load_config
 from hnce.pipeline.data.kilt import END_ENT, START_ENT
+from hnce.pipeline.devices import local_device
 from hnce.pipeline.evaluate import resolve_model
 from hnce.pipeline.metrics import text_table
 from hnce.pipeline.preflight import check_dataset
 from hnce.pipeline.rerank import SplitCandidates, rerank
-from hnce.pipeline.train.distributed import local_device
-from hnce.pipeline.train.refresh_supervisor import refresh_plan
-from hnce.pipeline.train.task import RERANK_DIR
+from hnce.pipeline.run import RERANK_DIR, RUN_RECIPE, refresh_plan
 
 logger = logging.getLogger(__name__)
 
-RUN_RECIPE = "config.yaml"  # the resolved recipe `hnce train` writes into its run directory
 _MARKER = re.compile(f"({re.escape(START_ENT)}|{re.escape(END_ENT)})")
 _CONTEXT_CHARS = 40  # of each side of a mention in the table
 

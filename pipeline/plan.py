@@ -48,7 +48,7 @@ from hnce.encoders.local import load_local
 from hnce.encoders.scorers import ScorerConfig, build_scorer
 from hnce.pipeline.config import Config
 from hnce.pipeline.preflight import model_directory
-from hnce.pipeline.train.task import TaskKind
+from hnce.pipeline.run import TaskKind
 
 GIB = 1024**3
 #: FAISS keeps a 64-bit id beside every code in an IVF list

@@ -44,7 +44,8 @@ from hnce.cluster.stores.versioned_dir import read_current, version_dir_name
 from hnce.errors import InputError
 from hnce.events import RunEvent
 from hnce.pipeline.config import read_recipe
-from hnce.pipeline.train.events import LOG_FILE, read_events
+from hnce.pipeline.event_log import LOG_FILE, read_events
+from hnce.pipeline.run import RUN_RECIPE
 
 INDEX_DIR = "index"
 NEGATIVES_DIR = "negatives"
@@ -106,7 +107,7 @@ class RunStatus:
 def run_status(run_dir: Path) -> RunStatus:
     """Gather the status of the run in ``run_dir`` (InputError when it is not a run)."""
     run_dir = Path(run_dir)
-    if not any((run_dir / name).exists() for name in (CHECKPOINTS_DIR, INDEX_DIR, "config.yaml")):
+    if not any((run_dir / name).exists() for name in (CHECKPOINTS_DIR, INDEX_DIR, RUN_RECIPE)):
         raise InputError(
             f"{run_dir}: not a run directory (no {CHECKPOINTS_DIR}/, {INDEX_DIR}/ or config.yaml)"
         )
@@ -215,7 +216,7 @@ def _training(run_dir: Path) -> dict[str, Any] | None:
 def _refresh_trigger(run_dir: Path) -> dict[str, Any] | None:
     """``refresh.trigger`` of the run's ``config.yaml`` (None without one) and the trainer's
     ``stale`` requests: their number and the last one (step, version, loss ratio)."""
-    path = run_dir / "config.yaml"
+    path = run_dir / RUN_RECIPE
     if not path.is_file():
         return None
     recipe, _ = read_recipe(path)

@@ -16,8 +16,8 @@ from hnce.cluster.stores.tables import MISSING_GOLD, Mention, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.pipeline.cli.main import main
 from hnce.pipeline.data.synthetic import generate_synthetic_dataset
+from hnce.pipeline.event_log import read_events
 from hnce.pipeline.rerank import SplitCandidates, accuracy_report, format_reports
-from hnce.pipeline.train.events import read_events
 
 
 def mention(mention_id: str, gold: int, golds: tuple[int, ...] = (), domain: str = "") -> Mention:

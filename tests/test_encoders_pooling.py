@@ -24,8 +24,7 @@ from hnce.encoders.blink import export_blink_biencoder, import_blink_biencoder
 from hnce.encoders.pooling import declared_pooling, resolve_pooling
 from hnce.errors import InputError
 from hnce.pipeline.config import ConfigError, load_config
-from hnce.pipeline.evaluate import untrained_export
-from hnce.pipeline.train.model import build_model
+from hnce.pipeline.models import build_model, untrained_export
 
 MEAN_MODULES = [
     {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},

@@ -41,7 +41,7 @@ from hnce.cluster.stores.refresh_log import read_log
 from hnce.cluster.stores.tables_read import verify_dataset
 from hnce.mining.samplers import SAMPLER_SPECS
 from hnce.pipeline.data.synthetic import generate_synthetic_dataset
-from hnce.pipeline.train.events import read_events
+from hnce.pipeline.event_log import read_events
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 HNCE = [sys.executable, "-m", "hnce.pipeline.cli.main"]

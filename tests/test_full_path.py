@@ -54,8 +54,8 @@ from hnce.encoders.formatting import register_markers, tokenize_entities
 from hnce.pipeline.cli.main import main as hnce
 from hnce.pipeline.config import load_config
 from hnce.pipeline.data.kilt_synthetic import KNOWLEDGE_SOURCE, aida_file_name
-from hnce.pipeline.train.model import untrained_export
-from hnce.pipeline.train.refresh_supervisor import refresh_plan
+from hnce.pipeline.models import untrained_export
+from hnce.pipeline.run import refresh_plan
 
 ENTITIES = 20_000
 MENTIONS = {"train": 1_200, "dev": 300, "test": 300}

@@ -51,6 +51,19 @@ def test_an_import_back_up_breaks_the_contract(tmp_path: Path) -> None:
     assert "hnce.encoders.scorers -> hnce.mining.losses" in checked.stdout
 
 
+def test_inference_importing_the_trainer_breaks_the_contract(tmp_path: Path) -> None:
+    """What searches a run (evaluation, the linker) shares with training from below the trainer."""
+    root = _installed_layout(tmp_path)
+    evaluate = root / "hnce" / "pipeline" / "evaluate.py"
+    evaluate.write_text(
+        evaluate.read_text()
+        + "\nfrom hnce.pipeline.train.refresh_supervisor import start_refresh\n"
+    )
+    checked = lint_imports(root)
+    assert checked.returncode != 0
+    assert "hnce.pipeline.evaluate -> hnce.pipeline.train.refresh_supervisor" in checked.stdout
+
+
 def test_no_module_imports_a_layer_by_its_folder_name() -> None:
     sources = [
         REPO / "hnce",

@@ -21,7 +21,7 @@ from hnce.pipeline.demo import (
     plot_curve,
     training_curve,
 )
-from hnce.pipeline.train.events import EventLog, read_events
+from hnce.pipeline.event_log import EventLog, read_events
 
 DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 

@@ -33,11 +33,12 @@ from hnce.encoders.biencoder import BiEncoder, export_biencoder, load_biencoder
 from hnce.mining.losses import NCELoss
 from hnce.mining.samplers import SampledNegatives
 from hnce.pipeline.config import Config, ConfigError, TrainingSettings
+from hnce.pipeline.event_log import read_events
+from hnce.pipeline.models import build_model
 from hnce.pipeline.train.batch import ContrastiveBatch, assemble_batch
 from hnce.pipeline.train.checkpointing import UnsafeCheckpointError
 from hnce.pipeline.train.deepspeed_config import build_deepspeed_config
-from hnce.pipeline.train.events import read_events
-from hnce.pipeline.train.model import build_model, build_trainable
+from hnce.pipeline.train.model import build_trainable
 from hnce.pipeline.train.one_process import single_process_group
 from hnce.pipeline.train.step import contrastive_loss, start_engine, train_micro_batch
 from hnce.pipeline.train.task import TrainingTask
@@ -457,8 +458,7 @@ def _parameters(module: torch.nn.Module) -> torch.Tensor:
 def _micro_batches(config: Config, rows: list[list[int]]) -> list[ContrastiveBatch]:
     """Micro-batches of training mentions by row, each mention with the same two negatives
     whatever batch it is in; tokens from the run's stores."""
-    from hnce.cluster.stores.tokens import TokenStore
-    from hnce.pipeline.train.batch import MentionTokens
+    from hnce.cluster.stores.tokens import MentionTokens, TokenStore
 
     mentions = MentionSplit.open(mention_split_path(Path(config.data.root), "train")).read_all()
     model = build_model(config)

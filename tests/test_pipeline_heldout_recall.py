@@ -24,8 +24,8 @@ from hnce.cluster.stores.refresh_log import (
     read_log,
 )
 from hnce.pipeline.cli.main import main
+from hnce.pipeline.run import refresh_plan
 from hnce.pipeline.status import run_status
-from hnce.pipeline.train.refresh_supervisor import refresh_plan
 
 STEP = 3
 KS = (1, 4, 16)

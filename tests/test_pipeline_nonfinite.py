@@ -16,8 +16,8 @@ from training_helpers import CONFIGS
 from hnce.cluster.stores.checkpoints import EXPORT_DIR, complete_checkpoints
 from hnce.events import RunEvent
 from hnce.pipeline.cli.main import EXIT_INPUT_ERROR, main
+from hnce.pipeline.event_log import read_events
 from hnce.pipeline.train.distributed import Collectives
-from hnce.pipeline.train.events import read_events
 from hnce.pipeline.train.nonfinite import (
     nonfinite_ranks,
     weights_are_finite,

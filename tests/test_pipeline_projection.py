@@ -14,8 +14,7 @@ from conftest import write_letter_bert
 
 from hnce.encoders.biencoder import BiEncoder, export_biencoder, load_biencoder
 from hnce.pipeline.config import ConfigError, load_config
-from hnce.pipeline.evaluate import untrained_export
-from hnce.pipeline.train.model import build_model
+from hnce.pipeline.models import build_model, untrained_export
 
 WIDTH = 8
 

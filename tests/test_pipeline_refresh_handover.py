@@ -13,8 +13,8 @@ from training_helpers import CONFIGS, REFRESHED
 from hnce.cluster.stores.checkpoints import REFRESH_REQUEST, REFRESHES_END, TRAINING_ENDS_AT
 from hnce.events import RunEvent
 from hnce.pipeline.config import load_config
+from hnce.pipeline.event_log import EventLog, read_events
 from hnce.pipeline.train.distributed import Collectives
-from hnce.pipeline.train.events import EventLog, read_events
 from hnce.pipeline.train.refresh_handover import RefreshHandover
 from hnce.pipeline.train.task import TrainingTask
 from hnce.pipeline.train.version_zero import initial_negatives_error

@@ -22,7 +22,7 @@ from hnce.cluster.stores.tables import mention_split_path
 from hnce.events import RunEvent
 from hnce.pipeline.config import load_config
 from hnce.pipeline.data.synthetic import generate_synthetic_dataset
-from hnce.pipeline.train.events import EventLog, read_events
+from hnce.pipeline.event_log import EventLog, read_events
 from hnce.pipeline.train.progress import follow_progress
 from hnce.pipeline.train.refresh_health import (
     RefreshHealth,

@@ -17,7 +17,7 @@ from hnce.cluster.compute.lexical import bm25_directory, ensure_bm25, publish_le
 from hnce.cluster.stores.negatives_store import NegativesStore
 from hnce.cluster.stores.tables import Mention, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit, catalogue_fingerprint
-from hnce.cluster.stores.tokens import TokenStore
+from hnce.cluster.stores.tokens import MentionTokens, TokenStore
 from hnce.encoders.biencoder import build_biencoder
 from hnce.mining.losses import build_loss
 from hnce.mining.samplers import SampledNegatives, SamplingRequest
@@ -26,7 +26,7 @@ from hnce.mining.samplers.greedy import GreedySampler
 from hnce.mining.samplers.momentum_queue import MomentumEntityQueue, entity_side
 from hnce.mining.samplers.ohem import OhemSampler
 from hnce.pipeline.config import ConfigError
-from hnce.pipeline.train.batch import ContrastiveBatch, MentionTokens, assemble_batch
+from hnce.pipeline.train.batch import ContrastiveBatch, assemble_batch
 from hnce.pipeline.train.model_scores import CurrentModelScores
 from hnce.pipeline.train.negatives import NegativeDrawer
 from hnce.pipeline.train.step import contrastive_loss

@@ -19,9 +19,9 @@ from hnce.encoders.biencoder import BiEncoder, build_biencoder
 from hnce.mining.losses import NCELoss, build_loss
 from hnce.mining.samplers import SampledNegatives
 from hnce.pipeline.config import ConfigError
+from hnce.pipeline.event_log import read_events
 from hnce.pipeline.train.batch import ContrastiveBatch, ShareMode, assemble_batch
 from hnce.pipeline.train.distributed import Collectives
-from hnce.pipeline.train.events import read_events
 from hnce.pipeline.train.step import ContrastiveScoring, contrastive_loss
 from hnce.pipeline.train.trainer import run_training
 

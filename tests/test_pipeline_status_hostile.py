@@ -13,8 +13,8 @@ from hnce.cluster.stores.jsonl import append_jsonl, read_jsonl
 from hnce.cluster.stores.lock_holder import REFRESH, holder_file
 from hnce.cluster.stores.refresh_log import LOG_FILE as REFRESH_LOG
 from hnce.pipeline.cli.main import main
-from hnce.pipeline.train.events import LOG_FILE as EVENT_LOG
-from hnce.pipeline.train.events import EventLog, read_events
+from hnce.pipeline.event_log import LOG_FILE as EVENT_LOG
+from hnce.pipeline.event_log import EventLog, read_events
 
 
 def test_a_torn_last_line_is_never_read_and_the_next_append_repairs_it(tmp_path: Path) -> None:

@@ -24,13 +24,14 @@ from hnce.cluster.stores.negatives_store import MinedSplit, NegativesStore
 from hnce.cluster.stores.tables import Entity, Mention, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit, catalogue_fingerprint
 from hnce.cluster.stores.tables_write import write_dataset
-from hnce.cluster.stores.tokens import TokenStore
+from hnce.cluster.stores.tokens import MentionTokens, TokenStore
 from hnce.cluster.stores.versioned_dir import StoreError
 from hnce.encoders.biencoder import build_biencoder
 from hnce.mining.losses import NCELoss, build_loss
 from hnce.mining.samplers import SampledNegatives
+from hnce.pipeline import devices
 from hnce.pipeline.train import distributed
-from hnce.pipeline.train.batch import ContrastiveBatch, MentionTokens, assemble_batch
+from hnce.pipeline.train.batch import ContrastiveBatch, assemble_batch
 from hnce.pipeline.train.checkpointing import agreed_resume_step
 from hnce.pipeline.train.distributed import Collectives
 from hnce.pipeline.train.model import build_trainable
@@ -533,12 +534,12 @@ def test_device_of_a_commands_own_models_follows_the_recipe_never_what_is_visibl
 ) -> None:
     """The linker's and the reranker job's models: the CPU unless the recipe asks for GPUs,
     even where CUDA is visible; GPUs asked for and missing are an error."""
-    monkeypatch.setattr(distributed.torch.cuda, "is_available", lambda: True)
-    assert distributed.local_device(use_gpu=False) == torch.device("cpu")
-    assert distributed.local_device(use_gpu=True) == torch.device("cuda")
-    monkeypatch.setattr(distributed.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(devices.torch.cuda, "is_available", lambda: True)
+    assert devices.local_device(use_gpu=False) == torch.device("cpu")
+    assert devices.local_device(use_gpu=True) == torch.device("cuda")
+    monkeypatch.setattr(devices.torch.cuda, "is_available", lambda: False)
     with pytest.raises(RuntimeError, match=r"cluster\.use_gpu is true"):
-        distributed.local_device(use_gpu=True)
+        devices.local_device(use_gpu=True)
 
 
 def test_negatives_mined_over_another_catalogue_are_refused(tmp_path: Path) -> None:

@@ -46,7 +46,7 @@ from hnce.events import RunEvent
 from hnce.pipeline.config import Config, config_from_dict, load_config
 from hnce.pipeline.data.synthetic import generate_synthetic_dataset
 from hnce.pipeline.evaluate import evaluate_checkpoint, evaluate_export
-from hnce.pipeline.train.events import read_events
+from hnce.pipeline.event_log import read_events
 from hnce.pipeline.train.trainer import run_training
 from hnce.pipeline.train.version_zero import prepare_initial_negatives
 

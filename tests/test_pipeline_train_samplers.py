@@ -13,7 +13,7 @@ from training_helpers import synthetic_config
 from hnce.cluster.stores.checkpoints import newest_checkpoint
 from hnce.cluster.stores.index_store import IndexStore
 from hnce.cluster.stores.negatives_store import NegativesStore
-from hnce.pipeline.train.events import read_events
+from hnce.pipeline.event_log import read_events
 from hnce.pipeline.train.trainer import TrainingSummary, run_training
 
 pytestmark = pytest.mark.slow

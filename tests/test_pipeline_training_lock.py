@@ -31,7 +31,7 @@ from hnce.cluster.stores.lock_holder import (
     RunLocked,
     read_holder,
 )
-from hnce.pipeline.train.events import EventLog
+from hnce.pipeline.event_log import EventLog
 from hnce.pipeline.train.refresh_supervisor import standalone_refresh_plan
 from hnce.pipeline.train.trainer import run_training
 

@@ -23,12 +23,12 @@ from hnce.cluster.stores.refresh_log import (
 from hnce.errors import InputError
 from hnce.events import RunEvent
 from hnce.pipeline.cli.main import main
+from hnce.pipeline.event_log import EventLog, read_events
 from hnce.pipeline.status import plot_training, run_status, training_panels
-from hnce.pipeline.train.events import EventLog, read_events
+from hnce.pipeline.tensorboard import TENSORBOARD_DIR
 from hnce.pipeline.train.one_process import single_process_group
 from hnce.pipeline.train.refresh_health import RefreshHealth
 from hnce.pipeline.train.task import TrainingTask
-from hnce.pipeline.train.tensorboard import TENSORBOARD_DIR
 from hnce.pipeline.train.worker import WorkerRun
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

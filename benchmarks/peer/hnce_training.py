@@ -22,7 +22,7 @@ from benchmarks.training_runs import checkpoint_export, wall_clock_parts
 from hnce.encoders.biencoder import load_biencoder
 from hnce.pipeline.config import Config, load_config
 from hnce.pipeline.evaluate import evaluate_export
-from hnce.pipeline.train.events import read_events
+from hnce.pipeline.event_log import read_events
 from hnce.pipeline.train.trainer import run_training
 
 DEMO = harness.ROOT / "configs/demo.yaml"

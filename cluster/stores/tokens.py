@@ -20,6 +20,9 @@ has finished every few batches (``progress.json``, written after the arrays are 
 that was killed resumes there for the same tokenizer, length and catalogue (5.9M entities took
 31 minutes of one core here) and starts again for anything else.
 
+Mentions are not stored: the trainer's mentions, and those the reranker scores, are tokenized
+once in memory (:class:`MentionTokens`) and read by row the same way, trimmed to the longest.
+
 Example::
 
     store = TokenStore.ensure(data_root, model.tokenizer, model.entity_length)
@@ -30,13 +33,15 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from filelock import FileLock
+from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
 from hnce.cluster.stores.files import (
@@ -48,6 +53,7 @@ from hnce.cluster.stores.files import (
     remove_owned,
     sha256_file,
 )
+from hnce.cluster.stores.tables import Mention
 from hnce.cluster.stores.tables_read import EntityCatalogue, catalogue_fingerprint
 from hnce.encoders.formatting import tokenize_entities, tokenizer_fingerprint
 from hnce.errors import InputError
@@ -268,3 +274,39 @@ def _tokenize_into(
     for array in arrays:
         array.flush()
     return rows
+
+
+class MentionTokenizer(Protocol):
+    """What tokenizes mentions in a model's own layout (bi-encoder and reranker alike)."""
+
+    def tokenize_mentions(
+        self, context_left: Sequence[str], mention: Sequence[str], context_right: Sequence[str]
+    ) -> dict[str, Tensor]: ...
+
+
+@dataclass
+class MentionTokens:
+    """The training mentions tokenized once per run: ``input_ids`` [M, L] and real ``lengths`` [M]."""
+
+    input_ids: Tensor
+    lengths: Tensor
+
+    @classmethod
+    def tokenize(cls, model: MentionTokenizer, mentions: Sequence[Mention]) -> MentionTokens:
+        tokens = model.tokenize_mentions(
+            [m.context_left for m in mentions],
+            [m.mention for m in mentions],
+            [m.context_right for m in mentions],
+        )
+        return cls(tokens["input_ids"], tokens["attention_mask"].sum(dim=1))
+
+    def batch(self, rows: np.ndarray) -> dict[str, Tensor]:
+        """``input_ids`` and ``attention_mask`` of these rows, trimmed to their longest."""
+        index = torch.as_tensor(np.asarray(rows, dtype=np.int64))
+        lengths = self.lengths[index]
+        width = max(int(lengths.max()) if len(lengths) else 0, 1)
+        positions = torch.arange(width)[None, :]
+        return {
+            "input_ids": self.input_ids[index, :width],
+            "attention_mask": (positions < lengths[:, None]).long(),
+        }

@@ -42,7 +42,7 @@ from hnce.pipeline.data.conversion import DatasetOutput
 from hnce.pipeline.data.kilt import convert_kilt
 from hnce.pipeline.data.kilt_predictions import SplitResult, link_files, read_kilt_inputs
 from hnce.pipeline.preflight import check_blink_inputs
-from hnce.pipeline.train.refresh_supervisor import refresh_plan
+from hnce.pipeline.run import refresh_plan
 from hnce.pipeline.train.trainer import run_training
 from hnce.pipeline.train.version_zero import prepare_version_zero
 

@@ -29,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = load_recipe(args)
-    from hnce.pipeline.rerank import format_reports, run_rerank_job
+    from hnce.pipeline.rerank import format_reports
+    from hnce.pipeline.rerank_job import run_rerank_job
 
     reports, summary, out = run_rerank_job(config, args.denoise)
     print(

@@ -24,7 +24,7 @@ mention against every candidate ([B, C]); what each mention's loss sees is said 
 
 Token ids come from the run's stores, never from Parquet or a tokenizer inside the step: the
 candidates' rows from the catalogue's :class:`~hnce.cluster.stores.tokens.TokenStore`, the mentions' from
-:class:`MentionTokens`, tokenized once per run.
+:class:`~hnce.cluster.stores.tokens.MentionTokens`, tokenized once per run.
 """
 
 from __future__ import annotations
@@ -32,53 +32,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from hnce.cluster.stores.tables import Mention
-from hnce.cluster.stores.tokens import TokenStore
+from hnce.cluster.stores.tokens import MentionTokens, TokenStore
 from hnce.mining.samplers import SampledNegatives
 
 ShareMode = Literal["none", "batch", "global"]
-
-
-class MentionTokenizer(Protocol):
-    """What tokenizes mentions in a model's own layout (bi-encoder and reranker alike)."""
-
-    def tokenize_mentions(
-        self, context_left: Sequence[str], mention: Sequence[str], context_right: Sequence[str]
-    ) -> dict[str, Tensor]: ...
-
-
-@dataclass
-class MentionTokens:
-    """The training mentions tokenized once per run: ``input_ids`` [M, L] and real ``lengths`` [M]."""
-
-    input_ids: Tensor
-    lengths: Tensor
-
-    @classmethod
-    def tokenize(cls, model: MentionTokenizer, mentions: Sequence[Mention]) -> MentionTokens:
-        tokens = model.tokenize_mentions(
-            [m.context_left for m in mentions],
-            [m.mention for m in mentions],
-            [m.context_right for m in mentions],
-        )
-        return cls(tokens["input_ids"], tokens["attention_mask"].sum(dim=1))
-
-    def batch(self, rows: np.ndarray) -> dict[str, Tensor]:
-        """``input_ids`` and ``attention_mask`` of these rows, trimmed to their longest."""
-        index = torch.as_tensor(np.asarray(rows, dtype=np.int64))
-        lengths = self.lengths[index]
-        width = max(int(lengths.max()) if len(lengths) else 0, 1)
-        positions = torch.arange(width)[None, :]
-        return {
-            "input_ids": self.input_ids[index, :width],
-            "attention_mask": (positions < lengths[:, None]).long(),
-        }
 
 
 @dataclass

@@ -51,8 +51,8 @@ from hnce.cluster.stores.checkpoints import (
     prune_checkpoints,
     verify_checkpoint,
 )
+from hnce.pipeline.event_log import EventLog
 from hnce.pipeline.train.distributed import Collectives
-from hnce.pipeline.train.events import EventLog
 from hnce.pipeline.train.model import export_trainable
 from hnce.pipeline.train.nonfinite import weights_stop
 

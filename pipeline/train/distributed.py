@@ -7,7 +7,7 @@ a CPU tensor handed to an NCCL broadcast raises, so every collective of the work
 :class:`Collectives`, which puts its tensors on the right device. The device is never guessed
 from ``torch.cuda.is_available()`` or from which GPUs happen to be visible. Models a command
 loads into its own process (the linker's, the reranker job's) follow the recipe's
-``cluster.use_gpu`` (:func:`local_device`).
+``cluster.use_gpu`` (:func:`hnce.pipeline.devices.local_device`).
 """
 
 from __future__ import annotations
@@ -46,21 +46,6 @@ def worker_device(use_gpu: bool) -> torch.device:
     if device.type == "cuda":
         torch.cuda.set_device(device)
         device = torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
-def local_device(use_gpu: bool) -> torch.device:
-    """Where a model loaded into this (driver) process runs, e.g. the linker's reranker and
-    bi-encoder or the reranker job's scoring: CUDA when the recipe asks for GPUs
-    (``cluster.use_gpu``; none visible here is an error, never a silent CPU run), else the CPU;
-    logged."""
-    if use_gpu and not torch.cuda.is_available():
-        raise RuntimeError(
-            "cluster.use_gpu is true but torch sees no CUDA device in this process: run the "
-            "command on a GPU node, or set cluster.use_gpu: false"
-        )
-    device = torch.device("cuda" if use_gpu else "cpu")
-    logger.info("models loaded in this process run on %s (cluster.use_gpu %s)", device, use_gpu)
     return device
 
 

@@ -14,9 +14,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from hnce.cluster.stores.tokens import TokenStore
+from hnce.cluster.stores.tokens import MentionTokens, TokenStore
 from hnce.encoders.biencoder import BiEncoder
-from hnce.pipeline.train.batch import MentionTokens
 
 EntityScores = Callable[[Tensor], Tensor]
 """Catalogue ids [B, P] (≥ 0) of B mentions -> the current model's scores [B, P]."""

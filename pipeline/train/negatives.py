@@ -40,7 +40,7 @@ from hnce.cluster.stores.denoised import denoised_path, read_denoised
 from hnce.cluster.stores.negatives_store import NegativesStore, NegativesVersion, check_catalogue
 from hnce.cluster.stores.tables import Mention, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit, catalogue_fingerprint
-from hnce.cluster.stores.tokens import TokenStore
+from hnce.cluster.stores.tokens import MentionTokens, TokenStore
 from hnce.cluster.stores.versioned_dir import version_dir_name
 from hnce.encoders.biencoder import BiEncoder
 from hnce.encoders.reranker import JointReranker
@@ -59,10 +59,10 @@ from hnce.mining.samplers.base import restricted
 from hnce.mining.samplers.lexical import Bm25Index
 from hnce.mining.schedule import SamplerSchedule
 from hnce.pipeline.config import Config
-from hnce.pipeline.train.batch import ContrastiveBatch, MentionTokens, ShareMode, assemble_batch
+from hnce.pipeline.event_log import EventLog
+from hnce.pipeline.train.batch import ContrastiveBatch, ShareMode, assemble_batch
 from hnce.pipeline.train.data_order import MentionOrder
 from hnce.pipeline.train.distributed import Collectives
-from hnce.pipeline.train.events import EventLog
 from hnce.pipeline.train.model_scores import CurrentModelScores, EntityScores
 from hnce.pipeline.train.task import TrainingTask
 from hnce.progress import quiet

@@ -22,8 +22,8 @@ from torch import nn
 
 from hnce.errors import InputError
 from hnce.events import RunEvent
+from hnce.pipeline.event_log import EventLog, read_events
 from hnce.pipeline.train.distributed import Collectives
-from hnce.pipeline.train.events import EventLog, read_events
 
 logger = logging.getLogger(__name__)
 

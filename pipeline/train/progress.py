@@ -1,7 +1,7 @@
 """The driver's progress line for a training run, fed by the run's event and refresh logs.
 
 The Ray Train workers run in other processes (other machines on a cluster), so the driver follows
-``<run>/train_log.jsonl`` (``hnce.pipeline.train.events``) instead of holding the training loop, and
+``<run>/train_log.jsonl`` (``hnce.pipeline.event_log``) instead of holding the training loop, and
 ``<run>/refresh_log.jsonl`` (``hnce.cluster.stores.refresh_log``) for the refreshes: a failed refresh and
 each held-out recall (``refresh.heldout_recall``) are printed above the bar the moment they are
 recorded, and the bar shows the last refresh's outcome.
@@ -18,7 +18,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from hnce.cluster.stores.refresh_log import RefreshRecord, read_log
-from hnce.pipeline.train.events import read_events
+from hnce.pipeline.event_log import read_events
 from hnce.progress import progress_bar
 
 logger = logging.getLogger(__name__)

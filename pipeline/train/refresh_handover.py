@@ -32,8 +32,8 @@ from typing import Any, Protocol
 from hnce.cluster.stores.checkpoints import REFRESH_REQUEST, REFRESHES_END, TRAINING_ENDS_AT
 from hnce.events import RunEvent
 from hnce.pipeline.config import Config
+from hnce.pipeline.event_log import EventLog
 from hnce.pipeline.train.distributed import Collectives
-from hnce.pipeline.train.events import EventLog
 from hnce.pipeline.train.negatives import CandidateSource
 from hnce.pipeline.train.refresh_health import RefreshHealth
 from hnce.pipeline.train.refresh_payoff import RefreshPayoff

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from hnce.cluster.compute.refresh_job import RefreshesFailing
 from hnce.cluster.stores.refresh_log import RefreshRecord, read_log
 from hnce.events import RunEvent
-from hnce.pipeline.train.events import EventLog, read_events
+from hnce.pipeline.event_log import EventLog, read_events
 
 
 class RefreshHealth:

@@ -1,7 +1,8 @@
 """The training run's side of the asynchronous refresh: start the coordinator, stop it at the end.
 
-:func:`refresh_plan` is what a run's refreshes do, for the coordinator and for ``hnce refresh``
-alike (this module imports neither DeepSpeed nor Ray Train, so ``hnce refresh`` stays light).
+:func:`~hnce.pipeline.run.refresh_plan` is what a run's refreshes do, for the coordinator and for
+``hnce refresh`` alike (this module imports neither DeepSpeed nor Ray Train, so ``hnce refresh``
+stays light).
 
 ``hnce.pipeline.train.trainer.run_training`` starts one :class:`hnce.cluster.compute.coordinator.RefreshCoordinator`
 per run beside the Ray Train workers and stops it when training ends (docs/refresh.md). Every wait
@@ -14,48 +15,28 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import ray
 
 from hnce.cluster.compute.coordinator import RefreshCoordinator
 from hnce.cluster.compute.gpu_sharing import gpu_plan
-from hnce.cluster.compute.heldout import HeldoutSpec
 from hnce.cluster.compute.refresh import RefreshPlan
 from hnce.cluster.compute.session import WORKER_ENV
 from hnce.cluster.stores.lock_holder import TRAINING, read_holder
 from hnce.pipeline.config import Config
-from hnce.pipeline.train.events import read_events
+from hnce.pipeline.event_log import read_events
+from hnce.pipeline.run import refresh_plan
 
 logger = logging.getLogger(__name__)
 
 CALL_SECONDS = 60.0  # a control call (stop, abandon, status) is served by an idle thread at once
 
 
-def refresh_plan(config: Config) -> RefreshPlan:
-    """What this run's refreshes do: its directories, the ``refresh`` and ``index`` sections,
-    and, with ``refresh.heldout_recall``, the held-out mentions each scores as ``hnce eval``."""
-    heldout = HeldoutSpec(
-        split=config.data.eval_split,
-        max_mentions=config.data.max_eval_mentions,
-        ks=tuple(config.eval.ks),
-        per_domain=config.eval.per_domain_catalogue,
-        batch_size=config.eval.batch_size,
-    )
-    return RefreshPlan(
-        run_dir=config.run_dir.resolve(),
-        data_dir=Path(config.data.root).resolve(),
-        refresh=config.refresh,
-        index=config.index,
-        heldout=heldout if config.refresh.heldout_recall else None,
-    )
-
-
 def standalone_refresh_plan(config: Config) -> RefreshPlan:
-    """:func:`refresh_plan` for ``hnce refresh``: while a launch of ``hnce train`` holds the run's
-    training lock on GPUs, the job's encoder actors take the share of a GPU that launch chose for
-    its own (:func:`~hnce.cluster.compute.gpu_sharing.gpu_plan` of the mode its
+    """:func:`~hnce.pipeline.run.refresh_plan` for ``hnce refresh``: while a launch of ``hnce
+    train`` holds the run's training lock on GPUs, the job's encoder actors take the share of a GPU
+    that launch chose for its own (:func:`~hnce.cluster.compute.gpu_sharing.gpu_plan` of the mode its
     ``launch`` event records) and count the GPUs its workers hold as taken; an encoder asking for
     a whole GPU could otherwise never be placed beside a trainer on one GPU. Without a training
     launch, or on CPUs, the refresh has the cluster to itself."""

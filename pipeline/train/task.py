@@ -18,18 +18,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from hnce.pipeline.config import Config, TrainingSettings
+from hnce.pipeline.run import TaskKind, rerank_run_dir
 from hnce.pipeline.train.batch import ShareMode
-
-TaskKind = Literal["retriever", "reranker"]
-RERANK_DIR = "rerank"
-
-
-def rerank_run_dir(config: Config) -> Path:
-    """``<run.dir>/rerank``: the reranker's checkpoints, event log, candidates and reports."""
-    return (config.run_dir / RERANK_DIR).resolve()
 
 
 @dataclass(frozen=True)

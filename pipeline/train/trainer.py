@@ -53,13 +53,14 @@ from hnce.cluster.compute.session import init_ray
 from hnce.cluster.stores.checkpoints import newest_checkpoint
 from hnce.cluster.stores.lock_holder import TRAINING
 from hnce.pipeline.config import Config, CoresMode, dump_config
+from hnce.pipeline.event_log import EventLog, read_events
 from hnce.pipeline.preflight import check_training_inputs
+from hnce.pipeline.run import RUN_RECIPE, refresh_plan
 from hnce.pipeline.train.cores import resolve_cores, threads_lent_to_refresh
-from hnce.pipeline.train.events import EventLog, read_events
 from hnce.pipeline.train.nonfinite import raise_if_diverged
 from hnce.pipeline.train.progress import follow_progress
 from hnce.pipeline.train.refresh_health import raise_if_stopped
-from hnce.pipeline.train.refresh_supervisor import refresh_plan, start_refresh, stop_refresh
+from hnce.pipeline.train.refresh_supervisor import start_refresh, stop_refresh
 from hnce.pipeline.train.task import TrainingTask
 from hnce.pipeline.train.version_zero import TrainerBeside, VersionZeroBeside
 from hnce.pipeline.train.worker import train_loop_per_worker
@@ -222,7 +223,7 @@ def _launch(
     """:func:`run_task` once Ray is up and the run's training lock held (``seconds``: the
     driver's stages so far; ``since``: the launch's start)."""
     settings = task.settings(config)
-    dump_config(config, task.run_dir / "config.yaml")
+    dump_config(config, task.run_dir / RUN_RECIPE)
     with_refresh = task.refreshes(config)
     initial = task.initial_negatives(config)
     nodes = sum(1 for node in ray.nodes() if node["Alive"])

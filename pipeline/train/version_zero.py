@@ -60,9 +60,9 @@ from hnce.cluster.stores.tokens import TokenStore
 from hnce.errors import InputError
 from hnce.events import RunEvent
 from hnce.pipeline.config import Config
-from hnce.pipeline.train.events import EventLog, read_events
-from hnce.pipeline.train.model import untrained_export
-from hnce.pipeline.train.refresh_supervisor import refresh_plan
+from hnce.pipeline.event_log import EventLog, read_events
+from hnce.pipeline.models import untrained_export
+from hnce.pipeline.run import refresh_plan
 
 logger = logging.getLogger(__name__)
 

@@ -36,6 +36,7 @@ from hnce.encoders.biencoder import BiEncoder
 from hnce.encoders.reranker import JointReranker
 from hnce.mining.losses import build_loss
 from hnce.pipeline.config import Config, CoresMode, config_from_dict
+from hnce.pipeline.event_log import EventLog
 from hnce.pipeline.train.batch import ContrastiveBatch
 from hnce.pipeline.train.checkpointing import (
     CheckpointReport,
@@ -45,7 +46,6 @@ from hnce.pipeline.train.checkpointing import (
 )
 from hnce.pipeline.train.cores import TrainerThreads
 from hnce.pipeline.train.distributed import Collectives, worker_device
-from hnce.pipeline.train.events import EventLog
 from hnce.pipeline.train.model import build_trainable
 from hnce.pipeline.train.negatives import TrainingData, load_training_data
 from hnce.pipeline.train.nonfinite import loss_stops

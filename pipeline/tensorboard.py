@@ -1,6 +1,6 @@
 """TensorBoard scalars of a training run, derived from its event log: ``<run>/tensorboard/``.
 
-The event log (``<run>/train_log.jsonl``, :mod:`hnce.pipeline.train.events`) stays the one place
+The event log (``<run>/train_log.jsonl``, :mod:`hnce.pipeline.event_log`) stays the one place
 where a run's metrics are emitted; rank 0's log follows its own file and writes the fields of
 :data:`SCALARS` as TensorBoard scalars at the event's step and wall-clock time, flushed at once so
 ``tensorboard --logdir <run>/tensorboard`` shows a run while it trains. Following the file rather

@@ -10,7 +10,7 @@ waited for version 0), ``step`` (loss, learning rate, negatives version and lag)
 ``refresh_failed`` and ``refresh_stop`` (``hnce.pipeline.train.refresh_health``), ``refresh`` (a
 published refresh that rank 0 read in the refresh log, with its duration), ``end``.
 Tests, benchmarks and ``hnce status`` read it back with :func:`read_events`; rank 0's log also
-follows it into TensorBoard scalars (:mod:`hnce.pipeline.train.tensorboard`). It is appended and read
+follows it into TensorBoard scalars (:mod:`hnce.pipeline.tensorboard`). It is appended and read
 through :mod:`hnce.cluster.stores.jsonl`: a line torn by a crash is repaired by the next write
 and never read, a corrupt line is reported and skipped, a non-finite number is written as null.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from hnce.cluster.stores.jsonl import append_jsonl, read_jsonl
-from hnce.pipeline.train.tensorboard import TENSORBOARD_DIR, TensorBoardScalars
+from hnce.pipeline.tensorboard import TENSORBOARD_DIR, TensorBoardScalars
 
 logger = logging.getLogger(__name__)
 
