@@ -13,7 +13,7 @@ import pytest
 import torch
 from training_helpers import REFRESHED, config_for
 
-from hnce.cluster.compute.lexical import bm25_directory, ensure_bm25, publish_lexical_negatives
+from hnce.cluster.stores.lexical import bm25_directory, ensure_bm25, publish_lexical_negatives
 from hnce.cluster.stores.negatives_store import NegativesStore
 from hnce.cluster.stores.tables import Mention, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit, catalogue_fingerprint

@@ -18,17 +18,10 @@ from tqdm import tqdm
 
 from hnce.cluster.compute.encoder_pool import EncoderPool
 from hnce.cluster.compute.shard_holders import HeldIndex
-from hnce.cluster.stores.negatives_store import MinedSplit
+from hnce.cluster.stores.negatives_store import MinedSplit, gold_ranks
 from hnce.cluster.stores.tables import Mention
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.progress import progress_bar
-
-
-def gold_ranks(cands: np.ndarray, gold: np.ndarray) -> np.ndarray:
-    """Position of each row's gold in its candidate list, -1 when absent (int32 [M]); padding
-    (-1) never matches a missing gold."""
-    hits = (cands == gold[:, None]) & (cands >= 0)
-    return np.where(hits.any(axis=1), hits.argmax(axis=1), -1).astype(np.int32)
 
 
 def search_mentions(

@@ -116,6 +116,13 @@ def file_metadata(version: int, checkpoint: int, top_n: int) -> dict[bytes, byte
     }
 
 
+def gold_ranks(cands: np.ndarray, gold: np.ndarray) -> np.ndarray:
+    """Position of each row's gold in its candidate list, -1 when absent (int32 [M]); padding
+    (-1) never matches a missing gold."""
+    hits = (cands == gold[:, None]) & (cands >= 0)
+    return np.where(hits.any(axis=1), hits.argmax(axis=1), -1).astype(np.int32)
+
+
 @dataclass(frozen=True)
 class MinedSplit:
     """Top-N candidates of one mention split, in mention order."""

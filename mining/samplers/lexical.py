@@ -3,7 +3,7 @@ as in DPR and Gillick et al. 2019; docs/math.md, eq. (35)).
 
 :class:`Bm25Index` is BM25 over the catalogue's entity texts, built with the maintained ``bm25s``
 library; its :meth:`~Bm25Index.search` gives each mention's candidates (the catalogue index is
-built once per dataset and cached on disk by ``hnce.cluster.compute.lexical``). The ``lexical``
+built once per dataset and cached on disk by ``hnce.cluster.stores.lexical``). The ``lexical``
 sampler takes the K highest-scoring admissible candidates of that list (greedy over the BM25
 scores): deterministic, so ``log_q`` is None.
 

@@ -10,7 +10,7 @@
   paper §6.3 "Training a reranker").
 - :class:`NegativeDrawer`: K negatives per mention from the configured sampler over those
   candidates, as its spec says (:data:`hnce.mining.samplers.SAMPLER_SPECS`: where its
-  candidates come from, index or BM25 (``hnce.cluster.compute.lexical``), and whether it reads
+  candidates come from, index or BM25 (``hnce.cluster.stores.lexical``), and whether it reads
   the current model's scores); a mention's known positives are never its negatives, nor are the
   candidates ``negatives.candidates`` rules out; ``negatives.schedule`` sets the sampler's
   options at each step.
@@ -35,8 +35,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from hnce.cluster.compute.lexical import ensure_bm25
 from hnce.cluster.stores.denoised import denoised_path, read_denoised
+from hnce.cluster.stores.lexical import ensure_bm25
 from hnce.cluster.stores.negatives_store import NegativesStore, NegativesVersion, check_catalogue
 from hnce.cluster.stores.tables import Mention, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit, catalogue_fingerprint

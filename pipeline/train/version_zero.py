@@ -1,7 +1,7 @@
 """Negatives version 0 of a run: what it trains on before the first refresh.
 
 ``hnce train`` publishes it as ``negatives.initial`` says (:func:`prepare_initial_negatives`):
-BM25's candidates (``lexical``, ``hnce.cluster.compute.lexical``) or the starting model's (``model``: the
+BM25's candidates (``lexical``, ``hnce.cluster.stores.lexical``) or the starting model's (``model``: the
 recipe's untrained model), ``finetune-blink`` always from the imported BLINK checkpoint. The
 starting model's index version 0 is built like every index (`hnce.cluster.compute.index_build`), into the run's own store
 `<run>/index/v0` (checkpoint step 0), by the encoder actors. With BLINK's precomputed entity
@@ -49,11 +49,11 @@ from hnce.cluster.compute.index_build import (
     index_entities,
     start_pool,
 )
-from hnce.cluster.compute.lexical import publish_lexical_negatives
 from hnce.cluster.compute.miner import mine_split
 from hnce.cluster.compute.refresh import RefreshPlan
 from hnce.cluster.compute.retrieval import locked_evaluation_store, version_key
 from hnce.cluster.stores.index_store import IndexBuilder, IndexVersion
+from hnce.cluster.stores.lexical import publish_lexical_negatives
 from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit, catalogue_fingerprint
 from hnce.cluster.stores.tokens import TokenStore

@@ -30,9 +30,8 @@ from pathlib import Path
 import numpy as np
 from filelock import FileLock
 
-from hnce.cluster.compute.miner import gold_ranks
 from hnce.cluster.stores.files import atomic_write_json, publish_directory, staging
-from hnce.cluster.stores.negatives_store import MinedSplit, NegativesStore
+from hnce.cluster.stores.negatives_store import MinedSplit, NegativesStore, gold_ranks
 from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit, catalogue_fingerprint
 from hnce.mining.samplers.lexical import Bm25Index
