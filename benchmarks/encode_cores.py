@@ -25,7 +25,8 @@ import ray
 
 from benchmarks import harness
 from benchmarks.cluster_encode import build_catalogue, shard_tasks
-from hnce.cluster.compute.encoder_pool import EncoderPool, EncoderPoolSettings, node_cores
+from hnce.cluster.compute.encoder_actor import node_cores
+from hnce.cluster.compute.encoder_pool import EncoderPool, EncoderPoolSettings
 from hnce.progress import quiet
 
 LAYOUTS = {

@@ -69,9 +69,9 @@ from benchmarks import harness
 from benchmarks.fullscale.run import Run, write_model
 from benchmarks.fullscale.stages import STAGES, is_done
 from benchmarks.harness.models import write_random_bert
-from hnce.cluster.compute.encoder_pool import (
+from hnce.cluster.compute.encoder_actor import SAMPLE_SEED
+from hnce.cluster.compute.entity_encoding import (
     COMPRESSED_CHUNK_ENTITIES,
-    SAMPLE_SEED,
     compress_tokens,
     encode_entities,
     training_sample,

@@ -41,8 +41,8 @@ import numpy as np
 import ray
 import torch
 
-from hnce.cluster.compute.encoder_pool import encode_entities as encode_entity_vectors
-from hnce.cluster.compute.encoder_pool import encode_mention_queries
+from hnce.cluster.compute.entity_encoding import encode_entities as encode_entity_vectors
+from hnce.cluster.compute.entity_encoding import encode_mention_queries
 from hnce.cluster.compute.index_build import IndexedModel, ensure_token_store
 from hnce.cluster.compute.retrieval import OpenIndex, Retrieved, open_index
 from hnce.cluster.compute.session import init_ray

@@ -17,7 +17,7 @@ import pytest
 import torch
 from conftest import write_jsonl
 
-from hnce.cluster.compute.encoder_pool import read_encodings
+from hnce.cluster.compute.entity_encoding import read_encodings
 from hnce.cluster.compute.index_build import IndexedModel
 from hnce.cluster.compute.refresh import RefreshPlan, RefreshSettings
 from hnce.cluster.stores.checkpoints import EXPORT_DIR, checkpoint_dir

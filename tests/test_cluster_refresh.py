@@ -22,14 +22,8 @@ from training_helpers import assert_exact_top_k, exact_scores, write_letter_expo
 
 from hnce.cluster.compute import index_build
 from hnce.cluster.compute.actors import PlacementError, StopRequested, Task, TaskClock, TaskTimeout
-from hnce.cluster.compute.encoder_pool import (
-    EncoderPool,
-    EncoderPoolSettings,
-    KeptPool,
-    QuantiserTask,
-    ShardEncoded,
-    node_cores,
-)
+from hnce.cluster.compute.encoder_actor import QuantiserTask, ShardEncoded, node_cores
+from hnce.cluster.compute.encoder_pool import EncoderPool, EncoderPoolSettings, KeptPool
 from hnce.cluster.compute.index_build import (
     IndexedModel,
     build_parameters,

@@ -20,8 +20,8 @@ from exact_scores import max_over_vectors, recall, sum_of_max
 from store_helpers import flip_byte, index_parameters, random_word_dataset
 from training_helpers import write_letter_export
 
-import hnce.cluster.compute.encoder_pool as encoder_pool
-from hnce.cluster.compute.encoder_pool import (
+import hnce.cluster.compute.entity_encoding as entity_encoding
+from hnce.cluster.compute.entity_encoding import (
     compress_tokens,
     encode_compressed_tokens,
     encode_entities,
@@ -351,7 +351,7 @@ def test_a_shard_is_compressed_chunk_by_chunk_in_entity_order(
         held.append(len(ids))
         return encode_entities(model, tokens, ids, *args, **kwargs)
 
-    monkeypatch.setattr(encoder_pool, "encode_entities", counting)
+    monkeypatch.setattr(entity_encoding, "encode_entities", counting)
     built = encode_compressed_tokens(model, tokens, entity_ids, trained, spec, 4, chunk_entities=8)
     assert held == [8] * 7 + [4]
     assert trained.ntotal == 0  # the version's quantiser is copied, never filled

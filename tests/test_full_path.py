@@ -39,7 +39,7 @@ from exact_scores import max_over_vectors, recall, sum_of_max
 from training_helpers import assert_exact_top_k
 from transformers import AutoTokenizer, BertConfig, BertModel
 
-from hnce.cluster.compute.encoder_pool import encode_entities
+from hnce.cluster.compute.entity_encoding import encode_entities
 from hnce.cluster.compute.index_build import IndexedModel, ensure_token_store
 from hnce.cluster.compute.retrieval import retrieve
 from hnce.cluster.stores.checkpoints import EXPORT_DIR

@@ -28,7 +28,7 @@ from training_helpers import (
 
 from hnce.cluster.compute.actors import StopRequested
 from hnce.cluster.compute.coordinator import COORDINATOR_ROLE
-from hnce.cluster.compute.encoder_pool import node_cores
+from hnce.cluster.compute.encoder_actor import node_cores
 from hnce.cluster.compute.recall import hits_at
 from hnce.cluster.stores.checkpoints import (
     EXPORT_DIR,

@@ -1,26 +1,15 @@
-"""Ray actors that encode the catalogue into index shards, hold those shards, and encode mentions
+"""The pool of entity encoder actors (``hnce.cluster.compute.encoder_actor``) of one refresh,
+evaluation or index build, and the pool the refresh coordinator keeps between refreshes
 (docs/refresh.md).
 
-Each `EntityEncoderActor` loads the bi-encoder from an `export/` directory once, when it starts
-(so weights reach an actor once per refresh, not once per batch; the refresh coordinator's
-`KeptPool` keeps its actors from one refresh to the next and reloads them), takes a GPU when
-the cluster has them and the CPU otherwise, and runs every forward pass under `hnce.encoders.precision.autocast`
-(bf16 on a GPU). For a shard of the catalogue it reads the entities' token rows from the
-catalogue's token store (`hnce.cluster.stores.tokens`: tokenized once per tokenizer and length, memory-mapped,
-so nothing is tokenized per refresh), groups entities of similar length into batches
-(`length_sorted_batches`) to cut padding, builds the shard's FAISS index and writes it straight
-into the version being built (`hnce.cluster.stores.index_store.write_shard`): the orchestrating process
-never sees the vectors. An ``ivfpq`` version's shards share one IVF-PQ quantiser, which one
-actor trains on a sample of the whole catalogue before the shards are dispatched
-(:class:`QuantiserTask`). Precomputed vectors (BLINK's ``.t7``) are indexed the same way, read
-memory-mapped. Once a version is published the same actors hold its shards and search them
-(`hnce.cluster.compute.shard_holders`).
+An `EncoderPool` sizes and starts its actors (one per encoder slot or per GPU share, or CPU actors
+of ``refresh.encoder_cpus`` or an equal share of the free CPUs), spreads shard, quantiser and
+mention tasks over them, and stops them on exit; `KeptPool` keeps one pool from one refresh to
+the next and reloads its actors with each checkpoint.
 
 Actors are restarted by Ray when they die (`max_restarts`) and their queued and running calls are
-retried (`max_task_retries`). A shard is a pure function of the checkpoint, the shard's token rows
-and the batching, so a retried shard writes the same bytes as a clean run. Starting a pool the
-cluster cannot place, and every wait on an actor, fail with a clear error instead of hanging
-(`hnce.cluster.compute.actors`).
+retried (`max_task_retries`). Starting a pool the cluster cannot place, and every wait on an
+actor, fail with a clear error instead of hanging (`hnce.cluster.compute.actors`).
 
 Example::
 
@@ -33,18 +22,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import pickle
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import faiss
 import numpy as np
 import ray
-import torch
 
 from hnce.cluster.compute.actors import (
     PlacementError,
@@ -53,437 +38,24 @@ from hnce.cluster.compute.actors import (
     actor_request,
     check_placeable,
 )
+from hnce.cluster.compute.encoder_actor import (
+    EntityEncoderActor,
+    QuantiserTask,
+    QuantiserTrained,
+    ShardEncoded,
+    ShardTask,
+)
 from hnce.cluster.compute.gpu_sharing import encoders_on_gpus
 from hnce.cluster.compute.model_pointer import ModelPointer, PoolModel
 from hnce.cluster.compute.resources import ENCODER_RESOURCE, custom_resource_request
-from hnce.cluster.compute.shard_holders import HeldIndex, ShardHolder
-from hnce.cluster.stores.index_store import (
-    IndexVersion,
-    ShardRecord,
-    read_quantiser,
-    write_quantiser,
-    write_shard,
-)
-from hnce.cluster.stores.sharded_index import (
-    DeviceRequest,
-    IndexSpec,
-    add_token_codes,
-    build_shard_index,
-    train_index,
-)
-from hnce.cluster.stores.tokens import TokenStore
-from hnce.encoders.biencoder import BiEncoder, load_biencoder
-from hnce.encoders.formatting import length_sorted_batches, tokenizer_fingerprint
-from hnce.encoders.precision import autocast
-from hnce.errors import InputError
+from hnce.cluster.compute.shard_holders import HeldIndex
+from hnce.cluster.stores.index_store import IndexVersion
+from hnce.cluster.stores.sharded_index import DeviceRequest
 
 logger = logging.getLogger(__name__)
 
 #: How long stopping early waits for the shard tasks it cancelled to end.
 SETTLE_SECONDS = 60.0
-#: Entities encoded at once into a compressed token shard (bounds its full-precision vectors)
-COMPRESSED_CHUNK_ENTITIES = 1024
-#: Seed of the sample a version's IVF-PQ quantiser trains on, and of its k-means
-SAMPLE_SEED = 0
-
-
-def torch_device() -> torch.device:
-    """The device an encoder runs on: the GPU Ray assigned to this actor, else the CPU (logged).
-
-    An actor given a GPU by Ray whose torch cannot use it raises instead of encoding on the CPU.
-    """
-    assigned = ray.get_gpu_ids() if ray.is_initialized() else []
-    if assigned and not torch.cuda.is_available():
-        raise RuntimeError(
-            f"Ray assigned GPU {assigned} to this encoder but torch {torch.__version__} has no "
-            "usable CUDA; install a CUDA torch build on GPU nodes"
-        )
-    device = torch.device("cuda" if assigned else "cpu")
-    logger.info("entity encoder on %s (Ray GPU ids %s)", device, assigned or "none")
-    return device
-
-
-class ShardCancelled(RuntimeError):
-    """A shard task stopped between batches because Ray cancelled it (``ray.cancel``)."""
-
-
-def node_cores() -> int:
-    """The cores this process may run on (its CPU affinity), which a local Ray instance's
-    logical CPU count can exceed (it advertises a slot for every trainer and encoder)."""
-    return len(os.sched_getaffinity(0))
-
-
-@torch.inference_mode()
-def encode_entities(
-    model: BiEncoder,
-    tokens: TokenStore,
-    entity_ids: np.ndarray,
-    batch_size: int,
-    bucketed: bool = True,
-    cancelled: Callable[[], bool] = lambda: False,
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """Index vectors of `entity_ids` from their token-store rows, in entity order.
-
-    Returns (vectors float32 [V, d], the entity id of each vector int64 [V], padded token count).
-    `bucketed` groups entities of similar length into a batch, each padded to its longest;
-    otherwise batches follow catalogue order padded to the entity length (the fixed-padding
-    baseline of the benchmarks). `cancelled` is asked before each batch; ShardCancelled when
-    it says yes (an abandoned refresh stops within one batch, not one shard).
-    """
-    device = next(model.entity_tower.parameters()).device
-    entity_ids = np.asarray(entity_ids, dtype=np.int64)
-    lengths = np.asarray(tokens.lengths[entity_ids])
-    if bucketed:
-        batches = length_sorted_batches(lengths, batch_size)
-    else:
-        order = np.arange(len(entity_ids))
-        batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    vectors, rows, padded = [], [], 0
-    for batch in batches:
-        if cancelled():
-            raise ShardCancelled(f"cancelled after {sum(map(len, rows))} of {len(entity_ids)}")
-        inputs = tokens.batch(entity_ids[batch])
-        if not bucketed:
-            inputs = {name: _pad_to(value, model.entity_length) for name, value in inputs.items()}
-        padded += inputs["input_ids"].numel()
-        with autocast(device):
-            batch_vectors, batch_rows = model.entity_index_vectors(
-                inputs["input_ids"].to(device), inputs["attention_mask"].to(device)
-            )
-        vectors.append(batch_vectors.float().cpu().numpy())
-        rows.append(batch[batch_rows.cpu().numpy()])
-    if not vectors:
-        return np.zeros((0, model.output_size), np.float32), np.zeros(0, np.int64), 0
-    all_rows = np.concatenate(rows).astype(np.int64)
-    order = np.argsort(all_rows, kind="stable")  # back to catalogue order, tokens in order
-    return np.concatenate(vectors)[order], entity_ids[all_rows[order]], padded
-
-
-@dataclass(frozen=True)
-class BuiltShard:
-    """A shard's CPU index, the entity id of each of its vectors, a compressed sum-of-max
-    shard's standalone token codes (:func:`encode_compressed_tokens`; None otherwise), the
-    padded tokens its encoding ran over, and a compressed multi-m shard's (or a compressed
-    sum-of-max shard's with ``index.token_copy``) float16 copy of its vectors (None otherwise)."""
-
-    index: faiss.Index
-    ids: np.ndarray
-    codes: np.ndarray | None = None
-    padded_tokens: int = 0
-    vectors: np.ndarray | None = None
-
-
-def training_sample(lengths: np.ndarray, train_size: int, seed: int) -> np.ndarray:
-    """Positions (sorted) of a seeded random sample of entities whose `lengths` (vectors: tokens
-    for sum-of-max) add up to at least `train_size`, or all of them: what a version's IVF-PQ
-    quantiser trains on."""
-    shuffled = np.random.default_rng(seed).permutation(len(lengths))
-    reach = np.cumsum(np.asarray(lengths)[shuffled])
-    return np.sort(shuffled[: int(np.searchsorted(reach, train_size)) + 1])
-
-
-def compress_tokens(
-    trained: faiss.Index,
-    chunks: Iterable[tuple[np.ndarray, np.ndarray, int]],
-    spec: IndexSpec,
-) -> BuiltShard:
-    """A compressed sum-of-max shard: each chunk of (token vectors, their entity ids, padded
-    tokens), in entity order, added to the IVF lists of a copy of the version's `trained`
-    quantiser and encoded into standalone codes before the next chunk is asked for (ColBERTv2's
-    indexing, Santhanam et al. 2022, §3.3); with `spec.token_copy`, kept as a float16 copy
-    instead of codes (2·d bytes a token, held until the shard is written, as the codes are)."""
-    index = faiss.clone_index(trained)
-    rescored, ids, padded = [], [], 0
-    for vectors, vector_ids, chunk_padded in chunks:
-        if spec.token_copy:
-            index.add(vectors)
-            rescored.append(vectors.astype(np.float16))
-        else:
-            rescored.append(add_token_codes(index, vectors))
-        ids.append(vector_ids)
-        padded += chunk_padded
-    kept = np.concatenate(rescored)
-    codes, copy = (None, kept) if spec.token_copy else (kept, None)
-    return BuiltShard(index, np.concatenate(ids), codes, padded, copy)
-
-
-def encode_compressed_tokens(
-    model: BiEncoder,
-    tokens: TokenStore,
-    entity_ids: np.ndarray,
-    trained: faiss.Index,
-    spec: IndexSpec,
-    batch_size: int,
-    cancelled: Callable[[], bool] = lambda: False,
-    chunk_entities: int = COMPRESSED_CHUNK_ENTITIES,
-) -> BuiltShard:
-    """Sum-of-max token vectors of `entity_ids` straight into a compressed shard on the
-    version's `trained` quantiser (:func:`compress_tokens`), so that no more than one chunk of
-    `chunk_entities` entities is ever held at full precision."""
-    entity_ids = np.asarray(entity_ids, dtype=np.int64)
-    chunks = (
-        encode_entities(
-            model,
-            tokens,
-            entity_ids[start : start + chunk_entities],
-            batch_size,
-            cancelled=cancelled,
-        )
-        for start in range(0, len(entity_ids), chunk_entities)
-    )
-    return compress_tokens(trained, chunks, spec)
-
-
-@torch.inference_mode()
-def encode_mention_queries(
-    model: BiEncoder,
-    context_left: Sequence[str],
-    mention: Sequence[str],
-    context_right: Sequence[str],
-) -> np.ndarray:
-    """Query vectors float32 [B, Q, d] of a batch of mentions (Q = 1 for dual and multi-m)."""
-    device = next(model.mention_tower.parameters()).device
-    tokens = model.tokenize_mentions(context_left, mention, context_right)
-    with autocast(device):
-        queries = model.mention_query_vectors(
-            tokens["input_ids"].to(device), tokens["attention_mask"].to(device)
-        )
-    return queries.float().cpu().numpy()
-
-
-def _pad_to(tensor: torch.Tensor, width: int) -> torch.Tensor:
-    if tensor.shape[1] >= width:
-        return tensor[:, :width]
-    return torch.nn.functional.pad(tensor, (0, width - tensor.shape[1]))
-
-
-def read_encodings(path: Path) -> torch.Tensor:
-    """Precomputed entity vectors [N, d] (BLINK's ``all_entities_large.t7``: row i is entity i),
-    memory-mapped (``torch.load(mmap=True, weights_only=True)``): nothing is read into memory
-    until a shard's rows are taken."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: no such encodings file")
-    try:
-        encodings = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-    except (RuntimeError, pickle.UnpicklingError, EOFError) as error:
-        raise InputError(
-            f"{path}: cannot memory-map as a torch tensor file (torch.save zip format needed; "
-            f"re-save a legacy file once with torch.save(torch.load(path), path)): {error}"
-        ) from error
-    if not isinstance(encodings, torch.Tensor) or encodings.dim() != 2:
-        kind = tuple(encodings.shape) if isinstance(encodings, torch.Tensor) else type(encodings)
-        raise InputError(f"{path}: expected a 2-d tensor [entities, dim], got {kind}")
-    if encodings.dtype != torch.float32:
-        raise InputError(f"{path}: expected float32 encodings, got {encodings.dtype}")
-    return encodings
-
-
-@dataclass(frozen=True)
-class ShardTask:
-    """One shard to index: entities [start, stop) into the version directory `directory`.
-
-    Vectors come from encoding the entities' token rows, or, with `encodings`, from rows
-    start..stop-1 of that precomputed file.
-    """
-
-    shard_no: int
-    entities: tuple[int, int]
-    directory: str
-    spec: IndexSpec
-    vectors_per_entity: int | None
-    encodings: str | None = None
-
-    @property
-    def compressed_tokens(self) -> bool:
-        """A compressed sum-of-max shard (`encode_compressed_tokens`)."""
-        return self.vectors_per_entity is None and self.spec.kind == "ivfpq"
-
-    @property
-    def keeps_vector_copy(self) -> bool:
-        """A compressed multi-m shard, which keeps a float16 copy of its vectors to rescore its
-        candidates from (:mod:`hnce.cluster.stores.sharded_index`)."""
-        return (self.vectors_per_entity or 1) > 1 and self.spec.kind != "flat"
-
-
-@dataclass(frozen=True)
-class QuantiserTask:
-    """The one IVF-PQ quantiser of an ``ivfpq`` version being built in `directory`: trained on
-    about `spec.train_size` vectors (sum-of-max: tokens) of entities sampled from the whole
-    catalogue [0, `num_entities`), encoded from the token store or read from rows of
-    `encodings`, and written there (``quantiser.faiss``) before any shard is dispatched. Every
-    shard is a copy of it plus its own vectors, as ColBERTv2 and PLAID train one set of
-    centroids for a whole collection (Santhanam et al. 2022, §3.3): the shards share one
-    codebook, and a build trains once instead of once a shard."""
-
-    directory: str
-    spec: IndexSpec
-    vectors_per_entity: int | None
-    num_entities: int
-    encodings: str | None = None
-
-
-@dataclass(frozen=True)
-class QuantiserTrained:
-    """A trained quantiser: the vectors it trained on, the encoders that encoded them (one
-    reads them where they come from precomputed encodings) and the wall time of both."""
-
-    sample_vectors: int
-    encoders: int
-    seconds: float
-
-
-@dataclass(frozen=True)
-class ShardEncoded:
-    """What an encoder reports for a finished shard (its files are in the version directory)."""
-
-    shard_no: int
-    record: ShardRecord
-    num_entities: int
-    seconds: float
-    padded_tokens: int
-    encoder_pid: int
-
-
-class EntityEncoderActor(ShardHolder):
-    """Holds one loaded bi-encoder; indexes catalogue shards, encodes mentions and holds index
-    shards (a Ray actor).
-
-    Args:
-        model: the model it loads when it starts.
-        batch_size: entities per forward pass.
-        num_threads: torch threads (on a CPU actor; never more than its node's cores).
-        pointer: the name of a kept pool's `ModelPointer`: on :meth:`reload`, and when Ray
-            restarts the actor (with its first arguments), it loads the model the pointer names
-            now (a name, not a handle: Ray keeps a handle argument in its object store, and a
-            restart fails once that copy is gone).
-    """
-
-    def __init__(
-        self, model: PoolModel, batch_size: int, num_threads: int, pointer: str | None = None
-    ) -> None:
-        torch.set_num_threads(min(num_threads, node_cores()))
-        self.device = torch_device()
-        self.batch_size = batch_size
-        self.pointer = None if pointer is None else ray.get_actor(pointer)
-        restarted = ray.get_runtime_context().was_current_actor_reconstructed
-        if self.pointer is not None and restarted:
-            model = ray.get(self.pointer.get.remote())
-        self.load(model)
-
-    def load(self, model: PoolModel) -> None:
-        """Load `model`'s weights and token store, dropping any index shards held."""
-        self.model = load_biencoder(Path(model.export_dir), device=self.device).eval()
-        self.tokens = None
-        if model.token_store is not None:
-            fingerprint = tokenizer_fingerprint(self.model.tokenizer)
-            self.tokens = TokenStore.open(Path(model.token_store), fingerprint, verify=False)
-        self.release()
-
-    def reload(self) -> int:
-        """Load the model the pool's `ModelPointer` names now (a kept pool's next refresh)."""
-        if self.pointer is None:
-            raise RuntimeError("only the actors of a kept pool reload their model")
-        self.load(ray.get(self.pointer.get.remote()))
-        return os.getpid()
-
-    def ready(self) -> int:
-        return os.getpid()
-
-    def quantiser_sample(self, task: QuantiserTask, part: int, parts: int) -> np.ndarray:
-        """Part `part` of `parts` of the vectors the version's quantiser trains on (see
-        :class:`QuantiserTask`): the sample's entities are split into `parts` contiguous runs,
-        one encoded by each encoder, so the parts concatenated in order are the whole sample in
-        entity order. Read from `encodings`, the sample is one part."""
-        if task.encodings is not None:
-            rows = training_sample(np.ones(task.num_entities), task.spec.train_size, SAMPLE_SEED)
-            return read_encodings(Path(task.encodings))[torch.from_numpy(rows)].numpy()
-        tokens = self._token_store()
-        per_entity = (
-            tokens.lengths[: task.num_entities]
-            if task.vectors_per_entity is None
-            else np.full(task.num_entities, task.vectors_per_entity)
-        )
-        entities = training_sample(per_entity, task.spec.train_size, SAMPLE_SEED)
-        vectors, _, _ = encode_entities(
-            self.model,
-            tokens,
-            np.array_split(entities, parts)[part],
-            self.batch_size,
-            cancelled=ray.get_runtime_context().is_canceled,
-        )
-        return vectors
-
-    def train_quantiser(self, task: QuantiserTask, sample_parts: list[ray.ObjectRef]) -> int:
-        """Train the version's IVF-PQ quantiser on the sample's parts (:meth:`quantiser_sample`
-        of each encoder, in order) and write it; returns the sample's size."""
-        sample = np.concatenate(ray.get(sample_parts))
-        write_quantiser(Path(task.directory), train_index(sample, task.spec, SAMPLE_SEED))
-        return len(sample)
-
-    def index_shard(self, task: ShardTask) -> ShardEncoded:
-        """Encode (or read) one shard's vectors, build its FAISS index (an ``ivfpq`` shard: on
-        the version's trained quantiser) and write it."""
-        start = time.perf_counter()
-        entity_ids = np.arange(*task.entities, dtype=np.int64)
-        trained = read_quantiser(Path(task.directory)) if task.spec.kind == "ivfpq" else None
-        if task.encodings is not None:
-            vectors = read_encodings(Path(task.encodings))[task.entities[0] : task.entities[1]]
-            index = build_shard_index(vectors.numpy(), task.spec, trained=trained)
-            built = BuiltShard(index, entity_ids)
-        elif task.compressed_tokens:
-            built = encode_compressed_tokens(
-                self.model,
-                self._token_store(),
-                entity_ids,
-                trained,
-                task.spec,
-                self.batch_size,
-                cancelled=ray.get_runtime_context().is_canceled,
-            )
-        else:
-            vectors, vector_ids, padded = encode_entities(
-                self.model,
-                self._token_store(),
-                entity_ids,
-                self.batch_size,
-                cancelled=ray.get_runtime_context().is_canceled,
-            )
-            copy = vectors.astype(np.float16) if task.keeps_vector_copy else None
-            index = build_shard_index(vectors, task.spec, trained=trained)
-            built = BuiltShard(index, vector_ids, None, padded, copy)
-        record = write_shard(
-            Path(task.directory),
-            task.shard_no,
-            built.index,
-            built.ids,
-            task.entities,
-            task.vectors_per_entity,
-            built.codes,
-            built.vectors,
-        )
-        return ShardEncoded(
-            shard_no=task.shard_no,
-            record=record,
-            num_entities=len(entity_ids),
-            seconds=time.perf_counter() - start,
-            padded_tokens=built.padded_tokens,
-            encoder_pid=os.getpid(),
-        )
-
-    def _token_store(self) -> TokenStore:
-        if self.tokens is None:
-            raise RuntimeError("this encoder pool was started without a token store")
-        return self.tokens
-
-    def encode_mentions(
-        self, context_left: list[str], mention: list[str], context_right: list[str]
-    ) -> np.ndarray:
-        """Query vectors [B, Q, d] for a batch of mentions (see `encode_mention_queries`)."""
-        return encode_mention_queries(self.model, context_left, mention, context_right)
-
-    def pid(self) -> int:
-        return os.getpid()
 
 
 @dataclass(frozen=True)

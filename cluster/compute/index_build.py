@@ -37,14 +37,8 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
-from hnce.cluster.compute.encoder_pool import (
-    EncoderPool,
-    EncoderPoolSettings,
-    KeptPool,
-    QuantiserTask,
-    ShardEncoded,
-    ShardTask,
-)
+from hnce.cluster.compute.encoder_actor import QuantiserTask, ShardEncoded, ShardTask
+from hnce.cluster.compute.encoder_pool import EncoderPool, EncoderPoolSettings, KeptPool
 from hnce.cluster.stores.checkpoints import EXPORT_DIR, verify_checkpoint
 from hnce.cluster.stores.files import sha256_file
 from hnce.cluster.stores.index_store import BuildParameters, IndexBuilder, IndexStore, IndexVersion

@@ -39,12 +39,8 @@ from typing import Literal
 from pydantic import Field
 
 from hnce.cluster.compute.actors import StopRequested
-from hnce.cluster.compute.encoder_pool import (
-    EncoderPool,
-    EncoderPoolSettings,
-    KeptPool,
-    ShardEncoded,
-)
+from hnce.cluster.compute.encoder_actor import ShardEncoded
+from hnce.cluster.compute.encoder_pool import EncoderPool, EncoderPoolSettings, KeptPool
 from hnce.cluster.compute.heldout import HeldoutSpec, score_heldout
 from hnce.cluster.compute.index_build import IndexedModel, build_version, start_pool, timed
 from hnce.cluster.compute.miner import mine_split

@@ -1,7 +1,7 @@
 """Index shards held where the compute is: in the encoder actors (docs/refresh.md).
 
 Mining and evaluation never load an index version into the process that orchestrates them. The
-version's shards are spread over the encoder actors (`hnce.cluster.compute.encoder_pool`), which on a GPU
+version's shards are spread over the encoder actors (`hnce.cluster.compute.encoder_actor`), which on a GPU
 cluster hold the GPUs (FAISS fp16 flat shards there, `hnce.cluster.stores.sharded_index.resolve_faiss_device`)
 and on a CPU cluster hold CPU shards, memory-mapped. A version of a scorer mined exactly (poly-m,
 genpoly-m, general) is held on the CPU and scored by the holder's own model on its device

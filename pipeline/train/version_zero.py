@@ -42,7 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hnce.cluster.compute.actors import StopRequested
-from hnce.cluster.compute.encoder_pool import EncoderPool, read_encodings
+from hnce.cluster.compute.encoder_pool import EncoderPool
+from hnce.cluster.compute.entity_encoding import read_encodings
 from hnce.cluster.compute.index_build import (
     IndexedModel,
     build_parameters,

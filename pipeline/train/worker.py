@@ -30,7 +30,7 @@ import deepspeed
 import ray.train
 import torch
 
-from hnce.cluster.compute.encoder_pool import node_cores
+from hnce.cluster.compute.encoder_actor import node_cores
 from hnce.cluster.compute.index_build import timed
 from hnce.encoders.biencoder import BiEncoder
 from hnce.encoders.reranker import JointReranker
