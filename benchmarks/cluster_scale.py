@@ -24,12 +24,12 @@ from tqdm import tqdm
 
 from benchmarks import harness
 from hnce.cluster.compute.index_build import index_parameters
+from hnce.cluster.stores.faiss_device import resolve_faiss_device
 from hnce.cluster.stores.index_store import BuildParameters, IndexStore
 from hnce.cluster.stores.sharded_index import (
     IndexSpec,
     ShardedSearcher,
     build_shard_index,
-    resolve_faiss_device,
     train_index,
 )
 

@@ -76,13 +76,13 @@ from hnce.cluster.compute.entity_encoding import (
     encode_entities,
     training_sample,
 )
+from hnce.cluster.stores.faiss_device import resolve_faiss_device
 from hnce.cluster.stores.files import AtomicPath
 from hnce.cluster.stores.sharded_index import (
     IndexShard,
     IndexSpec,
     ShardedSearcher,
     build_shard_index,
-    resolve_faiss_device,
     train_index,
 )
 from hnce.cluster.stores.tables import mention_split_path

@@ -300,7 +300,7 @@ class EntityLinker(ClosedOnExit):
             self._started_ray = True
         if self._index is None:
             self._index = self._opened.enter_context(open_index(self.plan, self.model))
-        retrieved = self._index.search(mentions, k, batch_size=self.config.eval.batch_size)
+        retrieved = self._index.retrieve(mentions, k, batch_size=self.config.eval.batch_size)
         logger.info(
             "linked %d mention(s) with %s in index v%d of %s (%s)",
             len(mentions),

@@ -24,6 +24,7 @@ import torch
 from store_helpers import flip_byte, index_parameters, mined_split, publish_index
 
 from hnce.cluster.stores.exact_search import ExactSearcher
+from hnce.cluster.stores.faiss_device import resolve_faiss_device
 from hnce.cluster.stores.files import sha256_file
 from hnce.cluster.stores.index_store import IndexBuilder, IndexStore
 from hnce.cluster.stores.negatives_store import MinedSplit, NegativesStore, NegativesVersion
@@ -32,12 +33,11 @@ from hnce.cluster.stores.sharded_index import (
     IndexSpec,
     ShardedSearcher,
     build_shard_index,
-    merge_entity_lists,
-    resolve_faiss_device,
 )
 from hnce.cluster.stores.versioned_dir import ChecksumError, StoreError, confined_path
 from hnce.encoders.scorers import build_scorer
 from hnce.errors import InputError
+from hnce.search import merge_entity_lists
 
 
 def _vectors(rows: int, dim: int = 16, seed: int = 0) -> np.ndarray:
@@ -134,7 +134,7 @@ def test_exact_search_in_chunks_equals_scoring_every_entity(spec: str) -> None:
     np.testing.assert_array_equal(ids, np.argsort(-expected, axis=1)[:, :7])
     np.testing.assert_allclose(scores, -np.sort(-expected, axis=1)[:, :7], rtol=1e-5)
     allowed = np.arange(0, 40, 5)
-    ids, _ = searcher.search(queries, 10, allowed)
+    ids, _ = searcher.search(queries, 10, allowed=allowed)
     masked = np.full_like(expected, -np.inf)
     masked[:, allowed] = expected[:, allowed]
     np.testing.assert_array_equal(ids[:, :8], np.argsort(-masked, axis=1)[:, :8])

@@ -27,13 +27,13 @@ from hnce.cluster.compute.entity_encoding import (
     encode_entities,
 )
 from hnce.cluster.compute.index_build import IndexedModel, ensure_token_store
+from hnce.cluster.stores.faiss_device import resolve_faiss_device
 from hnce.cluster.stores.index_store import IndexStore, read_quantiser, write_quantiser
 from hnce.cluster.stores.sharded_index import (
     IndexShard,
     IndexSpec,
     ShardedSearcher,
     build_shard_index,
-    resolve_faiss_device,
     token_codes,
     train_index,
 )
@@ -486,8 +486,8 @@ def test_shards_on_one_quantiser_share_one_coarse_search(catalogue, restricted: 
     for scorer_depth, flat in ((None, False), (1, True)):
         shared.vectors_per_entity = alone.vectors_per_entity = scorer_depth
         batch = queries[:, 0] if flat else queries
-        found, scores = shared.search(batch, 10, allowed)
-        expected_found, expected_scores = alone.search(batch, 10, allowed)
+        found, scores = shared.search(batch, 10, allowed=allowed)
+        expected_found, expected_scores = alone.search(batch, 10, allowed=allowed)
         np.testing.assert_array_equal(found, expected_found)
         np.testing.assert_array_equal(scores, expected_scores)
         if allowed is not None:

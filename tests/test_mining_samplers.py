@@ -182,7 +182,8 @@ def test_lexical_negatives_are_the_best_bm25_candidates_that_are_not_positives()
     index = Bm25Index(
         ["paris capital of france", "paris texas city", "paris hilton", "london city", "rome"]
     )
-    ids, scores = index.search(["paris", "london city"], k=4)
+    found, found_scores = index.search(["paris", "london city"], k=4)
+    ids, scores = torch.from_numpy(found), torch.from_numpy(found_scores)
     assert set(ids[0].tolist()) == {0, 1, 2, -1} and set(ids[1].tolist()) == {3, 1, -1}
     assert torch.isinf(scores[ids < 0]).all() and torch.isfinite(scores[ids >= 0]).all()
     lexical = SAMPLER_SPECS["lexical"]

@@ -49,8 +49,8 @@ from hnce.cluster.compute.gpu_sharing import encoders_on_gpus
 from hnce.cluster.compute.model_pointer import ModelPointer, PoolModel
 from hnce.cluster.compute.resources import ENCODER_RESOURCE, custom_resource_request
 from hnce.cluster.compute.shard_holders import HeldIndex
+from hnce.cluster.stores.faiss_device import DeviceRequest
 from hnce.cluster.stores.index_store import IndexVersion
-from hnce.cluster.stores.sharded_index import DeviceRequest
 
 logger = logging.getLogger(__name__)
 

@@ -51,6 +51,7 @@ from hnce.cluster.compute.shard_holders import HeldIndex
 from hnce.cluster.stores.index_store import IndexStore, IndexVersion
 from hnce.cluster.stores.tables import Mention
 from hnce.cluster.stores.tables_read import catalogue_fingerprint
+from hnce.search import Searcher
 
 logger = logging.getLogger(__name__)
 
@@ -92,11 +93,11 @@ class Retrieved:
 
 
 @dataclass
-class OpenIndex:
+class OpenIndex(Searcher[Sequence[Mention]]):
     """An index version of a model loaded into a running encoder pool (:func:`open_index`):
     mentions are encoded and searched through it as often as needed, with nothing restarted.
-    The first search reports the opening's stages (and whether it built the version) as its
-    own; later ones report only their search."""
+    The first retrieval reports the opening's stages (and whether it built the version) as its
+    own; later ones report only their search. A `hnce.search.Searcher` of mentions."""
 
     pool: EncoderPool
     held: HeldIndex
@@ -107,12 +108,26 @@ class OpenIndex:
 
     def search(
         self,
+        queries: Sequence[Mention],
+        k: int,
+        *,
+        per_domain: bool = False,
+        batch_size: int = 256,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(entity ids int64 [M, k], scores float32 [M, k]) of the mentions `queries`
+        (`hnce.search.Searcher`); options as :meth:`retrieve`."""
+        retrieved = self.retrieve(queries, k, per_domain, batch_size)
+        return retrieved.cands, retrieved.scores
+
+    def retrieve(
+        self,
         mentions: Sequence[Mention],
         k: int,
         per_domain: bool = False,
         batch_size: int = 256,
     ) -> Retrieved:
-        """Top-``k`` entities of ``mentions`` (``per_domain``: among their own domain's only)."""
+        """Top-``k`` entities of ``mentions`` (``per_domain``: among their own domain's only),
+        with the version searched and the seconds of each stage."""
         seconds, self.seconds = self.seconds, {}
         built, self.built = self.built, False
         with timed(seconds, "search"):
@@ -164,4 +179,4 @@ def retrieve(
     world is linked against that world's documents).
     """
     with open_index(plan, model) as index:
-        return index.search(mentions, k, per_domain, batch_size)
+        return index.retrieve(mentions, k, per_domain, batch_size)

@@ -23,7 +23,7 @@ from pydantic import ValidationInfo, field_validator
 
 from hnce.cluster.compute.gpu_sharing import GpuSharing
 from hnce.cluster.compute.local_instance import start_local_instance
-from hnce.cluster.stores.sharded_index import faiss_gpu_count
+from hnce.cluster.stores.faiss_device import faiss_gpu_count
 from hnce.settings import Flag, NonNegativeInt, Text, settings
 
 logger = logging.getLogger(__name__)

@@ -2,14 +2,15 @@
 
 Mining and evaluation never load an index version into the process that orchestrates them. The
 version's shards are spread over the encoder actors (`hnce.cluster.compute.encoder_actor`), which on a GPU
-cluster hold the GPUs (FAISS fp16 flat shards there, `hnce.cluster.stores.sharded_index.resolve_faiss_device`)
+cluster hold the GPUs (FAISS fp16 flat shards there, `hnce.cluster.stores.faiss_device.resolve_faiss_device`)
 and on a CPU cluster hold CPU shards, memory-mapped. A version of a scorer mined exactly (poly-m,
 genpoly-m, general) is held on the CPU and scored by the holder's own model on its device
 (`hnce.cluster.stores.exact_search`). A batch of query vectors goes to every
 holder (as one Ray object, never through the orchestrating process when it comes from an encoder
 actor); each returns the exact top-k entities of its shards and the orchestrator merges the lists
-(`merge_entity_lists`), which is exact because every entity lies in exactly one shard. The
-orchestrator therefore holds k candidates per query, never the catalogue's vectors.
+(`hnce.search.merge_entity_lists`), which is exact because every entity lies in exactly one
+shard. The orchestrator therefore holds k candidates per query, never the catalogue's vectors.
+:class:`HeldIndex` is a `hnce.search.Searcher` of query vectors, as is each holder.
 
 A holder that dies is restarted by Ray and the search retried; every search names the shards it
 expects (:class:`HoldSpec`), so a restarted holder loads them again before answering.
@@ -27,16 +28,11 @@ import numpy as np
 import ray
 
 from hnce.cluster.compute.actors import Task, TaskClock
-from hnce.cluster.stores.exact_search import ExactSearcher
+from hnce.cluster.stores.faiss_device import DeviceRequest, resolve_faiss_device
 from hnce.cluster.stores.index_store import IndexVersion
-from hnce.cluster.stores.sharded_index import (
-    DeviceRequest,
-    ShardedSearcher,
-    merge_entity_lists,
-    resolve_faiss_device,
-)
 from hnce.encoders.biencoder import BiEncoder
 from hnce.progress import progress_bar
+from hnce.search import Searcher, merge_entity_lists
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +73,7 @@ class ShardHolder:
     `model` scores the shards of a version mined exactly, `hnce.cluster.stores.exact_search`)."""
 
     model: BiEncoder
-    _held: ShardedSearcher | ExactSearcher | None = None
+    _held: Searcher[np.ndarray] | None = None
     _held_key: tuple[str, int, tuple[int, ...], str, int] | None = None
 
     def hold(self, spec: HoldSpec) -> HeldShards:
@@ -112,21 +108,29 @@ class ShardHolder:
         self._held_key = None
 
     def search(
-        self, spec: HoldSpec, queries: np.ndarray, k: int, allowed: np.ndarray | None = None
+        self,
+        queries: np.ndarray,
+        k: int,
+        *,
+        spec: HoldSpec | None = None,
+        allowed: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Top-k entities of `queries` among the held shards (loading them first if this actor
-        was restarted); see `ShardedSearcher.search`."""
-        if self._held_key != spec.key:
+        """Top-k entities of `queries` among the held shards (`hnce.search.Searcher`; see
+        `ShardedSearcher.search`). `spec` names the shards expected: they are loaded first when
+        they are not the ones held (this actor was restarted)."""
+        if spec is not None and self._held_key != spec.key:
             self.hold(spec)
-        assert self._held is not None
-        return self._held.search(queries, k, allowed)
+        if self._held is None:
+            raise RuntimeError("no index shards held: hold() them, or name them with spec")
+        return self._held.search(queries, k, allowed=allowed)
 
 
-class HeldIndex:
+class HeldIndex(Searcher[np.ndarray]):
     """An index version whose shards are held by actors: fans queries out and merges.
 
     Build it with :meth:`start`; then :meth:`search_stream` turns a stream of query batches
-    (object references or arrays) into merged top-k (entity ids, scores) per batch, in order.
+    (object references or arrays) into merged top-k (entity ids, scores) per batch, in order,
+    and :meth:`search` searches one batch.
     """
 
     def __init__(
@@ -189,7 +193,7 @@ class HeldIndex:
         for number, queries in enumerate(query_batches):
             reference = queries if isinstance(queries, ray.ObjectRef) else ray.put(queries)
             parts = [
-                actor.search.remote(spec, reference, k, allowed_ref)
+                actor.search.remote(reference, k, spec=spec, allowed=allowed_ref)
                 for actor, _, spec in self.holders
             ]
             names = ", ".join(name for _, name, _ in self.holders)
@@ -198,6 +202,13 @@ class HeldIndex:
                 yield self._merged(*in_flight.pop(0), k)
         for parts, task in in_flight:
             yield self._merged(parts, task, k)
+
+    def search(
+        self, queries: np.ndarray, k: int, *, allowed: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Merged top-k (entity ids int64 [B, k], scores float32 [B, k]) of one batch of query
+        vectors (`hnce.search.Searcher`); `allowed` as in :meth:`search_stream`."""
+        return next(self.search_stream([queries], k, allowed))
 
     def _merged(
         self, parts: list[ray.ObjectRef], task: Task, k: int

@@ -8,9 +8,9 @@ that store each entity's reduced vectors (``Scorer.entity_index_vectors``: the k
 the mention's reduced vectors (``reduce_mentions``, encoded by the same model in the encoder
 actors) with the scorer itself (eq. 9 through ``score_reduced``), a chunk of entities at a time
 so memory stays bounded by one chunk, keeps each chunk's top-k and merges them
-(`merge_entity_lists`), exactly as the orchestrator merges the holders' lists. The cost is one
-score per mention-entity pair: see the README ("Exact mining") for the catalogue size at which it
-becomes too slow.
+(`hnce.search.merge_entity_lists`), exactly as the orchestrator merges the holders' lists. The
+cost is one score per mention-entity pair: see the README ("Exact mining") for the catalogue size
+at which it becomes too slow.
 """
 
 from __future__ import annotations
@@ -20,16 +20,18 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from hnce.cluster.stores.sharded_index import IndexShard, merge_entity_lists
+from hnce.cluster.stores.sharded_index import IndexShard
 from hnce.encoders.scorers import Scorer, exact_index_scores
 from hnce.errors import InputError
+from hnce.search import PAD_ID, PAD_SCORE, Searcher, merge_entity_lists
 
 # Entities scored per chunk: bounds the grouped vectors and the [B, chunk] scores held at once.
 ENTITIES_PER_CHUNK = 4096
 
 
-class ExactSearcher:
-    """The shards one process holds of an exact scorer's version; ranks every entity exactly.
+class ExactSearcher(Searcher[np.ndarray]):
+    """The shards one process holds of an exact scorer's version; ranks every entity exactly
+    (a `hnce.search.Searcher` of the mentions' reduced query vectors).
 
     Args:
         shards: flat shards on the CPU (their stored vectors are read in place, memory-mapped).
@@ -59,7 +61,7 @@ class ExactSearcher:
 
     @torch.inference_mode()
     def search(
-        self, queries: np.ndarray, k: int, allowed: np.ndarray | None = None
+        self, queries: np.ndarray, k: int, *, allowed: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """Top-k entities per mention: (entity ids int64 [B, k], scores float32 [B, k]).
 
@@ -90,9 +92,9 @@ class ExactSearcher:
             )
             if allowed is not None:
                 admitted = torch.from_numpy(np.isin(entities[first:last], allowed))
-                scores = scores.masked_fill(~admitted.to(self.device), float("-inf"))
+                scores = scores.masked_fill(~admitted.to(self.device), PAD_SCORE)
             top = scores.float().topk(min(k, scores.shape[1]), dim=1)
             top_ids = ids[top.indices]
-            top_ids = top_ids.masked_fill(top.values == float("-inf"), -1)
+            top_ids = top_ids.masked_fill(top.values == PAD_SCORE, PAD_ID)
             parts.append((top_ids.cpu().numpy(), top.values.cpu().numpy()))
         return parts

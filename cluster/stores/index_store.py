@@ -63,6 +63,7 @@ import torch
 from pydantic import Field, TypeAdapter
 
 from hnce.cluster.stores.exact_search import ExactSearcher
+from hnce.cluster.stores.faiss_device import FaissDevice, resolve_faiss_device
 from hnce.cluster.stores.files import (
     PROGRESS_FILE,
     AtomicPath,
@@ -71,13 +72,7 @@ from hnce.cluster.stores.files import (
     remove_owned,
     sha256_file,
 )
-from hnce.cluster.stores.sharded_index import (
-    FaissDevice,
-    IndexShard,
-    ShardedSearcher,
-    read_index_file,
-    resolve_faiss_device,
-)
+from hnce.cluster.stores.sharded_index import IndexShard, ShardedSearcher, read_index_file
 from hnce.cluster.stores.versioned_dir import (
     MANIFEST_FILE,
     Count,

@@ -85,11 +85,10 @@ def mine_lexical(bm25: Bm25Index, split: MentionSplit, top_n: int) -> MinedSplit
         mention_ids += [m.mention_id for m in mentions]
         golds += [m.gold for m in mentions]
         ids, bm25_scores = bm25.search([m.mention for m in mentions], top_n)
-        cands.append(ids.numpy())
-        scores.append(bm25_scores.numpy())
-    width = min(top_n, bm25.num_entities)
-    cand_matrix = np.concatenate(cands) if cands else np.zeros((0, width), np.int64)
-    score_matrix = np.concatenate(scores) if scores else np.zeros((0, width), np.float32)
+        cands.append(ids)
+        scores.append(bm25_scores)
+    cand_matrix = np.concatenate(cands) if cands else np.zeros((0, top_n), np.int64)
+    score_matrix = np.concatenate(scores) if scores else np.zeros((0, top_n), np.float32)
     return MinedSplit(
         mention_ids=mention_ids,
         cands=cand_matrix,

@@ -4,7 +4,7 @@ Each shard is one FAISS index plus an `ids` array giving the entity id of every 
 (one vector per entity for dual, m per entity for multi-m, one per token for sum-of-max). A shard
 covers a contiguous range of entities and holds every vector of each of them, so each shard can
 rank its own entities exactly and a search is a merge of per-shard entity top-k lists
-(:func:`merge_entity_lists`): the same merge joins the shards one process holds
+(`hnce.search.merge_entity_lists`): the same merge joins the shards one process holds
 (:class:`ShardedSearcher`, searched one after another: on a 2-core machine threaded
 `IndexShards` is slower than sequential search, docs/engines.md) and the lists of several shard-holder
 actors (`hnce.cluster.compute.shard_holders`).
@@ -48,10 +48,9 @@ Because every entity lives in one shard, merging per-shard top-k lists by score 
 whose query depends on the entity (poly-m, genpoly-m, general) are not searched here: their flat
 shards store reduced entity vectors scored by the scorer itself (`hnce.cluster.stores.exact_search`).
 
-The device is chosen in one place, `resolve_faiss_device`: FAISS GPU shards (fp16 flat) when faiss
-has GPU support and the process sees a GPU (sharded over several with faiss's own multi-GPU
-cloner when it sees more than one), CPU otherwise; the choice is logged, and asking for `gpu`
-without one raises instead of falling back. Shard files are read memory-mapped
+:class:`ShardedSearcher` is a `hnce.search.Searcher` of query vectors: the same search shape
+and padding as every other searcher of the catalogue. The device a shard is searched on is
+chosen in one place (`hnce.cluster.stores.faiss_device`). Shard files are read memory-mapped
 (:func:`read_index_file`), so a shard's vectors live in the page cache, not twice in memory.
 """
 
@@ -59,9 +58,8 @@ from __future__ import annotations
 
 import functools
 import itertools
-import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -70,16 +68,15 @@ import numpy as np
 from faiss.contrib.ivf_tools import add_preassigned
 from pydantic import ValidationInfo, field_validator
 
+from hnce.cluster.stores.faiss_device import DeviceRequest, FaissDevice
 from hnce.errors import InputError
+from hnce.search import PAD_ID, PAD_SCORE, Searcher, merge_entity_lists, no_results
 from hnce.settings import PositiveInt, settings
-
-logger = logging.getLogger(__name__)
 
 IndexKind = Literal["flat", "ivfpq", "hnsw"]
 #: bits of each product-quantiser code, and the centroids each sub-quantiser trains
 PQ_BITS = 8
 PQ_CENTROIDS = 2**PQ_BITS
-DeviceRequest = Literal["auto", "cpu", "gpu"]
 NO_TOKEN_VECTORS = (
     "sum-of-max rescoring needs a flat or ivfpq token index; set index.kind: flat or ivfpq"
 )
@@ -235,83 +232,6 @@ def read_index_file(path: Path, kind: IndexKind) -> faiss.Index:
     return faiss.read_index(str(path), flag)
 
 
-@dataclass
-class FaissDevice:
-    """Where shard indexes are searched: `cpu`, or GPUs with fp16 flat storage (one GPU, or
-    several with each index sharded across them by faiss)."""
-
-    kind: Literal["cpu", "gpu"]
-    gpu_ids: tuple[int, ...] = ()
-    float16: bool = True
-    resources: list[object] = field(default_factory=list)  # faiss.StandardGpuResources per GPU
-
-    def place(self, index: faiss.Index) -> faiss.Index:
-        """`index` ready to search on this device (the CPU index itself on `cpu`)."""
-        if self.kind == "cpu":
-            return index
-        if isinstance(index, faiss.IndexHNSW):
-            raise InputError("FAISS has no GPU HNSW; set index.faiss_device: cpu for hnsw shards")
-        if len(self.gpu_ids) > 1:
-            options = faiss.GpuMultipleClonerOptions()
-            options.shard = True
-            options.useFloat16 = self.float16
-            return faiss.index_cpu_to_gpu_multiple_py(
-                self.resources, index, options, list(self.gpu_ids)
-            )
-        gpu_id, resources = self.gpu_ids[0], self.resources[0]
-        if isinstance(index, faiss.IndexFlat):
-            config = faiss.GpuIndexFlatConfig()
-            config.device = gpu_id
-            config.useFloat16 = self.float16
-            gpu_index = faiss.GpuIndexFlatIP(resources, index.d, config)
-            gpu_index.copyFrom(index)
-            return gpu_index
-        options = faiss.GpuClonerOptions()
-        options.useFloat16 = self.float16
-        return faiss.index_cpu_to_gpu(resources, gpu_id, index, options)
-
-    def describe(self) -> str:
-        if self.kind == "cpu":
-            return "CPU"
-        return f"GPU {', '.join(map(str, self.gpu_ids))} (fp16 flat storage)"
-
-
-def faiss_gpu_count() -> int:
-    """GPUs FAISS can use: 0 with faiss-cpu (no `StandardGpuResources`) or no visible GPU."""
-    if not hasattr(faiss, "StandardGpuResources"):
-        return 0
-    return int(faiss.get_num_gpus())
-
-
-def resolve_faiss_device(requested: DeviceRequest = "auto") -> FaissDevice:
-    """The device for shard search: the only place that chooses between CPU and GPU.
-
-    `auto` takes every GPU this process sees (a Ray actor sees the GPUs Ray assigned it) when
-    FAISS has GPU support, else the CPU; `gpu` without one raises `InputError` (never a silent
-    fallback); `cpu` forces the CPU. The choice is logged.
-    """
-    if requested not in ("auto", "cpu", "gpu"):
-        raise ValueError(f"faiss device must be auto, cpu or gpu, got {requested!r}")
-    gpus = faiss_gpu_count()
-    if requested == "gpu" and gpus == 0:
-        reason = (
-            "this faiss build has no GPU support (install the `gpu` extra, faiss-gpu-cu12)"
-            if not hasattr(faiss, "StandardGpuResources")
-            else "faiss sees no GPU"
-        )
-        raise InputError(f"index.faiss_device is gpu but {reason}")
-    if requested == "cpu" or gpus == 0:
-        logger.info("FAISS shards on CPU (%s)", "forced" if requested == "cpu" else "no GPU")
-        return FaissDevice("cpu")
-    device = FaissDevice(
-        "gpu",
-        gpu_ids=tuple(range(gpus)),
-        resources=[faiss.StandardGpuResources() for _ in range(gpus)],
-    )
-    logger.info("FAISS shards on %s", device.describe())
-    return device
-
-
 def token_codes(index: faiss.Index, vectors: np.ndarray) -> np.ndarray:
     """The standalone codes (uint8 [n, code size], FAISS ``sa_encode``) of `vectors` that a
     compressed token shard keeps beside its IVF lists, so that sum-of-max rescoring can decode
@@ -419,10 +339,7 @@ class IndexShard:
         (:func:`shared_quantizer`): its lists are scanned without searching the quantiser again.
         """
         depth = min(depth, self.index.ntotal)
-        empty = (
-            np.full((len(queries), 0), -1, np.int64),
-            np.full((len(queries), 0), -np.inf, np.float32),
-        )
+        empty = no_results(len(queries), 0)
         if depth == 0:
             return empty
         params = None
@@ -438,8 +355,8 @@ class IndexShard:
                 queries, depth, coarse.lists, coarse.scores, params=params
             )
         found = positions >= 0
-        labels = np.where(found, self.ids[np.maximum(positions, 0)], -1)
-        return labels, np.where(found, scores, -np.inf).astype(np.float32)
+        labels = np.where(found, self.ids[np.maximum(positions, 0)], PAD_ID)
+        return labels, np.where(found, scores, PAD_SCORE).astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -478,9 +395,11 @@ def _restricted(index: faiss.Index, selector: faiss.IDSelector) -> faiss.SearchP
     return faiss.SearchParameters(sel=selector)
 
 
-class ShardedSearcher:
+class ShardedSearcher(Searcher[np.ndarray]):
     """The shards one process holds; ranks each shard's entities and merges the lists (sum-of-max
-    and compressed multi-m: candidates from all the shards' hits, module docstring).
+    and compressed multi-m: candidates from all the shards' hits, module docstring). A
+    `hnce.search.Searcher` of query vectors: dual, multi-m, and with ``vectors_per_entity``
+    None the token index of late interaction (sum-of-max).
 
     Args:
         shards: the shards (already placed on their device); each holds every vector of the
@@ -512,9 +431,10 @@ class ShardedSearcher:
         self.quantized = shared_quantizer(self.shards)
 
     def search(
-        self, queries: np.ndarray, k: int, allowed: np.ndarray | None = None
+        self, queries: np.ndarray, k: int, *, allowed: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Top-k entities per query: (entity_ids int64 [B, k], scores float32 [B, k]).
+        """Top-k entities per query: (entity_ids int64 [B, k], scores float32 [B, k]), best
+        first (`hnce.search.Searcher`).
 
         `queries` is [B, d], or [B, Q, d] (Q = 1 for dual / multi-m; Q query tokens for
         sum-of-max, zero rows for padding). `allowed` (entity ids) restricts the search to those
@@ -606,8 +526,7 @@ def _rescored_top_k(
     """One shard's top-k of each row's candidates (sorted entity ids, the shard's among them),
     by s = Σ_i max_j ⟨x_i, y_j⟩ over the row's `live` query vectors and each candidate's vectors
     (stored, or decoded from a compressed shard's codes)."""
-    out_ids = np.full((len(live), k), -1, dtype=np.int64)
-    out_scores = np.full((len(live), k), -np.inf, dtype=np.float32)
+    out_ids, out_scores = no_results(len(live), k)
     entities, first = shard.entity_rows
     if not len(entities):
         return out_ids, out_scores
@@ -640,40 +559,3 @@ def best_hits(
         return ids, scores
     keep = np.argpartition(-scores, depth - 1, axis=1)[:, :depth]
     return np.take_along_axis(ids, keep, axis=1), np.take_along_axis(scores, keep, axis=1)
-
-
-def first_distinct(ids: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per row, the first k distinct entity ids of a best-first hit list (each entity at its first,
-    i.e. best, score); -1 / -inf where fewer exist. Vectorised over rows."""
-    rows = len(ids)
-    order = np.argsort(ids, axis=1, kind="stable")  # equal ids stay in best-first order
-    sorted_ids = np.take_along_axis(ids, order, axis=1)
-    first = np.ones_like(sorted_ids, dtype=bool)
-    first[:, 1:] = sorted_ids[:, 1:] != sorted_ids[:, :-1]
-    keep = np.zeros_like(first)
-    np.put_along_axis(keep, order, first, axis=1)
-    keep &= ids >= 0
-    rank = np.cumsum(keep, axis=1) - 1
-    keep &= rank < k
-    out_ids = np.full((rows, k), -1, dtype=np.int64)
-    out_scores = np.full((rows, k), -np.inf, dtype=np.float32)
-    row_index, column = np.nonzero(keep)
-    out_ids[row_index, rank[keep]] = ids[row_index, column]
-    out_scores[row_index, rank[keep]] = scores[row_index, column]
-    return out_ids, out_scores
-
-
-def merge_entity_lists(
-    parts: Sequence[tuple[np.ndarray, np.ndarray]], k: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Merge per-shard (or per-holder) top-k entity lists into the top-k overall, best first.
-
-    Each part is (entity ids [B, k_i], scores [B, k_i]), padded with -1 / -inf. Entities are
-    disjoint across parts for a verified index; an entity listed twice keeps its best score.
-    """
-    ids = np.concatenate([part[0] for part in parts], axis=1)
-    scores = np.concatenate([part[1] for part in parts], axis=1).astype(np.float32)
-    order = np.argsort(-scores, axis=1, kind="stable")
-    ids = np.take_along_axis(ids, order, axis=1)
-    scores = np.take_along_axis(scores, order, axis=1)
-    return first_distinct(ids, scores, k)

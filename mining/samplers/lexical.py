@@ -2,7 +2,8 @@
 as in DPR and Gillick et al. 2019; docs/math.md, eq. (35)).
 
 :class:`Bm25Index` is BM25 over the catalogue's entity texts, built with the maintained ``bm25s``
-library; its :meth:`~Bm25Index.search` gives each mention's candidates (the catalogue index is
+library; its :meth:`~Bm25Index.search` gives each mention's candidates, a `hnce.search.Searcher`
+of mention strings like every searcher of the catalogue (the catalogue index is
 built once per dataset and cached on disk by ``hnce.cluster.stores.lexical``). The ``lexical``
 sampler takes the K highest-scoring admissible candidates of that list (greedy over the BM25
 scores): deterministic, so ``log_q`` is None.
@@ -13,7 +14,8 @@ Example::
     ids, scores = index.search(["paris"], k=2)            # [[0, 1]] or [[1, 0]], BM25 scores
     GreedySampler().sample(SamplingRequest(gold=torch.tensor([0]), positives=[{0}],
                                            num_entities=3, num_negatives=1,
-                                           candidate_ids=ids, candidate_scores=scores))  # [[1]]
+                                           candidate_ids=torch.from_numpy(ids),
+                                           candidate_scores=torch.from_numpy(scores)))  # [[1]]
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ from pathlib import Path
 from types import ModuleType
 
 import numpy as np
-import torch
 
 from hnce.mining.samplers.greedy import GreedySampler
 from hnce.mining.samplers.spec import SamplerSpec
+from hnce.search import PAD_ID, PAD_SCORE, Searcher, no_results
 from hnce.settings import Fraction, PositiveInt, PositiveReal, settings
 
 
@@ -39,7 +41,7 @@ def _bm25s() -> ModuleType:
     return bm25s
 
 
-class Bm25Index:
+class Bm25Index(Searcher[Sequence[str]]):
     """BM25 over one text per entity (``entity_texts[i]`` is entity i, e.g. title + text).
 
     Args:
@@ -77,18 +79,22 @@ class Bm25Index:
         index.stopwords = stopwords
         return index
 
-    def search(self, mention_texts: Sequence[str], k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(entity ids [B, k'], BM25 scores [B, k']) with k' = min(k, M), best first; id -1 and
-        score ``-inf`` where an entity shares no term with the mention (score 0)."""
-        k = min(k, self.num_entities)
-        queries = _bm25s().tokenize(
-            list(mention_texts), stopwords=self.stopwords, return_ids=False, show_progress=False
+    def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(entity ids int64 [B, k], BM25 scores float32 [B, k]) of the mention strings
+        `queries`, best first (`hnce.search.Searcher`); id -1 and score ``-inf`` where an entity
+        shares no term with the mention (score 0), and past the catalogue's M entities."""
+        ids, scores = no_results(len(queries), k)
+        depth = min(k, self.num_entities)
+        tokens = _bm25s().tokenize(
+            list(queries), stopwords=self.stopwords, return_ids=False, show_progress=False
         )
-        ids, scores = self.retriever.retrieve(queries, k=k, show_progress=False, n_threads=1)
-        ids_t = torch.from_numpy(np.asarray(ids, dtype=np.int64))
-        scores_t = torch.from_numpy(np.asarray(scores, dtype=np.float32))
-        unshared = scores_t <= 0
-        return ids_t.masked_fill(unshared, -1), scores_t.masked_fill(unshared, float("-inf"))
+        found, found_scores = self.retriever.retrieve(
+            tokens, k=depth, show_progress=False, n_threads=1
+        )
+        shared = np.asarray(found_scores) > 0
+        ids[:, :depth] = np.where(shared, found, PAD_ID)
+        scores[:, :depth] = np.where(shared, found_scores, PAD_SCORE)
+        return ids, scores
 
 
 @settings

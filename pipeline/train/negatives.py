@@ -315,8 +315,9 @@ class NegativeDrawer:
             candidate_ids = self._local(global_ids)  # -1 outside the space: never drawn
         elif self.lexical is not None:
             queries = [m.mention for m in mentions]
-            global_ids, candidate_scores = self.lexical.search(queries, self.lexical_top_n)
-            candidate_ids = self._local(global_ids)
+            found, found_scores = self.lexical.search(queries, self.lexical_top_n)
+            candidate_ids = self._local(torch.from_numpy(found))
+            candidate_scores = torch.from_numpy(found_scores)
         request = SamplingRequest(
             gold=gold,
             positives=positives,
