@@ -34,8 +34,9 @@ from hnce.cluster.compute.refresh import RefreshPlan, RefreshSettings, run_refre
 from hnce.cluster.compute.retrieval import EVAL_INDEX_DIR, retrieve
 from hnce.cluster.stores.checkpoints import checkpoint_dir
 from hnce.cluster.stores.files import sha256_file
-from hnce.cluster.stores.index_store import QUANTISER_FILE, IndexStore
+from hnce.cluster.stores.index_store import IndexStore
 from hnce.cluster.stores.negatives_store import NegativesStore
+from hnce.cluster.stores.shard_files import QUANTISER_FILE
 from hnce.cluster.stores.sharded_index import IndexSpec
 from hnce.cluster.stores.tables import Mention, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit

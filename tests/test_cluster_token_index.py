@@ -28,7 +28,8 @@ from hnce.cluster.compute.entity_encoding import (
 )
 from hnce.cluster.compute.index_build import IndexedModel, ensure_token_store
 from hnce.cluster.stores.faiss_device import resolve_faiss_device
-from hnce.cluster.stores.index_store import IndexStore, read_quantiser, write_quantiser
+from hnce.cluster.stores.index_store import IndexStore
+from hnce.cluster.stores.shard_files import read_quantiser, write_quantiser
 from hnce.cluster.stores.sharded_index import (
     IndexShard,
     IndexSpec,

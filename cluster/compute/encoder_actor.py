@@ -10,7 +10,7 @@ entities' token rows from the catalogue's token store (`hnce.cluster.stores.toke
 once per tokenizer and length, memory-mapped, so nothing is tokenized per refresh), groups
 entities of similar length into batches (`length_sorted_batches`) to cut padding
 (`hnce.cluster.compute.entity_encoding`), builds the shard's FAISS index and writes it straight
-into the version being built (`hnce.cluster.stores.index_store.write_shard`): the orchestrating
+into the version being built (`hnce.cluster.stores.shard_files.write_shard`): the orchestrating
 process never sees the vectors. An ``ivfpq`` version's shards share one IVF-PQ quantiser, which
 one actor trains on a sample of the whole catalogue before the shards are dispatched
 (:class:`QuantiserTask`). Precomputed vectors (BLINK's ``.t7``) are indexed the same way, read
@@ -44,7 +44,7 @@ from hnce.cluster.compute.entity_encoding import (
 )
 from hnce.cluster.compute.model_pointer import PoolModel
 from hnce.cluster.compute.shard_holders import ShardHolder
-from hnce.cluster.stores.index_store import (
+from hnce.cluster.stores.shard_files import (
     ShardRecord,
     read_quantiser,
     write_quantiser,

@@ -60,66 +60,30 @@ from typing import Annotated, Any, Literal
 import faiss
 import numpy as np
 import torch
-from pydantic import Field, TypeAdapter
+from pydantic import Field
 
 from hnce.cluster.stores.exact_search import ExactSearcher
 from hnce.cluster.stores.faiss_device import FaissDevice, resolve_faiss_device
-from hnce.cluster.stores.files import (
-    PROGRESS_FILE,
-    AtomicPath,
-    atomic_link,
-    atomic_write_text,
-    remove_owned,
-    sha256_file,
-)
-from hnce.cluster.stores.sharded_index import IndexShard, ShardedSearcher, read_index_file
+from hnce.cluster.stores.files import PROGRESS_FILE, atomic_link
+from hnce.cluster.stores.shard_files import QUANTISER_FILE, ShardRecord, read_shard, write_shard
+from hnce.cluster.stores.sharded_index import IndexShard, ShardedSearcher
 from hnce.cluster.stores.versioned_dir import (
     MANIFEST_FILE,
     Count,
+    ManifestFile,
     Positive,
     Sha256,
     StoreError,
-    building_dir_name,
-    building_versions,
-    check_version,
+    VersionedStore,
     confined_path,
     created_at,
-    manifest_json,
     manifest_record,
-    next_version,
-    publish_version,
-    published_versions,
-    read_current,
-    read_manifest,
-    verify_sha256,
-    version_dir_name,
 )
 from hnce.encoders.scorers import Scorer, ScorerConfig
 
 logger = logging.getLogger(__name__)
 
 FORMAT = 1
-#: an ivfpq build's trained, empty IVF-PQ index, shared by all its shards
-QUANTISER_FILE = "quantiser.faiss"
-
-
-@manifest_record
-class ShardRecord:
-    """One shard of a version, as recorded in the manifest: its files, their SHA-256, its vector
-    count and the entity range [start, stop) it covers; `codes` (and its SHA-256) only for a
-    compressed sum-of-max shard, `vectors` (and its SHA-256) only for a compressed multi-m
-    shard."""
-
-    file: str
-    ids: str
-    sha256: Sha256
-    ids_sha256: Sha256
-    count: Count
-    entities: tuple[Count, Count]
-    codes: str | None = None
-    codes_sha256: Sha256 | None = None
-    vectors: str | None = None
-    vectors_sha256: Sha256 | None = None
 
 
 @manifest_record
@@ -166,14 +130,8 @@ class BuildProgress:
     shards: dict[int, ShardRecord]
 
 
-_MANIFEST = TypeAdapter(IndexManifest)
-_PROGRESS = TypeAdapter(BuildProgress)
-
-
-def shard_file_names(shard_no: int) -> tuple[str, str, str, str]:
-    """(index file, ids file, codes file, vector copy file) of shard `shard_no`."""
-    stem = f"shard-{shard_no:05d}"
-    return f"{stem}.faiss", f"{stem}.ids.npy", f"{stem}.codes.npy", f"{stem}.vectors.npy"
+_MANIFEST = ManifestFile(IndexManifest)
+_PROGRESS = ManifestFile(BuildProgress, PROGRESS_FILE, versioned=False)
 
 
 def check_layout(manifest: IndexManifest, manifest_path: Path) -> None:
@@ -228,143 +186,6 @@ def _check_count(
         )
 
 
-def check_shard_ids(
-    ids: np.ndarray, entities: tuple[int, int], vectors_per_entity: int | None, path: Path
-) -> None:
-    """A shard's ids are int64, within [start, stop), and cover each entity of the range: exactly
-    once (dual), m times in a row (multi-m) or at least once, in order (sum-of-max)."""
-    start, stop = entities
-    if ids.dtype != np.int64 or ids.ndim != 1:
-        raise StoreError(f"{path}: expected a 1-d int64 id array, got {ids.dtype} {ids.shape}")
-    if len(ids) and (int(ids.min()) < start or int(ids.max()) >= stop):
-        raise StoreError(
-            f"{path}: entity ids {int(ids.min())}..{int(ids.max())} outside this shard's range "
-            f"{start}..{stop - 1}"
-        )
-    if vectors_per_entity is not None:
-        expected = np.repeat(np.arange(start, stop, dtype=np.int64), vectors_per_entity)
-        if not np.array_equal(ids, expected):
-            raise StoreError(
-                f"{path}: ids must list each entity of {start}..{stop - 1} exactly "
-                f"{vectors_per_entity} time(s), in order"
-            )
-        return
-    steps = np.diff(ids)
-    if (
-        len(ids) == 0
-        or ids[0] != start
-        or ids[-1] != stop - 1
-        or ((steps != 0) & (steps != 1)).any()
-    ):
-        raise StoreError(
-            f"{path}: ids must cover every entity of {start}..{stop - 1} in order, at least once"
-        )
-
-
-def write_shard(
-    directory: Path,
-    shard_no: int,
-    index: faiss.Index,
-    ids: np.ndarray,
-    entities: tuple[int, int],
-    vectors_per_entity: int | None,
-    codes: np.ndarray | None = None,
-    vectors: np.ndarray | None = None,
-) -> ShardRecord:
-    """Write shard `shard_no` (a CPU index, its int64 entity ids and, for a compressed shard,
-    its token codes or its float16 vector copy) into a version directory; returns its manifest
-    record. Encoder actors call this; retried, it writes the same bytes."""
-    directory = Path(directory)
-    ids = np.ascontiguousarray(ids, dtype=np.int64)
-    file_name, ids_name, codes_name, vectors_name = shard_file_names(shard_no)
-    if len(ids) != index.ntotal:
-        raise ValueError(f"shard {shard_no}: {index.ntotal} vectors but {len(ids)} ids")
-    check_shard_ids(ids, entities, vectors_per_entity, directory / ids_name)
-    index_path, ids_path = directory / file_name, directory / ids_name
-    with AtomicPath(index_path) as temporary:
-        faiss.write_index(index, str(temporary))
-    _save_array(ids_path, ids)
-    codes_sha256 = None
-    if codes is not None:
-        check_shard_codes(codes, index, directory / codes_name)
-        _save_array(directory / codes_name, codes)
-        codes_sha256 = sha256_file(directory / codes_name)
-    vectors_sha256 = None
-    if vectors is not None:
-        check_shard_vectors(vectors, index, directory / vectors_name)
-        _save_array(directory / vectors_name, vectors)
-        vectors_sha256 = sha256_file(directory / vectors_name)
-    return ShardRecord(
-        file=file_name,
-        ids=ids_name,
-        sha256=sha256_file(index_path),
-        ids_sha256=sha256_file(ids_path),
-        count=int(index.ntotal),
-        entities=(int(entities[0]), int(entities[1])),
-        codes=None if codes is None else codes_name,
-        codes_sha256=codes_sha256,
-        vectors=None if vectors is None else vectors_name,
-        vectors_sha256=vectors_sha256,
-    )
-
-
-def write_quantiser(directory: Path, index: faiss.Index) -> Path:
-    """Write a build's trained quantiser (an empty IVF-PQ index) into its directory, atomically:
-    a build interrupted while training finds none and trains again."""
-    path = Path(directory) / QUANTISER_FILE
-    with AtomicPath(path) as temporary:
-        faiss.write_index(index, str(temporary))
-    return path
-
-
-def read_quantiser(directory: Path) -> faiss.Index:
-    """A build's trained quantiser, as :func:`write_quantiser` wrote it into `directory`
-    (StoreError naming the file when it is not one, or holds vectors)."""
-    path = Path(directory) / QUANTISER_FILE
-    try:
-        index = faiss.read_index(str(path))
-    except RuntimeError as error:
-        raise StoreError(f"{path}: not a FAISS index ({error})") from None
-    if not index.is_trained or index.ntotal:
-        raise StoreError(f"{path}: expected a trained, empty quantiser, got {index.ntotal} vectors")
-    return index
-
-
-def _load_array(path: Path, what: str) -> np.ndarray:
-    """A shard's ``.npy`` array, memory-mapped (StoreError naming `path` if it is not one)."""
-    try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
-    except ValueError as error:
-        raise StoreError(f"{path}: not a .npy {what} array ({error})") from None
-
-
-def _save_array(path: Path, array: np.ndarray) -> None:
-    with AtomicPath(path) as temporary, open(temporary, "wb") as handle:
-        np.save(handle, array, allow_pickle=False)
-
-
-def check_shard_codes(codes: np.ndarray, index: faiss.Index, path: Path) -> None:
-    """A compressed token shard's codes: uint8, one row of the index's standalone code size per
-    vector (StoreError naming `path` otherwise)."""
-    expected = (index.ntotal, index.sa_code_size())
-    if codes.dtype != np.uint8 or codes.shape != expected:
-        raise StoreError(
-            f"{path}: expected uint8 codes of shape {expected} (one per token vector of "
-            f"{index.ntotal}), got {codes.dtype} {codes.shape}"
-        )
-
-
-def check_shard_vectors(vectors: np.ndarray, index: faiss.Index, path: Path) -> None:
-    """A compressed shard's vector copy: float16, one row of the index's width per vector
-    (StoreError naming `path` otherwise)."""
-    expected = (index.ntotal, index.d)
-    if vectors.dtype != np.float16 or vectors.shape != expected:
-        raise StoreError(
-            f"{path}: expected a float16 vector copy of shape {expected}, got {vectors.dtype} "
-            f"{vectors.shape}"
-        )
-
-
 class IndexBuilder:
     """An index version under construction in `.building-v<N>/`; resumable shard by shard.
 
@@ -376,11 +197,11 @@ class IndexBuilder:
         self.store = store
         self.version = version
         self.parameters = parameters
-        self.directory = store.root / building_dir_name(version)
+        self.directory = store.building_dir(version)
         self.directory.mkdir(parents=True, exist_ok=True)
         progress_path = self.directory / PROGRESS_FILE
         if progress_path.exists():
-            progress = read_manifest(progress_path, _PROGRESS)
+            progress = _PROGRESS.read(self.directory)
             if progress.parameters != parameters:
                 raise StoreError(
                     f"{progress_path}: an unfinished build of other parameters; remove "
@@ -471,18 +292,18 @@ class IndexBuilder:
             shards=[self._finished[number] for number in range(num_shards)],
             created_at=created_at(),
         )
-        manifest_path = self.directory / MANIFEST_FILE
-        check_layout(manifest, manifest_path)
-        atomic_write_text(manifest_path, manifest_json(manifest, _MANIFEST))
+        check_layout(manifest, self.directory / MANIFEST_FILE)
+        _MANIFEST.write(self.directory, manifest)
         (self.directory / PROGRESS_FILE).unlink()
         (self.directory / QUANTISER_FILE).unlink(missing_ok=True)
-        removed = publish_version(self.store.root, self.version, self.store.keep)
+        removed = self.store.publish_build(self.version)
         logger.info("published index v%d (removed %s)", self.version, removed or "none")
         return self.store.open(self.version)
 
     def _write_progress(self) -> None:
-        progress = BuildProgress(self.version, self.parameters, self._finished)
-        atomic_write_text(self.directory / PROGRESS_FILE, manifest_json(progress, _PROGRESS))
+        _PROGRESS.write(
+            self.directory, BuildProgress(self.version, self.parameters, self._finished)
+        )
 
 
 class IndexVersion:
@@ -547,51 +368,21 @@ class IndexVersion:
         return ExactSearcher(shards, scorer, device)
 
     def load_shard(self, number: int, device: FaissDevice, verify: bool = True) -> IndexShard:
-        """Shard `number`: files checked against their SHA-256 (streamed), ids against the
-        shard's entity range, the FAISS index memory-mapped and placed on `device`."""
-        manifest_path = self.path / MANIFEST_FILE
-        record = self.manifest.shards[number]
-        index_path = confined_path(self.path, record.file, manifest_path)
-        ids_path = confined_path(self.path, record.ids, manifest_path)
-        codes_path, vectors_path = (
-            None if name is None else confined_path(self.path, name, manifest_path)
-            for name in (record.codes, record.vectors)
+        """Shard `number`, verified and placed on `device` (`read_shard`)."""
+        return read_shard(
+            self.path,
+            number,
+            self.manifest.shards[number],
+            self.path / MANIFEST_FILE,
+            vectors_per_entity=self.vectors_per_entity,
+            kind=self.manifest.index["kind"],
+            dim=self.manifest.dim,
+            device=device,
+            verify=verify,
         )
-        if verify:
-            verify_sha256(index_path, record.sha256, manifest_path)
-            verify_sha256(ids_path, record.ids_sha256, manifest_path)
-            if codes_path is not None:
-                verify_sha256(codes_path, str(record.codes_sha256), manifest_path)
-            if vectors_path is not None:
-                verify_sha256(vectors_path, str(record.vectors_sha256), manifest_path)
-        ids = _load_array(ids_path, "id")
-        check_shard_ids(ids, record.entities, self.vectors_per_entity, ids_path)
-        index = read_index_file(index_path, self.manifest.index["kind"])
-        if index.ntotal != record.count or index.d != self.manifest.dim:
-            raise StoreError(
-                f"{index_path}: {index.ntotal} vectors of dim {index.d}, but {manifest_path} "
-                f"records {record.count} of dim {self.manifest.dim}"
-            )
-        codes = copy = None
-        if codes_path is not None:
-            codes = _load_array(codes_path, "code")
-            check_shard_codes(codes, index, codes_path)
-        elif (
-            self.vectors_per_entity is None
-            and vectors_path is None
-            and not isinstance(index, faiss.IndexFlat)
-        ):
-            raise StoreError(
-                f"{manifest_path}: sum-of-max shard {number} is {self.manifest.index['kind']} "
-                f"without token codes or a token copy to rescore from"
-            )
-        if vectors_path is not None:
-            copy = _load_array(vectors_path, "vector")
-            check_shard_vectors(copy, index, vectors_path)
-        return IndexShard.on_device(index, ids, device, codes, copy)
 
 
-class IndexStore:
+class IndexStore(VersionedStore):
     """The versions under `root` (`<run>/index` for the refresh; `<run>/eval-index` for versions
     built only to evaluate, see `hnce.cluster.compute.retrieval`).
 
@@ -600,35 +391,13 @@ class IndexStore:
         keep: versions retained after a publication (the live one always is).
     """
 
-    def __init__(self, root: Path, keep: int = 3) -> None:
-        if keep < 1:
-            raise ValueError(f"keep must be >= 1, got {keep}")
-        self.root = Path(root)
-        self.keep = keep
-
-    def versions(self) -> list[int]:
-        """Published version numbers, ascending."""
-        return published_versions(self.root)
-
-    def current_version(self) -> int | None:
-        return read_current(self.root)
-
     def current(self) -> IndexVersion | None:
         """The live version, or None before the first publication.
 
         If the version named by CURRENT is removed by retention while it is being opened, CURRENT
         has moved on; it is read again.
         """
-        for _ in range(10):
-            version = self.current_version()
-            if version is None:
-                return None
-            try:
-                return self.open(version)
-            except StoreError:
-                if self.current_version() == version:
-                    raise
-        raise RuntimeError(f"{self.root}: CURRENT kept moving while opening it")
+        return self.follow_current(self.open, StoreError)
 
     def read_manifest(self, version: int) -> dict[str, Any]:
         """Version `version`'s verified manifest as a plain dict."""
@@ -636,10 +405,9 @@ class IndexStore:
 
     def open(self, version: int) -> IndexVersion:
         """Version `version` with its manifest verified (schema, version, shard layout)."""
-        directory = self.root / version_dir_name(version)
+        directory = self.version_dir(version)
         manifest_path = directory / MANIFEST_FILE
-        manifest = read_manifest(manifest_path, _MANIFEST)
-        check_version(manifest.version, directory, manifest_path)
+        manifest = _MANIFEST.read(directory)
         check_layout(manifest, manifest_path)
         for shard in manifest.shards:
             confined_path(directory, shard.file, manifest_path)
@@ -667,11 +435,10 @@ class IndexStore:
         store's lock (the refresh lock, or the evaluation store's), so nothing else writes them.
         """
         self.root.mkdir(parents=True, exist_ok=True)
-        for version in reversed(building_versions(self.root)):
-            directory = self.root / building_dir_name(version)
-            progress_path = directory / PROGRESS_FILE
-            if progress_path.exists():
-                progress = read_manifest(progress_path, _PROGRESS)
+        for version in reversed(self.unfinished_versions()):
+            directory = self.building_dir(version)
+            if (directory / PROGRESS_FILE).exists():
+                progress = _PROGRESS.read(directory)
                 if progress.parameters == parameters:
                     logger.info(
                         "resuming index v%d (%d shards already finished)",
@@ -680,5 +447,5 @@ class IndexStore:
                     )
                     return IndexBuilder(self, version, parameters)
             logger.info("removing unfinished build %s of other parameters", directory)
-            remove_owned(directory, self.root)
-        return IndexBuilder(self, next_version(self.root), parameters)
+            self.remove_building(version)
+        return IndexBuilder(self, self.next_version(), parameters)

@@ -42,26 +42,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
-from pydantic import Field, TypeAdapter
+from pydantic import Field
 
-from hnce.cluster.stores.files import AtomicPath, atomic_write_text, remove_owned, sha256_file
+from hnce.cluster.stores.files import AtomicPath, sha256_file
 from hnce.cluster.stores.versioned_dir import (
     MANIFEST_FILE,
     Count,
+    ManifestFile,
     Positive,
     Sha256,
     StoreError,
-    building_dir_name,
-    building_versions,
-    check_version,
+    VersionedStore,
     created_at,
-    manifest_json,
     manifest_record,
-    publish_version,
-    read_current,
-    read_manifest,
     verify_sha256,
-    version_dir_name,
 )
 
 logger = logging.getLogger(__name__)
@@ -104,7 +98,7 @@ class NegativesManifest:
         return file_metadata(self.version, self.checkpoint, self.top_n)
 
 
-_MANIFEST = TypeAdapter(NegativesManifest)
+_MANIFEST = ManifestFile(NegativesManifest)
 
 
 def file_metadata(version: int, checkpoint: int, top_n: int) -> dict[bytes, bytes]:
@@ -221,8 +215,7 @@ class NegativesVersion:
         self.path = Path(path)
         directory = self.path.parent
         manifest_path = directory / MANIFEST_FILE
-        manifest = read_manifest(manifest_path, _MANIFEST)
-        check_version(manifest.version, directory, manifest_path)
+        manifest = _MANIFEST.read(directory)
         split = manifest.splits.get(self.path.stem)
         if split is None or split.file != self.path.name:
             raise StoreError(f"{manifest_path}: lists no split file {self.path.name}")
@@ -262,14 +255,8 @@ class NegativesVersion:
         return float(((ranks >= 0) & (ranks < k)).mean()) if len(ranks) else 0.0
 
 
-class NegativesStore:
+class NegativesStore(VersionedStore):
     """Negatives versions under `root` (normally `<run>/negatives`)."""
-
-    def __init__(self, root: Path, keep: int = 3) -> None:
-        if keep < 1:
-            raise ValueError(f"keep must be >= 1, got {keep}")
-        self.root = Path(root)
-        self.keep = keep
 
     def publish(
         self,
@@ -288,11 +275,11 @@ class NegativesStore:
         The unfinished directory of another version (a publication killed midway, whose refresh
         a later one superseded) is removed first: callers hold the refresh lock, so nothing else
         writes it, and nothing would ever finish it."""
-        for stale in building_versions(self.root):
+        for stale in self.unfinished_versions():
             if stale != version:
                 logger.info("removing unfinished negatives v%d of a stopped publication", stale)
-                remove_owned(self.root / building_dir_name(stale), self.root)
-        building = self.root / building_dir_name(version)
+                self.remove_building(stale)
+        building = self.building_dir(version)
         building.mkdir(parents=True, exist_ok=True)
         metadata = file_metadata(version, checkpoint_step, top_n)
         records = {}
@@ -315,13 +302,10 @@ class NegativesStore:
             created_at=created_at(),
             catalogue=catalogue,
         )
-        atomic_write_text(building / MANIFEST_FILE, manifest_json(manifest, _MANIFEST))
-        publish_version(self.root, version, self.keep)
+        _MANIFEST.write(building, manifest)
+        self.publish_build(version)
         logger.info("published negatives v%d (%s)", version, ", ".join(sorted(splits)))
-        return self.root / version_dir_name(version)
-
-    def current_version(self) -> int | None:
-        return read_current(self.root)
+        return self.version_dir(version)
 
     def latest(self, split: str = "train") -> NegativesVersion | None:
         """The newest published version of `split`, or None before the first refresh.
@@ -329,17 +313,10 @@ class NegativesStore:
         Cheap to call every C trainer steps: compare `current_version()` with the version held
         and call this only when it changed.
         """
-        for _ in range(10):
-            version = read_current(self.root)
-            if version is None:
-                return None
-            path = self.root / version_dir_name(version) / f"{split}.parquet"
-            try:
-                return NegativesVersion(path)
-            except FileNotFoundError:
-                if read_current(self.root) == version:
-                    raise
-        raise RuntimeError(f"{self.root}: CURRENT kept moving while opening it")
+        return self.follow_current(
+            lambda version: NegativesVersion(self.version_dir(version) / f"{split}.parquet"),
+            FileNotFoundError,
+        )
 
 
 def _list_column(matrix: np.ndarray, valid: np.ndarray, value_type: pa.DataType) -> pa.ListArray:

@@ -11,6 +11,10 @@ SHA-256 of each of its files. Readers check a manifest against its schema (pydan
 a missing or mistyped key is an error naming the file and the key, never a bare KeyError), its
 version against the directory's name and each file against its checksum (streamed); every
 failure is a :class:`StoreError`, an ``InputError`` naming the file.
+
+Both stores are a :class:`VersionedStore` (the versions under one root, the one that `CURRENT`
+names, publication and retention) and read and write their manifests (and the index build's
+`progress.json`) through one :class:`ManifestFile` each.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Generic, Protocol, TypeVar
 
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
@@ -38,6 +43,7 @@ Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 Count = Annotated[int, Field(ge=0)]
 Positive = Annotated[int, Field(gt=0)]
 Record = TypeVar("Record")
+Opened = TypeVar("Opened")
 
 
 class StoreError(InputError):
@@ -188,3 +194,106 @@ def created_at() -> str:
 def manifest_json(record: Any, schema: TypeAdapter[Any]) -> str:
     """``record`` as the indented JSON text of a manifest (what :func:`read_manifest` reads)."""
     return json.dumps(schema.dump_python(record, mode="json"), indent=2) + "\n"
+
+
+class _Versioned(Protocol):
+    version: int
+
+
+VersionRecord = TypeVar("VersionRecord", bound=_Versioned)
+
+
+class ManifestFile(Generic[VersionRecord]):
+    """The JSON record file `name` of a version's directory, of `schema` (a
+    :func:`manifest_record` with a ``version``): read by :meth:`read`, which checks it, and
+    written atomically by :meth:`write`, in the one format :func:`manifest_json` writes.
+
+    Args:
+        schema: the record's type.
+        name: ``manifest.json``, or ``progress.json`` for an unfinished build's progress.
+        versioned: whether reading also checks the recorded version against the directory's
+            name (:func:`check_version`; a build's progress is not checked).
+    """
+
+    def __init__(
+        self, schema: type[VersionRecord], name: str = MANIFEST_FILE, *, versioned: bool = True
+    ) -> None:
+        self.adapter: TypeAdapter[VersionRecord] = TypeAdapter(schema)
+        self.name = name
+        self.versioned = versioned
+
+    def read(self, directory: Path) -> VersionRecord:
+        """The record in `directory`, validated (:func:`read_manifest`); StoreError naming the
+        file otherwise."""
+        path = Path(directory) / self.name
+        record = read_manifest(path, self.adapter)
+        if self.versioned:
+            check_version(record.version, Path(directory), path)
+        return record
+
+    def write(self, directory: Path, record: VersionRecord) -> Path:
+        """Replace the record in `directory` with `record`, atomically."""
+        return atomic_write_text(Path(directory) / self.name, manifest_json(record, self.adapter))
+
+
+class VersionedStore:
+    """The versions under `root` (module docstring): the base of the index and negatives stores.
+
+    Args:
+        root: store directory (created when a version is first built).
+        keep: versions retained after a publication (the live one always is).
+    """
+
+    def __init__(self, root: Path, keep: int = 3) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.root = Path(root)
+        self.keep = keep
+
+    def versions(self) -> list[int]:
+        """Published version numbers, ascending."""
+        return published_versions(self.root)
+
+    def current_version(self) -> int | None:
+        """The live version that `CURRENT` names, or None before the first publication."""
+        return read_current(self.root)
+
+    def unfinished_versions(self) -> list[int]:
+        """Version numbers of unfinished builds, ascending."""
+        return building_versions(self.root)
+
+    def next_version(self) -> int:
+        """One more than any version published, live or being built (:func:`next_version`)."""
+        return next_version(self.root)
+
+    def version_dir(self, version: int) -> Path:
+        return self.root / version_dir_name(version)
+
+    def building_dir(self, version: int) -> Path:
+        return self.root / building_dir_name(version)
+
+    def remove_building(self, version: int) -> None:
+        """Remove the unfinished build of `version` (callers hold the store's lock)."""
+        remove_owned(self.building_dir(version), self.root)
+
+    def publish_build(self, version: int) -> list[int]:
+        """Publish the finished build of `version` (:func:`publish_version`); returns the
+        versions retention removed."""
+        return publish_version(self.root, version, self.keep)
+
+    def follow_current(
+        self, open_version: Callable[[int], Opened], moved: type[Exception]
+    ) -> Opened | None:
+        """``open_version`` of the live version, or None before the first publication. If
+        opening it raises `moved` and `CURRENT` has meanwhile named another version (retention
+        removed the one being opened), the new one is opened instead."""
+        for _ in range(10):
+            version = self.current_version()
+            if version is None:
+                return None
+            try:
+                return open_version(version)
+            except moved:
+                if self.current_version() == version:
+                    raise
+        raise RuntimeError(f"{self.root}: CURRENT kept moving while opening it")

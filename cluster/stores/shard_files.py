@@ -1,0 +1,253 @@
+"""The files of one shard of an index version (docs/stores.md): written by whoever encodes the
+shard (the encoder actors, :func:`write_shard`), verified and memory-mapped by whoever searches it
+(:func:`read_shard`).
+
+A shard is ``shard-<n>.faiss`` (its FAISS index), ``shard-<n>.ids.npy`` (the int64 entity id of
+each vector) and, for a compressed shard, ``shard-<n>.codes.npy`` (a sum-of-max shard's standalone
+token codes) or ``shard-<n>.vectors.npy`` (a float16 copy of its vectors); a build's
+``quantiser.faiss`` is the trained, empty IVF-PQ index all its shards share. Each file is written
+through a temporary sibling and renamed (`hnce.cluster.stores.files`); its SHA-256 goes into the
+shard's :class:`ShardRecord`, which the version's manifest lists (`hnce.cluster.stores.index_store`).
+Nothing read is trusted: every file is checked against its checksum and its shape, and every
+failure is a `StoreError` naming the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from hnce.cluster.stores.faiss_device import FaissDevice
+from hnce.cluster.stores.files import AtomicPath, sha256_file
+from hnce.cluster.stores.sharded_index import IndexKind, IndexShard, read_index_file
+from hnce.cluster.stores.versioned_dir import (
+    Count,
+    Sha256,
+    StoreError,
+    confined_path,
+    manifest_record,
+    verify_sha256,
+)
+
+#: an ivfpq build's trained, empty IVF-PQ index, shared by all its shards
+QUANTISER_FILE = "quantiser.faiss"
+
+
+@manifest_record
+class ShardRecord:
+    """One shard of a version, as recorded in the manifest: its files, their SHA-256, its vector
+    count and the entity range [start, stop) it covers; `codes` (and its SHA-256) only for a
+    compressed sum-of-max shard, `vectors` (and its SHA-256) only for a compressed multi-m
+    shard."""
+
+    file: str
+    ids: str
+    sha256: Sha256
+    ids_sha256: Sha256
+    count: Count
+    entities: tuple[Count, Count]
+    codes: str | None = None
+    codes_sha256: Sha256 | None = None
+    vectors: str | None = None
+    vectors_sha256: Sha256 | None = None
+
+
+def shard_file_names(shard_no: int) -> tuple[str, str, str, str]:
+    """(index file, ids file, codes file, vector copy file) of shard `shard_no`."""
+    stem = f"shard-{shard_no:05d}"
+    return f"{stem}.faiss", f"{stem}.ids.npy", f"{stem}.codes.npy", f"{stem}.vectors.npy"
+
+
+def check_shard_ids(
+    ids: np.ndarray, entities: tuple[int, int], vectors_per_entity: int | None, path: Path
+) -> None:
+    """A shard's ids are int64, within [start, stop), and cover each entity of the range: exactly
+    once (dual), m times in a row (multi-m) or at least once, in order (sum-of-max)."""
+    start, stop = entities
+    if ids.dtype != np.int64 or ids.ndim != 1:
+        raise StoreError(f"{path}: expected a 1-d int64 id array, got {ids.dtype} {ids.shape}")
+    if len(ids) and (int(ids.min()) < start or int(ids.max()) >= stop):
+        raise StoreError(
+            f"{path}: entity ids {int(ids.min())}..{int(ids.max())} outside this shard's range "
+            f"{start}..{stop - 1}"
+        )
+    if vectors_per_entity is not None:
+        expected = np.repeat(np.arange(start, stop, dtype=np.int64), vectors_per_entity)
+        if not np.array_equal(ids, expected):
+            raise StoreError(
+                f"{path}: ids must list each entity of {start}..{stop - 1} exactly "
+                f"{vectors_per_entity} time(s), in order"
+            )
+        return
+    steps = np.diff(ids)
+    if (
+        len(ids) == 0
+        or ids[0] != start
+        or ids[-1] != stop - 1
+        or ((steps != 0) & (steps != 1)).any()
+    ):
+        raise StoreError(
+            f"{path}: ids must cover every entity of {start}..{stop - 1} in order, at least once"
+        )
+
+
+def write_shard(
+    directory: Path,
+    shard_no: int,
+    index: faiss.Index,
+    ids: np.ndarray,
+    entities: tuple[int, int],
+    vectors_per_entity: int | None,
+    codes: np.ndarray | None = None,
+    vectors: np.ndarray | None = None,
+) -> ShardRecord:
+    """Write shard `shard_no` (a CPU index, its int64 entity ids and, for a compressed shard,
+    its token codes or its float16 vector copy) into a version directory; returns its manifest
+    record. Encoder actors call this; retried, it writes the same bytes."""
+    directory = Path(directory)
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    file_name, ids_name, codes_name, vectors_name = shard_file_names(shard_no)
+    if len(ids) != index.ntotal:
+        raise ValueError(f"shard {shard_no}: {index.ntotal} vectors but {len(ids)} ids")
+    check_shard_ids(ids, entities, vectors_per_entity, directory / ids_name)
+    index_path, ids_path = directory / file_name, directory / ids_name
+    with AtomicPath(index_path) as temporary:
+        faiss.write_index(index, str(temporary))
+    _save_array(ids_path, ids)
+    codes_sha256 = None
+    if codes is not None:
+        check_shard_codes(codes, index, directory / codes_name)
+        _save_array(directory / codes_name, codes)
+        codes_sha256 = sha256_file(directory / codes_name)
+    vectors_sha256 = None
+    if vectors is not None:
+        check_shard_vectors(vectors, index, directory / vectors_name)
+        _save_array(directory / vectors_name, vectors)
+        vectors_sha256 = sha256_file(directory / vectors_name)
+    return ShardRecord(
+        file=file_name,
+        ids=ids_name,
+        sha256=sha256_file(index_path),
+        ids_sha256=sha256_file(ids_path),
+        count=int(index.ntotal),
+        entities=(int(entities[0]), int(entities[1])),
+        codes=None if codes is None else codes_name,
+        codes_sha256=codes_sha256,
+        vectors=None if vectors is None else vectors_name,
+        vectors_sha256=vectors_sha256,
+    )
+
+
+def write_quantiser(directory: Path, index: faiss.Index) -> Path:
+    """Write a build's trained quantiser (an empty IVF-PQ index) into its directory, atomically:
+    a build interrupted while training finds none and trains again."""
+    path = Path(directory) / QUANTISER_FILE
+    with AtomicPath(path) as temporary:
+        faiss.write_index(index, str(temporary))
+    return path
+
+
+def read_quantiser(directory: Path) -> faiss.Index:
+    """A build's trained quantiser, as :func:`write_quantiser` wrote it into `directory`
+    (StoreError naming the file when it is not one, or holds vectors)."""
+    path = Path(directory) / QUANTISER_FILE
+    try:
+        index = faiss.read_index(str(path))
+    except RuntimeError as error:
+        raise StoreError(f"{path}: not a FAISS index ({error})") from None
+    if not index.is_trained or index.ntotal:
+        raise StoreError(f"{path}: expected a trained, empty quantiser, got {index.ntotal} vectors")
+    return index
+
+
+def _load_array(path: Path, what: str) -> np.ndarray:
+    """A shard's ``.npy`` array, memory-mapped (StoreError naming `path` if it is not one)."""
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except ValueError as error:
+        raise StoreError(f"{path}: not a .npy {what} array ({error})") from None
+
+
+def _save_array(path: Path, array: np.ndarray) -> None:
+    with AtomicPath(path) as temporary, open(temporary, "wb") as handle:
+        np.save(handle, array, allow_pickle=False)
+
+
+def check_shard_codes(codes: np.ndarray, index: faiss.Index, path: Path) -> None:
+    """A compressed token shard's codes: uint8, one row of the index's standalone code size per
+    vector (StoreError naming `path` otherwise)."""
+    expected = (index.ntotal, index.sa_code_size())
+    if codes.dtype != np.uint8 or codes.shape != expected:
+        raise StoreError(
+            f"{path}: expected uint8 codes of shape {expected} (one per token vector of "
+            f"{index.ntotal}), got {codes.dtype} {codes.shape}"
+        )
+
+
+def check_shard_vectors(vectors: np.ndarray, index: faiss.Index, path: Path) -> None:
+    """A compressed shard's vector copy: float16, one row of the index's width per vector
+    (StoreError naming `path` otherwise)."""
+    expected = (index.ntotal, index.d)
+    if vectors.dtype != np.float16 or vectors.shape != expected:
+        raise StoreError(
+            f"{path}: expected a float16 vector copy of shape {expected}, got {vectors.dtype} "
+            f"{vectors.shape}"
+        )
+
+
+def read_shard(
+    directory: Path,
+    number: int,
+    record: ShardRecord,
+    manifest_path: Path,
+    *,
+    vectors_per_entity: int | None,
+    kind: IndexKind,
+    dim: int,
+    device: FaissDevice,
+    verify: bool = True,
+) -> IndexShard:
+    """Shard `number` (its manifest `record`) of the version in `directory`, whose manifest
+    `manifest_path` records index `kind` and vectors of width `dim`: files checked against their
+    SHA-256 (streamed, with `verify`), ids against the shard's entity range, the FAISS index
+    memory-mapped and placed on `device`."""
+    index_path = confined_path(directory, record.file, manifest_path)
+    ids_path = confined_path(directory, record.ids, manifest_path)
+    codes_path, vectors_path = (
+        None if name is None else confined_path(directory, name, manifest_path)
+        for name in (record.codes, record.vectors)
+    )
+    if verify:
+        verify_sha256(index_path, record.sha256, manifest_path)
+        verify_sha256(ids_path, record.ids_sha256, manifest_path)
+        if codes_path is not None:
+            verify_sha256(codes_path, str(record.codes_sha256), manifest_path)
+        if vectors_path is not None:
+            verify_sha256(vectors_path, str(record.vectors_sha256), manifest_path)
+    ids = _load_array(ids_path, "id")
+    check_shard_ids(ids, record.entities, vectors_per_entity, ids_path)
+    index = read_index_file(index_path, kind)
+    if index.ntotal != record.count or index.d != dim:
+        raise StoreError(
+            f"{index_path}: {index.ntotal} vectors of dim {index.d}, but {manifest_path} "
+            f"records {record.count} of dim {dim}"
+        )
+    codes = copy = None
+    if codes_path is not None:
+        codes = _load_array(codes_path, "code")
+        check_shard_codes(codes, index, codes_path)
+    elif (
+        vectors_per_entity is None
+        and vectors_path is None
+        and not isinstance(index, faiss.IndexFlat)
+    ):
+        raise StoreError(
+            f"{manifest_path}: sum-of-max shard {number} is {kind} without token codes or a "
+            f"token copy to rescore from"
+        )
+    if vectors_path is not None:
+        copy = _load_array(vectors_path, "vector")
+        check_shard_vectors(copy, index, vectors_path)
+    return IndexShard.on_device(index, ids, device, codes, copy)
