@@ -34,7 +34,13 @@ from hnce.cluster.stores.sharded_index import (
     ShardedSearcher,
     build_shard_index,
 )
-from hnce.cluster.stores.versioned_dir import ChecksumError, StoreError, confined_path
+from hnce.cluster.stores.versioned_dir import (
+    ChecksumError,
+    StoreError,
+    VersionedStore,
+    VersionMissing,
+    confined_path,
+)
 from hnce.encoders.scorers import build_scorer
 from hnce.errors import InputError
 from hnce.search import merge_entity_lists
@@ -378,6 +384,30 @@ def test_unfinished_build_is_invisible_and_resumes(tmp_path: Path) -> None:
     assert resumed.publish(2).num_entities == 60
     newer = store.begin(index_parameters(6))
     assert newer.version == 2
+
+
+def test_a_reader_follows_current_to_the_version_it_moved_to(tmp_path: Path) -> None:
+    """Both stores open their live version through one helper: a version removed while being
+    opened (CURRENT moved on) is followed; a missing version CURRENT still names is an error."""
+    store = VersionedStore(tmp_path)
+    assert store.follow_current(lambda version: version, StoreError) is None
+    (tmp_path / "CURRENT").write_text("v1\n")
+    opened: list[int] = []
+
+    def open_version(version: int) -> int:
+        opened.append(version)
+        if version == 1:
+            (tmp_path / "CURRENT").write_text("v2\n")  # retention removed v1 meanwhile
+            raise VersionMissing("v1: missing")
+        return version
+
+    assert store.follow_current(open_version, StoreError) == 2 and opened == [1, 2]
+
+    def missing(version: int) -> int:
+        raise VersionMissing(f"v{version}: missing")
+
+    with pytest.raises(VersionMissing, match="v2: missing"):
+        store.follow_current(missing, StoreError)
 
 
 def test_reader_never_sees_a_half_written_version(tmp_path: Path) -> None:
