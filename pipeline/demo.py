@@ -28,6 +28,7 @@ from hnce.cluster.compute.recall import RecallReport
 from hnce.cluster.stores.checkpoints import EXPORT_DIR, checkpoint_dir, is_complete
 from hnce.cluster.stores.files import AtomicPath
 from hnce.cluster.stores.tables import MANIFEST_FILE
+from hnce.events import RunEvent
 from hnce.pipeline.config import Config
 from hnce.pipeline.data.conversion import DatasetOutput
 from hnce.pipeline.data.demo_subset import write_demo_subset
@@ -250,7 +251,8 @@ def training_curve(
     run's start, epoch seconds) to its publication in the run's event log; RuntimeError naming
     the checkpoint when one is missing."""
     published = {
-        int(e["step"]): float(e["time"]) - started for e in read_events(run_dir, "checkpoint")
+        int(e["step"]): float(e["time"]) - started
+        for e in read_events(run_dir, RunEvent.CHECKPOINT)
     }
     if not published:
         raise RuntimeError(f"{run_dir}: training finished without a complete checkpoint")

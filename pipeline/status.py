@@ -197,13 +197,17 @@ def _live_negatives(root: Path) -> dict[str, Any] | None:
 def _training(run_dir: Path) -> dict[str, Any] | None:
     """The last step logged and whether the run ended, stopped, or is going on."""
     events = read_events(run_dir)
-    steps = [event for event in events if event["event"] == "step"]
+    steps = [event for event in events if event["event"] == RunEvent.STEP]
     stops = (RunEvent.REFRESH_STOP, RunEvent.NONFINITE_STOP)
-    lifecycle = [e for e in events if e["event"] in ("start", "resume", "end", *stops)]
+    lifecycle = [
+        e for e in events if e["event"] in (RunEvent.START, RunEvent.RESUME, RunEvent.END, *stops)
+    ]
     if not lifecycle:
         return None
     last = lifecycle[-1]
-    state = "ended" if last["event"] == "end" else "stopped" if last["event"] in stops else None
+    state = (
+        "ended" if last["event"] == RunEvent.END else "stopped" if last["event"] in stops else None
+    )
     state = state or "running or interrupted"
     return {
         "state": state,
@@ -353,7 +357,7 @@ def training_panels(run_dir: Path) -> list[tuple[str, list[Series]]]:
     ``heldout_recall`` lines, at the step of the checkpoint scored). InputError when the run
     has logged no step."""
     events = read_events(run_dir)
-    steps = [event for event in events if event["event"] == "step"]
+    steps = [event for event in events if event["event"] == RunEvent.STEP]
     if not steps:
         raise InputError(
             f"{Path(run_dir) / LOG_FILE}: no step logged yet; nothing to plot (has the run "

@@ -22,20 +22,21 @@ from pathlib import Path
 from typing import Any
 
 from hnce.cluster.stores.jsonl import read_jsonl
+from hnce.events import RunEvent
 
 TENSORBOARD_DIR = "tensorboard"
 
 #: (event, field) -> TensorBoard tag
-SCALARS: dict[tuple[str, str], str] = {
-    ("step", "loss"): "train/loss",
-    ("step", "lr"): "train/learning_rate",
-    ("step", "seconds"): "train/step_seconds",
-    ("step", "lag"): "negatives/lag_steps",
-    ("step", "negatives_version"): "negatives/version",
-    ("refresh", "seconds"): "refresh/seconds",
-    ("refresh_wait", "seconds"): "refresh/wait_seconds",
-    ("stale", "loss_ratio"): "negatives/stale_loss_ratio",
-    ("heldout_recall", "recall"): "heldout/recall@",  # {k: recall@k}: one tag per k
+SCALARS: dict[tuple[RunEvent, str], str] = {
+    (RunEvent.STEP, "loss"): "train/loss",
+    (RunEvent.STEP, "lr"): "train/learning_rate",
+    (RunEvent.STEP, "seconds"): "train/step_seconds",
+    (RunEvent.STEP, "lag"): "negatives/lag_steps",
+    (RunEvent.STEP, "negatives_version"): "negatives/version",
+    (RunEvent.REFRESH, "seconds"): "refresh/seconds",
+    (RunEvent.REFRESH_WAIT, "seconds"): "refresh/wait_seconds",
+    (RunEvent.STALE, "loss_ratio"): "negatives/stale_loss_ratio",
+    (RunEvent.HELDOUT_RECALL, "recall"): "heldout/recall@",  # {k: recall@k}: one tag per k
 }
 
 

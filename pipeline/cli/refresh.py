@@ -15,6 +15,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
+from hnce.events import RunEvent
 from hnce.pipeline.cli._common import add_config_arguments, load_recipe
 
 if TYPE_CHECKING:
@@ -72,6 +73,6 @@ def _initial_version(config: Config, plan: RefreshPlan) -> int:
     init_ray(config.cluster, config.refresh.num_encoders * config.refresh.encoder_cpus)
     prepare_initial_negatives(config, "model")
     outcome = "up-to-date" if had else "published"
-    record = {"event": "refresh", "outcome": outcome, "index_version": 0}
+    record = {"event": RunEvent.REFRESH, "outcome": outcome, "index_version": 0}
     print(json.dumps({**record, "negatives_version": 0}), flush=True)
     return 0

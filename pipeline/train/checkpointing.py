@@ -51,6 +51,7 @@ from hnce.cluster.stores.checkpoints import (
     prune_checkpoints,
     verify_checkpoint,
 )
+from hnce.events import RunEvent
 from hnce.pipeline.event_log import EventLog
 from hnce.pipeline.train.distributed import Collectives
 from hnce.pipeline.train.model import export_trainable
@@ -160,7 +161,7 @@ def publish_checkpoint(
         mark_complete(directory, state)
         prune_checkpoints(run_dir, keep)
         log.write(
-            "checkpoint",
+            RunEvent.CHECKPOINT,
             step=step,
             path=str(directory),
             training_ends_at=state.get(TRAINING_ENDS_AT),
@@ -195,7 +196,7 @@ class WorkerCheckpoints:
             return None
         path = load_training_state(self.engine, self.run_dir, step)
         if self.log is not None:
-            self.log.write("resume", step=step, path=str(path), setup_seconds=setup_seconds)
+            self.log.write(RunEvent.RESUME, step=step, path=str(path), setup_seconds=setup_seconds)
         return step
 
     def publish(

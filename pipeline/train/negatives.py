@@ -44,6 +44,7 @@ from hnce.cluster.stores.tokens import MentionTokens, TokenStore
 from hnce.cluster.stores.versioned_dir import version_dir_name
 from hnce.encoders.biencoder import BiEncoder
 from hnce.encoders.reranker import JointReranker
+from hnce.events import RunEvent
 from hnce.mining.false_negatives import CandidateRules, FalseNegativeFilter
 from hnce.mining.samplers import (
     SAMPLER_SPECS,
@@ -419,7 +420,7 @@ class TrainingData:
         source = self.source
         if source.poll() and log is not None and source.current is not None:
             log.write(
-                "negatives",
+                RunEvent.NEGATIVES,
                 step=step,
                 version=source.version,
                 checkpoint_step=source.current.checkpoint_step,
@@ -449,7 +450,7 @@ class TrainingData:
             columns.memory_bytes / 2**20,
         )
         if log is not None:
-            log.write("loss_columns", sampler=spec.name, bytes=columns.memory_bytes)
+            log.write(RunEvent.LOSS_COLUMNS, sampler=spec.name, bytes=columns.memory_bytes)
 
 
 def load_training_data(

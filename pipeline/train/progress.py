@@ -18,6 +18,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from hnce.cluster.stores.refresh_log import RefreshRecord, read_log
+from hnce.events import RunEvent
 from hnce.pipeline.event_log import read_events
 from hnce.progress import progress_bar
 
@@ -38,7 +39,7 @@ def follow_progress(run_dir: Path, steps: int, done: threading.Event) -> None:
             for record in log.records:
                 if record.finished >= since:
                     refresh = _refresh_news(record, bar)
-            events = read_events(run_dir, "step")
+            events = read_events(run_dir, RunEvent.STEP)
             if events:
                 last = events[-1]
                 loss = "nan" if last["loss"] is None else f"{last['loss']:.3f}"
@@ -52,7 +53,7 @@ def follow_progress(run_dir: Path, steps: int, done: threading.Event) -> None:
                 )
                 bar.update(min(int(last["step"]), steps) - bar.n)
             done.wait(1.0)
-        if read_events(run_dir, "end"):
+        if read_events(run_dir, RunEvent.END):
             bar.n = steps
             bar.refresh()
 

@@ -131,7 +131,7 @@ class RefreshHandover:
             time.sleep(self.refresh.poll_seconds)
             self.negatives.switch(step, self.log)
         if self.log is not None:
-            self.log.write("refresh_wait", step=step, seconds=time.perf_counter() - started)
+            self.log.write(RunEvent.REFRESH_WAIT, step=step, seconds=time.perf_counter() - started)
         return False
 
     def wait_for_version_zero(self, step: int) -> bool:
@@ -155,7 +155,7 @@ class RefreshHandover:
             self.negatives.switch(step, self.log)
         if self.log is not None:
             seconds = time.perf_counter() - started
-            self.log.write("initial_negatives_wait", step=step, seconds=seconds)
+            self.log.write(RunEvent.INITIAL_NEGATIVES_WAIT, step=step, seconds=seconds)
         return False
 
     def after_step(self, step: int, loss: float, seconds: float) -> bool:

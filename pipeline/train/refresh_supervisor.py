@@ -24,6 +24,7 @@ from hnce.cluster.compute.gpu_sharing import gpu_plan
 from hnce.cluster.compute.refresh import RefreshPlan
 from hnce.cluster.compute.session import WORKER_ENV
 from hnce.cluster.stores.lock_holder import TRAINING, read_holder
+from hnce.events import RunEvent
 from hnce.pipeline.config import Config
 from hnce.pipeline.event_log import read_events
 from hnce.pipeline.run import refresh_plan
@@ -43,7 +44,7 @@ def standalone_refresh_plan(config: Config) -> RefreshPlan:
     plan = refresh_plan(config)
     if not config.cluster.use_gpu or read_holder(config.run_dir, TRAINING) is None:
         return plan
-    launches = read_events(config.run_dir, "launch")
+    launches = read_events(config.run_dir, RunEvent.LAUNCH)
     mode = "shared" if launches and launches[-1].get("gpus") == "shared" else "dedicated"
     gpus = gpu_plan(mode, config.training.num_workers, "a launch is training this run")
     logger.info("refresh GPUs beside training: %s (%s)", gpus.mode, gpus.why)

@@ -52,6 +52,7 @@ from hnce.cluster.compute.resources import (
 from hnce.cluster.compute.session import init_ray
 from hnce.cluster.stores.checkpoints import newest_checkpoint
 from hnce.cluster.stores.lock_holder import TRAINING
+from hnce.events import RunEvent
 from hnce.pipeline.config import Config, CoresMode, dump_config
 from hnce.pipeline.event_log import EventLog, read_events
 from hnce.pipeline.preflight import check_training_inputs
@@ -269,7 +270,7 @@ def _launch(
         with timed(seconds, "refresh coordinator"):
             coordinator, watch = start_refresh(plan)
     EventLog(task.run_dir).write(
-        "launch",
+        RunEvent.LAUNCH,
         seconds=seconds,
         cores=cores,
         cores_reason=why,
@@ -337,8 +338,8 @@ def fit_interruptibly(trainer: TorchTrainer, run_dir: Path) -> None:
 
 def summarise_run(run_dir: Path, seconds: float) -> TrainingSummary:
     """Read a run's event log into a :class:`TrainingSummary`."""
-    end = read_events(run_dir, "end")
-    start = read_events(run_dir, "start")
+    end = read_events(run_dir, RunEvent.END)
+    start = read_events(run_dir, RunEvent.START)
     newest = newest_checkpoint(run_dir)
     return TrainingSummary(
         run_dir=run_dir,
@@ -348,7 +349,7 @@ def summarise_run(run_dir: Path, seconds: float) -> TrainingSummary:
         steps=int(end[-1]["step"]) if end else (newest[0] if newest else 0),
         final_loss=float("nan") if not end or end[-1]["loss"] is None else float(end[-1]["loss"]),
         seconds=seconds,
-        checkpoints=[int(e["step"]) for e in read_events(run_dir, "checkpoint")],
-        negatives_switches=read_events(run_dir, "negatives"),
-        resumed_from=[int(e["step"]) for e in read_events(run_dir, "resume")],
+        checkpoints=[int(e["step"]) for e in read_events(run_dir, RunEvent.CHECKPOINT)],
+        negatives_switches=read_events(run_dir, RunEvent.NEGATIVES),
+        resumed_from=[int(e["step"]) for e in read_events(run_dir, RunEvent.RESUME)],
     )

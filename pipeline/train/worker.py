@@ -34,6 +34,7 @@ from hnce.cluster.compute.encoder_actor import node_cores
 from hnce.cluster.compute.index_build import timed
 from hnce.encoders.biencoder import BiEncoder
 from hnce.encoders.reranker import JointReranker
+from hnce.events import RunEvent
 from hnce.mining.losses import build_loss
 from hnce.pipeline.config import Config, CoresMode, config_from_dict
 from hnce.pipeline.event_log import EventLog
@@ -177,7 +178,7 @@ class WorkerRun:
         bf16 = self.engine.bfloat16_enabled()
         if self.log is not None:
             self.log.write(
-                "start",
+                RunEvent.START,
                 step=0,
                 task=self.task.kind,
                 world_size=world_size,
@@ -226,7 +227,9 @@ class WorkerRun:
                 return
         if self.log is not None:
             version = self.data.source.version
-            self.log.write("end", step=self.settings.steps, loss=loss, negatives_version=version)
+            self.log.write(
+                RunEvent.END, step=self.settings.steps, loss=loss, negatives_version=version
+            )
 
     def log_step(
         self, done: int, loss: float, seconds: float, mention_ids: list[str], threads: int
@@ -238,7 +241,7 @@ class WorkerRun:
         if done % self.settings.log_every != 0 and done != self.settings.steps:
             return
         self.log.write(
-            "step",
+            RunEvent.STEP,
             step=done,
             loss=loss,
             lr=float(self.engine.get_lr()[0]),
