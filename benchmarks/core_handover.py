@@ -35,6 +35,7 @@ from typing import Any
 
 from benchmarks import harness
 from benchmarks.training_runs import published_refreshes
+from hnce.events import RunEvent
 from hnce.pipeline.config import load_config
 from hnce.pipeline.demo import demo_dataset
 from hnce.pipeline.event_log import read_events
@@ -70,19 +71,19 @@ def train(work: Path, data_root: Path, recipe: str, cores: str, args: Any) -> di
         **RECIPES[recipe],
     }
     command = harness.run_recipe("train", RECIPE, overrides, log=work / "commands.log")
-    steps = read_events(run_dir, "step")
+    steps = read_events(run_dir, RunEvent.STEP)
     by_threads: dict[int, list[float]] = {}
     for event in steps:
         by_threads.setdefault(int(event["threads"]), []).append(float(event["seconds"]))
     row = {
-        "cores": read_events(run_dir, "launch")[0]["cores"],
+        "cores": read_events(run_dir, RunEvent.LAUNCH)[0]["cores"],
         "command seconds": command.seconds,
         "step seconds": sum(sum(values) for values in by_threads.values()),
         "mean step by threads": {t: sum(v) / len(v) for t, v in sorted(by_threads.items())},
         "steps by threads": {t: len(v) for t, v in sorted(by_threads.items())},
         "refreshes published": len(published_refreshes(run_dir)),
-        "versions used": len(read_events(run_dir, "negatives")),
-        "waiting seconds": sum(e["seconds"] for e in read_events(run_dir, "refresh_wait")),
+        "versions used": len(read_events(run_dir, RunEvent.NEGATIVES)),
+        "waiting seconds": sum(e["seconds"] for e in read_events(run_dir, RunEvent.REFRESH_WAIT)),
     }
     shutil.rmtree(run_dir)
     return row

@@ -61,6 +61,7 @@ from benchmarks.wordnet_runs import (
     wordnet_arguments,
 )
 from hnce.encoders.biencoder import load_biencoder, minilm_path
+from hnce.events import RunEvent
 from hnce.pipeline.config import Config
 from hnce.pipeline.evaluate import evaluate_export
 from hnce.pipeline.event_log import read_events
@@ -151,13 +152,13 @@ def hnce_run(name: str, config: Config, held_out: HeldOut, curve_every: int) -> 
     points = []
     if name in CURVES:
         every = curve_every * config.training.checkpoint_every
-        for event in read_events(run_dir, "checkpoint"):
+        for event in read_events(run_dir, RunEvent.CHECKPOINT):
             if event["step"] % every == 0:
                 model = load_biencoder(checkpoint_export(run_dir, event["step"]))
                 recall = exact_recall(model, held_out, normalise=False)
                 points.append((event["time"] - timer.epoch, event["step"], recall))
-    used = [e for e in read_events(run_dir, "negatives") if e["version"] > 0]
-    trained = [m for e in read_events(run_dir, "step") for m in e["mentions"]]
+    used = [e for e in read_events(run_dir, RunEvent.NEGATIVES) if e["version"] > 0]
+    trained = [m for e in read_events(run_dir, RunEvent.STEP) for m in e["mentions"]]
     drop_run_state(run_dir)
     run = Run({k: final[k] for k in KS}, seconds, summary.refreshes, len(used), points)
     run.trained = trained if name == BASELINE else []

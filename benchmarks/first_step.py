@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from benchmarks import harness
+from hnce.events import RunEvent
 from hnce.pipeline.config import load_config
 from hnce.pipeline.demo import demo_dataset
 from hnce.pipeline.event_log import read_events
@@ -39,13 +40,15 @@ INITIAL = ("random", "model")
 
 def stages(run_dir: Path, launched: float) -> dict[str, float]:
     """Seconds of each stage from launching ``hnce train`` (``launched``) to its first step."""
-    launch = read_events(run_dir, "launch")[0]
-    start = read_events(run_dir, "start")[0]
-    first = read_events(run_dir, "step")[0]
+    launch = read_events(run_dir, RunEvent.LAUNCH)[0]
+    start = read_events(run_dir, RunEvent.START)[0]
+    first = read_events(run_dir, RunEvent.STEP)[0]
     driver = sum(launch["seconds"].values())
     workers = sum(start["setup_seconds"].values())
-    waited = sum(event["seconds"] for event in read_events(run_dir, "initial_negatives_wait"))
-    beside = read_events(run_dir, "initial_negatives")
+    waited = sum(
+        event["seconds"] for event in read_events(run_dir, RunEvent.INITIAL_NEGATIVES_WAIT)
+    )
+    beside = read_events(run_dir, RunEvent.INITIAL_NEGATIVES)
     return {
         "interpreter, imports, recipe": launch["time"] - driver - launched,
         **{f"driver: {name}": seconds for name, seconds in launch["seconds"].items()},

@@ -39,6 +39,7 @@ from benchmarks import harness
 from benchmarks.harness.models import write_random_bert
 from benchmarks.training_runs import published_refreshes, wall_clock_parts
 from hnce.encoders.precision import autocast
+from hnce.events import RunEvent
 from hnce.pipeline.event_log import read_events
 
 RECIPE = harness.ROOT / "configs" / "synthetic-test.yaml"
@@ -142,10 +143,12 @@ def one_gpu_training(args: argparse.Namespace) -> list[str]:
     if args.sync_every:
         overrides |= {"refresh.mode": "sync", "refresh.sync_every": args.sync_every}
     command = harness.run_recipe("train", RECIPE, overrides, log=work / "train.log")
-    launch = read_events(run, "launch")[-1]
+    launch = read_events(run, RunEvent.LAUNCH)[-1]
     parts = wall_clock_parts(run, command.seconds)
     refreshes = published_refreshes(run)
-    used = sorted({int(e["version"]) for e in read_events(run, "negatives") if "version" in e})
+    used = sorted(
+        {int(e["version"]) for e in read_events(run, RunEvent.NEGATIVES) if "version" in e}
+    )
     rates = [
         float(found.group(1))
         for window in refreshes

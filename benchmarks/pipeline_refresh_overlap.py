@@ -31,6 +31,7 @@ from benchmarks import harness
 from benchmarks.training_runs import steps_per_second
 from hnce.cluster.compute.index_build import IndexedModel, ensure_token_store
 from hnce.cluster.stores.tables_read import EntityCatalogue
+from hnce.events import RunEvent
 from hnce.pipeline.config import Config, load_config
 from hnce.pipeline.data.synthetic import generate_synthetic_dataset
 from hnce.pipeline.event_log import read_events
@@ -129,7 +130,7 @@ def measure(args: argparse.Namespace) -> Overlap:
             alone_rate=steps_per_second(work / "alone", first, args.steps),
             overlap_rate=steps_per_second(work / "overlap", first, args.steps),
             refreshes=summary.refreshes,
-            switches=len(read_events(work / "overlap", "negatives")),
+            switches=len(read_events(work / "overlap", RunEvent.NEGATIVES)),
             seconds=timer.elapsed(),
         )
 

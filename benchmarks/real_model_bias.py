@@ -43,6 +43,7 @@ from benchmarks.wordnet_runs import (
 from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.encoders.biencoder import BiEncoder, load_biencoder
+from hnce.events import RunEvent
 from hnce.mining.bias import default_samplers, gradient_bias
 from hnce.mining.samplers import NegativeSampler
 from hnce.mining.samplers.base import SampledNegatives, SamplingRequest
@@ -148,11 +149,11 @@ def trained_exports(args: argparse.Namespace) -> tuple[Path, dict[int, Path]]:
         *every_checkpoint_kept(args.steps, args.checkpoint_every),
         "negatives.sampler=mixed",
     )
-    if not read_events(run_dir, "end"):
+    if not read_events(run_dir, RunEvent.END):
         run_training(config)
     exports = {0: untrained_export(config)} | {
         int(e["step"]): checkpoint_export(run_dir, int(e["step"]))
-        for e in read_events(run_dir, "checkpoint")
+        for e in read_events(run_dir, RunEvent.CHECKPOINT)
     }
     return data, exports
 

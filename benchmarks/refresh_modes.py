@@ -38,6 +38,7 @@ from benchmarks.wordnet_runs import (
     recipe,
     wordnet_arguments,
 )
+from hnce.events import RunEvent
 from hnce.pipeline.evaluate import evaluate_export
 from hnce.pipeline.event_log import read_events
 from hnce.pipeline.train.trainer import run_training
@@ -78,7 +79,7 @@ def curve(name: str, overrides: list[str], args: argparse.Namespace, data: Path)
     began = harness.Timer().epoch
     summary = run_training(config)
     points = []
-    for event in read_events(run_dir, "checkpoint"):
+    for event in read_events(run_dir, RunEvent.CHECKPOINT):
         step = int(event["step"])
         report = evaluate_export(config, checkpoint_export(run_dir, step), name)
         recall = {str(k): value for k, value in report.recall.items()}  # as JSON keeps them
@@ -89,7 +90,7 @@ def curve(name: str, overrides: list[str], args: argparse.Namespace, data: Path)
         "points": points,
         "seconds": summary.seconds,
         "refreshes": summary.refreshes,
-        "waited": sum(e["seconds"] for e in read_events(run_dir, "refresh_wait")),
+        "waited": sum(e["seconds"] for e in read_events(run_dir, RunEvent.REFRESH_WAIT)),
         "switches": len(summary.negatives_switches),
     }
 

@@ -23,6 +23,7 @@ import ray
 from benchmarks import harness
 from benchmarks.training_runs import checkpoint_export
 from benchmarks.wordnet_runs import prepare_dataset, recipe, wordnet_arguments
+from hnce.events import RunEvent
 from hnce.pipeline.config import Config, config_from_dict
 from hnce.pipeline.evaluate import evaluate_export
 from hnce.pipeline.event_log import read_events
@@ -57,7 +58,7 @@ def share_recipe(run_dir: Path, data_root: Path, share: str, steps: int) -> Conf
 def train_and_evaluate(config: Config) -> tuple[float, dict[int, float]]:
     """Seconds spent in training steps, and recall of the final checkpoint on the test split."""
     run_training(config)
-    seconds = sum(event["seconds"] for event in read_events(config.run_dir, "step"))
+    seconds = sum(event["seconds"] for event in read_events(config.run_dir, RunEvent.STEP))
     tree = config.to_dict()
     tree["eval"].update(ks=KS, per_domain_catalogue=False)
     export = checkpoint_export(config.run_dir)

@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from hnce.cluster.stores.checkpoints import EXPORT_DIR, checkpoint_dir, newest_checkpoint
+from hnce.events import RunEvent
 from hnce.pipeline.event_log import read_events
 
 
 def steps_per_second(run_dir: Path, first: int, last: int) -> float:
     """Steps/s over the step events (first, last]."""
-    times = {event["step"]: event["time"] for event in read_events(run_dir, "step")}
+    times = {event["step"]: event["time"] for event in read_events(run_dir, RunEvent.STEP)}
     return (last - first) / (times[last] - times[first])
 
 
@@ -43,7 +44,8 @@ def published_refreshes(run_dir: Path) -> list[dict[str, Any]]:
     return [
         window
         for window in windows
-        if window.get("event", "refresh") == "refresh" and window["outcome"] == "published"
+        if window.get("event", RunEvent.REFRESH) == RunEvent.REFRESH
+        and window["outcome"] == "published"
     ]
 
 
@@ -61,11 +63,11 @@ def wall_clock_parts(run_dir: Path, total: float) -> dict[str, float]:
     """Where a run's ``total`` wall seconds went, from its event log: before the first step
     (Ray, Ray Train and DeepSpeed start-up, model load, negatives version 0), inside the steps,
     and the rest (checkpoints, negatives polls, shutdown)."""
-    steps = read_events(run_dir, "step")
+    steps = read_events(run_dir, RunEvent.STEP)
     inside = sum(float(e["seconds"]) for e in steps)
     first_step_start = float(steps[0]["time"]) - float(steps[0]["seconds"])
-    start = float(read_events(run_dir, "start")[0]["time"])
-    end = float(read_events(run_dir, "end")[-1]["time"])
+    start = float(read_events(run_dir, RunEvent.START)[0]["time"])
+    end = float(read_events(run_dir, RunEvent.END)[-1]["time"])
     before = total - (end - start) + (first_step_start - start)
     return {
         "before first step": before,

@@ -14,6 +14,7 @@ import pytest
 from hnce.cluster.stores.negatives_store import MinedSplit, NegativesStore
 from hnce.cluster.stores.tables import MISSING_GOLD, Mention, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
+from hnce.events import RunEvent
 from hnce.pipeline.cli.main import main
 from hnce.pipeline.data.synthetic import generate_synthetic_dataset
 from hnce.pipeline.event_log import read_events
@@ -116,4 +117,4 @@ def test_reranker_beats_its_retriever_through_the_shared_driver(
     training = report["training"]
     assert (training["task"], training["steps"], training["mentions"]) == ("reranker", 30, 120)
     assert training["checkpoints"] == [10, 20, 30]
-    assert [e["world_size"] for e in read_events(out, "start")] == [1]
+    assert [e["world_size"] for e in read_events(out, RunEvent.START)] == [1]

@@ -39,6 +39,7 @@ from hnce.cluster.stores.index_store import PROGRESS_FILE, IndexStore
 from hnce.cluster.stores.negatives_store import NegativesStore
 from hnce.cluster.stores.refresh_log import read_log
 from hnce.cluster.stores.tables_read import verify_dataset
+from hnce.events import RunEvent
 from hnce.mining.samplers import SAMPLER_SPECS
 from hnce.pipeline.data.synthetic import generate_synthetic_dataset
 from hnce.pipeline.event_log import read_events
@@ -230,7 +231,7 @@ def _verify_run(run_dir: Path) -> None:
 
 def _trained_past(run_dir: Path, step: int) -> Callable[[], bool]:
     def ready() -> bool:
-        steps = read_events(run_dir, "step")
+        steps = read_events(run_dir, RunEvent.STEP)
         return bool(steps) and steps[-1]["step"] >= step
 
     return ready

@@ -13,6 +13,7 @@ from training_helpers import synthetic_config
 
 from hnce.cluster.stores.files import atomic_write_json
 from hnce.cluster.stores.lock_holder import REFRESH, LockHolder, holder_file
+from hnce.events import RunEvent
 from hnce.pipeline.config import ConfigError, load_config
 from hnce.pipeline.event_log import read_events
 from hnce.pipeline.train import worker
@@ -141,5 +142,5 @@ def test_training_steps_give_the_cores_back_while_a_refresh_works(
             config, task, torch.device("cpu"), 1, refresh_starts, None, "handover"
         )
         run.train()
-    steps = read_events(config.run_dir, "step")
+    steps = read_events(config.run_dir, RunEvent.STEP)
     assert [(e["step"], e["threads"]) for e in steps] == [(1, 2), (2, 2), (3, 1), (4, 1)]

@@ -12,6 +12,7 @@ import pytest
 
 from hnce.cluster.compute.recall import RecallReport
 from hnce.cluster.stores.checkpoints import COMPLETE, EXPORT_DIR, checkpoint_dir
+from hnce.events import RunEvent
 from hnce.pipeline.config import ConfigError, load_config
 from hnce.pipeline.demo import (
     CurvePoint,
@@ -98,7 +99,7 @@ def publish(run_dir: Path, step: int, log: EventLog) -> None:
     directory = checkpoint_dir(run_dir, step)
     (directory / EXPORT_DIR).mkdir(parents=True)
     (directory / COMPLETE).write_text("")
-    log.write("checkpoint", step=step, path=str(directory))
+    log.write(RunEvent.CHECKPOINT, step=step, path=str(directory))
 
 
 def test_the_curve_evaluates_each_checkpoint_at_its_publication_seconds(tmp_path: Path) -> None:
@@ -116,7 +117,7 @@ def test_the_curve_evaluates_each_checkpoint_at_its_publication_seconds(tmp_path
         return RecallReport(label, 10, 100, {1: step / 100, 64: 1.0}, {1: 0.0})
 
     points = training_curve("mixed-50", run_dir, started, [30], evaluate)
-    published = {e["step"]: e["time"] - started for e in read_events(run_dir, "checkpoint")}
+    published = {e["step"]: e["time"] - started for e in read_events(run_dir, RunEvent.CHECKPOINT)}
     assert [(p.step, p.seconds, p.recall[1]) for p, _ in points] == [
         (30, published[30], 0.30),
         (60, published[60], 0.60),

@@ -30,6 +30,7 @@ from hnce.cluster.stores.negatives_store import MinedSplit, NegativesStore
 from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.encoders.biencoder import BiEncoder, export_biencoder, load_biencoder
+from hnce.events import RunEvent
 from hnce.mining.losses import NCELoss
 from hnce.mining.samplers import SampledNegatives
 from hnce.pipeline.config import Config, ConfigError, TrainingSettings
@@ -408,10 +409,10 @@ def test_resume_repeats_the_uninterrupted_run_exactly(
         train(broken, crash_after_first_checkpoint, broken_task)
     resumed = train(broken, task=broken_task)
     assert resumed.start_step == 3
-    assert [e["step"] for e in read_events(broken_task.run_dir, "resume")] == [3]
+    assert [e["step"] for e in read_events(broken_task.run_dir, RunEvent.RESUME)] == [3]
 
     def after_resume(run_dir: Path) -> list[tuple[int, float, list[str]]]:
-        steps = read_events(run_dir, "step")[-3:]
+        steps = read_events(run_dir, RunEvent.STEP)[-3:]
         return [(e["step"], e["loss"], e["mentions"]) for e in steps]
 
     assert after_resume(broken_task.run_dir) == after_resume(whole_task.run_dir)

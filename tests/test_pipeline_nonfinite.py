@@ -73,7 +73,7 @@ def test_a_diverging_run_stops_at_the_first_non_finite_loss_before_any_checkpoin
     assert error.startswith("hnce train: step 2: the training loss is not finite"), error
     (stop,) = read_events(tmp_path / "run", RunEvent.NONFINITE_STOP)
     assert stop["step"] == 2
-    assert [e["step"] for e in read_events(tmp_path / "run", "step")] == [1]
+    assert [e["step"] for e in read_events(tmp_path / "run", RunEvent.STEP)] == [1]
     assert complete_checkpoints(tmp_path / "run") == []
 
 

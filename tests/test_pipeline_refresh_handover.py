@@ -93,7 +93,7 @@ def test_a_worker_looks_for_newer_negatives_every_few_steps_and_at_each_start(
     assert negatives.switches == [0, 3, 6, 9, 5]
     assert [step for step in range(1, 13) if run.publishes_at(step)] == [4, 8, 12]
     assert all(run.asks_for_refresh(step, stale=False) for step in (4, 8))
-    assert read_events(tmp_path, "refresh_wait") == []
+    assert read_events(tmp_path, RunEvent.REFRESH_WAIT) == []
 
 
 def test_a_sync_worker_waits_for_the_negatives_of_its_checkpoint(tmp_path: Path) -> None:
@@ -110,7 +110,7 @@ def test_a_sync_worker_waits_for_the_negatives_of_its_checkpoint(tmp_path: Path)
     assert not run.poll(3)
     assert not run.poll(4)
     assert negatives.switches == [3, 4, 4, 4] and negatives.source.current == Version(1, 4)
-    (wait,) = read_events(tmp_path, "refresh_wait")
+    (wait,) = read_events(tmp_path, RunEvent.REFRESH_WAIT)
     assert wait["step"] == 4 and wait["seconds"] > 0
     assert [step for step in range(1, 13) if run.publishes_at(step)] == [4, 6, 8, 12]
     assert [run.asks_for_refresh(step, stale=False) for step in (4, 6, 8)] == [True, False, True]
@@ -160,7 +160,9 @@ def test_the_first_step_waits_for_version_zero_or_stands_down_when_it_failed(
     ready, negatives = handover(tmp_path / "ready", arrivals=(None, None, 0), since=0.0)
     assert not ready.wait_for_version_zero(0)
     assert negatives.switches == [0, 0, 0]
-    assert [e["step"] for e in read_events(tmp_path / "ready", "initial_negatives_wait")] == [0]
+    assert [
+        e["step"] for e in read_events(tmp_path / "ready", RunEvent.INITIAL_NEGATIVES_WAIT)
+    ] == [0]
     failing, _ = handover(tmp_path / "failing", since=0.0)
     EventLog(tmp_path / "failing").write(RunEvent.INITIAL_NEGATIVES, error="no index")
     assert initial_negatives_error(tmp_path / "failing", 0.0) == "no index"

@@ -79,7 +79,7 @@ def test_a_failed_refresh_is_reported_when_it_is_recorded(
     with caplog.at_level(logging.INFO):
         follower.start()
         try:
-            EventLog(tmp_path).write("step", step=3, loss=1.5, negatives_version=-1)
+            EventLog(tmp_path).write(RunEvent.STEP, step=3, loss=1.5, negatives_version=-1)
             time.sleep(0.2)
             append_record(tmp_path, _failure(4, 1, time.time()))
             deadline = time.monotonic() + 10
@@ -143,8 +143,10 @@ def test_training_stops_with_the_cause_when_every_refresh_fails(
     failed = read_events(run_dir, RunEvent.REFRESH_FAILED)
     assert [event["consecutive"] for event in failed][:2] == [1, 2]  # logged as they happened
     assert failed[0]["step"] <= stop[0]["step"] and "ArrowInvalid" in failed[0]["error"]
-    assert not read_events(run_dir, "end")  # the stop is final: no restart trained to the end
-    assert max(event["step"] for event in read_events(run_dir, "step")) <= stop[0]["step"]
+    assert not read_events(
+        run_dir, RunEvent.END
+    )  # the stop is final: no restart trained to the end
+    assert max(event["step"] for event in read_events(run_dir, RunEvent.STEP)) <= stop[0]["step"]
     outcomes = [record.outcome for record in read_log(run_dir).records]
     assert outcomes.count("failed") >= 2 and set(outcomes) <= {"failed", "abandoned"}
     assert "abandoned" not in outcomes[:-1]  # only a refresh still running at the stop

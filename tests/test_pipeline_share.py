@@ -16,6 +16,7 @@ from training_helpers import synthetic_config, write_syllable_bert
 
 from hnce.cluster.stores.tables import Mention
 from hnce.encoders.biencoder import BiEncoder, build_biencoder
+from hnce.events import RunEvent
 from hnce.mining.losses import NCELoss, build_loss
 from hnce.mining.samplers import SampledNegatives
 from hnce.pipeline.config import ConfigError
@@ -265,7 +266,7 @@ def test_shared_negatives_train_end_to_end_and_widen_the_first_steps_normaliser(
         )
         summary = run_training(config)
         assert summary.steps == 3
-        steps = read_events(config.run_dir, "step")
+        steps = read_events(config.run_dir, RunEvent.STEP)
         assert [e["step"] for e in steps] == [1, 2, 3]
         first_loss[share] = steps[0]["loss"]
     assert first_loss["batch"] < first_loss["global"], first_loss

@@ -12,6 +12,7 @@ import pytest
 from hnce.cluster.stores.jsonl import append_jsonl, read_jsonl
 from hnce.cluster.stores.lock_holder import REFRESH, holder_file
 from hnce.cluster.stores.refresh_log import LOG_FILE as REFRESH_LOG
+from hnce.events import RunEvent
 from hnce.pipeline.cli.main import main
 from hnce.pipeline.event_log import LOG_FILE as EVENT_LOG
 from hnce.pipeline.event_log import EventLog, read_events
@@ -19,14 +20,14 @@ from hnce.pipeline.event_log import EventLog, read_events
 
 def test_a_torn_last_line_is_never_read_and_the_next_append_repairs_it(tmp_path: Path) -> None:
     log = EventLog(tmp_path)
-    log.write("step", step=1, loss=0.5)
+    log.write(RunEvent.STEP, step=1, loss=0.5)
     with (tmp_path / EVENT_LOG).open("a") as handle:
         handle.write('{"event": "step", "step": 2, "lo')  # the writer died here
-    assert [e["step"] for e in read_events(tmp_path, "step")] == [1]
-    log.write("step", step=2, loss=float("nan"))
+    assert [e["step"] for e in read_events(tmp_path, RunEvent.STEP)] == [1]
+    log.write(RunEvent.STEP, step=2, loss=float("nan"))
     lines = (tmp_path / EVENT_LOG).read_text().splitlines()
     assert len(lines) == 2 and all(json.loads(line) for line in lines)
-    assert read_events(tmp_path, "step")[-1]["loss"] is None  # NaN is not JSON: null
+    assert read_events(tmp_path, RunEvent.STEP)[-1]["loss"] is None  # NaN is not JSON: null
 
 
 def test_a_corrupt_line_is_named_and_skipped(tmp_path: Path) -> None:

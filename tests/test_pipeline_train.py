@@ -104,9 +104,9 @@ def test_training_switches_to_refreshed_negatives_without_waiting(
     summary = run_training(config)
 
     assert summary.steps == STEPS
-    steps = [e["step"] for e in read_events(run_dir, "step")]
+    steps = [e["step"] for e in read_events(run_dir, RunEvent.STEP)]
     assert steps == list(range(1, STEPS + 1))
-    switches = read_events(run_dir, "negatives")
+    switches = read_events(run_dir, RunEvent.NEGATIVES)
     assert switches, "no refreshed negatives were used"
     attempts = [a for a in read_log(run_dir).records if a.role == COORDINATOR_ROLE]
     assert attempts[0].outcome == "published", attempts
@@ -116,7 +116,9 @@ def test_training_switches_to_refreshed_negatives_without_waiting(
     # checkpoint expected (hnce.cluster.compute.refresh_job.publishes_late), was refreshed next
     # (published, or abandoned when training ended); never an older one.
     end_step = read_events(run_dir, RunEvent.REFRESHES_END)[0]["step"]
-    later = [e for e in read_events(run_dir, "checkpoint") if e["step"] > attempts[0].checkpoint]
+    later = [
+        e for e in read_events(run_dir, RunEvent.CHECKPOINT) if e["step"] > attempts[0].checkpoint
+    ]
     newer = [e["time"] for e in later if e["step"] < end_step]
     expected_ends = [e["training_ends_at"] for e in later if e["training_ends_at"] is not None]
     fastest = fastest_refresh_seconds(attempts)
@@ -135,7 +137,7 @@ def test_training_switches_to_refreshed_negatives_without_waiting(
         assert switch["lag"] >= 1
         assert switch["step"] > switch["checkpoint_step"]
     assert switches[-1]["step"] < STEPS
-    later = [e for e in read_events(run_dir, "step") if e["step"] > switches[0]["step"]]
+    later = [e for e in read_events(run_dir, RunEvent.STEP) if e["step"] > switches[0]["step"]]
     assert later and all(e["negatives_version"] >= switches[0]["version"] for e in later)
 
     newest = newest_checkpoint(run_dir)
@@ -174,8 +176,8 @@ def test_stale_negatives_ask_for_the_only_refreshes_the_coordinator_runs(
     run_training(config)
     # one Ray node on CPUs: the trainer takes the refresh's core while no refresh works (the
     # first steps, before any stale request), and gives it back while one does
-    assert read_events(run_dir, "launch")[0]["cores"] == "handover"
-    threads = [event["threads"] for event in read_events(run_dir, "step")]
+    assert read_events(run_dir, RunEvent.LAUNCH)[0]["cores"] == "handover"
+    threads = [event["threads"] for event in read_events(run_dir, RunEvent.STEP)]
     assert threads[0] == node_cores() and set(threads) <= {1, node_cores()}, threads
     stale = read_events(run_dir, RunEvent.STALE)
     requested = sorted(event["step"] for event in stale)
@@ -190,7 +192,7 @@ def test_stale_negatives_ask_for_the_only_refreshes_the_coordinator_runs(
     assert {step for step, ask in asks.items() if not ask} == published - asked_for
     refreshed = [r for r in read_log(run_dir).records if r.outcome in ("published", "abandoned")]
     assert {r.checkpoint for r in refreshed} <= set(requested), refreshed
-    switches = read_events(run_dir, "negatives")
+    switches = read_events(run_dir, RunEvent.NEGATIVES)
     assert requested[0] in {s["checkpoint_step"] for s in switches}, (requested, switches)
     # one request per version: the next comes only once the refresh it asked for is live
     for before, after in itertools.pairwise(requested):
@@ -234,10 +236,10 @@ def test_poly_trains_on_exactly_mined_hard_negatives_and_evaluates_exactly(
         "refresh.poll_seconds=0.2",
     )
     run_training(config)
-    switches = read_events(run_dir, "negatives")
+    switches = read_events(run_dir, RunEvent.NEGATIVES)
     assert [(s["step"], s["lag"]) for s in switches] == [(8, 0)], switches
     assert IndexStore(run_dir / "index").current().mining == "exact"
-    later = [e for e in read_events(run_dir, "step") if e["step"] > 8]
+    later = [e for e in read_events(run_dir, RunEvent.STEP) if e["step"] > 8]
     assert later and all(e["negatives_version"] == switches[0]["version"] for e in later)
 
     report = evaluate_checkpoint(config, "newest")
@@ -291,20 +293,20 @@ def test_killed_worker_resumes_and_repeats_the_uninterrupted_run(
         assert time.time() < deadline and thread.is_alive(), outcome
         time.sleep(0.2)
     victim = int((run_dir / "workers" / "rank-1.pid").read_text())
-    killed_at = max((e["step"] for e in read_events(run_dir, "step")), default=0)
+    killed_at = max((e["step"] for e in read_events(run_dir, RunEvent.STEP)), default=0)
     os.kill(victim, signal.SIGKILL)
     thread.join(timeout=600)
 
     assert "error" not in outcome, outcome
-    resumes = read_events(run_dir, "resume")
+    resumes = read_events(run_dir, RunEvent.RESUME)
     assert resumes, "the restarted worker group did not resume from a checkpoint"
     resumed_at = resumes[0]["step"]
     assert 20 <= resumed_at <= max(killed_at, 20) + 20 and resumed_at % 20 == 0
-    assert read_events(run_dir, "end")[-1]["step"] == 60
+    assert read_events(run_dir, RunEvent.END)[-1]["step"] == 60
     assert (checkpoint_dir(run_dir, 60) / "COMPLETE").is_file()
-    after = [e for e in read_events(run_dir, "step") if e["time"] > resumes[0]["time"]]
+    after = [e for e in read_events(run_dir, RunEvent.STEP) if e["time"] > resumes[0]["time"]]
     assert [e["step"] for e in after] == list(range(resumed_at + 1, 61))
-    uninterrupted = {e["step"]: e for e in read_events(whole.run_dir, "step")}
+    uninterrupted = {e["step"]: e for e in read_events(whole.run_dir, RunEvent.STEP)}
     for event in after:
         same = uninterrupted[event["step"]]
         assert event["mentions"] == same["mentions"], event["step"]
@@ -356,23 +358,23 @@ def test_sync_refreshes_hold_training_until_their_negatives_are_live(
     )
     run_training(config)
     # version 0 was prepared while the workers started, and the first step waited for it
-    [ready] = read_events(run_dir, "initial_negatives")
+    [ready] = read_events(run_dir, RunEvent.INITIAL_NEGATIVES)
     assert ready["initial"] == "model" and "error" not in ready
-    [waited] = read_events(run_dir, "initial_negatives_wait")
+    [waited] = read_events(run_dir, RunEvent.INITIAL_NEGATIVES_WAIT)
     assert waited["step"] == 0
-    switches = read_events(run_dir, "negatives")
+    switches = read_events(run_dir, RunEvent.NEGATIVES)
     assert [(s["step"], s["checkpoint_step"], s["lag"]) for s in switches] == [
         (0, 0, 0),
         (8, 8, 0),
         (16, 16, 0),
     ]
-    waits = read_events(run_dir, "refresh_wait")
+    waits = read_events(run_dir, RunEvent.REFRESH_WAIT)
     assert [w["step"] for w in waits] == [8, 16]
     asks = {step: wants_refresh(path) for step, path in complete_checkpoints(run_dir)}
     assert asks == {4: False, 8: True, 12: False, 16: True, 20: False, 24: True}, asks
     refreshed = {r.checkpoint for r in read_log(run_dir).records if r.outcome == "published"}
     assert refreshed <= {8, 16, 24}, refreshed
-    steps = read_events(run_dir, "step")
+    steps = read_events(run_dir, RunEvent.STEP)
     assert all(e["negatives_version"] == (e["step"] - 1) // 8 for e in steps), steps
 
 
@@ -439,10 +441,10 @@ def test_a_failing_version_zero_stops_the_waiting_workers_and_reaches_the_driver
     )
     with pytest.raises(OSError, match="planted: model negatives version 0 unreadable"):
         run_training(config)
-    assert read_events(run_dir, "start"), "the workers started"
-    assert not read_events(run_dir, "step") and not read_events(run_dir, "end")
-    assert not read_events(run_dir, "initial_negatives_wait")
-    [failed] = read_events(run_dir, "initial_negatives")
+    assert read_events(run_dir, RunEvent.START), "the workers started"
+    assert not read_events(run_dir, RunEvent.STEP) and not read_events(run_dir, RunEvent.END)
+    assert not read_events(run_dir, RunEvent.INITIAL_NEGATIVES_WAIT)
+    [failed] = read_events(run_dir, RunEvent.INITIAL_NEGATIVES)
     assert failed["error"] == "OSError: planted: model negatives version 0 unreadable"
 
 

@@ -13,6 +13,7 @@ from training_helpers import synthetic_config
 from hnce.cluster.stores.checkpoints import newest_checkpoint
 from hnce.cluster.stores.index_store import IndexStore
 from hnce.cluster.stores.negatives_store import NegativesStore
+from hnce.events import RunEvent
 from hnce.pipeline.event_log import read_events
 from hnce.pipeline.train.trainer import TrainingSummary, run_training
 
@@ -33,7 +34,7 @@ def train(run_dir: Path, dataset: Path, model_dir: Path, *overrides: str) -> Tra
     config = synthetic_config(run_dir, dataset, model_dir, *SHORT_RUN, *overrides)
     summary = run_training(config)
     assert summary.steps == STEPS
-    assert [e["step"] for e in read_events(run_dir, "step")] == list(range(1, STEPS + 1))
+    assert [e["step"] for e in read_events(run_dir, RunEvent.STEP)] == list(range(1, STEPS + 1))
     newest = newest_checkpoint(run_dir)
     assert newest is not None and newest[0] == STEPS
     return summary
@@ -61,9 +62,9 @@ def test_online_samplers_train_on_negatives_mined_once_before_training(
         "negatives.ohem.pool_size=8",
     )
     assert summary.refreshes == 0
-    switches = read_events(run_dir, "negatives")
+    switches = read_events(run_dir, RunEvent.NEGATIVES)
     assert [(s["step"], s["version"], s["checkpoint_step"]) for s in switches] == [(0, 0, 0)]
-    assert all(e["negatives_version"] == 0 for e in read_events(run_dir, "step"))
+    assert all(e["negatives_version"] == 0 for e in read_events(run_dir, RunEvent.STEP))
     assert NegativesStore(run_dir / "negatives").current_version() == 0
     index = run_dir / "index"
     assert (IndexStore(index).versions() == [0]) if initial == "model" else not index.exists()
@@ -96,6 +97,6 @@ def test_momentum_queue_trains_and_states_its_memory(
         "negatives.momentum_queue.size=32",
         "negatives.momentum_queue.momentum=0.9",
     )
-    (queue,) = read_events(run_dir, "loss_columns")
+    (queue,) = read_events(run_dir, RunEvent.LOSS_COLUMNS)
     assert queue["sampler"] == "momentum-queue"
     assert queue["bytes"] == 32 * 32 * 4  # 32 vectors of the tiny BERT's d = 32

@@ -31,6 +31,7 @@ from hnce.cluster.stores.lock_holder import (
     RunLocked,
     read_holder,
 )
+from hnce.events import RunEvent
 from hnce.pipeline.event_log import EventLog
 from hnce.pipeline.train.refresh_supervisor import standalone_refresh_plan
 from hnce.pipeline.train.trainer import run_training
@@ -140,7 +141,7 @@ def test_a_standalone_refresh_beside_a_training_launch_takes_the_gpus_it_leaves(
     alone = standalone_refresh_plan(config)
     assert (alone.encoder_gpus, alone.trainer_gpus) == (1.0, 0.0)
     with RunLock(run_dir, "hnce train (retriever)", kind=TRAINING):
-        EventLog(run_dir).write("launch", gpus=chosen, gpus_reason="a test")
+        EventLog(run_dir).write(RunEvent.LAUNCH, gpus=chosen, gpus_reason="a test")
         beside = standalone_refresh_plan(config).pool_settings()
         assert (beside.gpus_per_actor, beside.reserved_gpus) == (share, 2 * share)
     assert standalone_refresh_plan(config).encoder_gpus == 1.0

@@ -59,24 +59,27 @@ def test_the_event_log_writes_tensorboard_scalars_equal_to_its_events(tmp_path: 
     log = EventLog(tmp_path, tensorboard=True)
     health = RefreshHealth(tmp_path, max_consecutive_failures=3, rank=0)
     for step, loss, lag in ((1, 2.5, None), (2, float("nan"), 1), (3, 1.75, 2)):
-        log.write("step", step=step, loss=loss, lr=1e-3 * step, seconds=0.5, lag=lag)
+        log.write(RunEvent.STEP, step=step, loss=loss, lr=1e-3 * step, seconds=0.5, lag=lag)
     now = time.time()
     append_heldout(tmp_path, HeldoutRecall(2, 1, "test", 40, {"1": 0.25, "64": 0.75}, 3.0, now))
     append_record(tmp_path, RefreshRecord("published", "training coordinator", now, 12.5, 2, 1, 1))
     assert not health.should_stop(4, log, torch.device("cpu"))
-    EventLog(tmp_path).write("refresh_wait", step=4, seconds=0.25)  # another writer's event
-    log.write("step", step=4, loss=1.5, lr=4e-3, seconds=0.5, lag=2)
+    EventLog(tmp_path).write(RunEvent.REFRESH_WAIT, step=4, seconds=0.25)  # another writer's event
+    log.write(RunEvent.STEP, step=4, loss=1.5, lr=4e-3, seconds=0.5, lag=2)
     log.close()
 
     found = tensorboard_scalars(tmp_path)
-    steps = read_events(tmp_path, "step")
+    steps = read_events(tmp_path, RunEvent.STEP)
     assert_scalars(found["train/loss"], expected(steps, "loss"))  # the NaN (null) left out
     assert_scalars(found["train/learning_rate"], expected(steps, "lr"))
     assert_scalars(found["negatives/lag_steps"], expected(steps, "lag"))
-    assert_scalars(found["refresh/seconds"], expected(read_events(tmp_path, "refresh"), "seconds"))
+    assert_scalars(
+        found["refresh/seconds"], expected(read_events(tmp_path, RunEvent.REFRESH), "seconds")
+    )
     assert found["refresh/seconds"][0][0::2] == (4, 12.5)  # at the step the trainer saw it
     assert_scalars(
-        found["refresh/wait_seconds"], expected(read_events(tmp_path, "refresh_wait"), "seconds")
+        found["refresh/wait_seconds"],
+        expected(read_events(tmp_path, RunEvent.REFRESH_WAIT), "seconds"),
     )
     assert [(s, v) for s, _, v in found["heldout/recall@64"]] == [(2, 0.75)]
     assert [(s, v) for s, _, v in found["heldout/recall@1"]] == [(2, 0.25)]
@@ -97,7 +100,7 @@ def test_a_training_worker_writes_tensorboard_scalars_of_its_steps(
     with single_process_group():
         task = TrainingTask.retriever(config)
         WorkerRun.build(config, task, torch.device("cpu"), 1, lambda *_: None).train()
-    steps = read_events(config.run_dir, "step")
+    steps = read_events(config.run_dir, RunEvent.STEP)
     assert [e["step"] for e in steps] == [1, 2, 3]
     found = tensorboard_scalars(config.run_dir)
     assert_scalars(found["train/loss"], expected(steps, "loss"))
@@ -108,9 +111,11 @@ def test_a_training_worker_writes_tensorboard_scalars_of_its_steps(
 def write_events(run_dir: Path, steps: int) -> None:
     """A run's logs by hand: ``steps`` step events (lag from step 3), and two held-out recalls."""
     log = EventLog(run_dir)
-    log.write("start", step=0)
+    log.write(RunEvent.START, step=0)
     for step in range(1, steps + 1):
-        log.write("step", step=step, loss=3.0 / step, lr=1e-3, lag=step - 3 if step > 2 else None)
+        log.write(
+            RunEvent.STEP, step=step, loss=3.0 / step, lr=1e-3, lag=step - 3 if step > 2 else None
+        )
     now = time.time()
     append_heldout(run_dir, HeldoutRecall(4, 1, "test", 10, {"1": 0.2, "64": 0.7}, 1.0, now))
     append_heldout(run_dir, HeldoutRecall(8, 2, "test", 10, {"1": 0.4, "64": 0.9}, 1.0, now + 1))
@@ -152,7 +157,7 @@ def test_status_reports_the_trigger_and_the_last_staleness_request(
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "config.yaml").write_text(f"refresh:\n  trigger: {trigger}\n")
     log = EventLog(tmp_path)
-    log.write("start", step=0)
+    log.write(RunEvent.START, step=0)
     if trigger == "stale":
         assert "stale: no refresh asked for yet" in run_status(tmp_path).render()
     log.write(RunEvent.STALE, step=40, version=0, loss_ratio=0.71)

@@ -59,7 +59,7 @@ def test_a_worker_publishes_resumes_and_refuses_non_finite_weights(
     assert (state["step"], state["loss"], state[REFRESH_REQUEST]) == (3, 0.5, True)
     assert resumed.keys() == published.keys()
     assert all(torch.equal(resumed[name], published[name]) for name in published)
-    (resume,) = read_events(run_dir, "resume")
+    (resume,) = read_events(run_dir, RunEvent.RESUME)
     assert (resume["step"], resume["setup_seconds"]) == (3, {"engine": 1.0})
     assert not checkpoint_dir(run_dir, 4).exists()
     (stop,) = read_events(run_dir, RunEvent.NONFINITE_STOP)

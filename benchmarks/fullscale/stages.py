@@ -23,6 +23,7 @@ from benchmarks import harness
 from benchmarks.fullscale.run import TRAINING_REFRESHES, Run, Stage, disk_gib, write_recipe
 from benchmarks.training_runs import published_refreshes, steps_per_second, window_rate
 from hnce.cluster.stores.index_store import IndexStore
+from hnce.events import RunEvent
 from hnce.pipeline.data.kilt_synthetic import AIDA_MENTIONS, GENERATOR_FILE, KNOWLEDGE_SOURCE
 
 CALIBRATION_STEPS = 40
@@ -198,7 +199,7 @@ def train(run: Run) -> Stage:
     arguments = ["train", "--config", str(run.recipe), "--no-progress"]
     command = harness.run_hnce(arguments, run.log, keep_stdout=True)
     refreshes = published_refreshes(run.run_dir)
-    steps_at = [(event["time"], event["step"]) for event in read_events(run.run_dir, "step")]
+    steps_at = [(event["time"], event["step"]) for event in read_events(run.run_dir, RunEvent.STEP)]
     windows = [window_rate(steps_at, r["started"], r["started"] + r["seconds"]) for r in refreshes]
     during = [rate for rate in windows if not math.isnan(rate)]  # windows with a measurable rate
     alone = run.stages["trainer alone"].rates["steps/s"]

@@ -20,6 +20,7 @@ from benchmarks.peer.curves import KS, Curve, Trained
 from benchmarks.peer.evaluation import HeldOut, evaluate_curve
 from benchmarks.training_runs import checkpoint_export, wall_clock_parts
 from hnce.encoders.biencoder import load_biencoder
+from hnce.events import RunEvent
 from hnce.pipeline.config import Config, load_config
 from hnce.pipeline.evaluate import evaluate_export
 from hnce.pipeline.event_log import read_events
@@ -85,9 +86,9 @@ def train_hnce(
     run_training(config)
     seconds = timer.stop()
     published = {
-        e["step"]: e["time"] - timer.epoch for e in read_events(config.run_dir, "checkpoint")
+        e["step"]: e["time"] - timer.epoch for e in read_events(config.run_dir, RunEvent.CHECKPOINT)
     }
-    trained = [m for e in read_events(config.run_dir, "step") for m in e["mentions"]]
+    trained = [m for e in read_events(config.run_dir, RunEvent.STEP) for m in e["mentions"]]
     model_dirs = [str(checkpoint_export(config.run_dir, s)) for s in checkpoints]
     curve = Curve(HNCE, [(published[s], s, {}) for s in checkpoints])
     return curve, model_dirs, trained, seconds
