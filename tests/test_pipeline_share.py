@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from training_helpers import synthetic_config, write_syllable_bert
+from training_helpers import TWO_WORKERS, synthetic_config, write_syllable_bert
 
 from hnce.cluster.stores.tables import Mention
 from hnce.encoders.biencoder import BiEncoder, build_biencoder
@@ -255,11 +255,9 @@ def test_shared_negatives_train_end_to_end_and_widen_the_first_steps_normaliser(
             tmp_path / share,
             small_dataset,
             syllable_bert,
+            *TWO_WORKERS,  # global shares the other worker's candidates
             f"negatives.share={share}",
-            "negatives.sampler=random",
-            "negatives.source=none",
             "negatives.num_negatives=2",
-            "refresh.enabled=false",
             "training.steps=3",
             "training.batch_size=4",
             "training.checkpoint_every=3",
