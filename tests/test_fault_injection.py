@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 from conftest import write_letter_bert
 from ray_cluster_helpers import MARKER_VARIABLE, hang_report, kill_marked
-from training_helpers import CONFIGS, REFRESHED
+from training_helpers import CONFIGS
 
 from hnce.cluster.stores.checkpoints import EXPORT_DIR, complete_checkpoints, verify_checkpoint
 from hnce.cluster.stores.files import STAGING_PREFIX
@@ -173,8 +173,8 @@ def recipe(inputs: Path) -> Callable[[Path], list[str]]:
     settings = [
         f"data.root={inputs / 'data'}",
         f"model.path={inputs / 'model'}",
-        *REFRESHED,
-        "negatives.sampler=random",
+        "negatives.source=index",  # the refresh mines, the sampler stays random
+        "refresh.enabled=true",
         "training.zero_stage=1",  # resumed from DeepSpeed's partitioned optimizer state
         "training.steps=24",
         "training.checkpoint_every=4",
