@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import faiss
 import pytest
 import torch
 from transformers import BertConfig, BertModel, BertTokenizerFast
@@ -25,10 +26,11 @@ from transformers import BertConfig, BertModel, BertTokenizerFast
 # Ray instance starts, so every instance and its workers inherit it.
 os.environ.setdefault("RAY_raylet_start_wait_time_s", "600")
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    # Two test processes share the cores: one torch thread each, or their thread pools fight
-    # (beside two busy processes, an in-process DeepSpeed test took 10.9 s with torch's two
-    # threads, 1.9 s with one).
+    # Two test processes share the cores: one torch thread and one FAISS (OpenMP) thread each,
+    # or their thread pools fight (beside two busy processes, an in-process DeepSpeed test took
+    # 10.9 s with torch's two threads, 1.9 s with one).
     torch.set_num_threads(1)
+    faiss.omp_set_num_threads(1)
 #: the torch threads every test starts with (restored after each: ``torch_cpu_state_as_found``)
 _TORCH_THREADS = torch.get_num_threads()
 

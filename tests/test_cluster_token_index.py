@@ -10,6 +10,7 @@ built for."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from pathlib import Path
 
@@ -71,11 +72,24 @@ def token_queries(vectors: np.ndarray, ids: np.ndarray, count: int, seed: int = 
     return queries
 
 
+_QUANTISERS: dict[tuple[str, str], faiss.Index] = {}
+
+
+def quantiser(vectors: np.ndarray, spec: IndexSpec) -> faiss.Index:
+    """``train_index(vectors, spec)``, trained once per catalogue and spec in this module:
+    training IVF-PQ is most of its time, and every build clones the quantiser (as the encoder
+    actors' builds clone their version's), so the tests share it unchanged."""
+    key = (hashlib.sha256(np.ascontiguousarray(vectors).tobytes()).hexdigest(), repr(spec))
+    if key not in _QUANTISERS:
+        _QUANTISERS[key] = train_index(vectors, spec)
+    return _QUANTISERS[key]
+
+
 def compressed_shards(vectors: np.ndarray, ids: np.ndarray, parts: int) -> list[IndexShard]:
     """`parts` compressed shards over contiguous entity ranges, as the encoder actors build
     them (on one quantiser trained on the whole catalogue's tokens, an IVF-PQ index and its
     standalone codes, made from the same vectors)."""
-    trained = train_index(vectors, SPEC)
+    trained = quantiser(vectors, SPEC)
     shards = []
     for entities in np.array_split(np.arange(ids.max() + 1), parts):
         rows = np.flatnonzero((ids >= entities[0]) & (ids <= entities[-1]))
@@ -89,7 +103,7 @@ def copied_shards(vectors: np.ndarray, ids: np.ndarray, parts: int) -> list[Inde
     """:func:`compressed_shards` built as the encoder actors build them with
     ``index.token_copy``: IVF-PQ lists, and a float16 copy of the tokens instead of codes."""
     spec = dataclasses.replace(SPEC, token_copy=True)
-    trained = train_index(vectors, spec)
+    trained = quantiser(vectors, SPEC)  # the copy changes what a shard keeps, not the training
     shards = []
     for entities in np.array_split(np.arange(ids.max() + 1), parts):
         rows = np.flatnonzero((ids >= entities[0]) & (ids <= entities[-1]))
@@ -416,11 +430,14 @@ def test_compressed_multi_m_rescores_its_candidates_from_the_vector_copy() -> No
     k = 20
     exact = np.argsort(-max_over_vectors(queries, vectors, ids), axis=1)[:, :k]
 
-    def searched_recall(copy: bool) -> float:
-        searcher = ShardedSearcher(multi_shards(vectors, ids, 2, copy), M, candidate_depth=256)
+    copied = multi_shards(vectors, ids, 2, copy=True)
+    uncopied = [dataclasses.replace(shard, vectors=None) for shard in copied]  # same lists
+
+    def searched_recall(shards: list[IndexShard]) -> float:
+        searcher = ShardedSearcher(shards, M, candidate_depth=256)
         return recall(searcher.search(queries, k)[0], exact)
 
-    ranked, rescored = searched_recall(copy=False), searched_recall(copy=True)
+    ranked, rescored = searched_recall(uncopied), searched_recall(copied)
     assert rescored >= 0.9, (ranked, rescored)
     assert ranked < 0.8, ranked  # the rescoring, not the candidates alone, reaches the floor
 
@@ -495,6 +512,7 @@ def test_shards_on_one_quantiser_share_one_coarse_search(catalogue, restricted: 
             assert np.isin(found[found >= 0], allowed).all()
 
     own = []
+    vectors, ids = vectors[ids < 300], ids[ids < 300]  # enough for a quantiser of their own
     for part in np.array_split(np.arange(ids.max() + 1), 2):
         rows = np.flatnonzero((ids >= part[0]) & (ids <= part[-1]))
         index = build_shard_index(vectors[rows], SPEC, seed=int(part[0]))
