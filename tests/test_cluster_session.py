@@ -45,9 +45,10 @@ def test_importing_the_trainer_and_the_samplers_does_not_import_bm25s() -> None:
     assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
-# Holds the first dashboard agent of the process's local instance stopped for 20 s (its raylet
-# gives it 15 s to write its port files, then aborts in NodeManager::WaitForDashboardAgentPorts,
-# as it did on a loaded 2-core machine), then calls init_ray and reports what it saw.
+# Holds the first dashboard agent of the process's local instance stopped until the raylet that
+# started it has died (a raylet gives its agent 15 s to write its port files, then aborts in
+# NodeManager::WaitForDashboardAgentPorts, as it did on a loaded 2-core machine), then lets it go
+# on, as a slow agent would; calls init_ray and reports what it saw.
 _SLOW_FIRST_AGENT = """
 import contextlib, json, logging, os, signal, threading, time
 from pathlib import Path
@@ -60,13 +61,20 @@ def hold_the_first_agent():
         for child in psutil.Process().children(recursive=True):
             try:
                 if child.name() != "raylet" and any(a.endswith("dashboard/agent.py") for a in child.cmdline()):
+                    raylet = child.parent()
                     child.send_signal(signal.SIGSTOP)
-                    time.sleep(45)
-                    child.send_signal(signal.SIGCONT)
-                    return
+                    break
             except psutil.Error:
                 pass
-        time.sleep(0.005)
+        else:
+            time.sleep(0.005)
+            continue
+        with contextlib.suppress(psutil.NoSuchProcess):  # gone: dead and reaped
+            while raylet.status() != psutil.STATUS_ZOMBIE:
+                time.sleep(0.1)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.send_signal(signal.SIGCONT)
+        return
 
 if "HNCE_RAY_START_ATTEMPT" not in os.environ:  # not after a start over
     threading.Thread(target=hold_the_first_agent, daemon=True).start()
@@ -130,13 +138,13 @@ def test_a_raylet_that_dies_starting_is_reported_and_the_instance_started_again(
 
 
 # A ray.init that never returns after its raylet died (a copy of sleep named raylet, gone at
-# once): the watcher starts the command over, and the second start is a real one.
+# once): the watcher starts the command over, and the second start is a real one (a plain
+# ray.init under start_local_instance, as init_ray makes it, without importing torch for it).
 _STUCK_START = """
 import json, logging, os, shutil, subprocess, sys, tempfile, time
 from pathlib import Path
 import ray
 from hnce.cluster.compute import local_instance
-from hnce.cluster.compute.session import ClusterSettings, init_ray
 
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
 local_instance.STUCK_SECONDS = 1.0
@@ -147,7 +155,9 @@ if "HNCE_RAY_START_ATTEMPT" not in os.environ or sys.argv[1:] == ["always"]:
         subprocess.Popen([str(raylet), "0.2"])
         time.sleep(600)
     local_instance.start_local_instance(stuck)
-init_ray(ClusterSettings(num_cpus=1))
+local_instance.start_local_instance(
+    lambda: ray.init(address="local", num_cpus=1, include_dashboard=False)
+)
 print(json.dumps({"pid": os.getpid(), "cpus": ray.cluster_resources().get("CPU")}))
 ray.shutdown()
 """
