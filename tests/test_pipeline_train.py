@@ -1,13 +1,15 @@
 """End to end on a local Ray instance: DeepSpeed workers under Ray Train on refreshed negatives.
 
-A seeded synthetic Zeshel-like dataset and a tiny random BERT whose WordPiece vocabulary holds the
-generator's syllables (fast steps); the recall test reads the session's shared trained run.
+The session's small synthetic Zeshel-like dataset and tiny random BERT whose WordPiece vocabulary
+holds the generator's syllables (fast steps); the recall, killed-worker and killed-launch tests
+start from the session's shared trained run.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import signal
 import threading
 import time
@@ -23,7 +25,6 @@ from training_helpers import (
     TrainedRun,
     exact_scores,
     synthetic_config,
-    write_syllable_bert,
 )
 
 from hnce.cluster.compute.actors import StopRequested
@@ -44,7 +45,6 @@ from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.events import RunEvent
 from hnce.pipeline.config import Config, config_from_dict, load_config
-from hnce.pipeline.data.synthetic import generate_synthetic_dataset
 from hnce.pipeline.evaluate import evaluate_checkpoint, evaluate_export
 from hnce.pipeline.event_log import read_events
 from hnce.pipeline.train.trainer import run_training
@@ -55,19 +55,6 @@ pytestmark = pytest.mark.slow
 # (actor start, encode, index, mine) to publish twice while training goes on.
 #: long enough for two asynchronous refreshes to land and be used (each takes ~20-60 steps)
 STEPS = 240
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("synthetic")
-    generate_synthetic_dataset(root, num_worlds=3, entities_per_world=50, mentions_per_entity=4)
-    return root
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 2-layer, 32-wide BERT with a syllable WordPiece vocabulary, saved like a HF model."""
-    return write_syllable_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
 def recall(config: Config, export_dir: Path | None, split: str) -> dict[int, float]:
@@ -82,7 +69,7 @@ def recall(config: Config, export_dir: Path | None, split: str) -> dict[int, flo
 
 
 def test_training_switches_to_refreshed_negatives_without_waiting(
-    tmp_path: Path, dataset: Path, tiny_model_dir: Path, ray_session: str
+    tmp_path: Path, small_dataset: Path, syllable_bert: Path, ray_session: str
 ) -> None:
     """``refresh.mode: async``: training never waits for the coordinator, uses each refresh it
     sees land (the switch comes steps after its checkpoint), and the coordinator goes straight on
@@ -92,8 +79,8 @@ def test_training_switches_to_refreshed_negatives_without_waiting(
     run_dir = tmp_path / "run"
     config = synthetic_config(
         run_dir,
-        dataset,
-        tiny_model_dir,
+        small_dataset,
+        syllable_bert,
         *REFRESHED,
         *TWO_WORKERS,
         f"training.steps={STEPS}",
@@ -146,7 +133,7 @@ def test_training_switches_to_refreshed_negatives_without_waiting(
 
 
 def test_stale_negatives_ask_for_the_only_refreshes_the_coordinator_runs(
-    tmp_path: Path, dataset: Path, tiny_model_dir: Path, ray_session: str
+    tmp_path: Path, small_dataset: Path, syllable_bert: Path, ray_session: str
 ) -> None:
     """``refresh.trigger: stale``: the checkpoints published because the loss on the current
     negatives fell to ``stale_loss_ratio`` of its first window ask for a refresh, the others
@@ -160,8 +147,8 @@ def test_stale_negatives_ask_for_the_only_refreshes_the_coordinator_runs(
     ratio, steps = 0.9, 300
     config = synthetic_config(
         run_dir,
-        dataset,
-        tiny_model_dir,
+        small_dataset,
+        syllable_bert,
         *REFRESHED,
         f"training.steps={steps}",
         "training.checkpoint_every=50",
@@ -214,40 +201,6 @@ def brute_force_recall(config: Config, export_dir: Path) -> dict[int, float]:
     return {k: float(hits[:, j].mean()) for j, k in enumerate(config.eval.ks)}
 
 
-def test_poly_trains_on_exactly_mined_hard_negatives_and_evaluates_exactly(
-    tmp_path: Path, dataset: Path, tiny_model_dir: Path, ray_session: str
-) -> None:
-    """poly-16 with hard negatives from the index: the refresh stores each entity's reduced
-    vector, mines by exact scoring in the shard holders, and the trainer switches to its
-    negatives (a synchronous refresh, so the switch lands at a known step); ``hnce eval`` of the
-    checkpoint equals brute-force recall over every entity."""
-    run_dir = tmp_path / "poly"
-    config = synthetic_config(
-        run_dir,
-        dataset,
-        tiny_model_dir,
-        "model.scorer={name: poly, m: 16}",
-        *REFRESHED,
-        "negatives.sampler=hard",
-        "training.steps=16",
-        "training.checkpoint_every=100",
-        "refresh.mode=sync",
-        "refresh.sync_every=8",
-        "refresh.poll_seconds=0.2",
-    )
-    run_training(config)
-    switches = read_events(run_dir, RunEvent.NEGATIVES)
-    assert [(s["step"], s["lag"]) for s in switches] == [(8, 0)], switches
-    assert IndexStore(run_dir / "index").current().mining == "exact"
-    later = [e for e in read_events(run_dir, RunEvent.STEP) if e["step"] > 8]
-    assert later and all(e["negatives_version"] == switches[0]["version"] for e in later)
-
-    report = evaluate_checkpoint(config, "newest")
-    newest = newest_checkpoint(run_dir)
-    assert newest is not None and newest[0] == 16
-    assert report.recall == brute_force_recall(config, newest[1] / EXPORT_DIR)
-
-
 def test_recall_rises_over_the_untrained_model(tmp_path: Path, trained_run: TrainedRun) -> None:
     """The session's trained run (30 DeepSpeed steps of the tiny BERT on random negatives,
     ``training_helpers.build_trained_run``) beats its untrained model at R@1 and R@8 on the
@@ -263,21 +216,17 @@ def test_recall_rises_over_the_untrained_model(tmp_path: Path, trained_run: Trai
 
 
 def test_killed_worker_resumes_and_repeats_the_uninterrupted_run(
-    tmp_path: Path, dataset: Path, tiny_model_dir: Path, ray_session: str
+    tmp_path: Path, trained_run: TrainedRun, ray_session: str
 ) -> None:
     """A worker killed mid-run: Ray Train restarts the group, which resumes from the newest
     checkpoint and then draws exactly the mentions, and computes exactly the losses, of a run
-    that was never interrupted."""
-    overrides = (
-        *TWO_WORKERS,  # a worker of the group is killed
-        "training.steps=60",
-        "training.checkpoint_every=20",
-        "training.max_failures=2",
-    )
-    whole = synthetic_config(tmp_path / "whole", dataset, tiny_model_dir, *overrides)
-    run_training(whole)
+    that was never interrupted: the session's trained run, whose recipe this run repeats with
+    a checkpoint every 2 steps (publishing a checkpoint changes no draw and no number)."""
     run_dir = tmp_path / "run"
-    config = synthetic_config(run_dir, dataset, tiny_model_dir, *overrides)
+    config = load_config(
+        trained_run.run / "config.yaml",
+        [f"run.dir={run_dir}", "training.checkpoint_every=2", "training.max_failures=2"],
+    )
     outcome: dict[str, object] = {}
 
     def train() -> None:
@@ -289,24 +238,25 @@ def test_killed_worker_resumes_and_repeats_the_uninterrupted_run(
     thread = threading.Thread(target=train)
     thread.start()
     deadline = time.time() + 300
-    while not (checkpoint_dir(run_dir, 20) / "COMPLETE").is_file():
+    while not (checkpoint_dir(run_dir, 2) / "COMPLETE").is_file():
         assert time.time() < deadline and thread.is_alive(), outcome
-        time.sleep(0.2)
-    victim = int((run_dir / "workers" / "rank-1.pid").read_text())
-    killed_at = max((e["step"] for e in read_events(run_dir, RunEvent.STEP)), default=0)
-    os.kill(victim, signal.SIGKILL)
+        time.sleep(0.05)
+    os.kill(int((run_dir / "workers" / "rank-0.pid").read_text()), signal.SIGKILL)
     thread.join(timeout=600)
 
     assert "error" not in outcome, outcome
     resumes = read_events(run_dir, RunEvent.RESUME)
     assert resumes, "the restarted worker group did not resume from a checkpoint"
-    resumed_at = resumes[0]["step"]
-    assert 20 <= resumed_at <= max(killed_at, 20) + 20 and resumed_at % 20 == 0
-    assert read_events(run_dir, RunEvent.END)[-1]["step"] == 60
-    assert (checkpoint_dir(run_dir, 60) / "COMPLETE").is_file()
-    after = [e for e in read_events(run_dir, RunEvent.STEP) if e["time"] > resumes[0]["time"]]
-    assert [e["step"] for e in after] == list(range(resumed_at + 1, 61))
-    uninterrupted = {e["step"]: e for e in read_events(whole.run_dir, RunEvent.STEP)}
+    resumed_at, restarted = resumes[0]["step"], resumes[0]["time"]
+    steps = read_events(run_dir, RunEvent.STEP)
+    killed_at = max(e["step"] for e in steps if e["time"] < restarted)
+    # the newest checkpoint complete at the kill: at most one was being written then
+    assert resumed_at % 2 == 0 and killed_at - 2 <= resumed_at <= killed_at, (resumed_at, killed_at)
+    assert read_events(run_dir, RunEvent.END)[-1]["step"] == TRAINED_RUN_STEPS
+    assert (checkpoint_dir(run_dir, TRAINED_RUN_STEPS) / "COMPLETE").is_file()
+    after = [e for e in steps if e["time"] > restarted]
+    assert [e["step"] for e in after] == list(range(resumed_at + 1, TRAINED_RUN_STEPS + 1))
+    uninterrupted = {e["step"]: e for e in read_events(trained_run.run, RunEvent.STEP)}
     for event in after:
         same = uninterrupted[event["step"]]
         assert event["mentions"] == same["mentions"], event["step"]
@@ -314,40 +264,50 @@ def test_killed_worker_resumes_and_repeats_the_uninterrupted_run(
 
 
 def test_a_launch_killed_while_ray_train_wrote_its_snapshot_resumes_from_the_newest_checkpoint(
-    tmp_path: Path, dataset: Path, tiny_model_dir: Path, ray_session: str
+    tmp_path: Path, trained_run: TrainedRun, ray_session: str
 ) -> None:
     """Ray Train writes its checkpoint manager's snapshot in place; a launch killed mid-write
     leaves it empty (as CI once saw), and Ray Train refuses to start from it. The next launch of
-    the same command discards that state and resumes from the newest complete checkpoint."""
-    overrides = ("training.checkpoint_every=2",)
-    run_dir = tmp_path / "run"
-    run_training(synthetic_config(run_dir, dataset, tiny_model_dir, "training.steps=4", *overrides))
+    the same command discards that state and resumes from the newest complete checkpoint. The
+    launch that left it is a copy of the session's trained run, under the same directory name
+    (Ray Train's state is kept under the run directory's name)."""
+    run_dir = tmp_path / trained_run.run.name
+    shutil.copytree(trained_run.run, run_dir)
     snapshots = list((run_dir / "ray").rglob("checkpoint_manager_snapshot.json"))
     assert len(snapshots) == 1, snapshots
     snapshots[0].write_bytes(b"")
 
-    config = synthetic_config(run_dir, dataset, tiny_model_dir, "training.steps=6", *overrides)
+    longer = TRAINED_RUN_STEPS + 2
+    config = load_config(
+        run_dir / "config.yaml", [f"run.dir={run_dir}", f"training.steps={longer}"]
+    )
     summary = run_training(config)
 
-    assert summary.resumed_from == [4]
-    assert summary.steps == 6
-    assert (checkpoint_dir(run_dir, 6) / "COMPLETE").is_file()
+    assert summary.resumed_from == [TRAINED_RUN_STEPS]
+    assert summary.steps == longer
+    assert (checkpoint_dir(run_dir, longer) / "COMPLETE").is_file()
 
 
-def test_sync_refreshes_hold_training_until_their_negatives_are_live(
-    tmp_path: Path, dataset: Path, tiny_model_dir: Path, ray_session: str
+def test_sync_refreshes_hold_training_until_their_exactly_mined_negatives_are_live(
+    tmp_path: Path, small_dataset: Path, syllable_bert: Path, ray_session: str
 ) -> None:
     """``refresh.mode: sync`` with ``negatives.initial: model``: negatives version 0 comes from
     the starting model, prepared while the workers start, before step 0, and at every ``sync_every`` steps training waits for the
     negatives of that very checkpoint (lag 0), as the paper's own code does. The checkpoints in
     between (every ``checkpoint_every``) are kept for resuming and never refreshed, so every
-    refresh runs while the trainer waits and can take its cores."""
+    refresh runs while the trainer waits and can take its cores.
+
+    poly-16 with hard negatives from the index: every version stores each entity's reduced
+    vector and mines by exact scoring in the shard holders, and ``hnce eval`` of the newest
+    checkpoint equals brute-force recall over every entity."""
     run_dir = tmp_path / "run"
     config = synthetic_config(
         run_dir,
-        dataset,
-        tiny_model_dir,
+        small_dataset,
+        syllable_bert,
+        "model.scorer={name: poly, m: 16}",
         *REFRESHED,
+        "negatives.sampler=hard",
         "training.steps=24",
         "training.checkpoint_every=4",
         "training.keep_checkpoints=10",
@@ -376,12 +336,19 @@ def test_sync_refreshes_hold_training_until_their_negatives_are_live(
     assert refreshed <= {8, 16, 24}, refreshed
     steps = read_events(run_dir, RunEvent.STEP)
     assert all(e["negatives_version"] == (e["step"] - 1) // 8 for e in steps), steps
+    indexes = IndexStore(run_dir / "index")
+    assert {indexes.open(number).mining for number in indexes.versions()} == {"exact"}
+
+    report = evaluate_checkpoint(config, "newest")
+    newest = newest_checkpoint(run_dir)
+    assert newest is not None and newest[0] == 24
+    assert report.recall == brute_force_recall(config, newest[1] / EXPORT_DIR)
 
 
 def test_version_zero_takes_over_the_index_an_evaluation_built_for_the_untrained_model(
     tmp_path: Path,
-    dataset: Path,
-    tiny_model_dir: Path,
+    small_dataset: Path,
+    syllable_bert: Path,
     ray_session: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -390,7 +357,7 @@ def test_version_zero_takes_over_the_index_an_evaluation_built_for_the_untrained
     files linked (nothing encoded again), and version 0's negatives are mined from it."""
     run_dir = tmp_path / "run"
     config = synthetic_config(
-        run_dir, dataset, tiny_model_dir, *REFRESHED, "negatives.initial=model"
+        run_dir, small_dataset, syllable_bert, *REFRESHED, "negatives.initial=model"
     )
     untrained = evaluate_checkpoint(config, "untrained")
     evaluations = IndexStore(run_dir / "eval-index")
@@ -413,8 +380,8 @@ def test_version_zero_takes_over_the_index_an_evaluation_built_for_the_untrained
 @pytest.mark.timeout(240)  # workers that ignored the failure would wait for version 0 forever
 def test_a_failing_version_zero_stops_the_waiting_workers_and_reaches_the_driver(
     tmp_path: Path,
-    dataset: Path,
-    tiny_model_dir: Path,
+    small_dataset: Path,
+    syllable_bert: Path,
     ray_session: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -431,8 +398,8 @@ def test_a_failing_version_zero_stops_the_waiting_workers_and_reaches_the_driver
     run_dir = tmp_path / "run"
     config = synthetic_config(
         run_dir,
-        dataset,
-        tiny_model_dir,
+        small_dataset,
+        syllable_bert,
         *REFRESHED,
         "training.steps=8",
         "training.max_failures=1",
@@ -451,8 +418,8 @@ def test_a_failing_version_zero_stops_the_waiting_workers_and_reaches_the_driver
 @pytest.mark.timeout(240)
 def test_a_failing_trainer_abandons_version_zero_before_its_error_is_raised(
     tmp_path: Path,
-    dataset: Path,
-    tiny_model_dir: Path,
+    small_dataset: Path,
+    syllable_bert: Path,
     ray_session: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -482,8 +449,8 @@ def test_a_failing_trainer_abandons_version_zero_before_its_error_is_raised(
     run_dir = tmp_path / "run"
     config = synthetic_config(
         run_dir,
-        dataset,
-        tiny_model_dir,
+        small_dataset,
+        syllable_bert,
         *REFRESHED,
         "negatives.initial=model",
         "refresh.enabled=false",
