@@ -1,10 +1,11 @@
 """Shared negatives (``negatives.share``): in-batch masks that never make a known positive a
 negative, the loss over the enlarged candidate set (eq. 5/11), cross-worker negatives
 (``global``) in a real two-process gloo group compared with a single-process computation, and
-(slow) every share mode trained by DeepSpeed under Ray Train with two workers."""
+(slow) both share modes trained by two workers' DeepSpeed loops in such a group."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -19,12 +20,13 @@ from hnce.encoders.biencoder import BiEncoder, build_biencoder
 from hnce.events import RunEvent
 from hnce.mining.losses import NCELoss, build_loss
 from hnce.mining.samplers import SampledNegatives
-from hnce.pipeline.config import ConfigError
+from hnce.pipeline.config import Config, ConfigError, config_from_dict
 from hnce.pipeline.event_log import read_events
 from hnce.pipeline.train.batch import ContrastiveBatch, ShareMode, assemble_batch
 from hnce.pipeline.train.distributed import Collectives
 from hnce.pipeline.train.step import ContrastiveScoring, contrastive_loss
-from hnce.pipeline.train.trainer import run_training
+from hnce.pipeline.train.task import TrainingTask
+from hnce.pipeline.train.worker import WorkerRun
 
 
 class NoTokens:
@@ -238,20 +240,32 @@ def test_global_share_scores_the_other_workers_candidates_with_local_gradients(
 
 
 # --------------------------------------------------------------------------------------------
-# End to end: DeepSpeed under Ray Train, two workers
+# Trained: two workers' DeepSpeed loops in a two-process gloo group
+
+
+def _train_rank(rank: int, configs: list[dict], rendezvous: Path) -> None:
+    """Rank ``rank`` of two, as Ray Train starts a worker (its environment and gloo group):
+    the worker's loop of each config in turn, in one group."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2)
+    for tree in configs:
+        config = config_from_dict(tree)
+        task = TrainingTask.retriever(config)
+        WorkerRun.build(config, task, torch.device("cpu"), 2, lambda *_: None).train()
+    dist.destroy_process_group()
 
 
 @pytest.mark.slow
-def test_shared_negatives_train_end_to_end_and_widen_the_first_steps_normaliser(
-    tmp_path: Path, small_dataset: Path, syllable_bert: Path, ray_session: str
+def test_shared_negatives_train_two_workers_and_widen_the_first_steps_normaliser(
+    tmp_path: Path, small_dataset: Path, syllable_bert: Path
 ) -> None:
-    """``batch`` and ``global`` from the recipe, 2 workers, 3 steps each: the first step sees
-    the same scores in both (same seeds, same candidates encoded), so its loss grows with the
-    other worker's candidates added to the normaliser. (That ``batch`` widens ``none``'s
-    normaliser is checked without Ray above, which saves a third training run here.)"""
-    first_loss = {}
-    for share in ("batch", "global"):
-        config = synthetic_config(
+    """``batch`` and ``global`` from the recipe, 2 workers (ZeRO-1) of the worker's loop as Ray
+    Train runs it, 3 steps each: the first step sees the same scores in both (same seeds, same
+    candidates encoded), so its loss grows with the other worker's candidates added to the
+    normaliser. (That ``batch`` widens ``none``'s normaliser is checked without workers above,
+    which saves a third training run here.)"""
+    configs: dict[str, Config] = {
+        share: synthetic_config(
             tmp_path / share,
             small_dataset,
             syllable_bert,
@@ -262,9 +276,14 @@ def test_shared_negatives_train_end_to_end_and_widen_the_first_steps_normaliser(
             "training.batch_size=4",
             "training.checkpoint_every=3",
         )
-        summary = run_training(config)
-        assert summary.steps == 3
+        for share in ("batch", "global")
+    }
+    trees = [config.to_dict() for config in configs.values()]
+    mp.spawn(_train_rank, args=(trees, tmp_path / "rendezvous"), nprocs=2, join=True)
+    first_loss = {}
+    for share, config in configs.items():
         steps = read_events(config.run_dir, RunEvent.STEP)
         assert [e["step"] for e in steps] == [1, 2, 3]
+        assert [e["step"] for e in read_events(config.run_dir, RunEvent.END)] == [3]
         first_loss[share] = steps[0]["loss"]
     assert first_loss["batch"] < first_loss["global"], first_loss
