@@ -1,23 +1,33 @@
-"""Every sampler of the negative family trains end to end from a recipe: DeepSpeed under Ray Train,
-one worker, a few steps of the tiny syllable BERT on the small synthetic dataset (one Ray instance
-for the module). OHEM and ACE start from BM25 negatives version 0 (``negatives.initial:
-lexical``), so they rank real candidates from the first step without waiting for a refresh."""
+"""Every sampler of the negative family trains from a recipe on the small synthetic dataset: a
+few steps of the tiny syllable BERT, one worker, on negatives version 0 as the driver prepares it.
+One sampler trains end to end, DeepSpeed under Ray Train (``hnce train``'s path, which is the same
+for every sampler); the others run the worker's loop in a one-rank process group of this process,
+which is where a sampler differs. OHEM and ACE start from negatives version 0 (BM25's, or the
+starting model's index), so they rank real candidates from the first step without waiting for a
+refresh."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import torch
 from training_helpers import synthetic_config
 
 from hnce.cluster.stores.checkpoints import newest_checkpoint
 from hnce.cluster.stores.index_store import IndexStore
 from hnce.cluster.stores.negatives_store import NegativesStore
 from hnce.events import RunEvent
+from hnce.pipeline.config import Config
 from hnce.pipeline.event_log import read_events
-from hnce.pipeline.train.trainer import TrainingSummary, run_training
+from hnce.pipeline.preflight import check_training_inputs
+from hnce.pipeline.train.one_process import single_process_group
+from hnce.pipeline.train.task import TrainingTask
+from hnce.pipeline.train.trainer import TrainingSummary, run_training, summarise_run
+from hnce.pipeline.train.version_zero import prepare_initial_negatives
+from hnce.pipeline.train.worker import WorkerRun
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow  # DeepSpeed, and Ray for version 0 and `hnce train`
 STEPS = 6
 SHORT_RUN = (
     f"training.steps={STEPS}",
@@ -28,40 +38,36 @@ SHORT_RUN = (
     "negatives.num_negatives=4",
     "refresh.enabled=false",
 )
+#: negatives version 0 mined once before training and, with no refresh, used to the end
+ONLINE = ("negatives.source=index", "negatives.ohem.pool_size=8")
 
 
-def train(run_dir: Path, dataset: Path, model_dir: Path, *overrides: str) -> TrainingSummary:
-    config = synthetic_config(run_dir, dataset, model_dir, *SHORT_RUN, *overrides)
-    summary = run_training(config)
+def short_run(run_dir: Path, dataset: Path, model_dir: Path, *overrides: str) -> Config:
+    return synthetic_config(run_dir, dataset, model_dir, *SHORT_RUN, *overrides)
+
+
+def train_in_this_process(config: Config) -> TrainingSummary:
+    """What ``hnce train`` runs, without Ray Train: the driver's checks and negatives version 0
+    (``negatives.initial``), then the worker's loop in a one-rank gloo group of this process."""
+    check_training_inputs(config)
+    task = TrainingTask.retriever(config)
+    prepare_initial_negatives(config, task.initial_negatives(config))
+    with single_process_group():
+        WorkerRun.build(config, task, torch.device("cpu"), 1, lambda *_: None).train()
+    return summarise_run(config.run_dir, 0.0)
+
+
+def assert_trained_to_the_end(summary: TrainingSummary) -> None:
+    run_dir = summary.run_dir
     assert summary.steps == STEPS
     assert [e["step"] for e in read_events(run_dir, RunEvent.STEP)] == list(range(1, STEPS + 1))
     newest = newest_checkpoint(run_dir)
     assert newest is not None and newest[0] == STEPS
-    return summary
 
 
-@pytest.mark.parametrize(("sampler", "initial"), [("ohem", "lexical"), ("adversarial", "model")])
-def test_online_samplers_train_on_negatives_mined_once_before_training(
-    tmp_path: Path,
-    small_dataset: Path,
-    syllable_bert: Path,
-    ray_session: str,
-    sampler: str,
-    initial: str,
-) -> None:
-    """Negatives version 0 (BM25, or the starting model's own index) mined before the first
-    step and, with no refresh, used to the end: the sentence-transformers way, and DPR's."""
-    run_dir = tmp_path / "run"
-    summary = train(
-        run_dir,
-        small_dataset,
-        syllable_bert,
-        f"negatives.sampler={sampler}",
-        "negatives.source=index",
-        f"negatives.initial={initial}",
-        "negatives.ohem.pool_size=8",
-    )
-    assert summary.refreshes == 0
+def assert_trained_on_version_zero(run_dir: Path, initial: str) -> None:
+    """Version 0 (BM25's, or the starting model's own index) was the only negatives version: the
+    sentence-transformers way, and DPR's."""
     switches = read_events(run_dir, RunEvent.NEGATIVES)
     assert [(s["step"], s["version"], s["checkpoint_step"]) for s in switches] == [(0, 0, 0)]
     assert all(e["negatives_version"] == 0 for e in read_events(run_dir, RunEvent.STEP))
@@ -70,25 +76,58 @@ def test_online_samplers_train_on_negatives_mined_once_before_training(
     assert (IndexStore(index).versions() == [0]) if initial == "model" else not index.exists()
 
 
-def test_lexical_trains_without_an_index(
+def test_ohem_trains_end_to_end_on_bm25_version_zero_prepared_beside_the_workers(
     tmp_path: Path, small_dataset: Path, syllable_bert: Path, ray_session: str
 ) -> None:
+    """``hnce train`` of OHEM from BM25 negatives version 0, prepared by the driver while Ray
+    Train starts the worker, which trains on it to the end with no refresh."""
     run_dir = tmp_path / "run"
-    train(
+    config = short_run(
         run_dir,
         small_dataset,
         syllable_bert,
-        "negatives.sampler=lexical",
-        "negatives.source=none",
+        "negatives.sampler=ohem",
+        *ONLINE,
+        "negatives.initial=lexical",
     )
+    summary = run_training(config)
+    assert_trained_to_the_end(summary)
+    assert summary.refreshes == 0
+    assert_trained_on_version_zero(run_dir, "lexical")
+
+
+def test_adversarial_trains_on_the_starting_models_index_version_zero(
+    tmp_path: Path, small_dataset: Path, syllable_bert: Path, ray_session: str
+) -> None:
+    run_dir = tmp_path / "run"
+    config = short_run(
+        run_dir,
+        small_dataset,
+        syllable_bert,
+        "negatives.sampler=adversarial",
+        *ONLINE,
+        "negatives.initial=model",
+    )
+    assert_trained_to_the_end(train_in_this_process(config))
+    assert_trained_on_version_zero(run_dir, "model")
+
+
+def test_lexical_trains_without_an_index(
+    tmp_path: Path, small_dataset: Path, syllable_bert: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    config = short_run(
+        run_dir, small_dataset, syllable_bert, "negatives.sampler=lexical", "negatives.source=none"
+    )
+    assert_trained_to_the_end(train_in_this_process(config))
     assert not (run_dir / "negatives").exists() and not (run_dir / "index").exists()
 
 
 def test_momentum_queue_trains_and_states_its_memory(
-    tmp_path: Path, small_dataset: Path, syllable_bert: Path, ray_session: str
+    tmp_path: Path, small_dataset: Path, syllable_bert: Path
 ) -> None:
     run_dir = tmp_path / "run"
-    train(
+    config = short_run(
         run_dir,
         small_dataset,
         syllable_bert,
@@ -97,6 +136,7 @@ def test_momentum_queue_trains_and_states_its_memory(
         "negatives.momentum_queue.size=32",
         "negatives.momentum_queue.momentum=0.9",
     )
+    assert_trained_to_the_end(train_in_this_process(config))
     (queue,) = read_events(run_dir, RunEvent.LOSS_COLUMNS)
     assert queue["sampler"] == "momentum-queue"
     assert queue["bytes"] == 32 * 32 * 4  # 32 vectors of the tiny BERT's d = 32
