@@ -28,7 +28,7 @@ from training_helpers import write_letter_export
 
 from hnce.cluster.compute.coordinator import COORDINATOR_ROLE
 from hnce.cluster.compute.refresh import RefreshPlan, RefreshSettings, run_refresh
-from hnce.cluster.compute.refresh_job import EXIT_OK, JOB_ROLE, attempt_refresh
+from hnce.cluster.compute.refresh_job import EXIT_OK, JOB_ROLE, attempt_refresh, refresh_once
 from hnce.cluster.stores.checkpoints import checkpoint_dir, newest_checkpoint
 from hnce.cluster.stores.index_store import PROGRESS_FILE, IndexStore
 from hnce.cluster.stores.lock_holder import EXIT_LOCKED, LockHolder, read_holder
@@ -152,9 +152,14 @@ def _cli_refresh(run_dir: Path, data: Path, address: str) -> list[str]:
     ]
 
 
-def test_cli_refresh_and_training_coordinator_never_overlap(
+def test_cli_refresh_and_training_coordinator_never_overlap_and_the_coordinator_follows_on(
     ray_session: str, assets: dict[str, Path], tmp_path: Path
 ) -> None:
+    """``hnce refresh`` holds the lock while the coordinator starts: the coordinator waits for
+    it. The coordinator holds it (refreshing checkpoint 2) while a job starts: the job is
+    refused, naming the holder. The coordinator then follows the next checkpoint on its own;
+    every refresh is logged with its checkpoint and index version, one at a time, and readers
+    only ever see published versions."""
     run_dir, data = tmp_path / "run", assets["data"]
     write_checkpoint(run_dir, 1, assets["dual"])
     reader = PublishedReader(run_dir)
@@ -170,51 +175,40 @@ def test_cli_refresh_and_training_coordinator_never_overlap(
     output, _ = cli.communicate(timeout=240)
     assert cli.returncode == EXIT_OK
     assert json.loads(output.splitlines()[-1])["outcome"] == "published"
-    # 2. The coordinator holds the lock (refreshing a new checkpoint) while a CLI starts.
+    # 2. The coordinator holds the lock (refreshing a new checkpoint) while a job starts: the
+    # job `hnce refresh` runs (refresh_once, here in this process) is refused.
     write_checkpoint(run_dir, 2, assets["dual"])
+    lines: list[str] = []
     with frozen_holder(run_dir, COORDINATOR_ROLE) as holder:
-        refused = subprocess.run(
-            command, cwd=REPO, env=environment, capture_output=True, text=True, timeout=120
-        )
-    assert refused.returncode == EXIT_LOCKED, refused.stderr
-    message = json.loads(refused.stdout.splitlines()[-1])["message"]
+        refused = refresh_once(_plan(run_dir, data), report=lines.append)
+    assert refused == EXIT_LOCKED
+    message = json.loads(lines[-1])["message"]
     assert f"{COORDINATOR_ROLE} (pid {holder.pid}" in message and "step-2" in message
-    _wait_for(lambda: NegativesStore(run_dir / "negatives").current_version() == 2)
+    negatives = NegativesStore(run_dir / "negatives")
+    _wait_for(lambda: negatives.current_version() == 2)
+    # 3. The coordinator follows the next checkpoint.
+    write_checkpoint(run_dir, 3, assets["dual"])
+    _wait_for(lambda: negatives.current_version() == 3)
     status = stop_refresh(coordinator, watch)
     reader.done.set()
     reader.join()
 
-    assert status["refreshes"] == 1 and status["error"] is None
+    assert status["refreshes"] == 2 and status["error"] is None
     ran = [record for record in read_log(run_dir).records if record.outcome == "published"]
-    assert [(r.role, r.checkpoint) for r in ran] == [(JOB_ROLE, 1), (COORDINATOR_ROLE, 2)]
+    assert [(r.role, r.checkpoint, r.index_version) for r in ran] == [
+        (JOB_ROLE, 1, 1),
+        (COORDINATOR_ROLE, 2, 2),
+        (COORDINATOR_ROLE, 3, 3),
+    ]
     for earlier, later in itertools.pairwise(ran):
         assert later.started >= earlier.finished  # one refresh at a time
+    assert negatives.latest().checkpoint_step == 3
     assert reader.errors == [] and reader.reads > 0
     assert read_holder(run_dir) is None
 
 
 def _status(coordinator: object) -> dict:
     return ray.get(coordinator.status.remote(), timeout=60)
-
-
-def test_coordinator_follows_new_checkpoints_and_records_them(
-    ray_session: str, assets: dict[str, Path], tmp_path: Path
-) -> None:
-    run_dir = tmp_path / "run"
-    write_checkpoint(run_dir, 1, assets["dual"])
-    coordinator, watch = start_refresh(_plan(run_dir, assets["data"], shard_size=100))
-    negatives = NegativesStore(run_dir / "negatives")
-    _wait_for(lambda: negatives.current_version() == 1)
-    write_checkpoint(run_dir, 2, assets["dual"])
-    _wait_for(lambda: negatives.current_version() == 2)
-    status = stop_refresh(coordinator, watch)
-    assert status["refreshes"] == 2 and status["error"] is None
-    records = read_log(run_dir).records
-    assert [(r.outcome, r.checkpoint, r.index_version) for r in records] == [
-        ("published", 1, 1),
-        ("published", 2, 2),
-    ]
-    assert negatives.latest().checkpoint_step == 2
 
 
 def test_abandoned_refresh_publishes_nothing_and_the_next_resumes_it(
