@@ -9,6 +9,7 @@ import logging
 import os
 import time
 import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 
 import faiss
@@ -59,6 +60,23 @@ def assets(tmp_path_factory):
         "genpoly-4-2": write_letter_export(root / "genpoly-4-2", "genpoly-4-2"),
         "root": root,
     }
+
+
+@pytest.fixture(scope="module")
+def two_encoders(ray_session) -> Iterator[KeptPool]:
+    """Two encoder actors kept between this module's refreshes through two encoders and two shard
+    holders, reloaded with each one's model and token store, as the training run's coordinator
+    keeps its pool: each such refresh spares two actor starts. A test that needs the session's
+    CPUs free closes it (``no_kept_encoders``); the next refresh on it starts it again."""
+    kept = KeptPool()
+    yield kept
+    kept.close()
+
+
+@pytest.fixture
+def no_kept_encoders(two_encoders: KeptPool) -> None:
+    """No kept encoder actor holds any of the session's CPUs."""
+    two_encoders.close()
 
 
 def _config(run_dir: Path, data: Path, depth: int = 256, **overrides) -> RefreshPlan:
@@ -123,7 +141,9 @@ def test_refresh_publishes_exact_index_and_negatives(ray_session, assets) -> Non
     assert again.up_to_date and "nothing to do" in again.line()
 
 
-def test_mining_through_three_shard_holders_equals_exact_search(ray_session, assets) -> None:
+def test_mining_through_three_shard_holders_equals_exact_search(
+    ray_session, assets, no_kept_encoders
+) -> None:
     run_dir = assets["root"] / "holders"
     write_checkpoint(run_dir, 1, assets["dual"])
     summary = run_refresh(_config(run_dir, assets["data"], num_encoders=3))
@@ -305,22 +325,23 @@ def test_interrupted_refresh_resumes_finished_shards(ray_session, assets) -> Non
     assert resumed.shard_checksums == clean.shard_checksums
 
 
-def test_multi_vector_refresh_mines_the_scorers_top_n(ray_session, assets) -> None:
+def test_multi_vector_refresh_mines_the_scorers_top_n(ray_session, assets, two_encoders) -> None:
     run_dir = assets["root"] / "multi"
     write_checkpoint(run_dir, 1, assets["multi"])
-    run_refresh(_config(run_dir, assets["data"], num_encoders=2))
+    run_refresh(_config(run_dir, assets["data"], num_encoders=2), kept=two_encoders)
     version = IndexStore(run_dir / "index").current()
     assert version.vectors_per_entity == 3 and version.num_vectors == 3 * NUM_ENTITIES
     # Direct formula: s = max_t <x_1, y_t> over every entity, from the exported model.
     _assert_negatives_are_exact(run_dir, assets["multi"], assets["data"])
 
 
-def test_sum_of_max_refresh_mines_the_scorers_top_n(ray_session, assets) -> None:
+def test_sum_of_max_refresh_mines_the_scorers_top_n(ray_session, assets, two_encoders) -> None:
     """Sum-of-max through two shard holders: token-level candidates `index.candidate_depth` deep,
     rescored exactly within each shard, equal the scorer's own top-N (s = Σ_i max_j ⟨x_i, y_j⟩)."""
     run_dir = assets["root"] / "som"
     write_checkpoint(run_dir, 1, assets["som"])
-    run_refresh(_config(run_dir, assets["data"], depth=10_000, shard_size=16, num_encoders=2))
+    plan = _config(run_dir, assets["data"], depth=10_000, shard_size=16, num_encoders=2)
+    run_refresh(plan, kept=two_encoders)
     version = IndexStore(run_dir / "index").current()
     assert version.vectors_per_entity is None and version.num_vectors > NUM_ENTITIES
     _assert_negatives_are_exact(run_dir, assets["som"], assets["data"])
@@ -328,7 +349,7 @@ def test_sum_of_max_refresh_mines_the_scorers_top_n(ray_session, assets) -> None
 
 @pytest.mark.parametrize("token_copy", [False, True], ids=["codes", "token-copy"])
 def test_compressed_sum_of_max_refresh_rescores_from_the_token_codes_or_copy(
-    ray_session, assets, token_copy: bool
+    ray_session, assets, two_encoders, token_copy: bool
 ) -> None:
     """``index.kind: ivfpq`` for sum-of-max, through two encoder actors and two shard holders:
     both shards are built on the one quantiser the version trained on a sample of the whole
@@ -344,7 +365,7 @@ def test_compressed_sum_of_max_refresh_rescores_from_the_token_codes_or_copy(
     spec = IndexSpec(
         kind="ivfpq", nlist=8, pq_m=16, nprobe=8, token_copy=token_copy, faiss_device="cpu"
     )
-    run_refresh(dataclasses.replace(plan, index=spec))
+    run_refresh(dataclasses.replace(plan, index=spec), kept=two_encoders)
     version = IndexStore(run_dir / "index").current()
     shards = version.manifest.shards
     first, second = (_quantiser_arrays(version.path / shard.file) for shard in shards)
@@ -437,7 +458,9 @@ def test_an_ivfpq_build_trains_one_quantiser_that_every_shard_shares(
     assert not (report.version.path / QUANTISER_FILE).exists()
 
 
-def test_compressed_multi_vector_refresh_rescores_from_its_vector_copy(ray_session, assets) -> None:
+def test_compressed_multi_vector_refresh_rescores_from_its_vector_copy(
+    ray_session, assets, two_encoders
+) -> None:
     """A compressed multi-m index (``hnsw`` here: it needs no quantiser trained, which this small
     catalogue could not feed), through two encoder actors and two shard holders: each shard
     keeps a float16 copy of its vectors, the holders rescore every candidate from it, and the
@@ -446,7 +469,7 @@ def test_compressed_multi_vector_refresh_rescores_from_its_vector_copy(ray_sessi
     write_checkpoint(run_dir, 1, assets["multi"])
     plan = _config(run_dir, assets["data"], shard_size=24, num_encoders=2)
     plan = dataclasses.replace(plan, index=IndexSpec(kind="hnsw", hnsw_m=8, faiss_device="cpu"))
-    run_refresh(plan)
+    run_refresh(plan, kept=two_encoders)
     version = IndexStore(run_dir / "index").current()
     assert [shard.vectors for shard in version.manifest.shards] == [
         "shard-00000.vectors.npy",
@@ -462,7 +485,7 @@ def test_compressed_multi_vector_refresh_rescores_from_its_vector_copy(ray_sessi
 
 @pytest.mark.parametrize("scorer", ["poly-16", "genpoly-4-2"])
 def test_exact_refresh_and_evaluation_of_entity_dependent_scorers(
-    ray_session, assets, scorer: str
+    ray_session, assets, two_encoders, scorer: str
 ) -> None:
     """Poly and genpoly through two shard holders: the shards store each entity's reduced
     vectors, every held entity is scored exactly (in chunks) and the merged top-N equals scoring
@@ -470,7 +493,7 @@ def test_exact_refresh_and_evaluation_of_entity_dependent_scorers(
     run_dir = assets["root"] / scorer
     checkpoint = write_checkpoint(run_dir, 1, assets[scorer])
     plan = _config(run_dir, assets["data"], shard_size=16, num_encoders=2)
-    summary = run_refresh(plan)
+    summary = run_refresh(plan, kept=two_encoders)
     version = IndexStore(run_dir / "index").current()
     assert summary.num_holders == 2 and version.mining == "exact"
     assert version.num_vectors == NUM_ENTITIES * (1 if scorer == "poly-16" else 2)
@@ -487,6 +510,37 @@ def test_exact_refresh_and_evaluation_of_entity_dependent_scorers(
     np.testing.assert_allclose(
         retrieved.scores, -np.sort(-exact, axis=1)[:, :5], rtol=1e-4, atol=1e-4
     )
+
+
+def test_coordinator_never_holds_the_catalogues_vectors(
+    ray_session, assets, two_encoders, monkeypatch
+) -> None:
+    """The refresh runs with every way of loading or building a FAISS index disabled in this
+    process (the actors are other processes), and its Python heap peak does not grow with a
+    catalogue 20 times larger cut into as many shards (after a warm-up run). The refreshes run
+    on the module's kept pool, as the training run's coordinator runs them."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the coordinator loaded or built a FAISS index")
+
+    for name in ("read_index", "deserialize_index", "IndexFlatIP", "clone_index"):
+        monkeypatch.setattr(faiss, name, refuse)
+    # Hashing streams 4 MiB chunks, which would hide a shard of this size in the peak.
+    monkeypatch.setattr(sha256_file, "__defaults__", (1 << 14,))
+    peaks = []
+    for number, size in enumerate((100, 100, 2000)):
+        data = random_word_dataset(assets["root"] / f"data-{number}", num_entities=size)
+        run_dir = assets["root"] / f"memory-{number}"
+        write_checkpoint(run_dir, 1, assets["dual"])
+        ensure_token_store(data, IndexedModel.from_export(assets["dual"]))
+        tracemalloc.start()
+        plan = _config(run_dir, data, shard_size=size // 2, num_encoders=2)
+        run_refresh(plan, kept=two_encoders)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+        assert IndexStore(run_dir / "index").current().num_vectors == size
+    one_shard_of_vectors = 1000 * 32 * 4
+    assert peaks[2] - peaks[1] < one_shard_of_vectors / 4, peaks
 
 
 def test_more_encoders_than_the_cluster_can_place_fail_in_seconds(ray_session, assets) -> None:
@@ -511,7 +565,7 @@ def _wait_for_free_cpus(cpus: int, seconds: float = 30.0) -> None:
 
 
 def test_a_pool_with_no_trainer_beside_it_shares_the_free_cpus_and_a_refresh_pool_keeps_its_own(
-    ray_session, assets
+    ray_session, assets, no_kept_encoders
 ) -> None:
     """Version 0, evaluation and linking (``free_cpus``) split the CPUs Ray has free among the
     actors, each on as many torch threads as its node has cores, leaving those of a trainer that
@@ -565,34 +619,6 @@ def test_a_hung_task_is_reported_with_its_shard_and_actor(ray_session) -> None:
     clock.record(0.9)
     assert clock.timeout == pytest.approx(9.0)  # 10 x the slowest shard so far
     ray.kill(actor)
-
-
-def test_coordinator_never_holds_the_catalogues_vectors(ray_session, assets, monkeypatch) -> None:
-    """The refresh runs with every way of loading or building a FAISS index disabled in this
-    process (the actors are other processes), and its Python heap peak does not grow with a
-    catalogue 20 times larger cut into as many shards (after a warm-up run)."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the coordinator loaded or built a FAISS index")
-
-    for name in ("read_index", "deserialize_index", "IndexFlatIP", "clone_index"):
-        monkeypatch.setattr(faiss, name, refuse)
-    # Hashing streams 4 MiB chunks, which would hide a shard of this size in the peak.
-    monkeypatch.setattr(sha256_file, "__defaults__", (1 << 14,))
-    peaks = []
-    for number, size in enumerate((100, 100, 2000)):
-        data = random_word_dataset(assets["root"] / f"data-{number}", num_entities=size)
-        run_dir = assets["root"] / f"memory-{number}"
-        write_checkpoint(run_dir, 1, assets["dual"])
-        ensure_token_store(data, IndexedModel.from_export(assets["dual"]))
-        tracemalloc.start()
-        plan = _config(run_dir, data, shard_size=size // 2, num_encoders=2)
-        run_refresh(plan)
-        peaks.append(tracemalloc.get_traced_memory()[1])
-        tracemalloc.stop()
-        assert IndexStore(run_dir / "index").current().num_vectors == size
-    one_shard_of_vectors = 1000 * 32 * 4
-    assert peaks[2] - peaks[1] < one_shard_of_vectors / 4, peaks
 
 
 def test_evaluation_reuses_the_published_index_and_equals_re_encoding(ray_session, assets) -> None:
