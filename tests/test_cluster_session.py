@@ -48,13 +48,18 @@ def test_importing_the_trainer_and_the_samplers_does_not_import_bm25s() -> None:
 # Holds the first dashboard agent of the process's local instance stopped until the raylet that
 # started it has died (a raylet gives its agent 15 s to write its port files, then aborts in
 # NodeManager::WaitForDashboardAgentPorts, as it did on a loaded 2-core machine), then lets it go
-# on, as a slow agent would; calls init_ray and reports what it saw.
+# on, as a slow agent would; calls init_ray and reports what it saw. The suite's Ray waits 600 s
+# for a raylet (conftest), so the watcher starts the command over; it waits 5 s, not 45, after
+# the raylet died (no start can succeed then), as _STUCK_START's 1 s.
 _SLOW_FIRST_AGENT = """
 import contextlib, json, logging, os, signal, threading, time
 from pathlib import Path
 import psutil, ray
 from ray._common.utils import get_default_ray_temp_dir
+from hnce.cluster.compute import local_instance
 from hnce.cluster.compute.session import ClusterSettings, init_ray
+
+local_instance.STUCK_SECONDS = 5.0
 
 def hold_the_first_agent():
     while True:
