@@ -1,4 +1,4 @@
-"""The Parquet contracts of cluster/tables.py: round trips, dense ids, look-ups, and datasets
+"""The Parquet contracts of cluster/stores/tables.py: round trips, dense ids, look-ups, and datasets
 published whole with a manifest that every reader checks."""
 
 from __future__ import annotations

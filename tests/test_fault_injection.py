@@ -267,7 +267,7 @@ def test_a_refresh_killed_at_random_moments_publishes_what_a_clean_refresh_does(
 
     for copy in (clean, killed):
         copy_of_the_run(copy)
-    step = "8"  # not live: the training refreshes indexed later checkpoints
+    step = "8"  # both copies refresh it from the same state, whatever the training indexed
     _run(["refresh", "--step", step, *recipe(clean)])
     building = killed / "index"
     # ms after the lock is taken; a refresh that ended first is run again on a fresh copy and

@@ -15,7 +15,7 @@ Example::
 
     with EncoderPool(export_dir, EncoderPoolSettings(num_encoders=2), token_store) as pool:
         pool.index_shards(tasks, on_done)
-        held = pool.hold(index_version, "auto", candidate_depth=256)
+        held = pool.hold(index_version, candidate_depth=256)
 """
 
 from __future__ import annotations
