@@ -282,3 +282,15 @@ def test_index_samplers_need_a_refresh_or_bm25_version_zero(
         config_for(small_dataset, syllable_bert, *overrides)
     config = config_for(small_dataset, syllable_bert, *overrides, "negatives.initial=lexical")
     assert config.negatives.initial == "lexical"
+
+
+def test_only_the_chosen_samplers_rule_is_checked(small_dataset: Path, syllable_bert: Path) -> None:
+    """K = 100 over the index's top-128 is a valid mixed recipe: BM25's depth
+    (``negatives.lexical.top_n``, 64 by default) is read by the lexical sampler only, so it is
+    checked when the recipe chooses that sampler, and then refused naming the key."""
+    wide = ("negatives.num_negatives=100", "refresh.top_n=128")
+    config = config_for(small_dataset, syllable_bert, *REFRESHED, *wide)
+    assert config.negatives.sampler == "mixed" and config.negatives.lexical.top_n < 100
+    lexical = ("negatives.sampler=lexical", "negatives.source=none", *wide)
+    with pytest.raises(ConfigError, match=r"'negatives\.lexical\.top_n'"):
+        config_for(small_dataset, syllable_bert, *lexical)

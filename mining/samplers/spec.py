@@ -81,7 +81,8 @@ class SamplerSpec:
             run resumed from a checkpoint draws what an uninterrupted run would; False when it
             keeps state that checkpoints do not hold (a generator, a queue).
         check: ``(negatives) -> (key, problem) | None``, a rule between its options and the
-            rest of the ``negatives`` section (e.g. a BM25 depth below K).
+            rest of the ``negatives`` section (e.g. a BM25 depth below K), checked when the
+            recipe chooses this sampler (no other reads its options).
     """
 
     name: str

@@ -125,10 +125,9 @@ def _validate_samplers(config: Config) -> None:
             "negatives.initial",
             f"is {negatives.initial} (negatives version 0) but 'negatives.source' is none",
         )
-    for check in (group.check for group in SAMPLER_SPECS.values() if group.check is not None):
-        problem = check(negatives)
-        if problem is not None:
-            raise config.error(*problem)
+    # only the chosen sampler's own rule: another sampler's options are not read by this recipe
+    if spec.check is not None and (problem := spec.check(negatives)) is not None:
+        raise config.error(*problem)
     _validate_candidate_rules(config)
     _validate_schedule(config)
     scorer = config.model.scorer
