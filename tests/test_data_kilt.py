@@ -248,6 +248,21 @@ def test_a_bad_aida_row_fails_strict_mode_and_is_rejected_in_skip_mode(
     assert summary["mentions"] == {"train": 4}
 
 
+def test_an_id_already_in_an_earlier_split_is_a_duplicate(tmp_path: Path) -> None:
+    """Mention ids are unique across the dataset's splits, as Zeshel's converter has them: the
+    same id in train and dev (a dev mention trained on) is a duplicate at its dev line."""
+    entities = write_jsonl(tmp_path / "entity.jsonl", BLINK)
+    train = write_jsonl(tmp_path / "aidayago2-train-kilt.jsonl", AIDA)
+    dev_rows = [{**AIDA[0], "id": "d1"}]
+    dev = write_jsonl(tmp_path / "aidayago2-dev-kilt.jsonl", dev_rows, json.dumps(AIDA[2]))
+    with pytest.raises(BadRowError, match=rf"{dev}:2: duplicate_key"):
+        convert_kilt(tmp_path / "strict", [train, dev], blink_entities=entities)
+    skipped = _skip(tmp_path / "skip", tmp_path)
+    summary = convert_kilt(skipped, [train, dev], blink_entities=entities)
+    assert summary["bad_rows"]["rejected"]["duplicate_key"] == 1
+    assert summary["mentions"] == {"train": 4, "dev": 1}
+
+
 def test_blink_rejected_row_breaks_alignment_flag(tmp_path: Path) -> None:
     bad = json.dumps({"text": "x", "idx": "https://en.wikipedia.org/wiki?title=Nope", "title": "N"})
     entities = write_jsonl(tmp_path / "entity.jsonl", BLINK, bad)
@@ -269,7 +284,8 @@ def _files(root: Path) -> list[str]:
 def test_reconverting_replaces_the_whole_dataset_or_refuses(tmp_path: Path, capsys) -> None:
     source = write_jsonl(tmp_path / "kilt_knowledgesource.json", PAGES)
     train = write_jsonl(tmp_path / "aidayago2-train-kilt.jsonl", AIDA)
-    dev = write_jsonl(tmp_path / "aidayago2-dev-kilt.jsonl", AIDA[:2])
+    dev_rows = [{**row, "id": f"dev-{row['id']}"} for row in AIDA[:2]]
+    dev = write_jsonl(tmp_path / "aidayago2-dev-kilt.jsonl", dev_rows)
     out = tmp_path / "out"
     kilt = ["data", "kilt", "--knowledge-source", str(source), "--out", str(out)]
     assert main([*kilt, "--aida", str(train), str(dev)]) == 0

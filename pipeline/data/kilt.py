@@ -253,17 +253,18 @@ def convert_aida_split(
     split: str,
     conversion: Conversion,
     catalogue: EntityCatalogue,
+    seen: KeySet,
     keep_missing_gold: bool = False,
     chunk_size: int = 4096,
 ) -> dict[str, Any]:
     """Convert the AIDA KILT files of one split, in order, into ``mentions/<split>.parquet``.
 
     ``*-test_without_answers-kilt.jsonl`` rows are written unlabelled, with ``gold = -1``
-    (``MISSING_GOLD``), so predictions cover every input id. Returns the split's counts and each
-    file's.
+    (``MISSING_GOLD``), so predictions cover every input id. ``seen``: the ids of the dataset's
+    splits so far; an id seen in any split is a duplicate (a mention in train and test at once
+    would leak the test into training). Returns the split's counts and each file's.
     """
     unlabelled = is_unlabelled(paths[0])
-    seen = KeySet()
     files: list[dict[str, Any]] = []
     missing_kept = 0
     with conversion.builder.mentions(split) as writer:
@@ -315,6 +316,7 @@ def convert_kilt(
                 catalogue_summary = convert_blink_entities(source, conversion, max_text_chars)
         catalogue = conversion.catalogue()
         splits = {}
+        seen = KeySet()  # mention ids are unique across the splits, as in Zeshel's converter
         for split, paths in groups.items():
             keep = (
                 keep_missing_gold
@@ -322,7 +324,7 @@ def convert_kilt(
                 else split in keep_missing_gold
             )
             with conversion.stage(f"mentions {split}"):
-                splits[split] = convert_aida_split(paths, split, conversion, catalogue, keep)
+                splits[split] = convert_aida_split(paths, split, conversion, catalogue, seen, keep)
         return conversion.publish(
             {
                 "format": converter,
