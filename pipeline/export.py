@@ -34,6 +34,7 @@ from hnce.encoders.sentence_transformers_export import (
 )
 from hnce.errors import InputError
 from hnce.pipeline.config import load_config
+from hnce.pipeline.run import refuse_inside_stores
 
 SENTENCE_TRANSFORMERS = "sentence-transformers"
 FORMATS = (SENTENCE_TRANSFORMERS,)
@@ -52,6 +53,7 @@ def export_run(source: Path, checkpoint: str, export_format: str, out: Path) -> 
             f"{out}: already exists; an export is never written over, choose another --out"
         )
     run_dir = run_directory(source)
+    refuse_inside_stores(out, run_dir, "--out")
     directory = checkpoint_directory(run_dir, checkpoint)
     check_description(directory / EXPORT_DIR / SCORER_FILE)
     _, export_dir = resolve_checkpoint(run_dir, str(directory))  # verified against COMPLETE

@@ -9,7 +9,9 @@ status`` and ``hnce refresh`` read it. What both sides need lives here, below th
 - :data:`TaskKind`, :data:`RERANK_DIR` and :func:`rerank_run_dir`: the two tasks the shared
   driver trains, and where the reranker's run lives (``<run>/rerank``);
 - :func:`refresh_plan`: what a run's refreshes do, for the coordinator, ``hnce refresh``,
-  version 0 and every search of an index version (``hnce.cluster.compute.retrieval``).
+  version 0 and every search of an index version (``hnce.cluster.compute.retrieval``);
+- :data:`RUN_STORES` and :func:`refuse_inside_stores`: the directories only hnce writes, where
+  no output a user names may land.
 """
 
 from __future__ import annotations
@@ -18,13 +20,34 @@ from pathlib import Path
 from typing import Literal
 
 from hnce.cluster.compute.heldout import HeldoutSpec
-from hnce.cluster.compute.refresh import RefreshPlan
+from hnce.cluster.compute.refresh import INDEX_DIR, NEGATIVES_DIR, RefreshPlan
+from hnce.cluster.compute.retrieval import EVAL_INDEX_DIR
+from hnce.cluster.stores.checkpoints import CHECKPOINTS_DIR
+from hnce.errors import InputError
 from hnce.pipeline.config import Config
 
 RUN_RECIPE = "config.yaml"  # the resolved recipe `hnce train` writes into its run directory
 
 TaskKind = Literal["retriever", "reranker"]
 RERANK_DIR = "rerank"
+#: a run directory's stores: versions hnce publishes and verifies (a checkpoint's files are
+#: checked against its COMPLETE marker, an index's against its manifest), so a file a user's
+#: output put there would make the version fail verification or be taken for part of it
+RUN_STORES = (CHECKPOINTS_DIR, INDEX_DIR, NEGATIVES_DIR, EVAL_INDEX_DIR)
+
+
+def refuse_inside_stores(out: Path, run_dir: Path, option: str) -> None:
+    """Raise :class:`InputError` naming ``option`` when ``out`` lies (once resolved) inside one
+    of ``run_dir``'s :data:`RUN_STORES`; anywhere else, the run directory included, is the
+    user's to choose."""
+    target = Path(out).resolve()
+    for store in RUN_STORES:
+        directory = (Path(run_dir) / store).resolve()
+        if target.is_relative_to(directory):
+            raise InputError(
+                f"{option} {out}: lies inside the run's {store}/ ({directory}), which hnce "
+                f"alone writes and verifies; choose a path outside it"
+            )
 
 
 def rerank_run_dir(config: Config) -> Path:

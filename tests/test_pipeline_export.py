@@ -17,6 +17,7 @@ from sentence_transformers import SentenceTransformer
 from store_helpers import publish_index, random_word_dataset, write_checkpoint
 from training_helpers import write_letter_export
 
+from hnce.cluster.stores.checkpoints import verify_checkpoint
 from hnce.cluster.stores.index_store import IndexStore
 from hnce.cluster.stores.tables_read import EntityCatalogue
 from hnce.encoders.biencoder import build_biencoder, export_biencoder, load_biencoder
@@ -136,6 +137,32 @@ def test_the_command_refuses_an_existing_out_and_a_missing_checkpoint_and_reads_
         main(["export", str(recipe), "--checkpoint", "step-3", "--out", str(tmp_path / "o")]) == 0
     )
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["entity", "mention"]
+
+
+def test_no_output_lands_in_a_runs_own_stores(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An export into the checkpoint it exports (which would then fail verification for every
+    loader), an evaluation report into the index store, a plot into the negatives store: each
+    is refused before any work with exit 2, naming the option and the store, and nothing is
+    written there; the run directory itself stays the user's to write in."""
+    run_dir = write_run(tmp_path / "run", "cls", False)
+    before = sorted(path for path in run_dir.rglob("*"))
+    inside = run_dir / "checkpoints" / "step-3" / "export" / "st"
+    assert main(["export", str(run_dir), "--out", str(inside)]) == 2
+    error = capsys.readouterr().err
+    assert f"--out {inside}: lies inside the run's checkpoints/" in error, error
+    verify_checkpoint(run_dir / "checkpoints" / "step-3")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"run:\n  dir: {run_dir}\n")
+    report = run_dir / "index" / "v1" / "eval.json"
+    assert main(["eval", "--config", str(recipe), "--out", str(report)]) == 2
+    assert "--out" in (error := capsys.readouterr().err) and "run's index/" in error, error
+    plot = run_dir / "negatives" / "plot.png"
+    assert main(["status", str(run_dir), "--plot", str(plot)]) == 2
+    assert "--plot" in (error := capsys.readouterr().err) and "negatives/" in error, error
+    assert sorted(path for path in run_dir.rglob("*")) == before
+    assert main(["export", str(run_dir), "--out", str(run_dir / "st")]) == 0
 
 
 def readme_section() -> tuple[list[str], list[str]]:

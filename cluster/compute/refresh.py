@@ -64,6 +64,10 @@ from hnce.settings import (
 
 logger = logging.getLogger(__name__)
 
+#: the run directory's index and negatives stores (``<run>/index``, ``<run>/negatives``)
+INDEX_DIR = "index"
+NEGATIVES_DIR = "negatives"
+
 
 class NoCheckpointError(InputError, FileNotFoundError):
     """The run has no complete checkpoint to refresh from."""
@@ -151,11 +155,11 @@ class RefreshPlan:
 
     @property
     def index_store(self) -> IndexStore:
-        return IndexStore(self.run_dir / "index", keep=self.index.keep_versions)
+        return IndexStore(self.run_dir / INDEX_DIR, keep=self.index.keep_versions)
 
     @property
     def negatives_store(self) -> NegativesStore:
-        return NegativesStore(self.run_dir / "negatives", keep=self.index.keep_versions)
+        return NegativesStore(self.run_dir / NEGATIVES_DIR, keep=self.index.keep_versions)
 
     def pool_settings(self, alone: bool = False) -> EncoderPoolSettings:
         """The encoder pool of this plan; ``alone`` for a pool with no trainer beside it

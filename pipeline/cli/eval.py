@@ -32,6 +32,10 @@ def run(args: argparse.Namespace) -> int:
     config = load_recipe(args)
     from hnce.pipeline.evaluate import evaluate_checkpoint, predict_checkpoint
     from hnce.pipeline.metrics import format_table, write_reports
+    from hnce.pipeline.run import refuse_inside_stores
+
+    if args.out is not None:
+        refuse_inside_stores(args.out, config.run_dir, "--out")
 
     if args.kilt_predictions:
         files = predict_checkpoint(config, args.checkpoint, args.kilt_predictions)

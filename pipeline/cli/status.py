@@ -22,8 +22,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hnce.pipeline.run import refuse_inside_stores
     from hnce.pipeline.status import plot_training, run_status
 
+    if args.plot:
+        refuse_inside_stores(args.plot, args.run_dir, "--plot")
     status = run_status(args.run_dir)
     plot = plot_training(args.run_dir, args.plot) if args.plot else None
     shown = json.dumps(status.to_json(), indent=2, allow_nan=False) if args.json else None
