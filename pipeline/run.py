@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Literal
 
 from hnce.cluster.compute.heldout import HeldoutSpec
-from hnce.cluster.compute.refresh import INDEX_DIR, NEGATIVES_DIR, RefreshPlan
+from hnce.cluster.compute.refresh import RefreshPlan
 from hnce.cluster.compute.retrieval import EVAL_INDEX_DIR
 from hnce.cluster.stores.checkpoints import CHECKPOINTS_DIR
+from hnce.cluster.stores.index_store import INDEX_DIR
+from hnce.cluster.stores.negatives_store import NEGATIVES_DIR
 from hnce.errors import InputError
 from hnce.pipeline.config import Config
 

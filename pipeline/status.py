@@ -35,10 +35,10 @@ from typing import Any
 
 from hnce.cluster.stores.checkpoints import CHECKPOINTS_DIR, COMPLETE, complete_checkpoints
 from hnce.cluster.stores.files import AtomicPath
-from hnce.cluster.stores.index_store import IndexStore
+from hnce.cluster.stores.index_store import INDEX_DIR, IndexStore
 from hnce.cluster.stores.jsonl import finite_json
 from hnce.cluster.stores.lock_holder import TRAINING, LockHolder, read_holder
-from hnce.cluster.stores.negatives_store import NegativesVersion
+from hnce.cluster.stores.negatives_store import NEGATIVES_DIR, NegativesVersion
 from hnce.cluster.stores.refresh_log import HeldoutRecall, RefreshLog, RefreshRecord, read_log
 from hnce.cluster.stores.versioned_dir import read_current, version_dir_name
 from hnce.errors import InputError
@@ -47,8 +47,6 @@ from hnce.pipeline.config import read_recipe
 from hnce.pipeline.event_log import LOG_FILE, read_events
 from hnce.pipeline.run import RUN_RECIPE
 
-INDEX_DIR = "index"
-NEGATIVES_DIR = "negatives"
 STORES = (CHECKPOINTS_DIR, INDEX_DIR, NEGATIVES_DIR, "tokens", "ray")
 _MIB = 1024 * 1024
 

@@ -391,6 +391,8 @@ def test_a_reader_follows_current_to_the_version_it_moved_to(tmp_path: Path) -> 
     opened (CURRENT moved on) is followed; a missing version CURRENT still names is an error."""
     store = VersionedStore(tmp_path)
     assert store.follow_current(lambda version: version, StoreError) is None
+    (tmp_path / "v1").mkdir()
+    (tmp_path / "v2").mkdir()
     (tmp_path / "CURRENT").write_text("v1\n")
     opened: list[int] = []
 
@@ -398,6 +400,7 @@ def test_a_reader_follows_current_to_the_version_it_moved_to(tmp_path: Path) -> 
         opened.append(version)
         if version == 1:
             (tmp_path / "CURRENT").write_text("v2\n")  # retention removed v1 meanwhile
+            (tmp_path / "v1").rmdir()
             raise VersionMissing("v1: missing")
         return version
 
@@ -408,6 +411,13 @@ def test_a_reader_follows_current_to_the_version_it_moved_to(tmp_path: Path) -> 
 
     with pytest.raises(VersionMissing, match="v2: missing"):
         store.follow_current(missing, StoreError)
+    # a CURRENT naming a version that is not there (hand-edited, or its directory deleted) is
+    # refused naming the file and what is published, before anything tries to open it
+    (tmp_path / "CURRENT").write_text("v9\n")
+    with pytest.raises(StoreError, match=r"CURRENT:1: names v9, which is not a published version"):
+        store.current_version()
+    with pytest.raises(StoreError, match=r"\(published: v2\)"):
+        store.follow_current(open_version, StoreError)
 
 
 def test_reader_never_sees_a_half_written_version(tmp_path: Path) -> None:

@@ -71,8 +71,9 @@ def test_status_of_a_run_whose_files_are_all_corrupt_reports_each(
     problems = [line for line in screen.splitlines() if line.startswith("problem")]
     assert any("refresh.lock.json: not a lock holder record" in line for line in problems)
     assert any(f"{run_dir / REFRESH_LOG}:2: not a JSON record" in line for line in problems)
-    assert any(line.startswith("problem       index:") for line in problems)
-    assert any(line.startswith("problem       negatives:") for line in problems)
+    for store in ("index", "negatives"):  # each names its CURRENT and the missing version
+        (line,) = [line for line in problems if line.startswith(f"problem       {store}:")]
+        assert f"{run_dir / store / 'CURRENT'}:1: names v7, which is not a published" in line
     assert main(["status", str(run_dir), "--json"]) == 0
     status = json.loads(capsys.readouterr().out)  # strict JSON
     assert len(status["problems"]) == len(problems)

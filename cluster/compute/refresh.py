@@ -45,8 +45,8 @@ from hnce.cluster.compute.heldout import HeldoutSpec, score_heldout
 from hnce.cluster.compute.index_build import IndexedModel, build_version, start_pool, timed
 from hnce.cluster.compute.miner import mine_split
 from hnce.cluster.stores.checkpoints import checkpoints_root, complete_checkpoints
-from hnce.cluster.stores.index_store import IndexStore, IndexVersion
-from hnce.cluster.stores.negatives_store import NegativesStore
+from hnce.cluster.stores.index_store import INDEX_DIR, IndexStore, IndexVersion
+from hnce.cluster.stores.negatives_store import NEGATIVES_DIR, NegativesStore
 from hnce.cluster.stores.refresh_log import HeldoutRecall
 from hnce.cluster.stores.sharded_index import IndexSpec
 from hnce.cluster.stores.tables import mention_split_path
@@ -63,10 +63,6 @@ from hnce.settings import (
 )
 
 logger = logging.getLogger(__name__)
-
-#: the run directory's index and negatives stores (``<run>/index``, ``<run>/negatives``)
-INDEX_DIR = "index"
-NEGATIVES_DIR = "negatives"
 
 
 class NoCheckpointError(InputError, FileNotFoundError):

@@ -84,6 +84,8 @@ from hnce.encoders.scorers import Scorer, ScorerConfig
 logger = logging.getLogger(__name__)
 
 FORMAT = 1
+#: the index store's directory in a run (``<run>/index``)
+INDEX_DIR = "index"
 
 
 @manifest_record

@@ -61,6 +61,8 @@ from hnce.cluster.stores.versioned_dir import (
 logger = logging.getLogger(__name__)
 
 FORMAT = 1
+#: the negatives store's directory in a run (``<run>/negatives``)
+NEGATIVES_DIR = "negatives"
 NEGATIVES_SCHEMA = pa.schema(
     [
         pa.field("mention_id", pa.string(), nullable=False),

@@ -96,7 +96,23 @@ def building_versions(root: Path) -> list[int]:
 
 
 def read_current(root: Path) -> int | None:
-    """The live version named by `root/CURRENT`, or None before the first publication."""
+    """The live version named by `root/CURRENT`, or None before the first publication.
+
+    A CURRENT that names no published version is refused naming both: publishing points CURRENT
+    at the new version before retention removes old ones, so a version gone under a reader
+    (retention) means CURRENT has moved on, and is read again once."""
+    for _ in range(2):
+        version = _named_version(root)
+        if version is None or (root / version_dir_name(version)).is_dir():
+            return version
+    published = ", ".join(version_dir_name(n) for n in published_versions(root)) or "none"
+    raise StoreError(
+        f"{root / CURRENT_FILE}:1: names {version_dir_name(version)}, which is not a published "
+        f"version of {root} (published: {published})"
+    )
+
+
+def _named_version(root: Path) -> int | None:
     path = root / CURRENT_FILE
     try:
         text = path.read_text(encoding="utf-8").strip()
