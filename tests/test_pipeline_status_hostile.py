@@ -88,3 +88,30 @@ def test_a_config_that_is_not_yaml_is_a_problem_line_naming_it(
     screen = capsys.readouterr().out
     assert f"problem       refresh trigger: {tmp_path / 'config.yaml'}:2: not valid YAML" in screen
     assert "trigger       unknown" in screen
+
+
+def test_refresh_records_of_the_wrong_types_are_named_not_crashed_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A refresh-log line is read against the record's schema: a ``started`` that is NaN,
+    infinite or a string, a checkpoint that is not an integer, an unknown outcome or key is a
+    problem naming its file and line (the status screen formats the good records only)."""
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    good = {"outcome": "published", "role": "hnce refresh", "started": 1.0e9, "checkpoint": 4}
+    bad = [
+        '{"outcome": "failed", "role": "hnce refresh", "started": NaN}',
+        '{"outcome": "failed", "role": "hnce refresh", "started": Infinity}',
+        '{"outcome": "failed", "role": "hnce refresh", "started": "yesterday"}',
+        '{"outcome": "failed", "role": "hnce refresh", "started": 1.0, "checkpoint": 4.5}',
+        '{"outcome": "exploded", "role": "hnce refresh", "started": 1.0}',
+        '{"outcome": "failed", "role": "hnce refresh", "started": 1.0, "colour": "red"}',
+    ]
+    (run_dir / REFRESH_LOG).write_text("\n".join([json.dumps(good), *bad]) + "\n")
+    assert main(["status", str(run_dir), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    named = [p for p in status["problems"] if p.startswith(f"{run_dir / REFRESH_LOG}:")]
+    assert [int(p.split(":")[1]) for p in named] == [2, 3, 4, 5, 6, 7], named
+    assert status["refreshes"]["published"] == 1
+    assert main(["status", str(run_dir)]) == 0
+    assert "Traceback" not in capsys.readouterr().err

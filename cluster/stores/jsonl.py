@@ -24,10 +24,11 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class JsonLines:
-    """What :func:`read_jsonl` found: the records, problems (``file:line: what``), and the byte
-    offset and line number to read on from."""
+    """What :func:`read_jsonl` found: the records and the line of each, problems (``file:line:
+    what``), and the byte offset and line number to read on from."""
 
     records: list[dict[str, Any]] = field(default_factory=list)
+    record_lines: list[int] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     offset: int = 0
     line: int = 1
@@ -107,4 +108,5 @@ def read_jsonl(path: Path, offset: int = 0, line: int | None = None) -> JsonLine
             found.problems.append(f"{path}:{number}: not a JSON object")
             continue
         found.records.append(record)
+        found.record_lines.append(number)
     return found

@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+
 from hnce.cluster.stores.jsonl import append_jsonl, read_jsonl
 from hnce.events import RunEvent
 
@@ -36,6 +38,11 @@ LOG_FILE = "refresh_log.jsonl"
 Outcome = Literal[
     "published", "up-to-date", "failed", "abandoned", "locked", "no-checkpoint", "stopped"
 ]
+#: what a log line must be to be read as a record (pydantic, strict: no key the record lacks, no
+#: coercion, finite numbers), so a hand-edited or corrupt line is named, not crashed on later
+_LINE_SCHEMA = ConfigDict(
+    strict=True, extra="forbid", allow_inf_nan=False, arbitrary_types_allowed=True
+)
 
 
 @dataclass
@@ -56,6 +63,8 @@ class RefreshRecord:
         start_seconds: of ``seconds``, starting its encoder pool (0 for a pool kept from the
             refresh before, which only reloads the model).
     """
+
+    __pydantic_config__ = _LINE_SCHEMA
 
     outcome: Outcome
     role: str
@@ -106,6 +115,8 @@ class HeldoutRecall:
         time: when it was scored (seconds since the epoch).
     """
 
+    __pydantic_config__ = _LINE_SCHEMA
+
     step: int
     index_version: int
     split: str
@@ -150,26 +161,35 @@ def fastest_refresh_seconds(records: Iterable[RefreshRecord]) -> float | None:
     return min(durations) if durations else None
 
 
+_RECORD = TypeAdapter(RefreshRecord)
+_HELDOUT = TypeAdapter(HeldoutRecall)
+
+
 def read_log(run_dir: Path, offset: int = 0, problems: list[str] | None = None) -> RefreshLog:
     """Records and held-out recalls appended since byte ``offset``.
 
     A line still being written (no newline yet) is left for the next read; a line that is
-    neither kind is named (``file:line``) in ``problems`` (else logged) and skipped. A line
-    without an ``event`` is read as a record.
+    neither kind (checked against its schema: keys, types, finite numbers) is named
+    (``file:line``) in ``problems`` (else logged) and skipped. A line without an ``event`` is
+    read as a record.
     """
     path = Path(run_dir) / LOG_FILE
     found = read_jsonl(path, offset)
     bad = list(found.problems)
     log = RefreshLog(offset=found.offset)
-    for fields in found.records:
+    for number, fields in zip(found.record_lines, found.records, strict=True):
         event = fields.pop("event", RunEvent.REFRESH)
+        heldout = event == RunEvent.HELDOUT_RECALL
         try:
-            if event == RunEvent.HELDOUT_RECALL:
-                log.heldout.append(HeldoutRecall(**fields))
-            else:
-                log.records.append(RefreshRecord(**fields))
-        except TypeError as error:
-            bad.append(f"{path}: not a {event} record ({error})")
+            read = (_HELDOUT if heldout else _RECORD).validate_json(json.dumps(fields))
+        except ValidationError as error:
+            why = "; ".join(
+                f"{'.'.join(map(str, problem['loc']))}: {problem['msg']}"
+                for problem in error.errors()
+            )
+            bad.append(f"{path}:{number}: not a {event} record ({why})")
+            continue
+        (log.heldout if heldout else log.records).append(read)
     if problems is not None:
         problems.extend(bad)
     for problem in bad if problems is None else ():
