@@ -3,6 +3,7 @@ and a build that died resumes where it recorded its progress."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import string
 from pathlib import Path
@@ -15,8 +16,9 @@ from store_helpers import flip_byte
 from hnce.cluster.stores import tokens
 from hnce.cluster.stores.tables import Entity
 from hnce.cluster.stores.tables_write import write_dataset
-from hnce.cluster.stores.tokens import TOKENS_DIR, TokenStore, TokenStoreError
+from hnce.cluster.stores.tokens import MANIFEST_FILE, TOKENS_DIR, TokenStore, TokenStoreError
 from hnce.encoders.formatting import register_markers, tokenize_entities
+from hnce.errors import InputError
 
 LETTERS = list(string.ascii_lowercase)
 
@@ -88,6 +90,25 @@ def test_changed_catalogue_and_corrupt_arrays_are_refused(tmp_path: Path, tokeni
     ids = store.directory / "ids.npy"
     flip_byte(ids, -1)
     with pytest.raises(TokenStoreError, match=r"ids\.npy: sha256"):
+        TokenStore.open(store.directory)
+
+
+def test_a_truncated_or_hand_edited_manifest_is_named(tmp_path: Path, tokenizer) -> None:
+    """The manifest is read against its schema before any array is mapped: cut short, it is an
+    error naming the file and line; with a value of the wrong type or a key it does not have,
+    naming the key (an InputError, exit 2, never a JSONDecodeError or a KeyError)."""
+    store = TokenStore.ensure(_catalogue(tmp_path / "data", 30), tokenizer, 16)
+    path = store.directory / MANIFEST_FILE
+    text = path.read_text()
+    path.write_text(text[: len(text) // 2])
+    with pytest.raises(InputError, match=rf"{path}:\d+: invalid manifest JSON"):
+        TokenStore.open(store.directory)
+    manifest = json.loads(text)
+    path.write_text(json.dumps({**manifest, "rows": "thirty"}))
+    with pytest.raises(InputError, match=rf"{path}: not a valid manifest: rows"):
+        TokenStore.open(store.directory)
+    path.write_text(json.dumps({key: value for key, value in manifest.items() if key != "pad_id"}))
+    with pytest.raises(InputError, match="pad_id: Field required"):
         TokenStore.open(store.directory)
 
 

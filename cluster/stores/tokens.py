@@ -34,13 +34,14 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 from filelock import FileLock
+from pydantic import TypeAdapter
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
@@ -55,6 +56,7 @@ from hnce.cluster.stores.files import (
 )
 from hnce.cluster.stores.tables import Mention
 from hnce.cluster.stores.tables_read import EntityCatalogue, catalogue_fingerprint
+from hnce.cluster.stores.versioned_dir import manifest_record, read_manifest
 from hnce.encoders.formatting import tokenize_entities, tokenizer_fingerprint
 from hnce.errors import InputError
 from hnce.progress import progress_bar
@@ -71,6 +73,25 @@ _BATCHES_PER_PROGRESS = 16  # a progress record every 131,072 rows: a few second
 
 class TokenStoreError(InputError):
     """A token store that does not match its manifest, its tokenizer or its catalogue."""
+
+
+@manifest_record
+class TokenManifest:
+    """``manifest.json``: what the store was built from, and its arrays' SHA-256; read against
+    this schema (strict: no unknown key, no coercion), so a truncated or hand-edited manifest is
+    named (file, line or key) before any array is mapped."""
+
+    format: int
+    tokenizer: str
+    entity_length: int
+    catalogue: str
+    dtype: str
+    pad_id: int
+    rows: int
+    sha256: dict[str, str]
+
+
+_MANIFEST = TypeAdapter(TokenManifest)
 
 
 def store_directory(data_root: Path, fingerprint: str, entity_length: int) -> Path:
@@ -105,10 +126,9 @@ class TokenStore:
         SHA-256); ``fingerprint`` / ``catalogue`` must match the manifest when given."""
         directory = Path(directory)
         manifest_path = directory / MANIFEST_FILE
-        try:
-            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise TokenStoreError(f"{manifest_path}: missing; not a token store") from None
+        if not manifest_path.is_file():
+            raise TokenStoreError(f"{manifest_path}: missing; not a token store")
+        manifest = asdict(read_manifest(manifest_path, _MANIFEST))
         if manifest.get("format") != FORMAT:
             raise TokenStoreError(
                 f"{manifest_path}: format {manifest.get('format')!r}, not {FORMAT}"
