@@ -7,6 +7,7 @@ repeated mentions, ...) and expect a `StoreError` naming the file."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import json
 import re
@@ -256,6 +257,30 @@ def test_corrupted_shard_is_detected_by_checksum(tmp_path: Path) -> None:
     shard = tmp_path / "index/v1/shard-00001.faiss"
     flip_byte(shard, -7)
     with pytest.raises(ChecksumError, match=r"shard-00001\.faiss"):
+        store.current().load()
+
+
+def test_a_re_signed_shard_that_is_not_a_faiss_index_is_named(tmp_path: Path) -> None:
+    """Behind its checksum a shard's content is checked too: garbage signed into the manifest is
+    an error naming the file (FAISS's own header check), and so is a valid index of another kind
+    than the manifest records."""
+    store = IndexStore(tmp_path / "index")
+    publish_index(store, 1, _vectors(60))
+    shard = tmp_path / "index/v1/shard-00001.faiss"
+    manifest = tmp_path / "index/v1/manifest.json"
+
+    def re_sign(payload: bytes) -> None:
+        shard.write_bytes(payload)
+        digest = hashlib.sha256(payload).hexdigest()
+        _edit_manifest(manifest, lambda m: m["shards"][1].update(sha256=digest))
+
+    re_sign(b"garbage, not an index" * 10)
+    with pytest.raises(StoreError, match=r"shard-00001\.faiss: not a FAISS index FAISS can read"):
+        store.current().load()
+    hnsw = faiss.IndexHNSWFlat(16, 8, faiss.METRIC_INNER_PRODUCT)
+    hnsw.add(_vectors(60)[20:40])
+    re_sign(faiss.serialize_index(hnsw).tobytes())
+    with pytest.raises(StoreError, match=r"shard-00001\.faiss: a FAISS IndexHNSWFlat, but .* flat"):
         store.current().load()
 
 

@@ -54,6 +54,14 @@ class ShardRecord:
     vectors_sha256: Sha256 | None = None
 
 
+#: the FAISS class a shard of each index kind is (``sharded_index.train_index`` builds them)
+_INDEX_CLASSES: dict[str, type] = {
+    "flat": faiss.IndexFlat,
+    "hnsw": faiss.IndexHNSW,
+    "ivfpq": faiss.IndexIVFPQ,
+}
+
+
 def shard_file_names(shard_no: int) -> tuple[str, str, str, str]:
     """(index file, ids file, codes file, vector copy file) of shard `shard_no`."""
     stem = f"shard-{shard_no:05d}"
@@ -228,7 +236,15 @@ def read_shard(
             verify_sha256(vectors_path, str(record.vectors_sha256), manifest_path)
     ids = _load_array(ids_path, "id")
     check_shard_ids(ids, record.entities, vectors_per_entity, ids_path)
-    index = read_index_file(index_path, kind)
+    try:
+        index = read_index_file(index_path, kind)
+    except RuntimeError as error:  # FAISS's own check of the file's header and structure
+        reason = str(error).strip().splitlines()[-1]
+        raise StoreError(f"{index_path}: not a FAISS index FAISS can read ({reason})") from None
+    if not isinstance(index, _INDEX_CLASSES[kind]):
+        raise StoreError(
+            f"{index_path}: a FAISS {type(index).__name__}, but {manifest_path} records {kind}"
+        )
     if index.ntotal != record.count or index.d != dim:
         raise StoreError(
             f"{index_path}: {index.ntotal} vectors of dim {index.d}, but {manifest_path} "
