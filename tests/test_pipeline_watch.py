@@ -14,6 +14,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from training_helpers import synthetic_config
 
+from hnce.cluster.stores.files import AtomicPath
 from hnce.cluster.stores.refresh_log import (
     HeldoutRecall,
     RefreshRecord,
@@ -177,3 +178,27 @@ def test_status_reports_the_trigger_and_the_last_staleness_request(
     )
     assert main(["status", str(tmp_path)]) == 0
     assert f"trigger       {expected}" in capsys.readouterr().out
+
+
+def test_a_plot_onto_a_directory_is_one_line_and_leaves_no_temporary_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every atomic write refuses a directory at its target before writing beside it (was an
+    IsADirectoryError with a temporary PNG left in the parent); a commit that fails later (a
+    directory made at the target while the file was written) removes its temporary file."""
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    write_events(run_dir, 8)
+    taken = tmp_path / "plots" / "run.png"
+    taken.mkdir(parents=True)
+    assert main(["status", str(run_dir), "--plot", str(taken)]) == 2
+    error = capsys.readouterr().err
+    assert f"{taken}: is a directory; name a file to write" in error and "Traceback" not in error
+    assert [p.name for p in taken.parent.iterdir()] == ["run.png"] and taken.is_dir()
+    target = tmp_path / "late.txt"
+    atomic = AtomicPath(target)
+    atomic.temporary.write_text("written")
+    target.mkdir()  # the target became a directory meanwhile
+    with pytest.raises(IsADirectoryError):
+        atomic.commit()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

@@ -33,6 +33,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Self
 
+from hnce.errors import InputError
+
 logger = logging.getLogger(__name__)
 
 _TEMPORARY_PREFIX = ".tmp-"
@@ -67,14 +69,22 @@ class AtomicPath:
 
     def __init__(self, target: Path) -> None:
         self.target = Path(target)
+        if self.target.is_dir():  # refused before anything is written beside it
+            raise InputError(f"{self.target}: is a directory; name a file to write")
         self.target.parent.mkdir(parents=True, exist_ok=True)
         token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.temporary = self.target.with_name(f"{_TEMPORARY_PREFIX}{token}-{self.target.name}")
 
     def commit(self) -> Path:
-        """fsync the temporary file, rename it over the target, fsync the directory."""
-        fsync_file(self.temporary)
-        os.replace(self.temporary, self.target)
+        """fsync the temporary file, rename it over the target, fsync the directory; a commit
+        that fails (a full disk, a directory made at the target meanwhile) removes the
+        temporary file before the error goes on."""
+        try:
+            fsync_file(self.temporary)
+            os.replace(self.temporary, self.target)
+        except BaseException:
+            self.abort()
+            raise
         fsync_directory(self.target.parent)
         return self.target
 
