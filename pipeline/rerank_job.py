@@ -20,7 +20,7 @@ from hnce.cluster.compute.index_build import IndexedModel
 from hnce.cluster.compute.session import init_ray
 from hnce.cluster.stores.checkpoints import resolve_checkpoint
 from hnce.cluster.stores.denoised import denoised_path, write_denoised
-from hnce.cluster.stores.negatives_store import NegativesStore, NegativesVersion
+from hnce.cluster.stores.negatives_store import NEGATIVES_DIR, NegativesStore, NegativesVersion
 from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit, catalogue_fingerprint
 from hnce.cluster.stores.tokens import TokenStore
@@ -61,7 +61,7 @@ def _split_candidates(
     mentions = MentionSplit.open(mention_split_path(Path(config.data.root), split)).read_all()
     mentions = mentions[:limit] if limit > 0 else mentions
     if retriever is None:
-        negatives = config.run_dir / "negatives"
+        negatives = config.run_dir / NEGATIVES_DIR
         return candidates_from_negatives(latest_negatives(negatives, split), mentions)
     return retrieve_candidates(
         refresh_plan(config), retriever, mentions, config.rerank.num_candidates
@@ -77,7 +77,7 @@ def training_candidates_file(
     the run's newest version, or the retriever's top-N published under ``out/candidates``."""
     split = config.data.train_split
     if retriever is None:
-        return latest_negatives(config.run_dir / "negatives", split).path
+        return latest_negatives(config.run_dir / NEGATIVES_DIR, split).path
     found = _split_candidates(config, split, config.rerank.max_train_mentions, retriever)
     store = NegativesStore(out / "candidates")
     directory = store.publish(

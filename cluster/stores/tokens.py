@@ -129,15 +129,13 @@ class TokenStore:
         if not manifest_path.is_file():
             raise TokenStoreError(f"{manifest_path}: missing; not a token store")
         manifest = asdict(read_manifest(manifest_path, _MANIFEST))
-        if manifest.get("format") != FORMAT:
-            raise TokenStoreError(
-                f"{manifest_path}: format {manifest.get('format')!r}, not {FORMAT}"
-            )
+        if manifest["format"] != FORMAT:
+            raise TokenStoreError(f"{manifest_path}: format {manifest['format']!r}, not {FORMAT}")
         expected = {"tokenizer": fingerprint, "catalogue": catalogue}
         for key, value in expected.items():
-            if value is not None and manifest.get(key) != value:
+            if value is not None and manifest[key] != value:
                 raise TokenStoreError(
-                    f"{manifest_path}: built for {key} {manifest.get(key)!r}, not {value!r}; "
+                    f"{manifest_path}: built for {key} {manifest[key]!r}, not {value!r}; "
                     f"delete {directory} to rebuild it"
                 )
         if verify:

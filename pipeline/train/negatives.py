@@ -37,7 +37,12 @@ from torch import Tensor
 
 from hnce.cluster.stores.denoised import denoised_path, read_denoised
 from hnce.cluster.stores.lexical import ensure_bm25
-from hnce.cluster.stores.negatives_store import NegativesStore, NegativesVersion, check_catalogue
+from hnce.cluster.stores.negatives_store import (
+    NEGATIVES_DIR,
+    NegativesStore,
+    NegativesVersion,
+    check_catalogue,
+)
 from hnce.cluster.stores.tables import Mention, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit, catalogue_fingerprint
 from hnce.cluster.stores.tokens import MentionTokens, TokenStore
@@ -472,7 +477,7 @@ def load_training_data(
     if task.kind == "retriever":
         drawer = NegativeDrawer.for_retriever(config, catalogue, mentions)
         source: CandidateSource = RefreshedNegatives(
-            config.run_dir / "negatives", config.data.train_split, collectives, data_root
+            config.run_dir / NEGATIVES_DIR, config.data.train_split, collectives, data_root
         )
     else:
         assert task.candidates is not None
