@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Mapping, Sequence
+import pickle
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -447,6 +449,7 @@ def load_biencoder(
     description_path = export_dir / SCORER_FILE
     if not description_path.is_file():
         raise FileNotFoundError(f"{description_path}: missing; not a bi-encoder export directory")
+    check_finite_weights(export_dir)
     description = json.loads(description_path.read_text())
     if description.get("format") != EXPORT_FORMAT:
         raise ValueError(
@@ -493,18 +496,33 @@ def load_biencoder(
                 module.load_state_dict(
                     {k[len(prefix) :]: v for k, v in saved.items() if k.startswith(prefix)}
                 )
-    _check_finite(model, export_dir)
     model.eval()
     return model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
 
 
-def _check_finite(model: BiEncoder, export_dir: Path) -> None:
+def check_finite_weights(export_dir: Path) -> None:
     """Refuse an export with a NaN or infinite weight: every index, negative and score built
     from it would be meaningless (the trainer never publishes one; a hand-made or damaged export
-    could be one)."""
-    for name, parameter in model.named_parameters():
-        if not torch.isfinite(parameter).all():
-            raise InputError(
-                f"{export_dir}: weight {name} is not finite (NaN or infinite); refusing to "
-                f"encode with this model"
-            )
+    could be one). Reads the weight files tensor by tensor (memory-mapped), so the driver checks
+    an export before any Ray actor loads it, for about the cost of hashing it."""
+    for path in sorted(Path(export_dir).rglob("*")):
+        for name, tensor in _weight_tensors(path):
+            if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                raise InputError(
+                    f"{path}: weight {name} is not finite (NaN or infinite); refusing to "
+                    f"encode with this model"
+                )
+
+
+def _weight_tensors(path: Path) -> Iterator[tuple[str, Tensor]]:
+    """The named tensors of a weight file in either format ``from_pretrained`` reads; a file
+    neither format can parse (cut short, overwritten) is an error naming it."""
+    try:
+        if path.suffix == ".safetensors":
+            with safe_open(str(path), framework="pt") as weights:
+                for name in weights.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                    yield name, weights.get_tensor(name)
+        elif path.suffix == ".bin":
+            yield from torch.load(path, map_location="cpu", mmap=True, weights_only=True).items()
+    except (SafetensorError, RuntimeError, pickle.UnpicklingError, EOFError) as error:
+        raise InputError(f"{path}: not a readable weight file ({error})") from None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 import time
 import tracemalloc
 from collections.abc import Iterator
@@ -19,7 +20,12 @@ import ray
 import torch
 from conftest import SESSION_RAY_CPUS
 from store_helpers import random_word_dataset, write_checkpoint
-from training_helpers import assert_exact_top_k, exact_scores, write_letter_export
+from training_helpers import (
+    assert_exact_top_k,
+    exact_scores,
+    poison_weight,
+    write_letter_export,
+)
 
 from hnce.cluster.compute import index_build
 from hnce.cluster.compute.actors import PlacementError, StopRequested, Task, TaskClock, TaskTimeout
@@ -42,6 +48,7 @@ from hnce.cluster.stores.sharded_index import IndexSpec
 from hnce.cluster.stores.tables import Mention, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.encoders.biencoder import export_biencoder, load_biencoder
+from hnce.pipeline.cli.main import user_error
 
 pytestmark = pytest.mark.slow
 
@@ -652,3 +659,22 @@ def test_evaluation_reuses_the_published_index_and_equals_re_encoding(ray_sessio
     exact[:, 1::2][~domains] = -np.inf  # an even mention never sees odd entities
     exact[:, 0::2][domains] = -np.inf
     assert_exact_top_k(again.cands, exact)
+
+
+def test_an_input_error_of_an_encoder_actor_start_reaches_the_driver_whole(
+    ray_session, assets, no_kept_encoders, tmp_path: Path
+) -> None:
+    """What an actor's constructor raises reaches the driver as text only (Ray's
+    ActorDiedError); the encoder keeps it and raises it from its first call, so the command's
+    handler finds the InputError naming the weight (exit 2, one line), and the pool that did not
+    start holds no CPUs."""
+    export = tmp_path / "nan-export"
+    shutil.copytree(assets["dual"], export)
+    weights_file, name = poison_weight(export)
+    free = ray.available_resources().get("CPU", 0)
+    with pytest.raises(Exception) as raised:
+        EncoderPool(export, EncoderPoolSettings(num_encoders=1))
+    found = user_error(raised.value)
+    assert found is not None, raised.value
+    assert str(found).startswith(f"{weights_file}: weight {name} is not finite")
+    _wait_for_free_cpus(int(free))

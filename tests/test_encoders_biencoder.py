@@ -245,7 +245,9 @@ def test_an_export_with_a_non_finite_weight_is_refused(
     with torch.no_grad():
         getattr(model, f"{tower}_tower").embeddings.word_embeddings.weight[3, 0] = float("nan")
     export_biencoder(model, tmp_path / "export")
-    with pytest.raises(InputError, match=rf"export: weight {tower}.*not finite"):
+    with pytest.raises(
+        InputError, match=rf"export/{tower}/model\.safetensors: weight .*not finite"
+    ):
         load_biencoder(tmp_path / "export")
 
 

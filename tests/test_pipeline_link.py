@@ -17,9 +17,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import ray
 import torch
 from conftest import write_jsonl
-from training_helpers import CONFIGS, TrainedRun, assert_exact_top_k, exact_scores
+from training_helpers import (
+    CONFIGS,
+    TrainedRun,
+    assert_exact_top_k,
+    exact_scores,
+    poison_weight,
+    write_letter_export,
+)
 
 import hnce
 from hnce.cluster.compute.retrieval import EVAL_INDEX_DIR
@@ -119,6 +127,29 @@ def test_a_bad_argument_or_stdin_line_is_refused_before_any_work(
     status, _, err = run_hnce("link", *recipe, "--blink", str(blink))
     assert status == 2 and f"hnce link: {blink}:2: missing_field" in err and "mention" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_an_export_with_a_non_finite_weight_is_refused_before_ray_starts(
+    run_hnce, small_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver checks the weights it hashes anyway; no actor is started to find them NaN."""
+    export = write_letter_export(tmp_path / "export", "dual")
+    weights_file, name = poison_weight(export)
+    recipe = ["--config", str(CONFIGS / "synthetic-test.yaml")]
+    recipe += ["--set", f"data.root={small_dataset}", "--set", f"run.dir={tmp_path / 'run'}"]
+    monkeypatch.setattr(ray, "init", _ray_must_not_start)
+    status, out, err = run_hnce(
+        "link", *recipe, "--export", str(export), "a [START_ENT] b [END_ENT]"
+    )
+    assert (status, out) == (2, "")
+    assert err == (
+        f"hnce link: {weights_file}: weight {name} is not finite (NaN or infinite); "
+        "refusing to encode with this model\n"
+    )
+
+
+def _ray_must_not_start(*args: object, **kwargs: object) -> None:
+    raise AssertionError("Ray started for an input the driver can check")
 
 
 BLINK_LINE = {"id": 7, "context_left": "the", "mention": "city", "context_right": "of light"}

@@ -11,6 +11,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 from conftest import LETTER_PIECES, tiny_bert_config, write_wordpiece_tokenizer
+from safetensors.torch import load_file, save_file
 from transformers import BertModel
 
 from hnce.cluster.stores.tables import Mention
@@ -63,6 +64,17 @@ def write_letter_export(directory: Path, scorer: str) -> Path:
     export_dir = directory / "export"
     export_biencoder(model, export_dir)
     return export_dir
+
+
+def poison_weight(export_dir: Path, tower: str = "entity") -> tuple[Path, str]:
+    """Make one weight of ``export_dir``'s ``tower`` NaN, as a damaged or hand-made export would
+    have it: (the weight file, the weight's name)."""
+    weights_file = export_dir / tower / "model.safetensors"
+    weights = load_file(weights_file)
+    name = next(key for key, tensor in weights.items() if tensor.is_floating_point())
+    weights[name][0] = float("nan")
+    save_file(weights, weights_file, metadata={"format": "pt"})
+    return weights_file, name
 
 
 def small_synthetic_dataset(root: Path) -> Path:

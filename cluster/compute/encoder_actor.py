@@ -52,8 +52,9 @@ from hnce.cluster.stores.shard_files import (
 )
 from hnce.cluster.stores.sharded_index import IndexSpec, build_shard_index, train_index
 from hnce.cluster.stores.tokens import TokenStore
-from hnce.encoders.biencoder import load_biencoder
+from hnce.encoders.biencoder import BiEncoder, load_biencoder
 from hnce.encoders.formatting import tokenizer_fingerprint
+from hnce.errors import InputError
 
 logger = logging.getLogger(__name__)
 
@@ -173,11 +174,25 @@ class EntityEncoderActor(ShardHolder):
         restarted = ray.get_runtime_context().was_current_actor_reconstructed
         if self.pointer is not None and restarted:
             model = ray.get(self.pointer.get.remote())
-        self.load(model)
+        self.start_error: InputError | None = None
+        try:
+            self.load(model)
+        except InputError as error:
+            # Ray hands the driver only the text of what a constructor raised (ActorDiedError);
+            # raised from a method, the InputError itself reaches the user (docs/failures.md).
+            self.start_error = error
+
+    @property
+    def model(self) -> BiEncoder:
+        """The loaded bi-encoder; the error that kept it from loading, raised again."""
+        if self.start_error is not None:
+            raise self.start_error
+        return self._model
 
     def load(self, model: PoolModel) -> None:
         """Load `model`'s weights and token store, dropping any index shards held."""
-        self.model = load_biencoder(Path(model.export_dir), device=self.device).eval()
+        self._model = load_biencoder(Path(model.export_dir), device=self.device).eval()
+        self.start_error = None
         self.tokens = None
         if model.token_store is not None:
             fingerprint = tokenizer_fingerprint(self.model.tokenizer)
@@ -192,6 +207,9 @@ class EntityEncoderActor(ShardHolder):
         return os.getpid()
 
     def ready(self) -> int:
+        """The actor's pid once its model is loaded (the error that kept it from loading)."""
+        if self.start_error is not None:
+            raise self.start_error
         return os.getpid()
 
     def quantiser_sample(self, task: QuantiserTask, part: int, parts: int) -> np.ndarray:

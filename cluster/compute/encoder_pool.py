@@ -158,9 +158,13 @@ class EncoderPool:
             for name in self.names
         ]
         starting = TaskClock(settings.wait_floor_seconds, "encoder start")
-        starting.wait_started(
-            [actor.ready.remote() for actor in self.actors], self.names, self.request
-        )
+        try:
+            starting.wait_started(
+                [actor.ready.remote() for actor in self.actors], self.names, self.request
+            )
+        except BaseException:
+            self.shutdown()  # a pool that did not start holds no CPUs and no model
+            raise
 
     def _cpus_per_actor(self, gpus: float, slots: bool) -> tuple[int, str]:
         """CPUs (and torch threads) each actor asks for, and why (logged). A share of the free

@@ -44,7 +44,7 @@ from hnce.cluster.stores.files import sha256_file
 from hnce.cluster.stores.index_store import BuildParameters, IndexBuilder, IndexStore, IndexVersion
 from hnce.cluster.stores.sharded_index import IndexSpec
 from hnce.cluster.stores.tokens import TokenStore
-from hnce.encoders.biencoder import SCORER_FILE
+from hnce.encoders.biencoder import SCORER_FILE, check_finite_weights
 from hnce.encoders.formatting import register_markers
 from hnce.encoders.local import load_local
 from hnce.encoders.scorers import ScorerConfig
@@ -106,6 +106,7 @@ class IndexedModel:
             description = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise InputError(f"{path}: missing; not a bi-encoder export directory") from None
+        check_finite_weights(export_dir)  # here, before any actor loads it (docs/failures.md)
         return cls(export_dir, checkpoint, fingerprint, description)
 
     @property
