@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -89,10 +90,12 @@ def test_a_malformed_marking_is_an_error_naming_the_input(text: str, problem: st
 
 @pytest.fixture
 def run_hnce(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
-    """Run ``hnce`` in this process, stdin given as text: (exit status, stdout, stderr)."""
+    """Run ``hnce`` in this process, stdin given as text or bytes: (exit status, stdout,
+    stderr)."""
 
-    def run(*arguments: str, stdin: str = "") -> tuple[int, str, str]:
-        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+    def run(*arguments: str, stdin: str | bytes = "") -> tuple[int, str, str]:
+        raw = stdin.encode() if isinstance(stdin, str) else stdin
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(raw)))
         capsys.readouterr()
         status = hnce_main(list(arguments))
         out, err = capsys.readouterr()
@@ -126,6 +129,32 @@ def test_a_bad_argument_or_stdin_line_is_refused_before_any_work(
     )
     status, _, err = run_hnce("link", *recipe, "--blink", str(blink))
     assert status == 2 and f"hnce link: {blink}:2: missing_field" in err and "mention" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_bytes_that_are_not_utf8_are_refused_at_the_edge_naming_line_and_byte(
+    run_hnce, small_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stdin, a command-line argument (which Python keeps as lone surrogates) and a file follow
+    one rule, checked before any model or Ray starts."""
+    monkeypatch.setattr(ray, "init", _ray_must_not_start)
+    recipe = ["--config", str(CONFIGS / "synthetic-test.yaml")]
+    recipe += ["--set", f"data.root={small_dataset}", "--set", f"run.dir={tmp_path / 'run'}"]
+    good = b"the [START_ENT] city [END_ENT] of light\n"
+    status, out, err = run_hnce("link", *recipe, stdin=good + b"caf\xe9 [START_ENT] x [END_ENT]\n")
+    assert (status, out) == (2, "")
+    assert (
+        err == "hnce link: stdin line 2: not UTF-8 text: byte 3 (0xe9): invalid continuation byte\n"
+    )
+    text = os.fsdecode(b"a [START_ENT] \xff [END_ENT]")
+    status, _, err = run_hnce("link", *recipe, good.decode(), text)
+    assert status == 2
+    assert err == "hnce: argument 9: not UTF-8 text: byte 14 (0xff): invalid start byte\n"
+    kilt = tmp_path / "aida.jsonl"
+    kilt.write_bytes(b'{"id": "q1", "input": "' + good.strip() + b'"}\n{"id": "q\xc3"}\n')
+    status, _, err = run_hnce("link", *recipe, "--kilt", str(kilt))
+    assert status == 2
+    assert err.startswith(f"hnce link: {kilt}:2: invalid_utf8: not UTF-8 text: byte 9 (0xc3)")
     assert not (tmp_path / "run").exists()
 
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hnce.errors import InputError
 from hnce.pipeline.cli._common import add_config_arguments, load_recipe
+from hnce.text import stdin_lines
 
 if TYPE_CHECKING:
     from hnce.cluster.stores.tables import Mention
@@ -94,8 +94,7 @@ def read_mentions(args: argparse.Namespace) -> list[Mention]:
         sources = [f"argument {number}" for number in range(1, len(args.texts) + 1)]
         mentions = texts_mentions(args.texts, sources)
     else:
-        lines = [(number, line.rstrip("\n")) for number, line in enumerate(sys.stdin, start=1)]
-        lines = [(number, line) for number, line in lines if line.strip()]
+        lines = [(number, line) for number, line in stdin_lines() if line.strip()]
         sources = [f"stdin line {number}" for number, _ in lines]
         mentions = texts_mentions([line for _, line in lines], sources)
     if not mentions:

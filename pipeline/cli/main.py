@@ -28,6 +28,7 @@ from collections.abc import Callable
 from hnce.cluster.stores.lock_holder import EXIT_LOCKED, RunLocked
 from hnce.errors import InputError
 from hnce.progress import quiet
+from hnce.text import NotText, argument_text
 
 EXIT_INPUT_ERROR = 2
 EXIT_IO_ERROR = 74  # sysexits' EX_IOERR: a full disk, a file system that refuses a write
@@ -158,7 +159,11 @@ def _terminate(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    try:
+        argv = argument_text(sys.argv[1:] if argv is None else argv)
+    except NotText as error:  # before Ray or a subcommand sees it (docs/failures.md)
+        print(f"hnce: {error}", file=sys.stderr)
+        return EXIT_INPUT_ERROR
     command = next((arg for arg in argv if not arg.startswith("-")), None)
     parser = build_parser(command if command in COMMANDS else None)
     args = parser.parse_args(argv)

@@ -17,6 +17,7 @@ from hnce.cluster.stores.files import atomic_write_text
 from hnce.pipeline.config.origins import ConfigError, dotted, origin_of
 from hnce.pipeline.config.sections import Config
 from hnce.pipeline.config.validation import validate
+from hnce.text import NotText, read_text_file
 
 _CONFIG = TypeAdapter(Config)
 
@@ -100,12 +101,10 @@ def _yaml_lines(node: yaml.Node | None, prefix: str = "") -> dict[str, int]:
 def _recipe_text(path: Path) -> str:
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
-    data = path.read_bytes()
     try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = data[: error.start].count(b"\n") + 1
-        raise ConfigError(f"{path}:{line}: not UTF-8 text (byte {error.start})") from None
+        return read_text_file(path)
+    except NotText as error:
+        raise ConfigError(str(error)) from None
 
 
 def _yaml_error(path: Path, error: yaml.YAMLError) -> ConfigError:

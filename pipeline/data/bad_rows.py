@@ -21,6 +21,7 @@ from typing import IO, Any, Literal, TypeVar
 
 from hnce.cluster.stores.files import ClosedOnExit
 from hnce.errors import InputError
+from hnce.text import NotText, decode_text
 
 T = TypeVar("T")
 BadRowMode = Literal["strict", "skip"]
@@ -150,15 +151,10 @@ def iter_text_lines(path: Path, policy: BadRowPolicy) -> Iterator[tuple[int, str
     with path.open("rb") as handle:
         for line_number, raw in enumerate(handle, start=1):
             try:
-                yield line_number, raw.decode("utf-8")
-            except UnicodeDecodeError as error:
-                policy.reject(
-                    BadRowKind.INVALID_UTF8,
-                    path,
-                    line_number,
-                    raw.decode("utf-8", "backslashreplace"),
-                    f"not UTF-8: {error.reason} at byte {error.start}",
-                )
+                yield line_number, decode_text(raw, f"{path}:{line_number}")
+            except NotText as error:
+                escaped = raw.decode("utf-8", "backslashreplace")
+                policy.reject(BadRowKind.INVALID_UTF8, path, line_number, escaped, error.detail)
 
 
 def iter_json_lines(path: Path, policy: BadRowPolicy) -> Iterator[InputRow]:
