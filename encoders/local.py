@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, TypeVar
 
+from huggingface_hub.errors import StrictDataclassError
+
 from hnce.errors import InputError
 
 Loaded = TypeVar("Loaded")
@@ -36,4 +38,18 @@ def load_local(loader: type[Loaded], path: Path | str, **options: Any) -> Loaded
     ``path`` is a local model directory (``loader``: AutoModel, AutoConfig, AutoTokenizer...)."""
     needs = None if loader.__name__.endswith("Tokenizer") else "config.json"
     directory = local_model_dir(path, needs)
-    return loader.from_pretrained(directory, local_files_only=True, **options)  # type: ignore[attr-defined]
+    try:
+        return loader.from_pretrained(directory, local_files_only=True, **options)  # type: ignore[attr-defined]
+    except OSError as error:
+        if error.errno is not None:  # the machine refused a read: not the files' content
+            raise
+        raise _unloadable(loader, directory, error) from None
+    except (ValueError, TypeError, KeyError, StrictDataclassError) as error:
+        raise _unloadable(loader, directory, error) from None
+
+
+def _unloadable(loader: type, directory: Path, error: Exception) -> InputError:
+    """What ``from_pretrained`` said of files it could not read (a config that is not JSON, of
+    the wrong types, a tokenizer file cut short), as one line naming the directory."""
+    said = " ".join(str(error).split()) or type(error).__name__
+    return InputError(f"{directory}: {loader.__name__} cannot load it: {said[:300]}")

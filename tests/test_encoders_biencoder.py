@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import tiny_bert_config
-from transformers import BertConfig
+from transformers import AutoConfig, BertConfig
 
 from hnce.encoders.biencoder import (
     BiEncoder,
@@ -19,6 +19,7 @@ from hnce.encoders.biencoder import (
     load_biencoder,
     minilm_path,
 )
+from hnce.encoders.local import load_local
 from hnce.encoders.scorers import index_scores
 from hnce.errors import InputError
 
@@ -294,3 +295,19 @@ def test_a_model_path_that_is_not_a_local_directory_never_reaches_the_hub(
     monkeypatch.chdir(tmp_path)
     with pytest.raises(InputError, match=rf"{missing}: not a local model directory"):
         build_biencoder(missing, "dual")
+
+
+@pytest.mark.parametrize(
+    "config",
+    [b"{", b'{"model_type": "bert", "hidden_size": "wide"}', b'{"model_type": "bert"}\xff'],
+    ids=["cut short", "wrong type", "not utf-8"],
+)
+def test_a_model_directory_whose_files_do_not_load_is_one_error_naming_it(
+    config: bytes, tmp_path: Path
+) -> None:
+    """What ``from_pretrained`` raises of a config it cannot read (OSError without an errno,
+    ValueError, a strict dataclass error) is the user's: one line naming the directory."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_bytes(config)
+    with pytest.raises(InputError, match=rf"{tmp_path / 'model'}: AutoConfig cannot load it: "):
+        load_local(AutoConfig, tmp_path / "model")

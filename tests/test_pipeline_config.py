@@ -318,6 +318,7 @@ HOSTILE_RECIPES = {
     "complex_key": (b"? [a, b]\n: 1\n", r"complex_key\.yaml:1: a key must be a plain name"),
     "latin1": (b'run:\n  dir: "caf\xe9"\n', r"latin1\.yaml:2: not UTF-8 text"),
     "broken": (b"training:\n  steps: [1\n", r"broken\.yaml:3: not valid YAML"),
+    "control": (b"run:\n  dir: a\x16b\n", r"control\.yaml:2: not valid YAML: character 0x0016"),
     "deep": (b"run: " + b"[" * 5000 + b"]" * 5000 + b"\n", r"deep\.yaml: nested too deeply"),
     "alias_bomb": (
         b"a: &a ["

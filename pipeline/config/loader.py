@@ -117,7 +117,14 @@ def _yaml_error(path: Path, error: yaml.YAMLError) -> ConfigError:
 
 def read_recipe(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     """The recipe's tree and the origin (``file:line``) of each dotted key."""
-    loader = _RecipeLoader(_recipe_text(path))
+    text = _recipe_text(path)
+    try:
+        loader = _RecipeLoader(text)  # refuses characters YAML does not allow, at once
+    except yaml.reader.ReaderError as error:
+        line = text.count("\n", 0, error.position) + 1
+        raise ConfigError(
+            f"{path}:{line}: not valid YAML: character {error.character:#06x} is not allowed"
+        ) from None
     loader.source = str(path)
     try:
         node = loader.get_single_node()
