@@ -18,12 +18,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import torch
+from pydantic import TypeAdapter
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from torch.nn import functional as F
 from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel, PreTrainedModel
 
+from hnce.documents import DocumentMissing, document_record, read_document
 from hnce.encoders.formatting import (
     punctuation_ids,
     register_markers,
@@ -31,7 +33,7 @@ from hnce.encoders.formatting import (
     tokenize_mentions,
 )
 from hnce.encoders.local import load_local
-from hnce.encoders.pooling import POOLINGS, Pooling, mean_pool, pooled_first, resolve_pooling
+from hnce.encoders.pooling import Pooling, mean_pool, pooled_first, resolve_pooling
 from hnce.encoders.scorers import Scorer, ScorerConfig, build_scorer
 from hnce.encoders.towers import checkpointed_chunks, enable_activation_checkpointing, use_sdpa
 from hnce.errors import InputError
@@ -39,6 +41,29 @@ from hnce.errors import InputError
 SCORER_FILE = "scorer.json"
 SCORER_WEIGHTS_FILE = "scorer.safetensors"
 EXPORT_FORMAT = 1
+
+
+@document_record
+class ExportDescription:
+    """``scorer.json``: what a bi-encoder export holds besides its towers, read against this
+    schema (an edited or cut-short description is named, not crashed on where a value is used).
+    Keys added after the first exports default to what those exports did: [CLS] pooling,
+    unnormalised vectors, two towers, no projection."""
+
+    format: int
+    scorer: ScorerConfig
+    mention_length: int
+    entity_length: int
+    output_size: int
+    indexable: bool
+    vectors_per_entity: int | None
+    pooling: Pooling = "cls"
+    normalize: bool = False
+    shared_towers: bool = False
+    projection_size: int | None = None
+
+
+_DESCRIPTION = TypeAdapter(ExportDescription)
 
 
 def minilm_path() -> Path:
@@ -422,20 +447,21 @@ def export_biencoder(model: BiEncoder, export_dir: Path) -> None:
     for name, tower in (("mention", model.mention_tower), ("entity", model.entity_tower)):
         tower.save_pretrained(export_dir / name)
         model.tokenizer.save_pretrained(export_dir / name)
-    description = {
-        "format": EXPORT_FORMAT,
-        "scorer": model.scorer.config.to_dict(),
-        "mention_length": model.mention_length,
-        "entity_length": model.entity_length,
-        "pooling": model.pooling,
-        "normalize": model.normalize,
-        "shared_towers": model.shared_towers,
-        "projection_size": model.projection_size,
-        "output_size": model.output_size,
-        "indexable": model.scorer.indexable,
-        "vectors_per_entity": model.scorer.vectors_per_entity,
-    }
-    (export_dir / SCORER_FILE).write_text(json.dumps(description, indent=2) + "\n")
+    description = ExportDescription(
+        format=EXPORT_FORMAT,
+        scorer=model.scorer.config,
+        mention_length=model.mention_length,
+        entity_length=model.entity_length,
+        output_size=model.output_size,
+        indexable=model.scorer.indexable,
+        vectors_per_entity=model.scorer.vectors_per_entity,
+        pooling=model.pooling,
+        normalize=model.normalize,
+        shared_towers=model.shared_towers,
+        projection_size=model.projection_size,
+    )
+    text = json.dumps(_DESCRIPTION.dump_python(description, mode="json"), indent=2)
+    (export_dir / SCORER_FILE).write_text(text + "\n")
     extra = _extra_state(model)
     if extra:
         save_file(extra, str(export_dir / SCORER_WEIGHTS_FILE))
@@ -446,45 +472,29 @@ def load_biencoder(
 ) -> BiEncoder:
     """Load what ``export_biencoder`` wrote (e.g. ``<run>/checkpoints/step-S/export/``)."""
     export_dir = Path(export_dir)
-    description_path = export_dir / SCORER_FILE
-    if not description_path.is_file():
-        raise FileNotFoundError(f"{description_path}: missing; not a bi-encoder export directory")
+    description = read_description(export_dir)
     check_finite_weights(export_dir)
-    description = json.loads(description_path.read_text())
-    if description.get("format") != EXPORT_FORMAT:
-        raise ValueError(
-            f"{description_path}: format {description.get('format')!r}, expected {EXPORT_FORMAT}"
-        )
-    scorer_config = ScorerConfig.from_dict(description["scorer"])
-    # Exports written before the pooling was recorded all pooled [CLS].
-    pooling = description.get("pooling", "cls")
-    if pooling not in POOLINGS:
-        raise ValueError(f"{description_path}: pooling {pooling!r}, expected one of {POOLINGS}")
-    normalize = description.get("normalize", False)  # older exports: unnormalised
-    if not isinstance(normalize, bool):
-        raise ValueError(f"{description_path}: normalize {normalize!r}, expected true or false")
-    shared = description.get("shared_towers", False)  # older exports: two towers
-    if not isinstance(shared, bool):
-        raise ValueError(f"{description_path}: shared_towers {shared!r}, expected true or false")
     mention_tower = _load_tower(export_dir / "mention", dtype)
-    entity_tower = mention_tower if shared else _load_tower(export_dir / "entity", dtype)
+    entity_tower = (
+        mention_tower if description.shared_towers else _load_tower(export_dir / "entity", dtype)
+    )
     model = _assemble(
         mention_tower,
         entity_tower,
         load_local(AutoTokenizer, export_dir / "mention"),
-        scorer_config,
-        description["mention_length"],
-        description["entity_length"],
-        description.get("projection_size"),
-        pooling,
-        normalize,
+        description.scorer,
+        description.mention_length,
+        description.entity_length,
+        description.projection_size,
+        description.pooling,
+        description.normalize,
     )
     expected = _extra_state(model)
     weights_path = export_dir / SCORER_WEIGHTS_FILE
     if expected:
         if not weights_path.is_file():
             raise FileNotFoundError(
-                f"{weights_path}: missing; the scorer {scorer_config.name} has weights"
+                f"{weights_path}: missing; the scorer {description.scorer.name} has weights"
             )
         saved = load_file(str(weights_path))
         missing = sorted(set(expected) - set(saved))
@@ -498,6 +508,20 @@ def load_biencoder(
                 )
     model.eval()
     return model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
+
+
+def read_description(export_dir: Path) -> ExportDescription:
+    """The ``scorer.json`` of the bi-encoder export ``export_dir``, validated: an
+    :class:`InputError` naming the file when it is not a description of this format (a
+    :class:`DocumentMissing` when there is none: not a bi-encoder export)."""
+    path = Path(export_dir) / SCORER_FILE
+    try:
+        description = read_document(path, _DESCRIPTION, "export description")
+    except DocumentMissing:
+        raise DocumentMissing(f"{path}: missing; not a bi-encoder export directory") from None
+    if description.format != EXPORT_FORMAT:
+        raise InputError(f"{path}: format {description.format}, expected {EXPORT_FORMAT}")
+    return description
 
 
 def check_finite_weights(export_dir: Path) -> None:

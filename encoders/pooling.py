@@ -30,13 +30,14 @@ Example::
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
+from pydantic import TypeAdapter
 from torch import Tensor
 
+from hnce.documents import read_document
 from hnce.errors import InputError
 
 Pooling = Literal["cls", "mean"]
@@ -51,11 +52,10 @@ _FLAGS: dict[str, Pooling] = {"pooling_mode_cls_token": "cls", "pooling_mode_mea
 _NAMES: dict[str, Pooling] = {"cls": "cls", "mean": "mean"}
 
 
-def _read_json(path: Path) -> object:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise InputError(f"{path}:{error.lineno}: not valid JSON: {error.msg}") from error
+#: sentence-transformers' ``modules.json`` and Pooling config: a list of objects and an object;
+#: of their keys hnce reads only those it needs (a module's type and path, the pooling mode)
+_MODULES = TypeAdapter(list[dict[str, Any]])
+_POOLING_CONFIG = TypeAdapter(dict[str, Any])
 
 
 def _module_class(module: dict) -> str:
@@ -90,9 +90,7 @@ def declared_pooling(model_dir: Path) -> Pooling:
     modules_path = Path(model_dir) / MODULES_FILE
     if not modules_path.is_file():
         return "cls"
-    modules = _read_json(modules_path)
-    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
-        raise InputError(f"{modules_path}: expected a list of modules (objects with a 'type')")
+    modules = read_document(modules_path, _MODULES, "sentence-transformers modules list")
     changing = [
         str(m.get("type"))
         for m in modules
@@ -111,9 +109,7 @@ def declared_pooling(model_dir: Path) -> Pooling:
     config_path = Path(model_dir) / str(pooling_modules[0].get("path", "")) / "config.json"
     if not config_path.is_file():
         raise InputError(f"{config_path}: missing; {modules_path} names it as the Pooling module")
-    pooling_config = _read_json(config_path)
-    if not isinstance(pooling_config, dict):
-        raise InputError(f"{config_path}: expected an object with the pooling mode")
+    pooling_config = read_document(config_path, _POOLING_CONFIG, "Pooling module config")
     return _declared_mode(config_path, pooling_config)
 
 

@@ -15,16 +15,31 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
+from pydantic import TypeAdapter
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel, PreTrainedModel
 
+from hnce.documents import DocumentMissing, document_record, read_document
 from hnce.encoders.formatting import register_markers, tokenize_entities, tokenize_mentions
 from hnce.encoders.local import load_local
 from hnce.encoders.towers import checkpointed_chunks, enable_activation_checkpointing, use_sdpa
 
 RERANKER_FILE = "reranker.json"
 HEAD_WEIGHTS_FILE = "head.safetensors"
+
+
+@document_record
+class RerankerDescription:
+    """``reranker.json``: the lengths a reranker export was trained at (read against this
+    schema: an edited or cut-short description is named, not crashed on)."""
+
+    mention_length: int
+    entity_length: int
+    max_length: int | None
+
+
+_DESCRIPTION = TypeAdapter(RerankerDescription)
 
 
 def cross_encoder_inputs(
@@ -202,12 +217,9 @@ def export_reranker(model: JointReranker, export_dir: Path) -> None:
     export_dir.mkdir(parents=True, exist_ok=True)
     model.encoder.save_pretrained(export_dir / "encoder")
     model.tokenizer.save_pretrained(export_dir / "encoder")
-    description = {
-        "mention_length": model.mention_length,
-        "entity_length": model.entity_length,
-        "max_length": model.max_length,
-    }
-    (export_dir / RERANKER_FILE).write_text(json.dumps(description, indent=2) + "\n")
+    description = RerankerDescription(model.mention_length, model.entity_length, model.max_length)
+    text = json.dumps(_DESCRIPTION.dump_python(description, mode="json"), indent=2)
+    (export_dir / RERANKER_FILE).write_text(text + "\n")
     head = {k: v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()}
     save_file(head, str(export_dir / HEAD_WEIGHTS_FILE))
 
@@ -216,14 +228,17 @@ def load_reranker(export_dir: Path, device: str | torch.device = "cpu") -> Joint
     """Load what ``export_reranker`` wrote."""
     export_dir = Path(export_dir)
     description_path = export_dir / RERANKER_FILE
-    if not description_path.is_file():
-        raise FileNotFoundError(f"{description_path}: missing; not a reranker export directory")
-    description = json.loads(description_path.read_text())
+    try:
+        description = read_document(description_path, _DESCRIPTION, "reranker description")
+    except DocumentMissing:
+        raise DocumentMissing(
+            f"{description_path}: missing; not a reranker export directory"
+        ) from None
     model = build_reranker(
         export_dir / "encoder",
-        mention_length=description["mention_length"],
-        entity_length=description["entity_length"],
-        max_length=description["max_length"],
+        mention_length=description.mention_length,
+        entity_length=description.entity_length,
+        max_length=description.max_length,
     )
     model.head.load_state_dict(load_file(str(export_dir / HEAD_WEIGHTS_FILE)))
     model.eval()

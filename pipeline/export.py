@@ -14,7 +14,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from hnce.cluster.stores.checkpoints import (
     resolve_checkpoint,
 )
 from hnce.cluster.stores.files import publish_directory, staging
-from hnce.encoders.biencoder import SCORER_FILE, load_biencoder
+from hnce.encoders.biencoder import SCORER_FILE, load_biencoder, read_description
 from hnce.encoders.sentence_transformers_export import (
     check_exportable,
     export_sentence_transformers,
@@ -55,7 +54,7 @@ def export_run(source: Path, checkpoint: str, export_format: str, out: Path) -> 
     run_dir = run_directory(source)
     refuse_inside_stores(out, run_dir, "--out")
     directory = checkpoint_directory(run_dir, checkpoint)
-    check_description(directory / EXPORT_DIR / SCORER_FILE)
+    check_description(directory / EXPORT_DIR)
     _, export_dir = resolve_checkpoint(run_dir, str(directory))  # verified against COMPLETE
     model = load_biencoder(export_dir).eval()
     with staging(out) as building:
@@ -89,20 +88,9 @@ def checkpoint_directory(run_dir: Path, checkpoint: str) -> Path:
     return directory
 
 
-def check_description(description_path: Path) -> None:
+def check_description(export_dir: Path) -> None:
     """Refuse, before anything is verified or loaded, a checkpoint whose ``scorer.json`` names a
     model the export cannot carry (:func:`check_exportable`); the loaded model is checked again."""
-    try:
-        description = json.loads(description_path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{description_path}: missing; not a bi-encoder checkpoint") from None
-    except json.JSONDecodeError as error:
-        raise InputError(
-            f"{description_path}:{error.lineno}: not valid JSON: {error.msg}"
-        ) from None
-    scorer = description.get("scorer") if isinstance(description, dict) else None
-    if not isinstance(scorer, dict):
-        raise InputError(f"{description_path}: no scorer description")
-    check_exportable(
-        str(scorer.get("name")), description.get("projection_size"), str(description_path)
-    )
+    description = read_description(export_dir)
+    source = str(export_dir / SCORER_FILE)
+    check_exportable(description.scorer.name, description.projection_size, source)

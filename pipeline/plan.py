@@ -44,6 +44,7 @@ import torch
 from transformers import AutoConfig, AutoModel, BertConfig, PretrainedConfig
 
 from hnce.cluster.stores.tables_read import EntityCatalogue
+from hnce.encoders.biencoder import SCORER_FILE, read_description
 from hnce.encoders.local import load_local
 from hnce.encoders.scorers import ScorerConfig, build_scorer
 from hnce.pipeline.config import Config
@@ -363,10 +364,10 @@ def towers_shared(config: Config, kind: TaskKind) -> bool:
         return False
     if config.model.shared_towers is not None:
         return config.model.shared_towers
-    description = model_directory(config, "model.path", config.model.path) / "scorer.json"
-    if not description.is_file():
+    export_dir = model_directory(config, "model.path", config.model.path)
+    if not (export_dir / SCORER_FILE).is_file():
         return False
-    return bool(json.loads(description.read_text()).get("shared_towers", False))
+    return read_description(export_dir).shared_towers
 
 
 def describe(plan: MemoryPlan) -> str:

@@ -416,7 +416,7 @@ def test_an_ivfpq_build_trains_one_quantiser_that_every_shard_shares(
         token_store, catalogue = tokens.directory, tokens.manifest["catalogue"]
     else:
         encodings = tmp_path / "encodings.t7"
-        dim = int(model.description["output_size"])
+        dim = model.description.output_size
         torch.save(
             torch.randn(num_entities, dim, generator=torch.Generator().manual_seed(0)), encodings
         )

@@ -69,7 +69,7 @@ def test_status_of_a_run_whose_files_are_all_corrupt_reports_each(
     assert main(["status", str(run_dir)]) == 0
     screen = capsys.readouterr().out
     problems = [line for line in screen.splitlines() if line.startswith("problem")]
-    assert any("refresh.lock.json: not a lock holder record" in line for line in problems)
+    assert any("refresh.lock.json:1: invalid lock holder record JSON" in line for line in problems)
     assert any(f"{run_dir / REFRESH_LOG}:2: not a JSON record" in line for line in problems)
     for store in ("index", "negatives"):  # each names its CURRENT and the missing version
         (line,) = [line for line in problems if line.startswith(f"problem       {store}:")]

@@ -77,7 +77,7 @@ def test_only_complete_checkpoints_count_and_pruning_keeps_the_newest(tmp_path: 
 def test_checkpoint_manifest_refuses_changed_missing_and_added_files(tmp_path: Path) -> None:
     directory = write_checkpoint(tmp_path, 5, deepspeed_state=True)
     manifest = verify_checkpoint(directory)
-    assert sorted(manifest["files"]) == [
+    assert sorted(manifest.files) == [
         "deepspeed/mp_rank_00_model_states.pt",
         "export/weights.bin",
         "training_state.json",

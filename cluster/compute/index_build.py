@@ -44,10 +44,14 @@ from hnce.cluster.stores.files import sha256_file
 from hnce.cluster.stores.index_store import BuildParameters, IndexBuilder, IndexStore, IndexVersion
 from hnce.cluster.stores.sharded_index import IndexSpec
 from hnce.cluster.stores.tokens import TokenStore
-from hnce.encoders.biencoder import SCORER_FILE, check_finite_weights
+from hnce.encoders.biencoder import (
+    SCORER_FILE,
+    ExportDescription,
+    check_finite_weights,
+    read_description,
+)
 from hnce.encoders.formatting import register_markers
 from hnce.encoders.local import load_local
-from hnce.encoders.scorers import ScorerConfig
 from hnce.errors import InputError
 from hnce.progress import progress_bar
 
@@ -79,7 +83,7 @@ class IndexedModel:
     export_dir: Path
     checkpoint: int | None
     fingerprint: str
-    description: dict[str, Any]
+    description: ExportDescription
 
     @classmethod
     def from_export(cls, export_dir: Path, checkpoint: int | None = None) -> IndexedModel:
@@ -93,7 +97,7 @@ class IndexedModel:
         prefix = EXPORT_DIR + "/"
         files = {
             name[len(prefix) :]: digest
-            for name, digest in verify_checkpoint(directory)["files"].items()
+            for name, digest in verify_checkpoint(directory).files.items()
             if name.startswith(prefix)
         }
         export_dir = Path(directory) / EXPORT_DIR
@@ -101,17 +105,13 @@ class IndexedModel:
 
     @classmethod
     def _described(cls, export_dir: Path, checkpoint: int | None, fingerprint: str) -> IndexedModel:
-        path = export_dir / SCORER_FILE
-        try:
-            description = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise InputError(f"{path}: missing; not a bi-encoder export directory") from None
+        description = read_description(export_dir)
         check_finite_weights(export_dir)  # here, before any actor loads it (docs/failures.md)
         return cls(export_dir, checkpoint, fingerprint, description)
 
     @property
     def vectors_per_entity(self) -> int | None:
-        return self.description["vectors_per_entity"]
+        return self.description.vectors_per_entity
 
 
 @contextmanager
@@ -130,7 +130,7 @@ def ensure_token_store(data_dir: Path, model: IndexedModel) -> TokenStore:
     loaded here, exactly as `load_biencoder` loads it (the actors check its fingerprint)."""
     tokenizer = load_local(AutoTokenizer, model.export_dir / "mention")
     register_markers(tokenizer)
-    return TokenStore.ensure(data_dir, tokenizer, model.description["entity_length"])
+    return TokenStore.ensure(data_dir, tokenizer, model.description.entity_length)
 
 
 def start_pool(
@@ -172,7 +172,7 @@ def build_parameters(
 
     A scorer mined exactly stores its reduced entity vectors, which only a flat index keeps
     exactly (`hnce.cluster.stores.exact_search`)."""
-    scorer = ScorerConfig.from_dict(model.description["scorer"])
+    scorer = model.description.scorer
     if scorer.mining == "exact" and spec.kind != "flat":
         raise InputError(
             f"{model.export_dir / SCORER_FILE}: scorer {scorer.name!r} is mined exactly, which "
@@ -184,8 +184,8 @@ def build_parameters(
         model=model.fingerprint,
         catalogue=catalogue,
         source="encoded" if encodings is None else f"encodings {encodings}",
-        scorer=model.description["scorer"],
-        dim=int(model.description["output_size"]),
+        scorer=scorer.to_dict(),
+        dim=model.description.output_size,
         vectors_per_entity=model.vectors_per_entity,
         num_entities=num_entities,
         index=index_parameters(spec, shard_size),

@@ -18,13 +18,17 @@ is refused instead of loaded (the trust boundary of ``run.dir``: README, "Trust"
 
 from __future__ import annotations
 
-import json
 import re
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from pydantic import TypeAdapter
+
 from hnce.cluster.stores.files import atomic_write_json, remove_owned, sha256_file
 from hnce.cluster.stores.lock_holder import encoding_checkpoint
+from hnce.cluster.stores.versioned_dir import Sha256
+from hnce.documents import document_record, read_document
 from hnce.errors import InputError
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -45,6 +49,36 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 class CheckpointIntegrityError(InputError):
     """A checkpoint file differs from its manifest, is missing, or is not listed in it."""
+
+
+@document_record
+class CheckpointState:
+    """``training_state.json``: what the trainer recorded with the checkpoint (read against this
+    schema, so a state edited by hand is named, not crashed on by the refresh coordinator or
+    ``hnce status``). Every key but ``step`` is absent from checkpoints written before it
+    existed (and from checkpoints written outside the trainer)."""
+
+    step: int
+    task: str | None = None
+    seed: int | None = None
+    negatives_version: int | None = None
+    loss: float | None = None
+    refresh: bool = True
+    refreshes_end: bool = False
+    training_ends_at: float | None = None
+
+
+@document_record
+class CheckpointManifest:
+    """``COMPLETE``: the checkpoint's step and the SHA-256 of each of its files (by path
+    relative to the checkpoint directory)."""
+
+    step: int
+    files: dict[str, Sha256]
+
+
+_STATE = TypeAdapter(CheckpointState)
+_MANIFEST = TypeAdapter(CheckpointManifest)
 
 
 def checkpoints_root(run_dir: Path) -> Path:
@@ -90,31 +124,33 @@ def newest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
     return found[-1] if found else None
 
 
-def _state_flag(directory: Path, key: str, default: bool) -> bool:
-    """One flag of a complete checkpoint's ``training_state.json`` (``default`` where a
-    checkpoint written before the key existed lacks it)."""
-    state = json.loads((directory / STATE_FILE).read_text())
-    return bool(state.get(key, default))
+def read_state(directory: Path) -> CheckpointState:
+    """A complete checkpoint's ``training_state.json``, validated; a
+    :class:`CheckpointIntegrityError` naming the file otherwise."""
+    path = Path(directory) / STATE_FILE
+    try:
+        return read_document(path, _STATE, "checkpoint state", CheckpointIntegrityError)
+    except FileNotFoundError:
+        raise CheckpointIntegrityError(f"{path}: missing from a complete checkpoint") from None
 
 
 def wants_refresh(directory: Path) -> bool:
     """Whether a complete checkpoint asks the training run's refresh coordinator to refresh it:
     every one does, except those a run with ``refresh.trigger: stale`` published only to resume
     from (``training_state.json``'s ``refresh`` is false)."""
-    return _state_flag(directory, REFRESH_REQUEST, True)
+    return read_state(directory).refresh
 
 
 def ends_refreshes(directory: Path) -> bool:
     """Whether a complete checkpoint says no refresh started from it on would publish before its
     training run's last step (``training_state.json``'s ``refreshes_end``)."""
-    return _state_flag(directory, REFRESHES_END, False)
+    return read_state(directory).refreshes_end
 
 
 def training_ends_at(directory: Path) -> float | None:
     """When a complete checkpoint's trainer expected its last step (:data:`TRAINING_ENDS_AT`),
     or None where it did not say."""
-    value = json.loads((directory / STATE_FILE).read_text()).get(TRAINING_ENDS_AT)
-    return None if value is None else float(value)
+    return read_state(directory).training_ends_at
 
 
 def refresh_requests(checkpoints: list[tuple[int, Path]]) -> list[tuple[int, Path]]:
@@ -131,29 +167,32 @@ def _files_of(directory: Path) -> list[Path]:
 
 
 def mark_complete(directory: Path, state: dict[str, Any]) -> None:
-    """Write ``training_state.json``, then the ``COMPLETE`` manifest (SHA-256 of every file)."""
+    """Write ``training_state.json`` (checked against :class:`CheckpointState` first, so only
+    what :func:`read_state` reads back is written), then the ``COMPLETE`` manifest (SHA-256 of
+    every file)."""
+    checked = CheckpointState(**state)  # refuses a state read_state would not read back
     atomic_write_json(directory / STATE_FILE, state)
     files = {str(path.relative_to(directory)): sha256_file(path) for path in _files_of(directory)}
-    atomic_write_json(directory / COMPLETE, {"step": int(state["step"]), "files": files})
+    manifest = CheckpointManifest(step=checked.step, files=files)
+    atomic_write_json(directory / COMPLETE, asdict(manifest))
 
 
-def verify_checkpoint(directory: Path) -> dict[str, Any]:
+def verify_checkpoint(directory: Path) -> CheckpointManifest:
     """Check every file of a complete checkpoint against its manifest; returns the manifest.
 
     Raises :class:`CheckpointIntegrityError` naming the first file that is missing, differs, or
-    is not listed (a file added after the checkpoint was written is never loaded).
+    is not listed (a file added after the checkpoint was written is never loaded), or naming
+    the manifest when it is not one (cut short, a key missing or of another type).
     """
     directory = Path(directory)
     marker = directory / COMPLETE
     try:
-        manifest = json.loads(marker.read_text(encoding="utf-8"))
-        recorded: dict[str, str] = manifest["files"]
+        manifest = read_document(marker, _MANIFEST, "checkpoint manifest", CheckpointIntegrityError)
     except FileNotFoundError:
         raise CheckpointIntegrityError(
             f"{marker}: missing; the checkpoint is not complete"
         ) from None
-    except (json.JSONDecodeError, KeyError, TypeError) as error:
-        raise CheckpointIntegrityError(f"{marker}: not a checkpoint manifest ({error})") from None
+    recorded = manifest.files
     present = {str(path.relative_to(directory)) for path in _files_of(directory)}
     unlisted = sorted(present - set(recorded))
     if unlisted:

@@ -26,14 +26,14 @@ from hnce.cluster.stores.versioned_dir import (
     StoreError,
     created_at,
     manifest_json,
-    manifest_record,
     read_manifest,
 )
+from hnce.documents import document_record
 
 DENOISED_FILE = "false_negatives.json"
 
 
-@manifest_record
+@document_record
 class DenoisedPairs:
     """What the reranker flagged: per mention id, the candidate entity ids it scored within
     ``margin`` of the gold, over the candidates of negatives version ``negatives_version``."""

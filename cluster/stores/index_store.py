@@ -77,8 +77,8 @@ from hnce.cluster.stores.versioned_dir import (
     VersionedStore,
     confined_path,
     created_at,
-    manifest_record,
 )
+from hnce.documents import document_record
 from hnce.encoders.scorers import Scorer, ScorerConfig
 
 logger = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ FORMAT = 1
 INDEX_DIR = "index"
 
 
-@manifest_record
+@document_record
 class BuildParameters:
     """What a version is built from; a resumed build must match these exactly.
 
@@ -109,7 +109,7 @@ class BuildParameters:
     index: dict[str, Any]
 
 
-@manifest_record
+@document_record
 class IndexManifest(BuildParameters):
     """`manifest.json` of a published version (docs/stores.md)."""
 
@@ -123,7 +123,7 @@ class IndexManifest(BuildParameters):
         return sum(shard.count for shard in self.shards)
 
 
-@manifest_record
+@document_record
 class BuildProgress:
     """`progress.json` of an unfinished build: its parameters and the shards already written."""
 

@@ -12,13 +12,14 @@ status`` shows both holders, and checkpoint retention spares the checkpoint a re
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import TypeAdapter
+
+from hnce.documents import document_record, read_document
 from hnce.errors import InputError
 
 #: the lock every refresh of a run takes, and the one every launch of ``hnce train`` takes
@@ -53,9 +54,10 @@ def holder_file(kind: str) -> str:
     return f"{lock_file(kind)}.json"
 
 
-@dataclass(frozen=True)
+@document_record
 class LockHolder:
-    """Who holds a run's lock, and what it is doing."""
+    """Who holds a run's lock, and what it is doing (the schema of its record: a record edited
+    by hand is named, never crashed on where a value is used)."""
 
     role: str
     pid: int
@@ -85,19 +87,21 @@ class LockHolder:
         return False
 
 
+_HOLDER = TypeAdapter(LockHolder)
+
+
 def read_holder(run_dir: Path, kind: str = REFRESH) -> LockHolder | None:
     """The recorded holder of ``run_dir``'s ``kind`` lock; None when free or when the holder
     provably died without releasing it (a killed process leaves its record behind)."""
     path = Path(run_dir) / holder_file(kind)
     try:
-        holder = LockHolder(**json.loads(path.read_text(encoding="utf-8")))
+        holder = read_document(path, _HOLDER, "lock holder record")
     except FileNotFoundError:
         return None
-    except (UnicodeDecodeError, json.JSONDecodeError, TypeError) as error:
+    except InputError as error:
         raise InputError(
-            f"{path}: not a lock holder record ({error}); it is written atomically by the "
-            f"holder, so it was changed by hand: remove it if no {ACTIVITY[kind]} of this run "
-            f"is running"
+            f"{error}; it is written atomically by the holder, so it was changed by hand: "
+            f"remove it if no {ACTIVITY[kind]} of this run is running"
         ) from None
     return None if holder.is_stale() else holder
 

@@ -54,9 +54,9 @@ from hnce.cluster.stores.versioned_dir import (
     StoreError,
     VersionedStore,
     created_at,
-    manifest_record,
     verify_sha256,
 )
+from hnce.documents import document_record
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ NEGATIVES_SCHEMA = pa.schema(
 )
 
 
-@manifest_record
+@document_record
 class SplitRecord:
     """One split's file in a negatives version."""
 
@@ -82,7 +82,7 @@ class SplitRecord:
     rows: Count
 
 
-@manifest_record
+@document_record
 class NegativesManifest:
     """`manifest.json` of a negatives version."""
 

@@ -27,15 +27,15 @@ from hnce.cluster.stores.versioned_dir import (
     Sha256,
     StoreError,
     confined_path,
-    manifest_record,
     verify_sha256,
 )
+from hnce.documents import document_record
 
 #: an ivfpq build's trained, empty IVF-PQ index, shared by all its shards
 QUANTISER_FILE = "quantiser.faiss"
 
 
-@manifest_record
+@document_record
 class ShardRecord:
     """One shard of a version, as recorded in the manifest: its files, their SHA-256, its vector
     count and the entity range [start, stop) it covers; `codes` (and its SHA-256) only for a

@@ -11,7 +11,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -33,25 +33,27 @@ from hnce.cluster.stores.tables import (
     Mention,
     open_parquet,
 )
-from hnce.cluster.stores.versioned_dir import Count, Sha256, manifest_record
+from hnce.cluster.stores.versioned_dir import Count, Sha256
+from hnce.documents import document_record, read_document, schema_problems
 
 _FINGERPRINT_SLICE = 65_536
+Summary = TypeVar("Summary")
 
 
-@manifest_record
+@document_record
 class _FileEntry:
     bytes: Count
     sha256: Sha256
     rows: Count | None = None
 
 
-@manifest_record
+@document_record
 class _Converter:
     name: str
     version: Count
 
 
-@manifest_record
+@document_record
 class _Input:
     role: str
     path: str
@@ -59,7 +61,7 @@ class _Input:
     sha256: Sha256
 
 
-@manifest_record
+@document_record
 class _ManifestSchema:
     """What a dataset's ``manifest.json`` must hold (every key, typed; no other key)."""
 
@@ -139,11 +141,9 @@ class DatasetManifest:
         try:
             checked = _SCHEMA.validate_json(text)
         except ValidationError as error:
-            problems = "; ".join(
-                f"{'.'.join(str(part) for part in problem['loc'])}: {problem['msg']}"
-                for problem in error.errors(include_url=False)
-            )
-            raise DatasetError(f"{path}: not a valid dataset manifest: {problems}") from None
+            raise DatasetError(
+                f"{path}: not a valid dataset manifest: {schema_problems(error)}"
+            ) from None
         _check_names(checked, root, path)
         manifest = cls(root, payload)
         manifest._check_files()
@@ -483,7 +483,15 @@ def catalogue_fingerprint(root: Path) -> str:
     return DatasetManifest.open(root).catalogue
 
 
-def read_summary(root: Path) -> dict[str, Any]:
-    """Read the ``summary.json`` of the published dataset ``root``."""
+#: a dataset's ``summary.json`` as the store knows it: a JSON object (what it holds is the
+#: converter's; a conversion's summary is read with its own schema,
+#: :data:`hnce.pipeline.data.conversion.CONVERSION_SUMMARY`)
+_SUMMARY: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, Any])
+
+
+def read_summary(root: Path, schema: TypeAdapter[Summary] = _SUMMARY) -> Summary:
+    """The ``summary.json`` of the published dataset ``root`` (its manifest checked first),
+    validated against ``schema``; a :class:`DatasetError` naming the file (and line or key)
+    otherwise."""
     DatasetManifest.open(root)
-    return json.loads((Path(root) / SUMMARY_FILE).read_text(encoding="utf-8"))
+    return read_document(Path(root) / SUMMARY_FILE, schema, "dataset summary", DatasetError)

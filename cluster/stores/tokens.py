@@ -31,7 +31,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -56,7 +55,8 @@ from hnce.cluster.stores.files import (
 )
 from hnce.cluster.stores.tables import Mention
 from hnce.cluster.stores.tables_read import EntityCatalogue, catalogue_fingerprint
-from hnce.cluster.stores.versioned_dir import manifest_record, read_manifest
+from hnce.cluster.stores.versioned_dir import read_manifest
+from hnce.documents import document_record, read_resumable
 from hnce.encoders.formatting import tokenize_entities, tokenizer_fingerprint
 from hnce.errors import InputError
 from hnce.progress import progress_bar
@@ -75,7 +75,7 @@ class TokenStoreError(InputError):
     """A token store that does not match its manifest, its tokenizer or its catalogue."""
 
 
-@manifest_record
+@document_record
 class TokenManifest:
     """``manifest.json``: what the store was built from, and its arrays' SHA-256; read against
     this schema (strict: no unknown key, no coercion), so a truncated or hand-edited manifest is
@@ -92,6 +92,22 @@ class TokenManifest:
 
 
 _MANIFEST = TypeAdapter(TokenManifest)
+
+
+@document_record
+class BuildProgress:
+    """``progress.json`` of an unfinished build: what it was built from (the manifest's first
+    five keys) and the rows finished."""
+
+    format: int
+    tokenizer: str
+    entity_length: int
+    catalogue: str
+    dtype: str
+    rows_done: int
+
+
+_PROGRESS = TypeAdapter(BuildProgress)
 
 
 def store_directory(data_root: Path, fingerprint: str, entity_length: int) -> Path:
@@ -210,7 +226,8 @@ def _build(
     done = _rows_done(building, inputs)
 
     def record(rows_done: int) -> None:
-        atomic_write_json(building / PROGRESS_FILE, {**inputs, "rows_done": rows_done})
+        progress = BuildProgress(**inputs, rows_done=rows_done)
+        atomic_write_json(building / PROGRESS_FILE, asdict(progress))
 
     rows = _tokenize_into(building, data_root, tokenizer, entity_length, dtype, done, record)
     manifest = {
@@ -226,16 +243,12 @@ def _build(
 
 def _rows_done(building: Path, inputs: dict[str, Any]) -> int:
     """Rows an unfinished build in ``building`` finished for these ``inputs`` (0, with the
-    directory emptied, when there is none or it was of other inputs)."""
-    progress_path = building / PROGRESS_FILE
-    try:
-        progress = json.loads(progress_path.read_text(encoding="utf-8"))
-    except (FileNotFoundError, json.JSONDecodeError):
-        progress = None
-    if progress is not None and {key: progress.get(key) for key in inputs} == inputs:
-        done = int(progress["rows_done"])
-        logger.info("resuming the token store build in %s at row %d", building, done)
-        return done
+    directory emptied, when there is none, it was of other inputs or its progress record is
+    unreadable)."""
+    progress = read_resumable(building / PROGRESS_FILE, _PROGRESS, "token store progress record")
+    if progress is not None and {key: getattr(progress, key) for key in inputs} == inputs:
+        logger.info("resuming the token store build in %s at row %d", building, progress.rows_done)
+        return progress.rows_done
     if building.exists():
         logger.info("removing %s: an unfinished token store build of other inputs", building)
         remove_owned(building, building.parent)

@@ -26,8 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Generic, Protocol, TypeVar
 
-from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
-from pydantic.dataclasses import dataclass
+from pydantic import Field, TypeAdapter
 
 from hnce.cluster.stores.files import (
     STAGING_PREFIX,
@@ -36,6 +35,7 @@ from hnce.cluster.stores.files import (
     remove_owned,
     sha256_file,
 )
+from hnce.documents import read_document
 from hnce.errors import InputError
 
 MANIFEST_FILE = "manifest.json"
@@ -61,12 +61,6 @@ class VersionMissing(StoreError, FileNotFoundError):
 VERSION_PATTERN = re.compile(r"^v(\d+)$")
 BUILDING_PATTERN = re.compile(r"^\.building-v(\d+)$")
 CURRENT_FILE = "CURRENT"
-
-
-def manifest_record(cls: type) -> type:
-    """A record of a store's manifest (a shard, a split, the manifest itself): a frozen pydantic
-    dataclass that refuses unknown keys and coerces nothing, so reading a manifest checks it."""
-    return dataclass(config=ConfigDict(extra="forbid", strict=True, frozen=True))(cls)
 
 
 def version_dir_name(version: int) -> str:
@@ -159,24 +153,12 @@ def confined_path(base: Path, name: str, source: Path) -> Path:
 
 
 def read_manifest(path: Path, schema: TypeAdapter[Record]) -> Record:
-    """The manifest at ``path`` validated against ``schema``; StoreError naming the file (and the
-    line for invalid JSON, the keys for a schema violation)."""
+    """The manifest at ``path`` validated against ``schema`` (:func:`read_document`); StoreError
+    naming the file (and the line for invalid JSON, the keys for a schema violation)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return read_document(path, schema, "manifest", StoreError)
     except FileNotFoundError:
         raise VersionMissing(f"{path}: missing; not a published store version") from None
-    try:
-        json.loads(text)
-    except json.JSONDecodeError as error:
-        raise StoreError(f"{path}:{error.lineno}: invalid manifest JSON: {error.msg}") from None
-    try:
-        return schema.validate_json(text)
-    except ValidationError as error:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in problem['loc']) or '(top level)'}: {problem['msg']}"
-            for problem in error.errors(include_url=False)
-        )
-        raise StoreError(f"{path}: not a valid manifest: {problems}") from None
 
 
 def check_version(recorded: int, directory: Path, manifest_path: Path) -> None:
@@ -221,8 +203,9 @@ VersionRecord = TypeVar("VersionRecord", bound=_Versioned)
 
 class ManifestFile(Generic[VersionRecord]):
     """The JSON record file `name` of a version's directory, of `schema` (a
-    :func:`manifest_record` with a ``version``): read by :meth:`read`, which checks it, and
-    written atomically by :meth:`write`, in the one format :func:`manifest_json` writes.
+    :func:`~hnce.documents.document_record` with a ``version``): read by :meth:`read`, which
+    checks it, and written atomically by :meth:`write`, in the one format :func:`manifest_json`
+    writes.
 
     Args:
         schema: the record's type.

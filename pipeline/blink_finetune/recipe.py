@@ -38,7 +38,7 @@ from hnce.encoders.biencoder import SCORER_FILE, export_biencoder, load_biencode
 from hnce.encoders.blink import export_blink_biencoder, import_blink_biencoder
 from hnce.pipeline.config import BlinkSettings, Config, config_from_dict
 from hnce.pipeline.data.bad_rows import BadRowKind
-from hnce.pipeline.data.conversion import DatasetOutput
+from hnce.pipeline.data.conversion import CONVERSION_SUMMARY, DatasetOutput
 from hnce.pipeline.data.kilt import convert_kilt
 from hnce.pipeline.data.kilt_predictions import SplitResult, link_files, read_kilt_inputs
 from hnce.pipeline.preflight import check_blink_inputs
@@ -106,7 +106,7 @@ def convert_inputs(root: Path, inputs: BlinkSettings) -> dict[str, Any]:
     aida = [Path(path) for path in inputs.aida]
     unlabelled = [path for path in aida if not any(i.labelled for i in read_kilt_inputs(path))]
     if (root / MANIFEST_FILE).is_file() and read_summary(root).get("format") == DATASET_FORMAT:
-        summary = read_summary(root)
+        summary = read_summary(root, CONVERSION_SUMMARY)
     else:
         if inputs.entities is not None:
             source = {"blink_entities": Path(inputs.entities)}

@@ -29,6 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ConfigDict, TypeAdapter
+from typing_extensions import TypedDict
+
 from hnce.cluster.stores.tables import REJECTS_FILE
 from hnce.cluster.stores.tables_read import EntityCatalogue
 from hnce.cluster.stores.tables_write import DatasetBuilder
@@ -36,6 +39,31 @@ from hnce.errors import InputError
 from hnce.pipeline.data.bad_rows import BadRowKind, BadRowMode, BadRowPolicy
 
 logger = logging.getLogger(__name__)
+
+
+#: a summary's schema checks the keys its readers use (strict) and keeps the converter's own
+#: counts as they are
+_SUMMARY_KEYS = ConfigDict(strict=True, extra="allow")
+
+
+class BadRowCounts(TypedDict):
+    """A summary's ``bad_rows`` (:meth:`BadRowPolicy.summary`): the rows rejected, by kind."""
+
+    __pydantic_config__ = _SUMMARY_KEYS
+    rejected: dict[str, int]
+
+
+class ConversionSummary(TypedDict):
+    """A dataset's ``summary.json`` as :meth:`Conversion.publish` writes it: the converter's
+    format and the bad-row counts (what readers use; the converter's other counts ride along)."""
+
+    __pydantic_config__ = _SUMMARY_KEYS
+    format: str
+    bad_rows: BadRowCounts
+
+
+#: what :func:`hnce.cluster.stores.tables_read.read_summary` reads a conversion's summary with
+CONVERSION_SUMMARY = TypeAdapter(ConversionSummary)
 
 
 class ConversionInputError(InputError):
@@ -179,6 +207,7 @@ class Conversion:
         if bad_rows["rejects_file"] is not None:
             bad_rows["rejects_file"] = str(self.rejects_published)
         summary = {**summary, "bad_rows": bad_rows, "seconds": dict(self.seconds)}
+        CONVERSION_SUMMARY.validate_python(summary)  # what its readers will accept
         with self.stage("publish (hash and rename)"):
             self.builder.publish(summary)
         return {**summary, "seconds": dict(self.seconds)}

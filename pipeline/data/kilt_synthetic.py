@@ -53,9 +53,13 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import NotRequired
+
+from pydantic import ConfigDict, TypeAdapter
+from typing_extensions import TypedDict
 
 from hnce.cluster.stores.files import AtomicPath, atomic_write_json, sha256_file
+from hnce.documents import read_resumable
 from hnce.errors import InputError
 from hnce.pipeline.data.synthetic import SYLLABLES, syllable_word
 from hnce.progress import progress_bar
@@ -302,8 +306,45 @@ def aida_file_name(split: str) -> str:
     return f"aidayago2-{split}-kilt.jsonl"
 
 
-def _parameters(world: KiltWorld, mentions: dict[str, int], part_lines: int) -> dict:
-    parameters = {
+#: the records below are read against their schema (pydantic, strict: no other key, no coercion)
+_RECORD_SCHEMA = ConfigDict(strict=True, extra="forbid")
+
+
+class GeneratorParameters(TypedDict):
+    """What the output is a function of: the parts' stamp, and ``parameters`` of
+    ``generator.json``; ``lead_median_chars`` only where it is not the default."""
+
+    __pydantic_config__ = _RECORD_SCHEMA
+    version: int
+    pages: int
+    seed: int
+    mentions: dict[str, int]
+    part_lines: int
+    lead_median_chars: NotRequired[int]
+
+
+class GeneratedFile(TypedDict):
+    __pydantic_config__ = _RECORD_SCHEMA
+    bytes: int
+    sha256: str
+
+
+class GeneratorRecord(TypedDict):
+    """``generator.json``, written last: the parameters, each file's size and SHA-256, and the
+    seconds of each stage."""
+
+    __pydantic_config__ = _RECORD_SCHEMA
+    parameters: GeneratorParameters
+    files: dict[str, GeneratedFile]
+    seconds: dict[str, float]
+
+
+_PARAMETERS = TypeAdapter(GeneratorParameters)
+_RECORD = TypeAdapter(GeneratorRecord)
+
+
+def _parameters(world: KiltWorld, mentions: dict[str, int], part_lines: int) -> GeneratorParameters:
+    parameters: GeneratorParameters = {
         "version": GENERATOR_VERSION,
         "pages": world.pages,
         "seed": world.seed,
@@ -331,14 +372,14 @@ def _parts(world: KiltWorld, parts_dir: Path, part_lines: int) -> list[tuple[Pat
 
 
 def write_knowledge_source(
-    world: KiltWorld, out: Path, parameters: dict, part_lines: int, workers: int = 1
+    world: KiltWorld, out: Path, parameters: GeneratorParameters, part_lines: int, workers: int = 1
 ) -> Path:
     """Write ``out/kilt_knowledgesource.json`` through restartable parts (module docstring),
     ``workers`` processes writing parts at once."""
     parts_dir = out / PARTS_DIR
     stamp = parts_dir / GENERATOR_FILE
-    if stamp.is_file() and json.loads(stamp.read_text()) != parameters:
-        shutil.rmtree(parts_dir)  # parts of another parameter set: start afresh
+    if stamp.is_file() and read_resumable(stamp, _PARAMETERS, "parts stamp") != parameters:
+        shutil.rmtree(parts_dir)  # parts of another parameter set (or unreadable): start afresh
     parts_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(stamp, parameters)
     parts = _parts(world, parts_dir, part_lines)
@@ -383,7 +424,7 @@ def generate_kilt_inputs(
     part_lines: int = 250_000,
     workers: int = 1,
     lead_median_chars: int = LEAD_MEDIAN_CHARS,
-) -> dict[str, Any]:
+) -> GeneratorRecord:
     """Write the knowledge source and AIDA files under ``out`` (module docstring); return
     ``generator.json``'s content: parameters, per-file bytes and SHA-256, seconds per stage.
     A finished run with the same parameters is kept as it is."""
@@ -393,9 +434,9 @@ def generate_kilt_inputs(
     parameters = _parameters(world, mentions, part_lines)
     done = out / GENERATOR_FILE
     if done.is_file():
-        record = json.loads(done.read_text())
-        if record["parameters"] == parameters:
-            return record
+        finished = read_resumable(done, _RECORD, "generator record")
+        if finished is not None and finished["parameters"] == parameters:
+            return finished
         done.unlink()
     seconds: dict[str, float] = {}
     started = time.perf_counter()
@@ -405,7 +446,7 @@ def generate_kilt_inputs(
         started = time.perf_counter()
         files.append(write_aida(world, out, split, count))
         seconds[f"aida {split}"] = time.perf_counter() - started
-    record = {
+    record: GeneratorRecord = {
         "parameters": parameters,
         "files": {
             path.name: {"bytes": path.stat().st_size, "sha256": sha256_file(path)} for path in files

@@ -22,7 +22,6 @@ so the manifest alone cannot stop a crafted file; loading every state file with
 
 from __future__ import annotations
 
-import json
 import pickle
 import tempfile
 from collections.abc import Callable, Mapping
@@ -37,6 +36,7 @@ from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchChe
 from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
 from deepspeed.runtime.zero.config import ZeroStageEnum
 from deepspeed.utils.tensor_fragment import fragment_address
+from pydantic import TypeAdapter
 from torch import nn
 
 from hnce.cluster.stores.checkpoints import (
@@ -51,6 +51,7 @@ from hnce.cluster.stores.checkpoints import (
     prune_checkpoints,
     verify_checkpoint,
 )
+from hnce.documents import document_record, read_document
 from hnce.events import RunEvent
 from hnce.pipeline.event_log import EventLog
 from hnce.pipeline.train.distributed import Collectives
@@ -58,6 +59,17 @@ from hnce.pipeline.train.model import export_trainable
 from hnce.pipeline.train.nonfinite import weights_stop
 
 POINTER_FILE = "hnce_checkpoint.json"
+
+
+@document_record
+class CheckpointPointer:
+    """:data:`POINTER_FILE`, what rank 0 reports to Ray Train with each checkpoint: its step,
+    which a restarted worker group resumes from."""
+
+    step: int
+
+
+_POINTER = TypeAdapter(CheckpointPointer)
 
 # Plain-data types DeepSpeed pickles into its model and optimizer states (ZeRO 0-3, fp32 and
 # bf16): the only globals a state file may name besides tensors and containers.
@@ -97,7 +109,17 @@ def reported_checkpoint_step() -> int | None:
     if reported is None:
         return None
     with reported.as_directory() as directory:
-        return int(json.loads((Path(directory) / POINTER_FILE).read_text())["step"])
+        return read_pointer(Path(directory))
+
+
+def read_pointer(directory: Path) -> int:
+    """The step of the checkpoint pointer in ``directory``, validated; a
+    :class:`CheckpointIntegrityError` naming the file otherwise."""
+    path = directory / POINTER_FILE
+    try:
+        return read_document(path, _POINTER, "checkpoint pointer", CheckpointIntegrityError).step
+    except FileNotFoundError:
+        raise CheckpointIntegrityError(f"{path}: missing from Ray Train's checkpoint") from None
 
 
 def report_checkpoint(step: int, loss: float, rank: int) -> None:
@@ -106,7 +128,8 @@ def report_checkpoint(step: int, loss: float, rank: int) -> None:
     with tempfile.TemporaryDirectory(prefix="hnce-pointer-") as pointer_dir:
         checkpoint = None
         if rank == 0:
-            (Path(pointer_dir) / POINTER_FILE).write_text(json.dumps({"step": step}))
+            pointer = _POINTER.dump_json(CheckpointPointer(step=step))
+            (Path(pointer_dir) / POINTER_FILE).write_bytes(pointer)
             checkpoint = ray.train.Checkpoint.from_directory(pointer_dir)
         ray.train.report({"step": step, "loss": loss}, checkpoint=checkpoint)
 

@@ -77,7 +77,7 @@ def check_encodings(path: Path, model: IndexedModel, num_entities: int) -> None:
     """BLINK's ``.t7`` fits the model and the catalogue: one vector per entity (a dual scorer:
     they are BLINK's [CLS] vectors, while multi-m and sum-of-max index several per entity), one
     row per catalogue entity, the model's dimension."""
-    scorer = model.description["scorer"]["name"]
+    scorer = model.description.scorer.name
     if scorer != "dual" or model.vectors_per_entity != 1:
         raise InputError(
             f"{path}: precomputed BLINK encodings hold one vector per entity; the {scorer} "
@@ -89,7 +89,7 @@ def check_encodings(path: Path, model: IndexedModel, num_entities: int) -> None:
             f"{path}: {len(encodings)} encodings but the catalogue has {num_entities} entities; "
             "the catalogue must be BLINK's entity.jsonl converted without rejects"
         )
-    dim = int(model.description["output_size"])
+    dim = model.description.output_size
     if encodings.shape[1] != dim:
         raise InputError(
             f"{path}: encodings of dim {encodings.shape[1]}, the model's entity vectors have "
