@@ -173,13 +173,20 @@ def test_open_checks_sizes_reads_check_pages_verify_checks_hashes(tmp_path: Path
     flipped[start + text_chunk.total_compressed_size // 2] ^= 0xFF
     part.write_bytes(bytes(flipped))
     catalogue = EntityCatalogue.open(tmp_path / "data")  # cheap checks pass: same size
-    with pytest.raises(OSError, match="CRC"):
+    with pytest.raises(DatasetError, match=rf"{part}: not a readable Parquet file \(.*CRC"):
         catalogue.texts()
     with pytest.raises(DatasetError, match="sha256"):
         verify_dataset(tmp_path / "data")
     part.write_bytes(bytes(payload[:-1]))
     with pytest.raises(DatasetError, match="bytes"):
         EntityCatalogue.open(tmp_path / "data")
+    footer = payload.copy()  # the footer's metadata, which no checksum covers, garbled
+    start = len(footer) - 8 - int.from_bytes(footer[-8:-4], "little")
+    footer[start : start + 16] = b"\xff" * 16
+    part.write_bytes(bytes(footer))
+    with pytest.raises(DatasetError, match=rf"{part}: not a readable Parquet file"):
+        EntityCatalogue.open(tmp_path / "data")
+
 
 
 def test_catalogue_fingerprint_comes_from_the_manifest(tmp_path: Path, monkeypatch) -> None:

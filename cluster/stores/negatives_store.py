@@ -45,6 +45,7 @@ import torch
 from pydantic import Field
 
 from hnce.cluster.stores.files import AtomicPath, sha256_file
+from hnce.cluster.stores.tables import parquet_read
 from hnce.cluster.stores.versioned_dir import (
     MANIFEST_FILE,
     Count,
@@ -222,7 +223,8 @@ class NegativesVersion:
         if split is None or split.file != self.path.name:
             raise StoreError(f"{manifest_path}: lists no split file {self.path.name}")
         verify_sha256(self.path, split.sha256, manifest_path)
-        table = pq.read_table(self.path)
+        with parquet_read(self.path):
+            table = pq.read_table(self.path)
         if table.num_rows != split.rows:
             raise StoreError(f"{self.path}: {table.num_rows} rows, the manifest says {split.rows}")
         check_table(table, manifest.metadata(), manifest.top_n, manifest.num_entities, self.path)

@@ -42,7 +42,8 @@ used as a training positive (see ``hnce.pipeline.data.bad_rows``).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -139,7 +140,22 @@ def catalogue_digest(entity_files: Iterable[tuple[str, str]]) -> str:
 
 def open_parquet(path: Path) -> pq.ParquetFile:
     """A Parquet file whose page checksums are verified on every read."""
-    return pq.ParquetFile(path, page_checksum_verification=True)
+    with parquet_read(path):
+        return pq.ParquetFile(path, page_checksum_verification=True)
+
+
+@contextmanager
+def parquet_read(path: Path) -> Iterator[None]:
+    """Arrow's complaints about a Parquet file's bytes (a footer or page that does not parse, a
+    page whose checksum fails) as a :class:`DatasetError` naming the file; the machine's refusals
+    (an ``OSError`` with an errno) stay what they are."""
+    try:
+        yield
+    except (pa.ArrowException, OSError) as error:
+        if isinstance(error, OSError) and error.errno is not None:
+            raise
+        said = " ".join(str(error).split())
+        raise DatasetError(f"{path}: not a readable Parquet file ({said})") from None
 
 
 def mention_split_path(root: Path, split: str) -> Path:

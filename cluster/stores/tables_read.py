@@ -32,6 +32,7 @@ from hnce.cluster.stores.tables import (
     Entity,
     Mention,
     open_parquet,
+    parquet_read,
 )
 from hnce.cluster.stores.versioned_dir import Count, Sha256
 from hnce.documents import document_record, read_document, schema_problems
@@ -98,9 +99,10 @@ def _counted(
     """``batches``, then a check that they held the ``expected`` rows: a damaged page header
     can decode as fewer rows without any error of its own."""
     seen = 0
-    for batch in batches:
-        seen += batch.num_rows
-        yield batch
+    with parquet_read(path):
+        for batch in batches:
+            seen += batch.num_rows
+            yield batch
     check_rows(seen, expected, path)
 
 
@@ -329,7 +331,8 @@ class EntityCatalogue:
         """One whole column as Arrow (no Python objects)."""
         parts = []
         for path, parquet in zip(self.files, self._parquet, strict=True):
-            part = parquet.read(columns=[name]).column(name).combine_chunks()
+            with parquet_read(path):
+                part = parquet.read(columns=[name]).column(name).combine_chunks()
             check_rows(len(part), parquet.metadata.num_rows, path)
             parts.append(part)
         return pa.chunked_array(parts, type=ENTITY_SCHEMA.field(name).type)
@@ -356,7 +359,8 @@ class EntityCatalogue:
         if table is None:
             file_index, group = self._locations[index]
             parquet = self._parquet[file_index]
-            table = parquet.read_row_group(group)
+            with parquet_read(self.files[file_index]):
+                table = parquet.read_row_group(group)
             expected = parquet.metadata.row_group(group).num_rows
             check_rows(table.num_rows, expected, self.files[file_index])
             self._cache[index] = table
@@ -456,7 +460,8 @@ class MentionSplit:
         return [mention for batch in self.iter_batches() for mention in batch]
 
     def column(self, name: str) -> pa.ChunkedArray:
-        column = self._parquet.read(columns=[name]).column(name)
+        with parquet_read(self.path):
+            column = self._parquet.read(columns=[name]).column(name)
         check_rows(len(column), len(self), self.path)
         return column
 
