@@ -22,6 +22,7 @@ from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel, PreTra
 from hnce.encoders.formatting import register_markers, tokenize_entities, tokenize_mentions
 from hnce.encoders.local import load_local
 from hnce.encoders.towers import checkpointed_chunks, enable_activation_checkpointing, use_sdpa
+from hnce.errors import naming_refused_writes
 
 RERANKER_FILE = "reranker.json"
 HEAD_WEIGHTS_FILE = "head.safetensors"
@@ -197,19 +198,21 @@ def build_reranker(
 
 
 def export_reranker(model: JointReranker, export_dir: Path) -> None:
-    """``encoder/`` (``save_pretrained`` + tokenizer), ``reranker.json`` and ``head.safetensors``."""
+    """``encoder/`` (``save_pretrained`` + tokenizer), ``reranker.json`` and ``head.safetensors``;
+    a write the machine refuses (a full disk) is an ``OSError`` naming ``export_dir``."""
     export_dir = Path(export_dir)
     export_dir.mkdir(parents=True, exist_ok=True)
-    model.encoder.save_pretrained(export_dir / "encoder")
-    model.tokenizer.save_pretrained(export_dir / "encoder")
     description = {
         "mention_length": model.mention_length,
         "entity_length": model.entity_length,
         "max_length": model.max_length,
     }
-    (export_dir / RERANKER_FILE).write_text(json.dumps(description, indent=2) + "\n")
     head = {k: v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()}
-    save_file(head, str(export_dir / HEAD_WEIGHTS_FILE))
+    with naming_refused_writes(export_dir):
+        model.encoder.save_pretrained(export_dir / "encoder")
+        model.tokenizer.save_pretrained(export_dir / "encoder")
+        (export_dir / RERANKER_FILE).write_text(json.dumps(description, indent=2) + "\n")
+        save_file(head, str(export_dir / HEAD_WEIGHTS_FILE))
 
 
 def load_reranker(export_dir: Path, device: str | torch.device = "cpu") -> JointReranker:

@@ -11,9 +11,13 @@ with status 74; any other exception is a bug of ours and keeps its traceback.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+# How Rust's std::io::Error ends its text, which safetensors and tokenizers raise as a message.
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
 
 
 class InputError(ValueError):
@@ -25,11 +29,15 @@ def refused_write(error: BaseException, path: Path | str) -> OSError | None:
     ``error`` is no OS error or already names its file.
 
     A refused write loses its file on the way up: Python's write, flush and fsync errors name
-    none (only ``open``'s do), and pyarrow's name none and add their own wording.
+    none (only ``open``'s do), pyarrow's name none and add their own wording, and the Rust
+    writers of safetensors and tokenizers raise a plain exception ending in ``(os error N)``.
     """
-    if not isinstance(error, OSError) or error.errno is None or error.filename is not None:
-        return None
-    return OSError(error.errno, os.strerror(error.errno), str(path))
+    if isinstance(error, OSError):
+        code = error.errno if error.filename is None else None
+    else:
+        match = _RUST_OS_ERROR.search(str(error))
+        code = int(match.group(1)) if match else None
+    return None if code is None else OSError(code, os.strerror(code), str(path))
 
 
 @contextmanager
