@@ -36,7 +36,7 @@ from hnce.encoders.local import load_local
 from hnce.encoders.pooling import Pooling, mean_pool, pooled_first, resolve_pooling
 from hnce.encoders.scorers import Scorer, ScorerConfig, build_scorer
 from hnce.encoders.towers import checkpointed_chunks, enable_activation_checkpointing, use_sdpa
-from hnce.errors import InputError
+from hnce.errors import InputError, naming_refused_writes
 
 SCORER_FILE = "scorer.json"
 SCORER_WEIGHTS_FILE = "scorer.safetensors"
@@ -441,12 +441,10 @@ def export_biencoder(model: BiEncoder, export_dir: Path) -> None:
     """Write ``mention/``, ``entity/`` (``save_pretrained`` + tokenizer), ``scorer.json``
     and, when there are weights outside the towers, ``scorer.safetensors``. Shared towers are
     written to both directories (each loads with plain ``transformers``); ``scorer.json`` says
-    ``shared_towers`` and :func:`load_biencoder` makes them one module again."""
+    ``shared_towers`` and :func:`load_biencoder` makes them one module again. A write the
+    machine refuses (a full disk) is an ``OSError`` naming ``export_dir``."""
     export_dir = Path(export_dir)
     export_dir.mkdir(parents=True, exist_ok=True)
-    for name, tower in (("mention", model.mention_tower), ("entity", model.entity_tower)):
-        tower.save_pretrained(export_dir / name)
-        model.tokenizer.save_pretrained(export_dir / name)
     description = ExportDescription(
         format=EXPORT_FORMAT,
         scorer=model.scorer.config,
@@ -461,10 +459,14 @@ def export_biencoder(model: BiEncoder, export_dir: Path) -> None:
         projection_size=model.projection_size,
     )
     text = json.dumps(_DESCRIPTION.dump_python(description, mode="json"), indent=2)
-    (export_dir / SCORER_FILE).write_text(text + "\n")
     extra = _extra_state(model)
-    if extra:
-        save_file(extra, str(export_dir / SCORER_WEIGHTS_FILE))
+    with naming_refused_writes(export_dir):
+        for name, tower in (("mention", model.mention_tower), ("entity", model.entity_tower)):
+            tower.save_pretrained(export_dir / name)
+            model.tokenizer.save_pretrained(export_dir / name)
+        (export_dir / SCORER_FILE).write_text(text + "\n")
+        if extra:
+            save_file(extra, str(export_dir / SCORER_WEIGHTS_FILE))
 
 
 def load_biencoder(

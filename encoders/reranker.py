@@ -24,6 +24,7 @@ from hnce.documents import DocumentMissing, document_record, read_document
 from hnce.encoders.formatting import register_markers, tokenize_entities, tokenize_mentions
 from hnce.encoders.local import load_local
 from hnce.encoders.towers import checkpointed_chunks, enable_activation_checkpointing, use_sdpa
+from hnce.errors import naming_refused_writes
 
 RERANKER_FILE = "reranker.json"
 HEAD_WEIGHTS_FILE = "head.safetensors"
@@ -212,16 +213,18 @@ def build_reranker(
 
 
 def export_reranker(model: JointReranker, export_dir: Path) -> None:
-    """``encoder/`` (``save_pretrained`` + tokenizer), ``reranker.json`` and ``head.safetensors``."""
+    """``encoder/`` (``save_pretrained`` + tokenizer), ``reranker.json`` and ``head.safetensors``;
+    a write the machine refuses (a full disk) is an ``OSError`` naming ``export_dir``."""
     export_dir = Path(export_dir)
     export_dir.mkdir(parents=True, exist_ok=True)
-    model.encoder.save_pretrained(export_dir / "encoder")
-    model.tokenizer.save_pretrained(export_dir / "encoder")
     description = RerankerDescription(model.mention_length, model.entity_length, model.max_length)
     text = json.dumps(_DESCRIPTION.dump_python(description, mode="json"), indent=2)
-    (export_dir / RERANKER_FILE).write_text(text + "\n")
     head = {k: v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()}
-    save_file(head, str(export_dir / HEAD_WEIGHTS_FILE))
+    with naming_refused_writes(export_dir):
+        model.encoder.save_pretrained(export_dir / "encoder")
+        model.tokenizer.save_pretrained(export_dir / "encoder")
+        (export_dir / RERANKER_FILE).write_text(text + "\n")
+        save_file(head, str(export_dir / HEAD_WEIGHTS_FILE))
 
 
 def load_reranker(export_dir: Path, device: str | torch.device = "cpu") -> JointReranker:

@@ -42,7 +42,7 @@ from transformers import PreTrainedModel
 
 from hnce.encoders.biencoder import BiEncoder
 from hnce.encoders.pooling import MODULES_FILE, POOLING_MODULE, Pooling
-from hnce.errors import InputError
+from hnce.errors import InputError, naming_refused_writes
 
 POOLING_DIR = f"1_{POOLING_MODULE}"
 NORMALIZE_DIR = "2_Normalize"
@@ -66,7 +66,8 @@ def check_exportable(scorer: str, projection_size: int | None, source: str) -> N
 
 def export_sentence_transformers(model: BiEncoder, out_dir: Path) -> dict[str, Path]:
     """Write each tower of ``model`` as a sentence-transformers directory ``out_dir/<tower>/``;
-    returns the directories by tower name."""
+    returns the directories by tower name. A write the machine refuses (a full disk) is an
+    ``OSError`` naming ``out_dir``."""
     projection = model.entity_projection
     check_exportable(
         model.scorer.config.name,
@@ -78,9 +79,12 @@ def export_sentence_transformers(model: BiEncoder, out_dir: Path) -> dict[str, P
         "entity": (model.entity_tower, model.entity_length),
     }
     written = {}
-    for name, (tower, length) in towers.items():
-        written[name] = Path(out_dir) / name
-        write_tower(tower, model.tokenizer, length, model.pooling, model.normalize, written[name])
+    with naming_refused_writes(out_dir):
+        for name, (tower, length) in towers.items():
+            written[name] = Path(out_dir) / name
+            write_tower(
+                tower, model.tokenizer, length, model.pooling, model.normalize, written[name]
+            )
     return written
 
 

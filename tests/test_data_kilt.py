@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from conftest import write_jsonl
 
@@ -529,23 +532,116 @@ def test_a_dangling_link_as_rejects_is_refused_and_left_alone(tmp_path: Path) ->
     assert rejects.is_symlink() and not (tmp_path / "elsewhere").exists()
 
 
+def fill_disk_under(path: Path) -> None:
+    """The disk under the open file ``path`` fills: from now on the OS refuses every write into
+    it with ENOSPC (its descriptor becomes one of /dev/full's)."""
+    real = os.path.realpath(path)
+    fds = os.listdir("/proc/self/fd")
+    mine = next(fd for fd in fds if os.path.realpath(f"/proc/self/fd/{fd}") == real)
+    full = os.open("/dev/full", os.O_WRONLY)
+    os.dup2(full, int(mine))
+    os.close(full)
+
+
+def fill_disk(monkeypatch: pytest.MonkeyPatch, name: str, when: str) -> None:
+    """The disk fills while pyarrow writes the Parquet file ``name``: as the file opens, before a
+    row group or before the footer (``when``), for each of pyarrow's own writes into the file
+    (:func:`fill_disk_under`)."""
+
+    class Writer(pq.ParquetWriter):
+        def __init__(self, where: Path, schema: pa.Schema, **options: object) -> None:
+            self.fill_at = when if Path(where).name == name else None
+            self.real_path = Path(where)
+            if self.fill_at == "open":
+                Path(where).symlink_to("/dev/full")
+            super().__init__(where, schema, **options)
+
+        def write_batch(self, *args: object, **kwargs: object) -> None:
+            self.fill("row group")
+            super().write_batch(*args, **kwargs)
+
+        def close(self) -> None:
+            self.fill("footer")
+            super().close()
+
+        def fill(self, now: str) -> None:
+            if self.fill_at == now:
+                self.fill_at = None
+                fill_disk_under(self.real_path)
+
+    monkeypatch.setattr(pq, "ParquetWriter", Writer)
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full")
+@pytest.mark.parametrize(
+    ("name", "when", "refused"),
+    [
+        ("part-00000.parquet", "open", "entities/part-00000.parquet"),
+        ("part-00000.parquet", "row group", "entities/part-00000.parquet"),
+        ("part-00000.parquet", "footer", "entities/part-00000.parquet"),
+        ("train.parquet", "row group", "mentions/train.parquet"),  # after the catalogue
+    ],
+)
 def test_a_full_disk_during_a_conversion_is_one_line_and_leaves_nothing(
-    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch, name: str, when: str, refused: str
 ) -> None:
-    import errno
-
-    import hnce.cluster.stores.tables_write as tables_write
-
+    """The first OS error is the one reported, naming the file (pyarrow's next words, "Operation
+    on closed file", hid it, and the staging directory stayed)."""
     source = write_jsonl(tmp_path / "kilt_knowledgesource.json", PAGES)
     train = write_jsonl(tmp_path / "aidayago2-train-kilt.jsonl", AIDA)
     out = tmp_path / "data" / "out"
-
-    def disk_full(self, row) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
-
-    monkeypatch.setattr(tables_write._BatchedParquetWriter, "append", disk_full)
+    fill_disk(monkeypatch, name, when)
     kilt = ["data", "kilt", "--knowledge-source", str(source), "--out", str(out)]
     assert main([*kilt, "--aida", str(train)]) == 74
     error = capsys.readouterr().err.strip().splitlines()
-    assert len(error) == 1 and error[0].endswith("part-00000.parquet: No space left on device")
+    assert len(error) == 1, error
+    staging = rf"{re.escape(str(tmp_path))}/data/\.building-out-[^/]+"
+    assert re.fullmatch(rf"hnce data: {staging}/{refused}: No space left on device", error[0])
     assert list((tmp_path / "data").iterdir()) == []  # no dataset, no staging directory
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full")
+@pytest.mark.parametrize(
+    ("bad_rows", "split_too", "refused"),
+    [
+        (100, False, "rejects.jsonl"),  # more rejected bytes than the file buffers
+        (2, True, r"data/\.building-out-[^/]+/mentions/train\.parquet"),  # refused first
+    ],
+    ids=["rejects", "split-then-rejects"],
+)
+def test_a_full_disk_under_the_rejects_file_is_one_line_and_leaves_nothing(
+    tmp_path: Path,
+    capsys,
+    monkeypatch: pytest.MonkeyPatch,
+    bad_rows: int,
+    split_too: bool,
+    refused: str,
+) -> None:
+    """The line named no file, or the rejects file where the split's file was refused first
+    (closing the rejects file fails again while the conversion is undone), and that second
+    failure left the staging directory and the rejects file behind."""
+    source = write_jsonl(tmp_path / "kilt_knowledgesource.json", PAGES)
+    train = write_jsonl(tmp_path / "aidayago2-train-kilt.jsonl", AIDA)
+    with train.open("a") as handle:
+        handle.writelines(f"not json {'x' * 200}\n" for _ in range(bad_rows))
+    rejects = tmp_path / "rejects.jsonl"
+    reject = BadRowPolicy.reject
+
+    def on_a_full_disk(policy: BadRowPolicy, *args: object) -> None:
+        first = policy.total == 0
+        reject(policy, *args)
+        if first:
+            fill_disk_under(rejects)
+
+    monkeypatch.setattr(BadRowPolicy, "reject", on_a_full_disk)
+    if split_too:
+        fill_disk(monkeypatch, "train.parquet", "row group")
+    out = tmp_path / "data" / "out"
+    kilt = ["data", "kilt", "--knowledge-source", str(source), "--out", str(out)]
+    skip = ["--on-bad-row", "skip", "--rejects", str(rejects)]
+    assert main([*kilt, "--aida", str(train), *skip]) == 74
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1, error
+    where = rf"{re.escape(str(tmp_path))}/{refused}"
+    assert re.fullmatch(rf"hnce data: {where}: No space left on device", error[0]), error
+    assert list((tmp_path / "data").iterdir()) == [] and not rejects.exists()

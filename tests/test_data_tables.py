@@ -188,7 +188,6 @@ def test_open_checks_sizes_reads_check_pages_verify_checks_hashes(tmp_path: Path
         EntityCatalogue.open(tmp_path / "data")
 
 
-
 def test_catalogue_fingerprint_comes_from_the_manifest(tmp_path: Path, monkeypatch) -> None:
     write_dataset(tmp_path / "data", _entities(5), rows_per_file=2)
     files = sorted((tmp_path / "data" / "entities").glob("*.parquet"))

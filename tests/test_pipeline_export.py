@@ -5,8 +5,13 @@ searcher finds in a published index version."""
 
 from __future__ import annotations
 
+import errno
 import re
+import resource
 import shlex
+import signal
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +27,8 @@ from hnce.cluster.stores.index_store import IndexStore
 from hnce.cluster.stores.tables_read import EntityCatalogue
 from hnce.encoders.biencoder import build_biencoder, export_biencoder, load_biencoder
 from hnce.encoders.pooling import declared_pooling
+from hnce.encoders.reranker import build_reranker, export_reranker
+from hnce.encoders.sentence_transformers_export import export_sentence_transformers
 from hnce.errors import InputError
 from hnce.pipeline import export
 from hnce.pipeline.cli.main import main
@@ -163,6 +170,56 @@ def test_no_output_lands_in_a_runs_own_stores(
     assert "--plot" in (error := capsys.readouterr().err) and "negatives/" in error, error
     assert sorted(path for path in run_dir.rglob("*")) == before
     assert main(["export", str(run_dir), "--out", str(run_dir / "st")]) == 0
+
+
+@contextmanager
+def refusing(path: Path) -> Iterator[int]:
+    """The OS refuses the write of ``path`` in the block; yields the errno it refuses with. A
+    file written in place is a link to /dev/full (ENOSPC). safetensors writes a temporary file
+    and renames it, so the weights are refused by a limit on file sizes instead (EFBIG), which
+    they alone exceed."""
+    if path.suffix != ".safetensors":
+        path.parent.mkdir(parents=True)
+        path.symlink_to("/dev/full")
+        yield errno.ENOSPC
+        return
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the signal ends the process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, limit[1]))
+    try:
+        yield errno.EFBIG
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+        signal.signal(signal.SIGXFSZ, handler)
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full")
+@pytest.mark.parametrize("refused", ["model.safetensors", "tokenizer.json", "config.json"])
+@pytest.mark.parametrize(
+    ("write", "tower"),
+    [
+        (export_sentence_transformers, "mention"),
+        (export_biencoder, "mention"),
+        (export_reranker, "encoder"),
+    ],
+    ids=["sentence-transformers", "bi-encoder", "reranker"],
+)
+def test_a_write_the_machine_refuses_during_an_export_is_an_os_error_naming_it(
+    tmp_path: Path, write: Callable[[object, Path], object], tower: str, refused: str
+) -> None:
+    """What saves a tower loses the file of a refused write: safetensors and tokenizers (Rust)
+    raised a bare SafetensorError or Exception ending in '(os error 28)', a traceback and exit 1
+    from ``hnce export`` on a full disk, and transformers' own writes named no file."""
+    tokenizer = write_wordpiece_tokenizer(tmp_path / "vocab", LETTER_PIECES)
+    config = tiny_bert_config(len(tokenizer))
+    if write is export_reranker:
+        model = build_reranker(config, tokenizer, mention_length=12, entity_length=10)
+    else:
+        model = build_biencoder(config, "dual", tokenizer=tokenizer)
+    out = tmp_path / "out"
+    with refusing(out / tower / refused) as code, pytest.raises(OSError) as raised:
+        write(model, out)
+    assert (raised.value.errno, raised.value.filename) == (code, str(out))
 
 
 def readme_section() -> tuple[list[str], list[str]]:

@@ -202,3 +202,33 @@ def test_a_plot_onto_a_directory_is_one_line_and_leaves_no_temporary_file(
     with pytest.raises(IsADirectoryError):
         atomic.commit()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full")
+def test_a_plot_onto_a_full_disk_is_one_line_naming_it_and_leaves_no_temporary_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Python's write and fsync errors name no file (only open's do): the line was ``hnce
+    status: No space left on device``. Every atomic write names its target."""
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    write_events(run_dir, 8)
+    enter = AtomicPath.__enter__
+
+    def on_a_full_disk(atomic: AtomicPath) -> Path:
+        temporary = enter(atomic)
+        temporary.symlink_to("/dev/full")  # the OS refuses every write into it (ENOSPC)
+        return temporary
+
+    monkeypatch.setattr(AtomicPath, "__enter__", on_a_full_disk)
+    out = tmp_path / "plots" / "run.png"
+    assert main(["status", str(run_dir), "--plot", str(out)]) == 74
+    error = capsys.readouterr().err
+    assert f"hnce status: {out}: No space left on device\n" in error and "Traceback" not in error
+    assert list(out.parent.iterdir()) == []
+    late = AtomicPath(tmp_path / "late.txt")
+    late.temporary.symlink_to("/dev/full")  # which refuses an fsync too (EINVAL)
+    with pytest.raises(OSError, match="Invalid argument") as refused:
+        late.commit()
+    assert refused.value.filename == str(late.target)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Self
 
-from hnce.errors import InputError
+from hnce.errors import InputError, naming_refused_writes, refused_write
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +65,8 @@ class AtomicPath:
     Use as a context manager (commit on success, :meth:`abort` on an exception) or call
     ``commit``/``abort`` yourself when the file is written over many calls (a Parquet writer).
     The temporary name is unique per process and object, so concurrent writers never share one.
+    A write or fsync the machine refuses (a full disk) is raised naming the target: Python's own
+    errors of a write name no file.
     """
 
     def __init__(self, target: Path) -> None:
@@ -78,10 +80,11 @@ class AtomicPath:
     def commit(self) -> Path:
         """fsync the temporary file, rename it over the target, fsync the directory; a commit
         that fails (a full disk, a directory made at the target meanwhile) removes the
-        temporary file before the error goes on."""
+        temporary file before the error goes on, naming the target."""
         try:
-            fsync_file(self.temporary)
-            os.replace(self.temporary, self.target)
+            with naming_refused_writes(self.target):
+                fsync_file(self.temporary)
+                os.replace(self.temporary, self.target)
         except BaseException:
             self.abort()
             raise
@@ -95,11 +98,16 @@ class AtomicPath:
     def __enter__(self) -> Path:
         return self.temporary
 
-    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
-        if exc_type is None:
+    def __exit__(self, _: object, error: BaseException | None, *__: object) -> None:
+        """Commit, or remove the temporary file; a write the machine refused in the block is
+        raised naming the target (:func:`hnce.errors.refused_write`)."""
+        if error is None:
             self.commit()
-        else:
-            self.abort()
+            return
+        self.abort()
+        named = refused_write(error, self.target)
+        if named is not None:
+            raise named from error
 
 
 class ClosedOnExit(ABC):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from hnce.cluster.stores.tables import (
     with_dataset_id,
 )
 from hnce.cluster.stores.tables_read import DatasetManifest, EntityCatalogue
+from hnce.errors import naming_refused_writes
 
 
 class _BatchedParquetWriter:
@@ -51,8 +52,12 @@ class _BatchedParquetWriter:
         self.schema = schema
         self.batch_size = batch_size
         self.rows_written = 0
+        self._failure: OSError | None = None
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._writer = pq.ParquetWriter(path, schema, compression="zstd", write_page_checksum=True)
+        with naming_refused_writes(path):
+            self._writer = pq.ParquetWriter(
+                path, schema, compression="zstd", write_page_checksum=True
+            )
         self._columns: dict[str, list[Any]] = {name: [] for name in schema.names}
 
     def append(self, row: Sequence[Any]) -> None:
@@ -66,14 +71,27 @@ class _BatchedParquetWriter:
         if count == 0:
             return
         batch = pa.RecordBatch.from_pydict(self._columns, schema=self.schema)
-        self._writer.write_batch(batch, row_group_size=count)
+        self._write(lambda: self._writer.write_batch(batch, row_group_size=count))
         self.rows_written += count
         for column in self._columns.values():
             column.clear()
 
     def close(self) -> None:
         self.flush()
-        self._writer.close()
+        self._write(self._writer.close)
+
+    def _write(self, write: Callable[[], None]) -> None:
+        """One of pyarrow's writes into the file. Its first OS error (a full disk) is kept,
+        naming the file, and raised again by every later write or close: pyarrow closes the
+        file on it, so what pyarrow says next ("Operation on closed file") would hide it."""
+        if self._failure is not None:
+            raise self._failure
+        try:
+            with naming_refused_writes(self.path):
+                write()
+        except OSError as error:
+            self._failure = error
+            raise
 
 
 class EntityCatalogueWriter(ClosedOnExit):
@@ -318,12 +336,15 @@ class DatasetBuilder:
         }
 
     def abort(self) -> None:
-        """Remove the directory being built; ``out`` is untouched."""
-        if self._entities is not None:
-            self._entities.close()
-        for writer in self._splits.values():
-            writer.close()
-        remove_owned(self.root, self.root.parent)
+        """Remove the directory being built; ``out`` is untouched. It is removed also when
+        closing a writer fails (a full disk refuses a failed writer's last rows again)."""
+        try:
+            if self._entities is not None:
+                self._entities.close()
+            for writer in self._splits.values():
+                writer.close()
+        finally:
+            remove_owned(self.root, self.root.parent)
 
     def __enter__(self) -> DatasetBuilder:
         return self

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO, Any, Literal, TypeVar
 
 from hnce.cluster.stores.files import ClosedOnExit
-from hnce.errors import InputError
+from hnce.errors import InputError, naming_refused_writes
 from hnce.text import NotText, decode_text
 
 T = TypeVar("T")
@@ -99,7 +99,8 @@ class BadRowPolicy(ClosedOnExit):
             "detail": detail,
             "row": raw.rstrip("\n"),
         }
-        self._rejects.write(json.dumps(record, ensure_ascii=False) + "\n")
+        with naming_refused_writes(self.rejects_path):
+            self._rejects.write(json.dumps(record, ensure_ascii=False) + "\n")
 
     @property
     def total(self) -> int:
@@ -115,9 +116,12 @@ class BadRowPolicy(ClosedOnExit):
         }
 
     def close(self) -> None:
-        if self._rejects is not None:
-            self._rejects.close()
-            self._rejects = None
+        """Close the rejects file, once: a close that failed (a full disk refusing the last
+        lines) is not tried again."""
+        rejects, self._rejects = self._rejects, None
+        if rejects is not None:
+            with naming_refused_writes(self.rejects_path):
+                rejects.close()
 
 
 class InputRow:

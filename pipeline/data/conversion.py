@@ -216,8 +216,13 @@ class Conversion:
         return self
 
     def __exit__(self, *_: object) -> None:
-        self.policy.close()
-        if self.builder.published is None:
-            self.builder.abort()
-            if self.output.rejects is not None:
-                Path(self.output.rejects).unlink(missing_ok=True)
+        """Close the rejects file and, unless the dataset was published, remove all the
+        conversion wrote, also when closing the rejects file fails (a full disk refusing its
+        last lines)."""
+        try:
+            self.policy.close()
+        finally:
+            if self.builder.published is None:
+                if self.output.rejects is not None:
+                    Path(self.output.rejects).unlink(missing_ok=True)
+                self.builder.abort()  # raises a failed writer's error again: the first one
