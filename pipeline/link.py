@@ -23,8 +23,8 @@ Example::
 
     linker = EntityLinker.from_run("runs/wordnet")  # the run's newest checkpoint
     text = "He sat on the [START_ENT] bank [END_ENT] of the river."
-    for rank, key, title, score in linker.link([text], k=3)[0].candidates:
-        print(rank, key, title, f"{score:.2f}")
+    for candidate in linker.link([text], k=3)[0].candidates:
+        print(candidate.rank, candidate.key, candidate.title, candidate.text[:60])
 """
 
 from __future__ import annotations
@@ -55,10 +55,11 @@ from hnce.encoders.biencoder import BiEncoder, load_biencoder
 from hnce.encoders.reranker import RERANKER_FILE, JointReranker, load_reranker
 from hnce.errors import InputError
 from hnce.pipeline.config import Config, load_config
+from hnce.pipeline.data.blink import truncate_text
 from hnce.pipeline.data.kilt import END_ENT, START_ENT
 from hnce.pipeline.devices import local_device
 from hnce.pipeline.evaluate import resolve_model
-from hnce.pipeline.metrics import text_table
+from hnce.pipeline.metrics import column_widths, text_table
 from hnce.pipeline.preflight import check_dataset
 from hnce.pipeline.rerank import SplitCandidates, rerank
 from hnce.pipeline.run import RERANK_DIR, RUN_RECIPE, refresh_plan
@@ -67,6 +68,7 @@ logger = logging.getLogger(__name__)
 
 _MARKER = re.compile(f"({re.escape(START_ENT)}|{re.escape(END_ENT)})")
 _CONTEXT_CHARS = 40  # of each side of a mention in the table
+_MIN_TEXT_CHARS = 20  # of an entity's text in the table, however narrow the width
 
 
 def marked_mentions(text: str, source: str) -> list[Mention]:
@@ -125,13 +127,17 @@ def texts_mentions(texts: Sequence[str], sources: Sequence[str]) -> list[Mention
 
 
 class Candidate(NamedTuple):
-    """One entity found for a mention: its rank (1 = best), catalogue key and title, and the
-    retriever's score s(x, y) (also after a reranker reordered the candidates)."""
+    """One entity found for a mention: its rank (1 = best), catalogue key and title, the
+    retriever's score s(x, y) (also after a reranker reordered the candidates), the entity's
+    whole text in the catalogue (what tells apart entities of one title, e.g. WordNet's senses
+    of "bank"), and the reranker's score when a reranker ordered the candidates."""
 
     rank: int
     key: str
     title: str
     score: float
+    text: str
+    rerank_score: float | None = None
 
 
 @dataclass(frozen=True)
@@ -142,7 +148,9 @@ class LinkedMention:
     candidates: list[Candidate]
 
     def to_json(self) -> dict[str, Any]:
-        """One JSON object (``hnce link --json`` writes one line of it per mention)."""
+        """One JSON object (``hnce link --json`` writes one line of it per mention); each
+        candidate's fields as :class:`Candidate` names them, the entity's whole text included and
+        ``rerank_score`` null without a reranker."""
         return {
             "id": self.mention.mention_id,
             "context_left": self.mention.context_left,
@@ -152,19 +160,35 @@ class LinkedMention:
         }
 
 
-def format_linked(linked: Sequence[LinkedMention]) -> str:
-    """A readable table per mention: its id and context, then rank, key, title and score."""
+def format_linked(linked: Sequence[LinkedMention], width: int) -> str:
+    """A readable table per mention: its id and context, then rank, key, title, the retriever's
+    score (and the reranker's, when it ordered them) and the start of the entity's text, cut so
+    that a row fits ``width`` characters where the other columns leave room."""
     blocks = []
     for item in linked:
         mention = item.mention
         left = mention.context_left[-_CONTEXT_CHARS:]
         right = mention.context_right[:_CONTEXT_CHARS]
         heading = f"{mention.mention_id}: {left} [{mention.mention}] {right}".strip()
+        reranked = any(c.rerank_score is not None for c in item.candidates)
+        headers = ["rank", "key", "title", "score", *(["rerank"] if reranked else [])]
         rows = [
-            [str(rank), key, title, f"{score:.4f}"] for rank, key, title, score in item.candidates
+            [str(c.rank), c.key, c.title, f"{c.score:.4f}"]
+            + ([f"{c.rerank_score:.4f}"] if reranked else [])
+            for c in item.candidates
         ]
-        blocks.append(heading + "\n" + text_table(["rank", "key", "title", "score"], rows))
+        room = width - sum(column_widths(headers, rows)) - len(" | ") * len(headers)
+        for row, candidate in zip(rows, item.candidates, strict=True):
+            row.append(_clipped(candidate.text, max(room, _MIN_TEXT_CHARS)))
+        blocks.append(heading + "\n" + text_table([*headers, "text"], rows))
     return "\n\n".join(blocks)
+
+
+def _clipped(text: str, chars: int) -> str:
+    """``text`` on one line in at most ``chars`` characters, cut at a word and ended by "…"
+    where it was cut."""
+    text = " ".join(text.split())
+    return text if len(text) <= chars else truncate_text(text, chars - 1) + "…"
 
 
 def check_catalogue(config: Config) -> None:
@@ -213,7 +237,8 @@ class EntityLinker(ClosedOnExit):
 
         linker = EntityLinker.from_run("runs/wordnet", checkpoint="newest")
         linked = linker.link(["He sat on the [START_ENT] bank [END_ENT] of the river."], k=5)
-        linked[0].candidates[0]  # Candidate(rank=1, key='bank.n.01', title='bank', score=...)
+        linked[0].candidates[0]  # Candidate(rank=1, key='bank.n.01', title='bank', score=...,
+        #   text='sloping land (especially the slope beside a body of water)', rerank_score=None)
     """
 
     def __init__(
@@ -327,22 +352,23 @@ class EntityLinker(ClosedOnExit):
             return []
         depth = max(k, self.config.rerank.num_candidates) if self.reranker else k
         retrieved = self.search(mentions, depth)
-        ids, scores = retrieved.cands, retrieved.scores
-        if self.reranker is not None:
-            ids, scores = self._reranked(mentions, retrieved)
-        return self._described(mentions, ids[:, :k], scores[:, :k])
+        if self.reranker is None:
+            return self._described(mentions, retrieved.cands[:, :k], retrieved.scores[:, :k])
+        ids, scores, judged = self._reranked(mentions, retrieved)
+        return self._described(mentions, ids[:, :k], scores[:, :k], judged[:, :k])
 
     def _reranked(
         self, mentions: Sequence[Mention], retrieved: Retrieved
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """The retrieved ids reordered by the reranker, each with its retriever score."""
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The retrieved ids reordered by the reranker, each with its retriever score and its
+        reranker score."""
         assert self.reranker is not None
         if self._reranker_tokens is None:
             self._reranker_tokens = TokenStore.ensure(
                 self.plan.data_dir, self.reranker.tokenizer, self.reranker.entity_length
             )
         found = SplitCandidates(list(mentions), retrieved.cands, retrieved.scores)
-        ids = rerank(
+        ids, judged = rerank(
             self.reranker,
             self._reranker_tokens,
             found,
@@ -351,23 +377,30 @@ class EntityLinker(ClosedOnExit):
         )
         # each reranked id's column in the retriever's row (padding -1 matches padding)
         columns = (ids[:, :, None] == found.cands[:, None, :]).argmax(axis=2)
-        return ids, np.take_along_axis(retrieved.scores, columns, axis=1)
+        return ids, np.take_along_axis(retrieved.scores, columns, axis=1), judged
 
     def _described(
-        self, mentions: Sequence[Mention], ids: np.ndarray, scores: np.ndarray
+        self,
+        mentions: Sequence[Mention],
+        ids: np.ndarray,
+        scores: np.ndarray,
+        judged: np.ndarray | None = None,
     ) -> list[LinkedMention]:
-        """Keys and titles of the candidates; padding (-1, last in a row where the catalogue
-        holds fewer than k entities) is dropped."""
+        """Keys, titles and texts of the candidates, read for these ids only (the row groups
+        holding them, not the catalogue's texts), with the retriever's ``scores`` and the
+        reranker's ``judged`` when given; padding (-1, last in a row where the catalogue holds
+        fewer than k entities) is dropped."""
         entities = self.catalogue.get_many(ids[ids >= 0].tolist())
         linked, taken = [], 0
-        for mention, row, row_scores in zip(mentions, ids, scores, strict=True):
+        for number, (mention, row) in enumerate(zip(mentions, ids, strict=True)):
             present = row >= 0
             found = entities[taken : taken + int(present.sum())]
             taken += len(found)
+            reranked = [None] * len(found) if judged is None else judged[number][present].tolist()
             candidates = [
-                Candidate(rank, entity.key, entity.title, float(score))
-                for rank, (entity, score) in enumerate(
-                    zip(found, row_scores[present], strict=True), start=1
+                Candidate(rank, entity.key, entity.title, float(score), entity.text, judged_score)
+                for rank, (entity, score, judged_score) in enumerate(
+                    zip(found, scores[number][present], reranked, strict=True), start=1
                 )
             ]
             linked.append(LinkedMention(mention, candidates))

@@ -21,9 +21,15 @@ from hnce.cluster.compute.recall import RecallReport
 from hnce.cluster.stores.files import atomic_write_json
 
 
+def column_widths(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:
+    """Each column's widest cell, header included: what :func:`text_table` pads to, so a caller
+    fitting a last column into a width knows what the others take."""
+    return [max(len(row[i]) for row in [headers, *rows]) for i in range(len(headers))]
+
+
 def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """A plain-text table with a rule under its header, columns padded to their widest cell."""
-    widths = [max(len(row[i]) for row in [headers, *rows]) for i in range(len(headers))]
+    widths = column_widths(headers, rows)
     lines = [
         " | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
         for row in [headers, *rows]

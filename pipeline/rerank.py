@@ -147,12 +147,17 @@ def rerank(
     split: SplitCandidates,
     num_candidates: int = NUM_CANDIDATES,
     batch_size: int = 4,
-) -> np.ndarray:
-    """Candidate ids [M, num_candidates] reordered by the reranker's scores (-1 stays last)."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """Candidate ids [M, num_candidates] reordered by the reranker's scores (-1 stays last), and
+    those scores float32 [M, num_candidates] in the same order (-inf at -1): a linker shows
+    them beside the retriever's."""
     cands = split.cands[:, :num_candidates]
     scores = reranker_scores(reranker, store, split.mentions, cands, batch_size)
     order = torch.argsort(scores, dim=1, descending=True, stable=True).numpy()
-    return np.take_along_axis(cands, order, axis=1)
+    return (
+        np.take_along_axis(cands, order, axis=1),
+        np.take_along_axis(scores.numpy(), order, axis=1),
+    )
 
 
 def denoise(

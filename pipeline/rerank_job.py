@@ -157,7 +157,7 @@ def run_rerank_job(
     reports = []
     for split in settings.eval_splits:
         candidates = _split_candidates(config, split, settings.max_eval_mentions, retriever)
-        reranked = rerank(
+        reranked, _ = rerank(
             reranker, store, candidates, settings.num_candidates, settings.eval_batch_size
         )
         reports.append(accuracy_report(split, candidates, reranked, settings.num_candidates))

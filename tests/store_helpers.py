@@ -3,10 +3,12 @@ a negatives split, and a dataset of random words."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import shutil
 import string
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -102,10 +104,12 @@ def index_parameters(checkpoint: int = 1, num_entities: int = 60) -> BuildParame
 
 
 def publish_index(
-    store: IndexStore, checkpoint: int, vectors: np.ndarray, shards: int = 3
+    store: IndexStore, checkpoint: int, vectors: np.ndarray, shards: int = 3, **changes: Any
 ) -> IndexVersion:
-    """Publish ``vectors`` (one per entity, [N, 16]) as a version from ``checkpoint``."""
-    builder = store.begin(index_parameters(checkpoint, len(vectors)))
+    """Publish ``vectors`` (one per entity, [N, 16]) as a version from ``checkpoint``; ``changes``
+    replace build parameters (:func:`index_parameters`)."""
+    parameters = dataclasses.replace(index_parameters(checkpoint, len(vectors)), **changes)
+    builder = store.begin(parameters)
     for number, part in enumerate(np.array_split(np.arange(len(vectors)), shards)):
         entities = (int(part[0]), int(part[-1]) + 1)
         builder.add_shard(number, build_shard_index(vectors[part], IndexSpec()), part, entities)

@@ -24,6 +24,9 @@ import pytest
 import torch
 from store_helpers import flip_byte, index_parameters, mined_split, publish_index
 
+from hnce.cluster.compute.index_build import IndexedModel
+from hnce.cluster.compute.refresh import RefreshPlan
+from hnce.cluster.compute.retrieval import EVAL_INDEX_DIR, evaluation_store, version_key
 from hnce.cluster.stores.exact_search import ExactSearcher
 from hnce.cluster.stores.faiss_device import resolve_faiss_device
 from hnce.cluster.stores.files import sha256_file
@@ -35,7 +38,10 @@ from hnce.cluster.stores.sharded_index import (
     ShardedSearcher,
     build_shard_index,
 )
+from hnce.cluster.stores.tables import Entity, Mention
+from hnce.cluster.stores.tables_write import write_dataset
 from hnce.cluster.stores.versioned_dir import (
+    USED_FILE,
     ChecksumError,
     StoreError,
     VersionedStore,
@@ -221,6 +227,44 @@ def test_store_publish_search_and_retention(tmp_path: Path) -> None:
     assert [shard["count"] for shard in manifest["shards"]] == [20, 20, 20]
     assert store.find(f"{2:064x}", "c" * 64, manifest["index"]).version == 2
     assert store.find(f"{1:064x}", "c" * 64, manifest["index"]) is None  # removed by retention
+
+
+def test_the_evaluation_store_keeps_its_most_recently_used_versions(tmp_path: Path) -> None:
+    """keep_versions 2: version 1, found (to be used) after version 2 was built, outlives 2 when
+    3 is built; the refresh store keeps the newest, found or not. A use is a stamp in the
+    version's directory, written atomically."""
+    plan = RefreshPlan(tmp_path / "run", tmp_path / "data", index=IndexSpec(keep_versions=2))
+    vectors = _vectors(60)
+    for store, kept in ((evaluation_store(plan), [1, 3]), (plan.index_store, [2, 3])):
+        first = publish_index(store, 1, vectors).manifest
+        publish_index(store, 2, vectors)
+        assert store.find(first.model, first.catalogue, first.index).version == 1
+        publish_index(store, 3, vectors)
+        assert store.versions() == kept, store.root
+    used = sorted(path.name for path in (tmp_path / "run" / EVAL_INDEX_DIR).rglob(USED_FILE))
+    assert used == [USED_FILE] * 2 and not list((tmp_path / "run" / "index").rglob(USED_FILE))
+
+
+def test_datasets_sharing_a_catalogue_share_its_evaluation_versions(tmp_path: Path) -> None:
+    """An evaluation of one model on a second dataset of the same entities (other mentions)
+    finds the version built for the first: nothing is encoded again, nothing is pruned."""
+    entities = [Entity(i, f"k{i}", f"t{i}", f"text {i}") for i in range(60)]
+    mentions = [Mention(f"m{i}", "a", f"t{i}", "b", i) for i in range(6)]
+    first = write_dataset(tmp_path / "aida", entities, {"test": mentions[:3]}).root
+    second = write_dataset(tmp_path / "msnbc", entities, {"test": mentions[3:]}).root
+    model = IndexedModel(tmp_path / "export", 4, "e" * 64, {"scorer": {"name": "dual"}})
+    plans = [RefreshPlan(tmp_path / "run", data) for data in (first, second)]
+    fingerprint, catalogue, index = version_key(plans[0], model)
+    built = publish_index(
+        evaluation_store(plans[0]),
+        4,
+        _vectors(60),
+        model=fingerprint,
+        catalogue=catalogue,
+        index=index,
+    )
+    found = evaluation_store(plans[1]).find(*version_key(plans[1], model))
+    assert found is not None and found.path == built.path
 
 
 def test_a_version_is_taken_over_by_linking_its_files_not_encoding_them(tmp_path: Path) -> None:

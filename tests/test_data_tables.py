@@ -190,14 +190,41 @@ def test_open_checks_sizes_reads_check_pages_verify_checks_hashes(tmp_path: Path
 
 def test_catalogue_fingerprint_comes_from_the_manifest(tmp_path: Path, monkeypatch) -> None:
     write_dataset(tmp_path / "data", _entities(5), rows_per_file=2)
-    files = sorted((tmp_path / "data" / "entities").glob("*.parquet"))
-    expected = hnce.cluster.stores.tables.catalogue_digest((f.name, sha256_file(f)) for f in files)
+    expected = hnce.cluster.stores.tables.CatalogueDigest()
+    for entity in _entities(5):
+        expected.add(entity)
 
     def no_hashing(path: Path) -> str:
         raise AssertionError(f"{path} was hashed")
 
     monkeypatch.setattr(hnce.cluster.stores.tables_read, "sha256_file", no_hashing)
-    assert catalogue_fingerprint(tmp_path / "data") == expected
+    assert catalogue_fingerprint(tmp_path / "data") == expected.hexdigest()
+
+
+def test_datasets_of_the_same_entities_share_their_catalogue_fingerprint(tmp_path: Path) -> None:
+    """The fingerprint is the entities', not their files' (which carry each conversion's own
+    dataset id): other mentions or another split into files keep it; any field of any entity,
+    or their order, changes it."""
+    fingerprint = catalogue_fingerprint(write_dataset(tmp_path / "a", _entities(5)).root)
+    other_mentions = write_dataset(
+        tmp_path / "b", _entities(5), {"test": MENTIONS[1:]}, rows_per_file=2
+    )
+    assert catalogue_fingerprint(other_mentions.root) == fingerprint
+    changed = [
+        _entities(4),
+        *(
+            [*_entities(4), Entity(4, *fields)]
+            for fields in [
+                ("key-4", "Title 2 é", "text 4 ✓", "d0"),
+                ("key-4", "Title 1 é", "text 4 ✗", "d0"),
+                ("key-4", "Title 1 é", "text 4 ✓", "d1"),
+            ]
+        ),
+        [Entity(i, e.key, e.title, e.text, e.domain) for i, e in enumerate(_entities(5)[::-1])],
+    ]
+    for number, entities in enumerate(changed):
+        root = write_dataset(tmp_path / f"changed-{number}", entities).root
+        assert catalogue_fingerprint(root) != fingerprint, number
 
 
 def test_unpublished_or_old_layout_is_refused(tmp_path: Path) -> None:

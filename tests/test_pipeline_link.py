@@ -1,7 +1,8 @@
 """``hnce link`` and ``hnce.EntityLinker``: mentions marked in text linked with a trained model.
 
-Fast: the marked-text parser, and bad inputs refused (naming the argument or stdin line) before
-any model or Ray starts. Slow: a tiny bi-encoder trained for 30 steps and its final checkpoint
+Fast: the marked-text parser, bad inputs refused (naming the argument or stdin line) before
+any model or Ray starts, and what a candidate shows (its entity's text, cut to the width on
+screen and whole in JSON; the reranker's score beside the retriever's). Slow: a tiny bi-encoder trained for 30 steps and its final checkpoint
 indexed by ``hnce refresh`` (the session's shared ``trained_run``); then linking finds exactly the model's top k over
 the whole catalogue (checked against every entity scored in this process), in the run's
 published index version (no version is built: ``<run>/eval-index/`` stays empty), as a table, as
@@ -31,17 +32,18 @@ from training_helpers import (
 )
 
 import hnce
-from hnce.cluster.compute.retrieval import EVAL_INDEX_DIR
+from hnce.cluster.compute.retrieval import EVAL_INDEX_DIR, Retrieved
 from hnce.cluster.stores.checkpoints import newest_checkpoint
 from hnce.cluster.stores.index_store import IndexStore
-from hnce.cluster.stores.tables import Mention, mention_split_path
+from hnce.cluster.stores.tables import Entity, Mention, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.cluster.stores.tables_write import write_dataset
 from hnce.encoders.reranker import build_reranker, export_reranker, load_reranker
 from hnce.errors import InputError
+from hnce.pipeline.cli.link import PIPED_WIDTH
 from hnce.pipeline.cli.main import main as hnce_main
 from hnce.pipeline.data.blink import read_blink_mentions
-from hnce.pipeline.link import marked_mentions
+from hnce.pipeline.link import format_linked, marked_mentions
 
 K = 5
 
@@ -205,6 +207,123 @@ def test_an_empty_catalogue_is_refused_before_any_work(run_hnce, tmp_path: Path)
     assert not (tmp_path / "run").exists()
 
 
+# ---------------------------------------------------------------- what a candidate shows
+
+BANK = [  # WordNet's first senses of "bank": one title, told apart only by their texts
+    ("bank.n.01", "sloping land (especially the slope beside a body of water)"),
+    (
+        "bank.n.02",
+        "a financial institution that accepts deposits and channels the money into "
+        'lending activities; "he cashed a check at the bank"',
+    ),
+    ("bank.n.03", 'a long ridge or pile; "a huge bank of earth"'),
+]
+
+
+@pytest.fixture
+def bank_linker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> hnce.EntityLinker:
+    """A linker over the senses of "bank" whose search (the cluster's part) always finds them
+    in the catalogue's order with scores 0.9, 0.8, 0.7: what it shows of them is under test."""
+    data = tmp_path / "bank"
+    write_dataset(data, [Entity(i, key, "bank", text) for i, (key, text) in enumerate(BANK)])
+    recipe = [f"data.root={data}", f"run.dir={tmp_path / 'run'}"]
+    config = hnce.load_config(CONFIGS / "synthetic-test.yaml", recipe)
+    linker = hnce.EntityLinker(config, model=None, name="found in the catalogue's order")
+
+    def search(mentions: list[Mention], k: int) -> Retrieved:
+        found = np.tile(np.arange(k) % len(BANK), (len(mentions), 1))
+        scores = np.tile(0.9 - 0.1 * np.arange(k, dtype=np.float32), (len(mentions), 1))
+        return Retrieved(found, scores, index_version=None, built=False)
+
+    monkeypatch.setattr(linker, "search", search)
+    return linker
+
+
+RIVER = "He sat on the [START_ENT] bank [END_ENT] of the river."
+
+
+def test_linked_candidates_carry_their_entitys_text(bank_linker: hnce.EntityLinker) -> None:
+    (linked,) = bank_linker.link([RIVER], k=3)
+    assert [(c.key, c.title, c.text) for c in linked.candidates] == [
+        (key, "bank", text) for key, text in BANK
+    ]
+    assert [c.rerank_score for c in linked.candidates] == [None] * 3
+    candidates = linked.to_json()["candidates"]
+    assert [c["text"] for c in candidates] == [text for _, text in BANK]  # whole, not cut
+    assert candidates[0] == {
+        "rank": 1,
+        "key": "bank.n.01",
+        "title": "bank",
+        "score": pytest.approx(0.9),
+        "text": BANK[0][1],
+        "rerank_score": None,
+    }
+
+
+@pytest.mark.parametrize("width", [60, 100, 200])
+def test_the_table_shows_the_start_of_each_text_within_the_width(
+    bank_linker: hnce.EntityLinker, width: int
+) -> None:
+    (linked,) = bank_linker.link([RIVER], k=3)
+    table = format_linked([linked], width).splitlines()
+    assert table[0] == "text 1#1: He sat on the [bank] of the river."
+    assert [cell.strip() for cell in table[1].split(" | ")] == [
+        "rank",
+        "key",
+        "title",
+        "score",
+        "text",
+    ]
+    rows = [line.split(" | ") for line in table[3:]]
+    assert [row[1].strip() for row in rows] == [key for key, _ in BANK]
+    for row, (_, text) in zip(rows, BANK, strict=True):
+        shown = row[-1].rstrip()
+        assert shown == text or (shown.endswith("…") and text.startswith(shown[:-1]))
+    assert all(len(line.rstrip()) <= width for line in table[1:])
+    assert (rows[1][-1].rstrip() == BANK[1][1]) == (width == 200)
+
+
+def test_with_a_reranker_both_scores_are_shown(
+    bank_linker: hnce.EntityLinker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reranker puts the third sense first: each candidate keeps its retriever score and
+    shows the reranker's beside it, on screen and in JSON."""
+
+    def rerank(reranker, tokens, found, depth, batch_size):
+        order = np.tile([2, 0, 1], (len(found.mentions), 1))
+        judged = np.tile(np.asarray([5.0, 3.0, 1.0], dtype=np.float32), (len(found.mentions), 1))
+        return np.take_along_axis(found.cands[:, :3], order, axis=1), judged
+
+    monkeypatch.setattr("hnce.pipeline.link.rerank", rerank)
+    bank_linker.reranker = object()  # what rerank is given; the stand-in above ignores it
+    bank_linker._reranker_tokens = object()
+    (linked,) = bank_linker.link([RIVER], k=2)
+    assert [(c.key, c.rerank_score) for c in linked.candidates] == [
+        ("bank.n.03", 5.0),
+        ("bank.n.01", 3.0),
+    ]
+    assert [c.score for c in linked.candidates] == pytest.approx([0.7, 0.9])
+    assert [c["rerank_score"] for c in linked.to_json()["candidates"]] == [5.0, 3.0]
+    table = format_linked([linked], 100).splitlines()
+    assert [cell.strip() for cell in table[1].split(" | ")][3:5] == ["score", "rerank"]
+    assert [cell.strip() for cell in table[3].split(" | ")][3:5] == ["0.7000", "5.0000"]
+
+
+def test_link_writes_a_fixed_width_table_where_stdout_is_no_terminal(
+    run_hnce, bank_linker: hnce.EntityLinker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hnce.EntityLinker, "from_config", lambda *args: bank_linker)
+    monkeypatch.setenv("COLUMNS", "300")  # the terminal's width, not asked for a pipe
+    recipe = ["--config", str(CONFIGS / "synthetic-test.yaml")]
+    status, out, err = run_hnce("link", *recipe, "-k", "3", RIVER)
+    assert status == 0, err
+    assert max(len(line.rstrip()) for line in out.splitlines()) <= PIPED_WIDTH
+    assert "| sloping land (especially the slope beside a body of water)" in out
+    status, out, err = run_hnce("link", *recipe, "-k", "3", "--json", RIVER)
+    assert status == 0, err
+    assert [c["text"] for c in json.loads(out)["candidates"]] == [text for _, text in BANK]
+
+
 # ---------------------------------------------------------------- a trained run
 
 
@@ -304,7 +423,7 @@ def test_python_api_links_reuses_the_index_and_agrees_with_its_own_vectors(
     np.testing.assert_array_equal(warm.cands, cold.cands)
     assert [item.mention.mention for item in linked] == [m.mention for m in linkable]
     gold = EntityCatalogue.open(trained_run.data).get(linkable[0].gold)
-    assert (gold.key, gold.title) in [(key, title) for _, key, title, _ in linked[0].candidates]
+    assert (gold.key, gold.title) in [(c.key, c.title) for c in linked[0].candidates]
     # dual: a candidate's score is its mention vector times its entity vector
     queries = linker.encode_mentions(texts)
     ids = linker.catalogue.ids_for_keys([c.key for c in linked[1].candidates])
@@ -360,5 +479,7 @@ def test_rerank_orders_the_retrievers_top_candidates_by_the_rerankers_scores(
     keys = [c["key"] for c in line["candidates"]]
     positions = [[e.key for e in entities].index(key) for key in keys]
     assert_exact_top_k(np.asarray([positions]), judged)
+    shown = [c["rerank_score"] for c in line["candidates"]]
+    np.testing.assert_allclose(shown, judged[0][positions], rtol=0, atol=1e-4)
     assert [c["rank"] for c in line["candidates"]] == list(range(1, K + 1))
     assert keys != [e.key for e in entities[:K]], "the reranker kept the retriever's order"

@@ -17,7 +17,10 @@ version encoded for an old checkpoint or for the untrained model must never land
 would become "live" or shift the refresh's numbering, and the refresh's builder removes
 unfinished builds of other parameters from its own store (an evaluation building there could be
 deleted by, or delete, a running refresh's build). `<run>/eval-index/` has its own retention
-(``index.keep_versions``) and its own lock, held while a version is found or built and loaded.
+(the ``index.keep_versions`` most recently used versions: each is stamped when found or built)
+and its own lock, held while a version is found or built and loaded. A version is found by what
+it holds, the model's and the catalogue's fingerprints (the catalogue's is its entities', so
+datasets sharing a catalogue share its versions) and the index parameters.
 
 Example::
 
@@ -59,8 +62,10 @@ EVAL_INDEX_DIR = "eval-index"
 
 
 def evaluation_store(plan: RefreshPlan) -> IndexStore:
-    """`<run>/eval-index/`: versions built only to evaluate or predict (module docstring)."""
-    return IndexStore(plan.run_dir / EVAL_INDEX_DIR, keep=plan.index.keep_versions)
+    """`<run>/eval-index/`: versions built only to evaluate or predict (module docstring),
+    keeping the most recently used: evaluations ask for versions of any checkpoint in any order,
+    so the newest built is not the one asked for next."""
+    return IndexStore(plan.run_dir / EVAL_INDEX_DIR, keep=plan.index.keep_versions, keep_used=True)
 
 
 def version_key(plan: RefreshPlan, model: IndexedModel) -> tuple[str, str, dict[str, Any]]:

@@ -391,6 +391,8 @@ class IndexStore(VersionedStore):
     Args:
         root: store directory (created when building).
         keep: versions retained after a publication (the live one always is).
+        keep_used: retain the most recently used versions instead of the newest
+            (:class:`VersionedStore`; the evaluation store).
     """
 
     def current(self) -> IndexVersion | None:
@@ -418,7 +420,8 @@ class IndexStore(VersionedStore):
 
     def find(self, model: str, catalogue: str, index: dict[str, Any]) -> IndexVersion | None:
         """The newest published version of model fingerprint `model` over catalogue `catalogue`
-        built with index parameters `index`, or None."""
+        built with index parameters `index`, or None. A version is found to be used, so a store
+        keeping its used versions stamps it (:meth:`mark_used`)."""
         for version in reversed(self.versions()):
             try:
                 found = self.open(version)
@@ -427,6 +430,7 @@ class IndexStore(VersionedStore):
                 continue
             manifest = found.manifest
             if (manifest.model, manifest.catalogue, manifest.index) == (model, catalogue, index):
+                self.mark_used(version)
                 return found
         return None
 

@@ -42,7 +42,7 @@ used as a training positive (see ``hnce.pipeline.data.bad_rows``).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,13 +129,29 @@ def with_dataset_id(schema: pa.Schema, dataset_id: str) -> pa.Schema:
     return schema.with_metadata({DATASET_ID_KEY: dataset_id.encode()})
 
 
-def catalogue_digest(entity_files: Iterable[tuple[str, str]]) -> str:
-    """SHA-256 over ``name:sha256`` lines of the entity files in order: the catalogue's identity
-    (recorded in the manifest; see :func:`catalogue_fingerprint`)."""
-    digest = hashlib.sha256()
-    for name, sha256 in entity_files:
-        digest.update(f"{name}:{sha256}\n".encode())
-    return digest.hexdigest()
+class CatalogueDigest:
+    """The catalogue's identity (the manifest's ``catalogue``; see :func:`catalogue_fingerprint`):
+    SHA-256 over its rows in ``entity_id`` order, each field of a row (key, title, text, domain)
+    prefixed by its length in bytes, so no two catalogues share it by a shifted field boundary.
+
+    It is a fingerprint of what the entities are, not of the files holding them: the entity
+    files carry the dataset's fresh id in their footers, so a digest of the files differed for
+    every conversion, and two datasets of one catalogue (other mentions, or converted again)
+    could share nothing derived from it. Now a token store, an index version or a negatives
+    version built over one serves the other: their entity ids name the same entities.
+    """
+
+    def __init__(self) -> None:
+        self._digest = hashlib.sha256()
+
+    def add(self, entity: Entity) -> None:
+        """The next row (``entity_id`` one more than the last one added)."""
+        for value in (entity.key, entity.title, entity.text, entity.domain):
+            data = value.encode()
+            self._digest.update(len(data).to_bytes(8, "little") + data)
+
+    def hexdigest(self) -> str:
+        return self._digest.hexdigest()
 
 
 def open_parquet(path: Path) -> pq.ParquetFile:

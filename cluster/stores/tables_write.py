@@ -31,10 +31,10 @@ from hnce.cluster.stores.tables import (
     MANIFEST_FORMAT,
     MENTION_SCHEMA,
     SUMMARY_FILE,
+    CatalogueDigest,
     DatasetExistsError,
     Entity,
     Mention,
-    catalogue_digest,
     mention_split_path,
     open_parquet,
     with_dataset_id,
@@ -113,6 +113,7 @@ class EntityCatalogueWriter(ClosedOnExit):
         self.files: list[Path] = []
         self.rows: list[int] = []
         self.closed = False
+        self.digest = CatalogueDigest()
         self._current: _BatchedParquetWriter | None = None
 
     def write(self, entity: Entity) -> None:
@@ -127,6 +128,7 @@ class EntityCatalogueWriter(ClosedOnExit):
         self._current.append(
             (entity.entity_id, entity.key, entity.title, entity.text, entity.domain)
         )
+        self.digest.add(entity)
         self.rows[-1] += 1
         self.count += 1
 
@@ -328,9 +330,7 @@ class DatasetBuilder:
                 "entities": self._entities.count,
                 "mentions": {split: writer.count for split, writer in self._splits.items()},
             },
-            "catalogue": catalogue_digest(
-                (Path(name).name, files[name]["sha256"]) for name in entity_files
-            ),
+            "catalogue": self._entities.digest.hexdigest(),
             "entity_files": entity_files,
             "files": files,
         }

@@ -61,6 +61,8 @@ class VersionMissing(StoreError, FileNotFoundError):
 VERSION_PATTERN = re.compile(r"^v(\d+)$")
 BUILDING_PATTERN = re.compile(r"^\.building-v(\d+)$")
 CURRENT_FILE = "CURRENT"
+#: a version's use stamp (:func:`mark_used`), in stores that keep their most recently used
+USED_FILE = "last-used"
 
 
 def version_dir_name(version: int) -> str:
@@ -124,8 +126,38 @@ def next_version(root: Path) -> int:
     return max(seen) + 1
 
 
-def publish_version(root: Path, version: int, keep: int) -> list[int]:
-    """Rename `.building-v<N>` to `v<N>`, point CURRENT at it, drop versions beyond the last `keep`.
+def mark_used(directory: Path) -> None:
+    """Stamp the version in `directory` as used now (nanoseconds since the epoch), in a file of
+    its own replaced atomically: a crash leaves the old stamp or the new one, a concurrent
+    reader sees one of them whole, and the stamp goes with the version when it is removed."""
+    atomic_write_text(Path(directory) / USED_FILE, f"{time.time_ns()}\n")
+
+
+def last_used(directory: Path) -> int:
+    """When the version in `directory` was last used (:func:`mark_used`); 0 where it never was
+    stamped (or its stamp is unreadable), so retention drops it before any stamped one."""
+    try:
+        return int((Path(directory) / USED_FILE).read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def versions_by_use(root: Path) -> list[int]:
+    """The published versions under `root`, least recently used first (ties by number)."""
+    return sorted(
+        published_versions(root),
+        key=lambda version: (last_used(root / version_dir_name(version)), version),
+    )
+
+
+def publish_version(
+    root: Path,
+    version: int,
+    keep: int,
+    ranked: Callable[[Path], list[int]] = published_versions,
+) -> list[int]:
+    """Rename `.building-v<N>` to `v<N>`, point CURRENT at it, drop versions beyond the last `keep`
+    of `ranked(root)` (the versions least worth keeping first: by default the oldest).
 
     Returns the versions removed. The live version is never removed.
     """
@@ -133,7 +165,7 @@ def publish_version(root: Path, version: int, keep: int) -> list[int]:
         raise ValueError(f"keep must be >= 1, got {keep}")
     publish_directory(root / building_dir_name(version), root / version_dir_name(version))
     atomic_write_text(root / CURRENT_FILE, version_dir_name(version) + "\n")
-    removed = [old for old in published_versions(root)[:-keep] if old != version]
+    removed = [old for old in ranked(root)[:-keep] if old != version]
     for old in removed:
         remove_owned(root / version_dir_name(old), root)
     return removed
@@ -241,13 +273,18 @@ class VersionedStore:
     Args:
         root: store directory (created when a version is first built).
         keep: versions retained after a publication (the live one always is).
+        keep_used: retain the `keep` most recently used versions (each stamped by
+            :meth:`mark_used`, and by its publication) instead of the newest: for a store whose
+            versions are found by what they hold and used in any order (the evaluation store),
+            where the newest is not the one wanted next.
     """
 
-    def __init__(self, root: Path, keep: int = 3) -> None:
+    def __init__(self, root: Path, keep: int = 3, *, keep_used: bool = False) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.root = Path(root)
         self.keep = keep
+        self.keep_used = keep_used
 
     def versions(self) -> list[int]:
         """Published version numbers, ascending."""
@@ -277,8 +314,18 @@ class VersionedStore:
 
     def publish_build(self, version: int) -> list[int]:
         """Publish the finished build of `version` (:func:`publish_version`); returns the
-        versions retention removed."""
-        return publish_version(self.root, version, self.keep)
+        versions retention removed. A store keeping its used versions counts the publication
+        as a use (the build was asked for to be used)."""
+        if not self.keep_used:
+            return publish_version(self.root, version, self.keep)
+        mark_used(self.building_dir(version))
+        return publish_version(self.root, version, self.keep, versions_by_use)
+
+    def mark_used(self, version: int) -> None:
+        """Stamp published `version` as used now (:func:`mark_used`), where the store keeps its
+        most recently used versions; nothing otherwise."""
+        if self.keep_used:
+            mark_used(self.version_dir(version))
 
     def follow_current(
         self, open_version: Callable[[int], Opened], moved: type[Exception]

@@ -5,7 +5,9 @@ of stdin (blank lines passed over), as KILT AIDA files (``--kilt``) or as BLINK 
 (``--blink``; Zeshel's mentions point into its documents: convert them with ``hnce data zeshel``
 and evaluate instead); every input is read and
 checked before any model or Ray starts, and a bad one is an error naming it (``argument 2``,
-``stdin line 3``, ``FILE:LINE``). The recipe is loaded as ``hnce eval`` loads it.
+``stdin line 3``, ``FILE:LINE``). The recipe is loaded as ``hnce eval`` loads it. Each
+candidate shows the start of its entity's text, rows cut to the terminal's width (to
+:data:`PIPED_WIDTH` where stdout is not a terminal); ``--json`` gives the whole text.
 
     hnce link --config runs/wordnet/config.yaml "He sat on the [START_ENT] bank [END_ENT]."
     hnce link --config runs/wordnet/config.yaml --json < marked.txt
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +28,9 @@ from hnce.text import stdin_lines
 
 if TYPE_CHECKING:
     from hnce.cluster.stores.tables import Mention
+
+#: the width of the table written where stdout is not a terminal (a file, a pipe)
+PIPED_WIDTH = 100
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,7 +71,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("-k", type=int, default=8, help="candidates per mention (default 8)")
     parser.add_argument(
-        "--json", action="store_true", help="JSON lines, one object per mention, for programs"
+        "--json",
+        action="store_true",
+        help="JSON lines, one object per mention, for programs (each candidate with its "
+        "entity's whole text)",
     )
     parser.add_argument(
         "--rerank",
@@ -115,5 +125,11 @@ def run(args: argparse.Namespace) -> int:
         for item in linked:
             print(json.dumps(item.to_json(), ensure_ascii=False))
     else:
-        print(format_linked(linked))
+        print(format_linked(linked, output_width()))
     return 0
+
+
+def output_width() -> int:
+    """The terminal's width where stdout is one; elsewhere a fixed width, so that what a file or
+    a program receives does not depend on the terminal the command was started from."""
+    return shutil.get_terminal_size().columns if sys.stdout.isatty() else PIPED_WIDTH
