@@ -1,6 +1,6 @@
 """Watching a run: rank 0's event log also writes TensorBoard scalars (loss, learning rate,
 negatives lag, refresh duration, held-out recall) equal to the events it records, a real training
-step included; ``hnce status --plot`` draws the curves from a run's logs into a PNG, and says
+step included, and a held-out recall recorded after training ended reaches them once; ``hnce status --plot`` draws the curves from a run's logs into a PNG, and says
 clearly when the run has logged no step; ``hnce status`` says which checkpoints are refreshed and
 the trainer's last staleness request."""
 
@@ -28,7 +28,7 @@ from hnce.pipeline.event_log import EventLog, read_events
 from hnce.pipeline.status import plot_training, run_status, training_panels
 from hnce.pipeline.tensorboard import TENSORBOARD_DIR
 from hnce.pipeline.train.one_process import single_process_group
-from hnce.pipeline.train.refresh_health import RefreshHealth
+from hnce.pipeline.train.refresh_health import RefreshHealth, log_missed_heldout
 from hnce.pipeline.train.task import TrainingTask
 from hnce.pipeline.train.worker import WorkerRun
 
@@ -84,6 +84,32 @@ def test_the_event_log_writes_tensorboard_scalars_equal_to_its_events(tmp_path: 
     )
     assert [(s, v) for s, _, v in found["heldout/recall@64"]] == [(2, 0.75)]
     assert [(s, v) for s, _, v in found["heldout/recall@1"]] == [(2, 0.25)]
+
+
+def test_a_heldout_recall_recorded_after_training_ended_reaches_tensorboard_once(
+    tmp_path: Path,
+) -> None:
+    """The last refresh finished after rank 0 last read the refresh log: its recall was in the
+    refresh log and ``hnce status`` only (issue 55). The driver's copy once the coordinator has
+    stopped writes it, at its checkpoint's step and scoring time, and a second copy writes
+    nothing."""
+    log = EventLog(tmp_path, tensorboard=True)
+    health = RefreshHealth(tmp_path, max_consecutive_failures=3, rank=0)
+    now = time.time()
+    append_heldout(tmp_path, HeldoutRecall(2, 1, "test", 40, {"1": 0.25}, 3.0, now))
+    assert not health.should_stop(3, log, torch.device("cpu"))  # the trainer copies this one
+    log.write(RunEvent.END, step=4, loss=1.0)
+    log.close()
+    late = HeldoutRecall(4, 2, "test", 40, {"1": 0.5}, 3.0, now + 1)
+    append_heldout(tmp_path, late)  # training ended first
+
+    assert log_missed_heldout(tmp_path) == 1
+    assert log_missed_heldout(tmp_path) == 0
+    found = tensorboard_scalars(tmp_path)["heldout/recall@1"]
+    assert [(step, value) for step, _, value in found] == [(2, 0.25), (4, 0.5)]
+    assert found[1][1] == pytest.approx(late.time, abs=1e-3)
+    events = read_events(tmp_path, RunEvent.HELDOUT_RECALL)
+    assert [(e["step"], e["index_version"]) for e in events] == [(2, 1), (4, 2)]
 
 
 @pytest.mark.slow
