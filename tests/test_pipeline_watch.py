@@ -2,19 +2,23 @@
 negatives lag, refresh duration, held-out recall) equal to the events it records, a real training
 step included, and a held-out recall recorded after training ended reaches them once; ``hnce status --plot`` draws the curves from a run's logs into a PNG, and says
 clearly when the run has logged no step; ``hnce status`` says which checkpoints are refreshed and
-the trainer's last staleness request."""
+the trainer's last staleness request, and that an ended run's last checkpoint waits for no
+refresh."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from store_helpers import publish_index, write_checkpoint
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from training_helpers import synthetic_config
 
 from hnce.cluster.stores.files import AtomicPath
+from hnce.cluster.stores.index_store import INDEX_DIR, IndexStore
 from hnce.cluster.stores.refresh_log import (
     HeldoutRecall,
     RefreshRecord,
@@ -228,3 +232,35 @@ def test_a_plot_onto_a_directory_is_one_line_and_leaves_no_temporary_file(
     with pytest.raises(IsADirectoryError):
         atomic.commit()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_status_of_an_ended_run_says_its_last_checkpoint_is_not_refreshed_by_design(
+    tmp_path: Path,
+) -> None:
+    """The trainer's last checkpoint asks for no refresh (``refreshes_end``): nothing trains on
+    what it would mine. ``hnce status`` said it had waited so many minutes for its refresh; it
+    says the run ended and reports no wait (issue 55). A checkpoint that asks still waits."""
+    write_checkpoint(tmp_path, 20, refresh=True)
+    vectors = np.random.default_rng(0).standard_normal((6, 16)).astype(np.float32)
+    publish_index(IndexStore(tmp_path / INDEX_DIR), 20, vectors)
+    write_checkpoint(tmp_path, 30, refresh=False, ends_refreshes=True)
+    log = EventLog(tmp_path)
+    log.write(RunEvent.START, step=0)
+    log.write(RunEvent.STEP, step=30, loss=1.0)
+    running = run_status(tmp_path)
+    assert (running.lag_steps, running.lag_minutes) == (10, None)
+    assert "the newest checkpoint step-30 asks for no refresh" in running.render()
+    log.write(RunEvent.END, step=30, loss=1.0)
+
+    status = run_status(tmp_path)
+    assert status.training["state"] == "ended"
+    assert status.newest_checkpoint["asks_for_refresh"] is False
+    assert (status.lag_steps, status.lag_minutes) == (10, None)
+    lag = status.render().splitlines()[5]
+    assert lag.startswith("lag           10 steps; the run ended at step 30 (its end event)")
+    assert "last checkpoint step-30 is not refreshed by design" in lag and "waited" not in lag
+
+    write_checkpoint(tmp_path, 40, refresh=True)  # a longer run's checkpoint, asking
+    status = run_status(tmp_path)
+    assert status.lag_steps == 20 and status.lag_minutes is not None
+    assert "the newest checkpoint has waited" in status.render()
