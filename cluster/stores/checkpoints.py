@@ -14,6 +14,13 @@ file, atomically). The marker is also the checkpoint's manifest: :func:`verify_c
 every file against the SHA-256 recorded there and refuses files that are not listed, and every
 loader calls it before reading anything, so a file swapped into a run directory on shared storage
 is refused instead of loaded (the trust boundary of ``run.dir``: README, "Trust").
+
+Only the newest checkpoint's DeepSpeed state is needed, to resume; with
+``training.keep_deepspeed_state: newest`` the trainer drops it from the older ones
+(:func:`slim_checkpoints`), which keep their export. The manifest is re-signed first, atomically,
+with the state's files moved from ``files`` to ``dropped``, then they are deleted: a crash in
+between leaves files that ``dropped`` lists with their SHA-256, which verify (nothing loads them)
+and the next slimming deletes.
 """
 
 from __future__ import annotations
@@ -34,6 +41,9 @@ DEEPSPEED_TAG = "state"
 EXPORT_DIR = "export"
 STATE_FILE = "training_state.json"
 REFRESH_REQUEST = "refresh"
+#: ``COMPLETE``: the files removed since the checkpoint was written (its DeepSpeed state), with
+#: their SHA-256
+DROPPED = "dropped"
 #: ``training_state.json``: the trainer's word that no refresh started from here on can publish
 #: before its last step (``hnce.pipeline.train.refresh_payoff``)
 REFRESHES_END = "refreshes_end"
@@ -141,12 +151,13 @@ def verify_checkpoint(directory: Path) -> dict[str, Any]:
     """Check every file of a complete checkpoint against its manifest; returns the manifest.
 
     Raises :class:`CheckpointIntegrityError` naming the first file that is missing, differs, or
-    is not listed (a file added after the checkpoint was written is never loaded).
+    is not listed (a file added after the checkpoint was written is never loaded). Files listed
+    as ``dropped`` may be missing; one still there must match too.
     """
     directory = Path(directory)
     marker = directory / COMPLETE
     try:
-        manifest = json.loads(marker.read_text(encoding="utf-8"))
+        manifest = _read_manifest(directory)
         recorded: dict[str, str] = manifest["files"]
     except FileNotFoundError:
         raise CheckpointIntegrityError(
@@ -154,8 +165,9 @@ def verify_checkpoint(directory: Path) -> dict[str, Any]:
         ) from None
     except (json.JSONDecodeError, KeyError, TypeError) as error:
         raise CheckpointIntegrityError(f"{marker}: not a checkpoint manifest ({error})") from None
+    dropped: dict[str, str] = manifest.get(DROPPED, {})
     present = {str(path.relative_to(directory)) for path in _files_of(directory)}
-    unlisted = sorted(present - set(recorded))
+    unlisted = sorted(present - set(recorded) - set(dropped))
     if unlisted:
         raise CheckpointIntegrityError(
             f"{directory / unlisted[0]}: not in the checkpoint manifest {marker}; refusing to "
@@ -165,12 +177,55 @@ def verify_checkpoint(directory: Path) -> dict[str, Any]:
         path = directory / name
         if not path.is_file():
             raise CheckpointIntegrityError(f"{path}: listed in {marker} but missing")
-        actual = sha256_file(path)
-        if actual != expected:
-            raise CheckpointIntegrityError(
-                f"{path}: sha256 {actual} does not match {expected} recorded in {marker}"
-            )
+        _check_digest(path, expected, marker)
+    for name in sorted(present & set(dropped)):  # left by a slimming that was interrupted
+        _check_digest(directory / name, dropped[name], marker)
     return manifest
+
+
+def _check_digest(path: Path, expected: str, marker: Path) -> None:
+    actual = sha256_file(path)
+    if actual != expected:
+        raise CheckpointIntegrityError(
+            f"{path}: sha256 {actual} does not match {expected} recorded in {marker}"
+        )
+
+
+def resumable(directory: Path) -> bool:
+    """Whether training can resume from ``directory``: a complete checkpoint that still has its
+    DeepSpeed state (its manifest lists none as dropped: :func:`drop_deepspeed_state`). A
+    manifest that cannot be read (pruned meanwhile, corrupt) is not: the caller goes on to the
+    newest checkpoint, which is verified before anything loads it."""
+    try:
+        return is_complete(directory) and not _read_manifest(directory).get(DROPPED)
+    except (OSError, ValueError):
+        return False
+
+
+def _read_manifest(directory: Path) -> dict[str, Any]:
+    manifest: dict[str, Any] = json.loads((Path(directory) / COMPLETE).read_text(encoding="utf-8"))
+    return manifest
+
+
+def drop_deepspeed_state(directory: Path) -> bool:
+    """Delete a complete checkpoint's DeepSpeed state, keeping its export and state file; True
+    when there was any to delete.
+
+    The manifest is re-signed first (atomically: the state's entries move from ``files`` to
+    ``dropped``), then the files are deleted, so a crash at any moment leaves a checkpoint that
+    verifies: before the re-signing it is the checkpoint as written; after it, every file left
+    is one ``dropped`` lists, with its SHA-256. A second call deletes what an interrupted one
+    left."""
+    manifest = _read_manifest(directory)
+    prefix = f"{DEEPSPEED_DIR}/"
+    state = {name: digest for name, digest in manifest["files"].items() if name.startswith(prefix)}
+    if state:
+        files = {name: digest for name, digest in manifest["files"].items() if name not in state}
+        manifest = {**manifest, "files": files, DROPPED: {**manifest.get(DROPPED, {}), **state}}
+        atomic_write_json(directory / COMPLETE, manifest)
+    left = (directory / DEEPSPEED_DIR).exists()
+    remove_owned(directory / DEEPSPEED_DIR, directory)
+    return bool(state) or left
 
 
 def resolve_checkpoint(run_dir: Path, spec: str) -> tuple[int | None, Path]:
@@ -233,3 +288,17 @@ def prune_checkpoints(run_dir: Path, keep: int) -> list[int]:
             remove_owned(directory / COMPLETE, directory)
         remove_owned(directory, run_dir)
     return [step for step, _ in doomed]
+
+
+def slim_checkpoints(run_dir: Path) -> list[int]:
+    """Drop the DeepSpeed state of every complete checkpoint but the newest (the one training
+    resumes from) and the one a refresh is encoding (it verifies that checkpoint against its
+    manifest while it loads it; the next slimming takes it); returns the steps slimmed, oldest
+    first. A step directory that is a link is left alone: what it points to is not the run's."""
+    complete = complete_checkpoints(run_dir)
+    spared = {step for step, _ in complete[-1:]} | {encoding_checkpoint(run_dir)}
+    return [
+        step
+        for step, directory in complete
+        if step not in spared and not directory.is_symlink() and drop_deepspeed_state(directory)
+    ]
