@@ -74,8 +74,11 @@ REFRESH                 refresh log  ``refresh_log.append_record``    ``refresh_
 HELDOUT_RECALL          refresh log  ``refresh_log.append_heldout``   ``refresh_log.read_log``
                         and event    (a :class:`HeldoutRecall`);      (through it the plot of
                         log          ``train.refresh_health``         ``hnce status`` and the
-                                     (copied at scoring time)         progress bar); TensorBoard
-                                                                      (``recall``)
+                                     (copied at scoring time; by the  progress bar); TensorBoard
+                                     driver at a launch's end, those  (``recall``);
+                                     rank 0 missed)                   ``refresh_health`` (``step``,
+                                                                      ``index_version``, ``time``:
+                                                                      what it copied)
 INITIAL_NEGATIVES       event log    ``train.version_zero``: the      ``train.version_zero`` (the
                                      driver when negatives version 0  workers' wait: ``time``,
                                      is ready (``initial``,           ``error``), benchmarks

@@ -7,7 +7,9 @@ machine that mounts the run's storage, while training or a refresh runs:
 - checkpoints kept and the newest, with when it was written;
 - the live index and negatives versions and the checkpoints they came from;
 - the lag: steps from the negatives' checkpoint to the newest one, and minutes the newest has
-  waited for its refresh;
+  waited for its refresh; none for a newest checkpoint that asks for no refresh (its state's
+  ``refresh`` and ``refreshes_end``), such as the last checkpoint of a run that ended, which by
+  design no refresh of the training run takes;
 - the last refresh that ran (outcome, checkpoint, duration, who ran it), refreshes published
   and failed, failures in a row;
 - the last held-out recall a refresh scored (``refresh.heldout_recall``);
@@ -33,7 +35,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hnce.cluster.stores.checkpoints import CHECKPOINTS_DIR, COMPLETE, complete_checkpoints
+from hnce.cluster.stores.checkpoints import (
+    CHECKPOINTS_DIR,
+    COMPLETE,
+    complete_checkpoints,
+    refresh_requests,
+)
 from hnce.cluster.stores.files import AtomicPath
 from hnce.cluster.stores.index_store import INDEX_DIR, IndexStore
 from hnce.cluster.stores.jsonl import finite_json
@@ -85,7 +92,10 @@ class RunStatus:
             ("checkpoints", _checkpoints_line(self.checkpoints, self.newest_checkpoint)),
             ("index", _version_line(self.index)),
             ("negatives", _version_line(self.negatives)),
-            ("lag", _lag_line(self.lag_steps, self.lag_minutes)),
+            (
+                "lag",
+                _lag_line(self.lag_steps, self.lag_minutes, self.newest_checkpoint, self.training),
+            ),
             ("last refresh", _refresh_line(self.last_refresh)),
             (
                 "refreshes",
@@ -125,14 +135,20 @@ def run_status(run_dir: Path) -> RunStatus:
     newest = None
     if checkpoints:
         step, directory = checkpoints[-1]
-        newest = {"step": step, "written_at": (directory / COMPLETE).stat().st_mtime}
+        asks = read("newest checkpoint", lambda: _asks_for_refresh(checkpoints[-1]))
+        newest = {
+            "step": step,
+            "written_at": (directory / COMPLETE).stat().st_mtime,
+            "asks_for_refresh": asks is not False,  # unreadable: as a checkpoint that asks
+        }
     negatives = read("negatives", lambda: _live_negatives(run_dir / NEGATIVES_DIR))
     index = read("index", lambda: _live_index(run_dir / INDEX_DIR))
     live = negatives or index
     lag_steps = lag_minutes = None
     if newest is not None and live is not None:
         lag_steps = newest["step"] - live["checkpoint"]
-        lag_minutes = (now - newest["written_at"]) / 60 if lag_steps > 0 else 0.0
+        waited = (now - newest["written_at"]) / 60 if newest["asks_for_refresh"] else None
+        lag_minutes = waited if lag_steps > 0 else 0.0
     log = read("refresh log", lambda: read_log(run_dir, problems=problems)) or RefreshLog()
     records = log.records
     holder = read("lock", lambda: read_holder(run_dir))
@@ -156,6 +172,14 @@ def run_status(run_dir: Path) -> RunStatus:
         disk_bytes=read("disk", lambda: _disk_use(run_dir)) or {},
         problems=problems,
     )
+
+
+def _asks_for_refresh(checkpoint: tuple[int, Path]) -> bool:
+    """Whether the newest checkpoint asks for a refresh, and so waits for one
+    (:func:`~hnce.cluster.stores.checkpoints.refresh_requests`): a checkpoint from which no
+    refresh would publish before training ends (under the asynchronous refresh the trainer's last
+    one always) asks for none."""
+    return bool(refresh_requests([checkpoint]))
 
 
 def _holder(holder: LockHolder | None) -> dict[str, Any] | None:
@@ -292,12 +316,28 @@ def _version_line(live: dict[str, Any] | None) -> str:
     return line
 
 
-def _lag_line(steps: int | None, minutes: float | None) -> str:
-    if steps is None or minutes is None:
+def _lag_line(
+    steps: int | None,
+    minutes: float | None,
+    newest: dict[str, Any] | None,
+    training: dict[str, Any] | None,
+) -> str:
+    if steps is None or newest is None:
         return "unknown (no checkpoint or no refresh yet)"
     if steps <= 0:
         return "0 steps: the newest checkpoint is live"
-    return f"{steps} steps; the newest checkpoint has waited {minutes:.1f} min for its refresh"
+    if minutes is not None:
+        return f"{steps} steps; the newest checkpoint has waited {minutes:.1f} min for its refresh"
+    if training is not None and training["state"] == "ended":
+        return (
+            f"{steps} steps; the run ended at step {training['step']} (its end event), and its "
+            f"last checkpoint step-{newest['step']} is not refreshed by design: nothing trains on "
+            f"what a refresh of it would mine (hnce refresh refreshes it on demand)"
+        )
+    return (
+        f"{steps} steps; the newest checkpoint step-{newest['step']} asks for no refresh (none "
+        f"would publish before training ends, or refresh.trigger: stale did not ask)"
+    )
 
 
 def _refresh_line(record: dict[str, Any] | None) -> str:

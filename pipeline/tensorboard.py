@@ -4,7 +4,9 @@ The event log (``<run>/train_log.jsonl``, :mod:`hnce.pipeline.event_log`) stays 
 where a run's metrics are emitted; rank 0's log follows its own file and writes the fields of
 :data:`SCALARS` as TensorBoard scalars at the event's step and wall-clock time, flushed at once so
 ``tensorboard --logdir <run>/tensorboard`` shows a run while it trains. Following the file rather
-than the calls also picks up events another process appended (read at rank 0's next event). A
+than the calls also picks up events another process appended (read at rank 0's next event). The
+driver writes the same way once its workers have stopped: the held-out recalls rank 0 missed
+(``hnce.pipeline.train.refresh_health.log_missed_heldout``), in an event file of their own. A
 resumed run starts a new event file that goes on from the end of the log: steps repeated after
 a crash appear twice, as in the log. Fields that are missing, null (a non-finite loss) or not
 numbers are left out.

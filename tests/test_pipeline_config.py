@@ -134,6 +134,7 @@ def test_public_dashboard_needs_explicit_permission() -> None:
         ("refresh.shard_size=0", "refresh.shard_size"),
         ("loss.options={gamma: 2}", "loss"),
         ("refresh.top_n=4", "refresh.top_n"),
+        ("training.keep_deepspeed_state=oldest", "training.keep_deepspeed_state"),
     ],
 )
 def test_bad_override_names_key_and_the_override(override: str, key: str) -> None:

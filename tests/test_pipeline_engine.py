@@ -1,6 +1,7 @@
 """The worker's DeepSpeed side in this process (one-rank gloo group, no Ray): the DeepSpeed config
 as the engine applies it, gradient accumulation, the export after ZeRO-2/3, a resume that repeats
-the uninterrupted run exactly, and a crafted checkpoint that must not run code on resume."""
+the uninterrupted run exactly (from the newest checkpoint when the older ones keep only their
+export), and a crafted checkpoint that must not run code on resume."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ from hnce.cluster.stores.checkpoints import (
     EXPORT_DIR,
     STATE_FILE,
     checkpoint_dir,
+    complete_checkpoints,
     mark_complete,
+    verify_checkpoint,
 )
 from hnce.cluster.stores.negatives_store import MinedSplit, NegativesStore
 from hnce.cluster.stores.tables import mention_split_path
@@ -74,10 +77,16 @@ def recipe(run_dir: Path, small_dataset: Path, syllable_bert: Path, *overrides: 
     )
 
 
-def train(config: Config, report: object = None, task: TrainingTask | None = None) -> WorkerRun:
-    """Build this rank's worker run (the retriever task unless given) and train it to the end."""
+def train(
+    config: Config,
+    report: object = None,
+    task: TrainingTask | None = None,
+    reported_step: int | None = None,
+) -> WorkerRun:
+    """Build this rank's worker run (the retriever task unless given; ``reported_step``: Ray
+    Train's pointer to resume from) and train it to the end."""
     task = task or TrainingTask.retriever(config)
-    run = WorkerRun.build(config, task, CPU, 1, report or (lambda *_: None))
+    run = WorkerRun.build(config, task, CPU, 1, report or (lambda *_: None), reported_step)
     run.train()
     return run
 
@@ -377,21 +386,27 @@ def test_shared_towers_follow_the_recipe_or_the_export(
 def test_resume_repeats_the_uninterrupted_run_exactly(
     kind: str, syllable_bert: Path, small_dataset: Path, tmp_path: Path
 ) -> None:
-    """A run that dies after its step-3 checkpoint and is started again trains steps 4-6 on the
+    """A run that dies after its step-4 checkpoint and is started again trains steps 5-6 on the
     same mentions, negatives and dropout as a run that never stopped: the same losses, bit for
-    bit, and the same mention ids. Both tasks go through the same worker loop."""
+    bit, and the same mention ids. Both tasks go through the same worker loop.
+
+    The broken run keeps the DeepSpeed state of its newest checkpoint only
+    (``keep_deepspeed_state: newest``): publishing step-4 dropped step-2's, and the worker died
+    before reporting step-4, so Ray Train's pointer names step-2, which can no longer be resumed
+    from: the restart resumes from step-4. Every checkpoint still verifies."""
     overrides = (
         "training.steps=6",
-        "training.checkpoint_every=3",
+        "training.checkpoint_every=2",
         f"rerank.model={syllable_bert}",
         "rerank.num_candidates=4",
         "rerank.mention_length=24",
         "rerank.entity_length=24",
         "rerank.training.steps=6",
-        "rerank.training.checkpoint_every=3",
+        "rerank.training.checkpoint_every=2",
         "rerank.training.batch_size=4",
         "rerank.training.log_every=1",
     )
+    slim = ("training.keep_deepspeed_state=newest", "rerank.training.keep_deepspeed_state=newest")
 
     def task_of(config: Config) -> TrainingTask:
         return TrainingTask.retriever(config) if kind == "retriever" else reranker_task(config)
@@ -399,24 +414,34 @@ def test_resume_repeats_the_uninterrupted_run_exactly(
     whole = recipe(tmp_path / "whole", small_dataset, syllable_bert, *overrides)
     whole_task = task_of(whole)
     train(whole, task=whole_task)
-    broken = recipe(tmp_path / "broken", small_dataset, syllable_bert, *overrides)
+    broken = recipe(tmp_path / "broken", small_dataset, syllable_bert, *overrides, *slim)
     broken_task = task_of(broken)
 
-    def crash_after_first_checkpoint(step: int, loss: float, rank: int) -> None:
-        raise RuntimeError(f"worker lost after checkpoint {step}")
+    def crash_after_second_checkpoint(step: int, loss: float, rank: int) -> None:
+        if step == 4:
+            raise RuntimeError(f"worker lost after checkpoint {step}")
 
-    with pytest.raises(RuntimeError, match="after checkpoint 3"):
-        train(broken, crash_after_first_checkpoint, broken_task)
-    resumed = train(broken, task=broken_task)
-    assert resumed.start_step == 3
-    assert [e["step"] for e in read_events(broken_task.run_dir, RunEvent.RESUME)] == [3]
+    with pytest.raises(RuntimeError, match="after checkpoint 4"):
+        train(broken, crash_after_second_checkpoint, broken_task)
+    resumed = train(broken, task=broken_task, reported_step=2)
+    assert resumed.start_step == 4
+    assert [e["step"] for e in read_events(broken_task.run_dir, RunEvent.RESUME)] == [4]
 
     def after_resume(run_dir: Path) -> list[tuple[int, float, list[str]]]:
-        steps = read_events(run_dir, RunEvent.STEP)[-3:]
+        steps = read_events(run_dir, RunEvent.STEP)[-2:]
         return [(e["step"], e["loss"], e["mentions"]) for e in steps]
 
     assert after_resume(broken_task.run_dir) == after_resume(whole_task.run_dir)
-    assert [s for s, _, _ in after_resume(whole_task.run_dir)] == [4, 5, 6]
+    assert [s for s, _, _ in after_resume(whole_task.run_dir)] == [5, 6]
+
+    def with_state(run_dir: Path) -> list[int]:
+        """The steps whose checkpoint keeps its DeepSpeed state, every one verified."""
+        kept = complete_checkpoints(run_dir)
+        return [step for step, path in kept if not verify_checkpoint(path).dropped]
+
+    assert with_state(whole_task.run_dir) == [2, 4, 6]
+    assert with_state(broken_task.run_dir) == [6]
+    assert not (checkpoint_dir(broken_task.run_dir, 4) / DEEPSPEED_DIR).exists()
 
 
 class WritesMarker:

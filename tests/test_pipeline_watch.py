@@ -1,20 +1,24 @@
 """Watching a run: rank 0's event log also writes TensorBoard scalars (loss, learning rate,
 negatives lag, refresh duration, held-out recall) equal to the events it records, a real training
-step included; ``hnce status --plot`` draws the curves from a run's logs into a PNG, and says
+step included, and a held-out recall recorded after training ended reaches them once; ``hnce status --plot`` draws the curves from a run's logs into a PNG, and says
 clearly when the run has logged no step; ``hnce status`` says which checkpoints are refreshed and
-the trainer's last staleness request."""
+the trainer's last staleness request, and that an ended run's last checkpoint waits for no
+refresh."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from store_helpers import publish_index, write_checkpoint
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from training_helpers import synthetic_config
 
 from hnce.cluster.stores.files import AtomicPath
+from hnce.cluster.stores.index_store import INDEX_DIR, IndexStore
 from hnce.cluster.stores.refresh_log import (
     HeldoutRecall,
     RefreshRecord,
@@ -28,7 +32,7 @@ from hnce.pipeline.event_log import EventLog, read_events
 from hnce.pipeline.status import plot_training, run_status, training_panels
 from hnce.pipeline.tensorboard import TENSORBOARD_DIR
 from hnce.pipeline.train.one_process import single_process_group
-from hnce.pipeline.train.refresh_health import RefreshHealth
+from hnce.pipeline.train.refresh_health import RefreshHealth, log_missed_heldout
 from hnce.pipeline.train.task import TrainingTask
 from hnce.pipeline.train.worker import WorkerRun
 
@@ -84,6 +88,32 @@ def test_the_event_log_writes_tensorboard_scalars_equal_to_its_events(tmp_path: 
     )
     assert [(s, v) for s, _, v in found["heldout/recall@64"]] == [(2, 0.75)]
     assert [(s, v) for s, _, v in found["heldout/recall@1"]] == [(2, 0.25)]
+
+
+def test_a_heldout_recall_recorded_after_training_ended_reaches_tensorboard_once(
+    tmp_path: Path,
+) -> None:
+    """The last refresh finished after rank 0 last read the refresh log: its recall was in the
+    refresh log and ``hnce status`` only (issue 55). The driver's copy once the coordinator has
+    stopped writes it, at its checkpoint's step and scoring time, and a second copy writes
+    nothing."""
+    log = EventLog(tmp_path, tensorboard=True)
+    health = RefreshHealth(tmp_path, max_consecutive_failures=3, rank=0)
+    now = time.time()
+    append_heldout(tmp_path, HeldoutRecall(2, 1, "test", 40, {"1": 0.25}, 3.0, now))
+    assert not health.should_stop(3, log, torch.device("cpu"))  # the trainer copies this one
+    log.write(RunEvent.END, step=4, loss=1.0)
+    log.close()
+    late = HeldoutRecall(4, 2, "test", 40, {"1": 0.5}, 3.0, now + 1)
+    append_heldout(tmp_path, late)  # training ended first
+
+    assert log_missed_heldout(tmp_path) == 1
+    assert log_missed_heldout(tmp_path) == 0
+    found = tensorboard_scalars(tmp_path)["heldout/recall@1"]
+    assert [(step, value) for step, _, value in found] == [(2, 0.25), (4, 0.5)]
+    assert found[1][1] == pytest.approx(late.time, abs=1e-3)
+    events = read_events(tmp_path, RunEvent.HELDOUT_RECALL)
+    assert [(e["step"], e["index_version"]) for e in events] == [(2, 1), (4, 2)]
 
 
 @pytest.mark.slow
@@ -232,3 +262,35 @@ def test_a_plot_onto_a_full_disk_is_one_line_naming_it_and_leaves_no_temporary_f
         late.commit()
     assert refused.value.filename == str(late.target)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_status_of_an_ended_run_says_its_last_checkpoint_is_not_refreshed_by_design(
+    tmp_path: Path,
+) -> None:
+    """The trainer's last checkpoint asks for no refresh (``refreshes_end``): nothing trains on
+    what it would mine. ``hnce status`` said it had waited so many minutes for its refresh; it
+    says the run ended and reports no wait (issue 55). A checkpoint that asks still waits."""
+    write_checkpoint(tmp_path, 20, refresh=True)
+    vectors = np.random.default_rng(0).standard_normal((6, 16)).astype(np.float32)
+    publish_index(IndexStore(tmp_path / INDEX_DIR), 20, vectors)
+    write_checkpoint(tmp_path, 30, refresh=False, ends_refreshes=True)
+    log = EventLog(tmp_path)
+    log.write(RunEvent.START, step=0)
+    log.write(RunEvent.STEP, step=30, loss=1.0)
+    running = run_status(tmp_path)
+    assert (running.lag_steps, running.lag_minutes) == (10, None)
+    assert "the newest checkpoint step-30 asks for no refresh" in running.render()
+    log.write(RunEvent.END, step=30, loss=1.0)
+
+    status = run_status(tmp_path)
+    assert status.training["state"] == "ended"
+    assert status.newest_checkpoint["asks_for_refresh"] is False
+    assert (status.lag_steps, status.lag_minutes) == (10, None)
+    lag = status.render().splitlines()[5]
+    assert lag.startswith("lag           10 steps; the run ended at step 30 (its end event)")
+    assert "last checkpoint step-30 is not refreshed by design" in lag and "waited" not in lag
+
+    write_checkpoint(tmp_path, 40, refresh=True)  # a longer run's checkpoint, asking
+    status = run_status(tmp_path)
+    assert status.lag_steps == 20 and status.lag_minutes is not None
+    assert "the newest checkpoint has waited" in status.render()

@@ -72,6 +72,7 @@ SECTIONS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
             ("cluster_scale_1024", "1024-d"),
             ("token_index", "compressed multi-vector indexes"),
             ("exact_mining", "exact mining"),
+            ("checkpoint_disk", "checkpoints on disk"),
         ),
     ),
     (

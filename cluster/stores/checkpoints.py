@@ -14,12 +14,19 @@ file, atomically). The marker is also the checkpoint's manifest: :func:`verify_c
 every file against the SHA-256 recorded there and refuses files that are not listed, and every
 loader calls it before reading anything, so a file swapped into a run directory on shared storage
 is refused instead of loaded (the trust boundary of ``run.dir``: README, "Trust").
+
+Only the newest checkpoint's DeepSpeed state is needed, to resume; with
+``training.keep_deepspeed_state: newest`` the trainer drops it from the older ones
+(:func:`slim_checkpoints`), which keep their export. The manifest is re-signed first, atomically,
+with the state's files moved from ``files`` to ``dropped``, then they are deleted: a crash in
+between leaves files that ``dropped`` lists with their SHA-256, which verify (nothing loads them)
+and the next slimming deletes.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict
+from dataclasses import asdict, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +82,7 @@ class CheckpointManifest:
 
     step: int
     files: dict[str, Sha256]
+    dropped: dict[str, Sha256] = field(default_factory=dict)  # its DeepSpeed state, once slimmed
 
 
 _STATE = TypeAdapter(CheckpointState)
@@ -182,19 +190,20 @@ def verify_checkpoint(directory: Path) -> CheckpointManifest:
 
     Raises :class:`CheckpointIntegrityError` naming the first file that is missing, differs, or
     is not listed (a file added after the checkpoint was written is never loaded), or naming
-    the manifest when it is not one (cut short, a key missing or of another type).
+    the manifest when it is not one (cut short, a key missing or of another type). Files listed
+    as ``dropped`` may be missing; one still there must match too.
     """
     directory = Path(directory)
     marker = directory / COMPLETE
     try:
-        manifest = read_document(marker, _MANIFEST, "checkpoint manifest", CheckpointIntegrityError)
+        manifest = _read_manifest(directory)
     except FileNotFoundError:
         raise CheckpointIntegrityError(
             f"{marker}: missing; the checkpoint is not complete"
         ) from None
-    recorded = manifest.files
+    recorded, dropped = manifest.files, manifest.dropped
     present = {str(path.relative_to(directory)) for path in _files_of(directory)}
-    unlisted = sorted(present - set(recorded))
+    unlisted = sorted(present - set(recorded) - set(dropped))
     if unlisted:
         raise CheckpointIntegrityError(
             f"{directory / unlisted[0]}: not in the checkpoint manifest {marker}; refusing to "
@@ -204,12 +213,55 @@ def verify_checkpoint(directory: Path) -> CheckpointManifest:
         path = directory / name
         if not path.is_file():
             raise CheckpointIntegrityError(f"{path}: listed in {marker} but missing")
-        actual = sha256_file(path)
-        if actual != expected:
-            raise CheckpointIntegrityError(
-                f"{path}: sha256 {actual} does not match {expected} recorded in {marker}"
-            )
+        _check_digest(path, expected, marker)
+    for name in sorted(present & set(dropped)):  # left by a slimming that was interrupted
+        _check_digest(directory / name, dropped[name], marker)
     return manifest
+
+
+def _check_digest(path: Path, expected: str, marker: Path) -> None:
+    actual = sha256_file(path)
+    if actual != expected:
+        raise CheckpointIntegrityError(
+            f"{path}: sha256 {actual} does not match {expected} recorded in {marker}"
+        )
+
+
+def resumable(directory: Path) -> bool:
+    """Whether training can resume from ``directory``: a complete checkpoint that still has its
+    DeepSpeed state (its manifest lists none as dropped: :func:`drop_deepspeed_state`). A
+    manifest that cannot be read (pruned meanwhile, corrupt) is not: the caller goes on to the
+    newest checkpoint, which is verified before anything loads it."""
+    try:
+        return is_complete(directory) and not _read_manifest(directory).dropped
+    except (OSError, ValueError):
+        return False
+
+
+def _read_manifest(directory: Path) -> CheckpointManifest:
+    marker = Path(directory) / COMPLETE
+    return read_document(marker, _MANIFEST, "checkpoint manifest", CheckpointIntegrityError)
+
+
+def drop_deepspeed_state(directory: Path) -> bool:
+    """Delete a complete checkpoint's DeepSpeed state, keeping its export and state file; True
+    when there was any to delete.
+
+    The manifest is re-signed first (atomically: the state's entries move from ``files`` to
+    ``dropped``), then the files are deleted, so a crash at any moment leaves a checkpoint that
+    verifies: before the re-signing it is the checkpoint as written; after it, every file left
+    is one ``dropped`` lists, with its SHA-256. A second call deletes what an interrupted one
+    left."""
+    manifest = _read_manifest(directory)
+    prefix = f"{DEEPSPEED_DIR}/"
+    state = {name: digest for name, digest in manifest.files.items() if name.startswith(prefix)}
+    if state:
+        files = {name: digest for name, digest in manifest.files.items() if name not in state}
+        slimmed = replace(manifest, files=files, dropped={**manifest.dropped, **state})
+        atomic_write_json(directory / COMPLETE, asdict(slimmed))
+    left = (directory / DEEPSPEED_DIR).exists()
+    remove_owned(directory / DEEPSPEED_DIR, directory)
+    return bool(state) or left
 
 
 def resolve_checkpoint(run_dir: Path, spec: str) -> tuple[int | None, Path]:
@@ -272,3 +324,17 @@ def prune_checkpoints(run_dir: Path, keep: int) -> list[int]:
             remove_owned(directory / COMPLETE, directory)
         remove_owned(directory, run_dir)
     return [step for step, _ in doomed]
+
+
+def slim_checkpoints(run_dir: Path) -> list[int]:
+    """Drop the DeepSpeed state of every complete checkpoint but the newest (the one training
+    resumes from) and the one a refresh is encoding (it verifies that checkpoint against its
+    manifest while it loads it; the next slimming takes it); returns the steps slimmed, oldest
+    first. A step directory that is a link is left alone: what it points to is not the run's."""
+    complete = complete_checkpoints(run_dir)
+    spared = {step for step, _ in complete[-1:]} | {encoding_checkpoint(run_dir)}
+    return [
+        step
+        for step, directory in complete
+        if step not in spared and not directory.is_symlink() and drop_deepspeed_state(directory)
+    ]

@@ -44,6 +44,7 @@ from hnce.pipeline.config.sections import (
     BlinkSettings,
     Config,
     CoresMode,
+    DeepSpeedStateKept,
     NegativesSettings,
     TrainingSettings,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "CoresMode",
+    "DeepSpeedStateKept",
     "NegativesSettings",
     "TrainingSettings",
     "config_from_dict",

@@ -33,6 +33,8 @@ from hnce.settings import (
 
 #: ``training.cores``: who runs on a node's cores while training (:mod:`hnce.pipeline.train.cores`)
 CoresMode = Literal["auto", "handover", "reserved"]
+#: ``training.keep_deepspeed_state``: which checkpoints keep their DeepSpeed state
+DeepSpeedStateKept = Literal["all", "newest"]
 
 
 @settings
@@ -165,7 +167,11 @@ class TrainingSettings:
     ``cores``: ``reserved`` runs every worker on ``cpus_per_worker`` threads; ``handover`` on
     every core of its node while no refresh of the run is encoding or mining, and on
     ``cpus_per_worker`` while one is; ``auto``: ``handover`` on a one-node CPU cluster, else
-    ``reserved`` (:mod:`hnce.pipeline.train.cores`).
+    ``reserved`` (:mod:`hnce.pipeline.train.cores`). ``keep_deepspeed_state``: which of the
+    ``keep_checkpoints`` checkpoints keep their DeepSpeed state (model and optimizer, most of a
+    checkpoint's bytes): ``all``, or only the ``newest``, the one training resumes from; the
+    older ones keep their export, which refreshes, evaluation and ``hnce export`` read
+    (:func:`hnce.cluster.stores.checkpoints.slim_checkpoints`).
     """
 
     steps: PositiveInt = 1000
@@ -182,6 +188,7 @@ class TrainingSettings:
     checkpoint_every: PositiveInt = 100
     negatives_check_every: PositiveInt = 10
     keep_checkpoints: PositiveInt = 3
+    keep_deepspeed_state: DeepSpeedStateKept = "all"
     max_failures: NonNegativeInt = 2
     log_every: PositiveInt = 10
     candidate_chunk_size: NonNegativeInt = 0

@@ -3,12 +3,13 @@
 The layout and its SHA-256 manifest belong to :mod:`hnce.cluster.stores.checkpoints`. Here:
 
 - :func:`publish_checkpoint`: DeepSpeed state on every rank, the Hugging Face export on rank 0
-  (under ZeRO-3 from parameters gathered from every rank), then the ``COMPLETE`` manifest and
-  pruning; :func:`report_checkpoint` gives Ray Train the pointer a restarted worker group
+  (under ZeRO-3 from parameters gathered from every rank), then the ``COMPLETE`` manifest,
+  pruning and, with ``training.keep_deepspeed_state: newest``, the older checkpoints' DeepSpeed
+  state dropped; :func:`report_checkpoint` gives Ray Train the pointer a restarted worker group
   resumes from;
 - :func:`agreed_resume_step` and :func:`load_training_state`: the step to resume from (rank 0
-  decides, every rank follows), verified against its manifest, then loaded through
-  :class:`WeightsOnlyCheckpointEngine`;
+  decides, every rank follows; never one whose DeepSpeed state was dropped), verified against
+  its manifest, then loaded through :class:`WeightsOnlyCheckpointEngine`;
 - :class:`WorkerCheckpoints`: a worker's side of both, the part of its loop that resumes and
   publishes (only finite weights: :mod:`hnce.pipeline.train.nonfinite`).
 
@@ -49,10 +50,13 @@ from hnce.cluster.stores.checkpoints import (
     mark_complete,
     newest_checkpoint,
     prune_checkpoints,
+    resumable,
+    slim_checkpoints,
     verify_checkpoint,
 )
 from hnce.documents import document_record, read_document
 from hnce.events import RunEvent
+from hnce.pipeline.config import DeepSpeedStateKept
 from hnce.pipeline.event_log import EventLog
 from hnce.pipeline.train.distributed import Collectives
 from hnce.pipeline.train.model import export_trainable
@@ -136,11 +140,13 @@ def report_checkpoint(step: int, loss: float, rank: int) -> None:
 
 def agreed_resume_step(run_dir: Path, collectives: Collectives, reported: int | None) -> int | None:
     """The checkpoint step every rank resumes from (rank 0's choice, broadcast): ``reported``
-    (Ray Train's pointer) when that checkpoint still exists, else the newest complete one on
-    disk; None to start afresh."""
+    (Ray Train's pointer) when that checkpoint still exists with its DeepSpeed state, else the
+    newest complete one on disk (a worker lost after publishing a checkpoint, before reporting
+    it, leaves a pointer to the one before, whose state the publication may have dropped); None
+    to start afresh."""
     step = -1
     if collectives.rank == 0:
-        if reported is not None and checkpoint_dir(run_dir, reported).is_dir():
+        if reported is not None and resumable(checkpoint_dir(run_dir, reported)):
             step = reported
         else:
             newest = newest_checkpoint(run_dir)
@@ -153,7 +159,11 @@ def load_training_state(engine: deepspeed.DeepSpeedEngine, run_dir: Path, step: 
     """Verify checkpoint ``step`` against its manifest, then load its DeepSpeed state (model,
     optimizer, scheduler) weights-only; returns its directory."""
     path = checkpoint_dir(run_dir, step)
-    verify_checkpoint(path)
+    if verify_checkpoint(path).dropped:
+        raise CheckpointIntegrityError(
+            f"{path}: its DeepSpeed state was dropped (training.keep_deepspeed_state: newest); "
+            f"training resumes only from the newest checkpoint, which keeps it"
+        )
     loaded, _ = engine.load_checkpoint(str(path / DEEPSPEED_DIR), tag=DEEPSPEED_TAG)
     if loaded is None:
         raise CheckpointIntegrityError(f"{path / DEEPSPEED_DIR}: no DeepSpeed state to resume")
@@ -168,11 +178,14 @@ def publish_checkpoint(
     collectives: Collectives,
     keep: int,
     log: EventLog | None,
+    deepspeed_state: DeepSpeedStateKept = "all",
 ) -> None:
     """Write ``step-<S>/`` (S = ``state["step"]``) under ``run_dir``: DeepSpeed state (all
     ranks), the export (rank 0; ZeRO-3 parameters gathered first), ``COMPLETE`` with ``state``
     last, prune to ``keep`` (:func:`hnce.cluster.stores.checkpoints.prune_checkpoints`; rank 0, which holds
-    ``log``)."""
+    ``log``) and, when ``deepspeed_state`` is ``newest``, drop the older checkpoints' DeepSpeed
+    state (:func:`~hnce.cluster.stores.checkpoints.slim_checkpoints`), only now that this one,
+    which keeps it, is complete."""
     step = int(state["step"])
     directory = checkpoint_dir(run_dir, step)
     engine.save_checkpoint(str(directory / DEEPSPEED_DIR), tag=DEEPSPEED_TAG)
@@ -183,6 +196,8 @@ def publish_checkpoint(
     if log is not None:
         mark_complete(directory, state)
         prune_checkpoints(run_dir, keep)
+        if deepspeed_state == "newest":
+            slim_checkpoints(run_dir)
         log.write(
             RunEvent.CHECKPOINT,
             step=step,
@@ -198,9 +213,9 @@ CheckpointReport = Callable[[int, float, int], None]
 
 @dataclass
 class WorkerCheckpoints:
-    """One worker's checkpoints of one task's run (``run_dir``, ``keep`` of them kept): the
-    step it resumes from and each checkpoint it publishes, which ``report`` hears of; ``log``:
-    rank 0's event log."""
+    """One worker's checkpoints of one task's run (``run_dir``, ``keep`` of them kept, the
+    DeepSpeed state of those ``deepspeed_state`` says): the step it resumes from and each
+    checkpoint it publishes, which ``report`` hears of; ``log``: rank 0's event log."""
 
     engine: deepspeed.DeepSpeedEngine
     model: nn.Module
@@ -209,6 +224,7 @@ class WorkerCheckpoints:
     keep: int
     log: EventLog | None
     report: CheckpointReport
+    deepspeed_state: DeepSpeedStateKept = "all"
 
     def resume(self, reported_step: int | None, setup_seconds: dict[str, float]) -> int | None:
         """Load the checkpoint every rank agrees on (:func:`agreed_resume_step` of Ray Train's
@@ -236,7 +252,14 @@ class WorkerCheckpoints:
             return False
         published = {**state, **request()}
         publish_checkpoint(
-            self.engine, self.model, self.run_dir, published, self.collectives, self.keep, self.log
+            self.engine,
+            self.model,
+            self.run_dir,
+            published,
+            self.collectives,
+            self.keep,
+            self.log,
+            self.deepspeed_state,
         )
         self.report(step, float(state["loss"]), self.collectives.rank)
         return True

@@ -7,7 +7,8 @@ also reads the refreshes recorded since it last looked (:class:`RefreshHealth`):
 - each failure is written at once to the trainer's event log as a ``refresh_failed`` event
   (step, checkpoint, failures in a row, error), each published refresh as a ``refresh`` event
   (step, checkpoint, versions, seconds: the refresh duration that TensorBoard shows), and each
-  held-out recall a refresh scored as a ``heldout_recall`` event at the checkpoint's step;
+  held-out recall a refresh scored as a ``heldout_recall`` event at the checkpoint's step (and
+  so as TensorBoard's ``heldout/recall@k``);
 - when one reaches ``refresh.max_consecutive_failures`` failures in a row, rank 0 writes a
   ``refresh_stop`` event naming the failing checkpoint and cause, and every rank leaves the
   training loop at that same step (the decision is broadcast).
@@ -16,6 +17,10 @@ The workers return normally, so Ray Train does not restart them into the same fa
 is final. The driver then raises :class:`hnce.cluster.compute.refresh_job.RefreshesFailing` with the cause
 (:func:`raise_if_stopped`). Only refreshes that finished after the worker started count, so a
 resumed run is not stopped by the failures of an earlier one.
+
+A refresh still running when training ends records its held-out recall after rank 0 last looked;
+once the coordinator has stopped, the driver copies every held-out recall of the refresh log that
+the event log lacks (:func:`log_missed_heldout`), so the last one reaches TensorBoard too.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from hnce.cluster.compute.refresh_job import RefreshesFailing
-from hnce.cluster.stores.refresh_log import RefreshRecord, read_log
+from hnce.cluster.stores.refresh_log import HeldoutRecall, RefreshRecord, read_log
 from hnce.events import RunEvent
 from hnce.pipeline.event_log import EventLog, read_events
 
@@ -63,7 +68,7 @@ class RefreshHealth:
         self._offset = found.offset
         for heldout in found.heldout:
             if log is not None and heldout.time >= self.since:
-                log.write(RunEvent.HELDOUT_RECALL, **asdict(heldout))  # at the time it was scored
+                _log_heldout(heldout, log)
         cause = None
         for record in found.records:
             if record.finished < self.since:
@@ -95,6 +100,38 @@ class RefreshHealth:
                 consecutive=record.consecutive_failures,
                 error=record.message,
             )
+
+
+def _log_heldout(heldout: HeldoutRecall, log: EventLog) -> None:
+    """``heldout`` as a ``heldout_recall`` event, at the time it was scored (not copied)."""
+    log.write(RunEvent.HELDOUT_RECALL, **asdict(heldout))
+
+
+def log_missed_heldout(run_dir: Path) -> int:
+    """Copy every held-out recall of the run's refresh log that its event log lacks into the
+    event log and TensorBoard; returns how many. The driver's call once the launch's refresh
+    coordinator has stopped (no refresh of the launch can record one after it, and no worker
+    writes TensorBoard any more).
+
+    A recall is identified by its checkpoint step, index version and scoring time, so a second
+    call copies nothing: a recall the trainer copied, or an earlier call, is never written twice.
+    """
+    recalls = read_log(run_dir).heldout
+    if not recalls:
+        return 0
+    logged = {
+        (event.get("step"), event.get("index_version"), event.get("time"))
+        for event in read_events(run_dir, RunEvent.HELDOUT_RECALL)
+    }
+    missed = [h for h in recalls if (h.step, h.index_version, h.time) not in logged]
+    if missed:
+        log = EventLog(run_dir, tensorboard=True)
+        try:
+            for heldout in missed:
+                _log_heldout(heldout, log)
+        finally:
+            log.close()
+    return len(missed)
 
 
 def raise_if_stopped(run_dir: Path, since: float) -> None:

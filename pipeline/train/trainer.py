@@ -12,6 +12,10 @@ up to ``training.max_failures`` times; the new group resumes from the newest com
 serves one launch: a new launch resumes from hnce's own newest complete checkpoint and starts
 Ray Train's state afresh (:func:`discard_earlier_launch_state`).
 
+Once the workers and the coordinator have stopped, the held-out recalls the refresh log holds and
+the event log lacks (a refresh that finished after rank 0 last looked) are copied into the event
+log and TensorBoard (:func:`~hnce.pipeline.train.refresh_health.log_missed_heldout`).
+
 Negatives version 0 (``negatives.initial`` lexical or model) is prepared in a driver thread while
 Ray Train starts the workers, which hold their first step until it is published
 (:class:`~hnce.pipeline.train.version_zero.VersionZeroBeside`); a trainer that fails first
@@ -60,7 +64,7 @@ from hnce.pipeline.run import RUN_RECIPE, refresh_plan
 from hnce.pipeline.train.cores import resolve_cores, threads_lent_to_refresh
 from hnce.pipeline.train.nonfinite import raise_if_diverged
 from hnce.pipeline.train.progress import follow_progress
-from hnce.pipeline.train.refresh_health import raise_if_stopped
+from hnce.pipeline.train.refresh_health import log_missed_heldout, raise_if_stopped
 from hnce.pipeline.train.refresh_supervisor import start_refresh, stop_refresh
 from hnce.pipeline.train.task import TrainingTask
 from hnce.pipeline.train.version_zero import TrainerBeside, VersionZeroBeside
@@ -295,6 +299,7 @@ def _launch(
         status: dict[str, Any] = {}
         if coordinator is not None:
             status = stop_refresh(coordinator, watch)
+    log_missed_heldout(task.run_dir)  # a refresh that outlived the workers recorded its recall
     if version_zero is not None:
         version_zero.raise_if_failed()
     raise_if_stopped(task.run_dir, since)

@@ -92,7 +92,14 @@ class WorkerRun:
         self.log = EventLog(task.run_dir, tensorboard=True) if collectives.rank == 0 else None
         keep = self.settings.keep_checkpoints
         self.checkpoints = WorkerCheckpoints(
-            engine, model, task.run_dir, collectives, keep, self.log, report
+            engine,
+            model,
+            task.run_dir,
+            collectives,
+            keep,
+            self.log,
+            report,
+            self.settings.keep_deepspeed_state,
         )
         self.refresh = RefreshHandover(
             config, task, collectives, self.log, data, initial_negatives_since
