@@ -8,6 +8,8 @@ load first checks that the directory exists and holds what is asked for, then ca
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -38,18 +40,39 @@ def load_local(loader: type[Loaded], path: Path | str, **options: Any) -> Loaded
     ``path`` is a local model directory (``loader``: AutoModel, AutoConfig, AutoTokenizer...)."""
     needs = None if loader.__name__.endswith("Tokenizer") else "config.json"
     directory = local_model_dir(path, needs)
-    try:
+    with model_files(directory, loader.__name__):
         return loader.from_pretrained(directory, local_files_only=True, **options)  # type: ignore[attr-defined]
+
+
+#: what transformers and torch raise of a model directory's files whose content they cannot use:
+#: a config that is not JSON or of the wrong types (``hidden_dropout_prob: -1``, ``dtype: true``,
+#: sizes too large to allocate, heads that do not divide the width)
+_CONTENT_ERRORS = (
+    ValueError,
+    TypeError,
+    KeyError,
+    AttributeError,
+    OverflowError,
+    RuntimeError,
+    StrictDataclassError,
+)
+
+
+@contextmanager
+def model_files(directory: Path, what: str) -> Iterator[None]:
+    """Inside the block, what ``from_pretrained`` / ``from_config`` say of files they could not
+    use is the user's: one :class:`InputError` naming ``directory`` and ``what`` was built from
+    it. An ``OSError`` with an errno is the machine refusing a read and stays one."""
+    try:
+        yield
     except OSError as error:
-        if error.errno is not None:  # the machine refused a read: not the files' content
+        if error.errno is not None:
             raise
-        raise _unloadable(loader, directory, error) from None
-    except (ValueError, TypeError, KeyError, StrictDataclassError) as error:
-        raise _unloadable(loader, directory, error) from None
+        raise _unloadable(what, directory, error) from None
+    except _CONTENT_ERRORS as error:
+        raise _unloadable(what, directory, error) from None
 
 
-def _unloadable(loader: type, directory: Path, error: Exception) -> InputError:
-    """What ``from_pretrained`` said of files it could not read (a config that is not JSON, of
-    the wrong types, a tokenizer file cut short), as one line naming the directory."""
+def _unloadable(what: str, directory: Path, error: Exception) -> InputError:
     said = " ".join(str(error).split()) or type(error).__name__
-    return InputError(f"{directory}: {loader.__name__} cannot load it: {said[:300]}")
+    return InputError(f"{directory}: {what} cannot load it: {said[:300]}")

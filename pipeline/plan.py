@@ -45,7 +45,7 @@ from transformers import AutoConfig, AutoModel, BertConfig, PretrainedConfig
 
 from hnce.cluster.stores.tables_read import EntityCatalogue
 from hnce.encoders.biencoder import SCORER_FILE, read_description
-from hnce.encoders.local import load_local
+from hnce.encoders.local import load_local, model_files
 from hnce.encoders.scorers import ScorerConfig, build_scorer
 from hnce.pipeline.config import Config
 from hnce.pipeline.preflight import model_directory
@@ -80,7 +80,7 @@ class Encoder:
     @classmethod
     def from_config(cls, config: PretrainedConfig) -> Encoder:
         """Parameters counted on the meta device (nothing allocated), shape from the config."""
-        with torch.device("meta"):
+        with model_files(Path(config.name_or_path), "AutoModel"), torch.device("meta"):
             model = AutoModel.from_config(config)
         return cls(
             parameters=sum(p.numel() for p in model.parameters()),

@@ -186,3 +186,26 @@ def test_plan_without_a_catalogue_asks_for_its_size(capsys: pytest.CaptureFixtur
     code = main(["plan", "--config", str(CONFIGS / "demo.yaml"), "--set", "data.root=nowhere"])
     assert code == 2
     assert "--entities" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [
+        ("hidden_dropout_prob", -1, "dropout probability"),
+        ("num_attention_heads", 7, "not a multiple of the number of attention heads"),
+        ("max_position_embeddings", 10**30, "Overflow"),
+    ],
+)
+def test_a_model_config_no_tower_can_be_built_from_is_one_error_naming_it(
+    key: str, value: object, said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A config that reads as JSON but describes no tower transformers can build (found by the
+    boundary property test): exit 2 naming the model directory, not torch's traceback."""
+    tokenizer = write_wordpiece_tokenizer(tmp_path, ["a", "b"])
+    BertModel(tiny_bert_config(len(tokenizer))).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, key: value}))
+    capsys.readouterr()
+    assert main(["plan", "--set", f"model.path={tmp_path}", "--entities", "100"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"hnce plan: {tmp_path}: AutoModel cannot load it: ") and said in error
