@@ -222,6 +222,22 @@ def test_a_write_the_machine_refuses_during_an_export_is_an_os_error_naming_it(
     assert (raised.value.errno, raised.value.filename) == (code, str(out))
 
 
+def test_an_export_past_the_file_size_limit_is_one_line_and_leaves_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file larger than the machine allows (EFBIG, a quota on file sizes) is the machine's
+    refusal like a full disk: exit 74 naming the directory, no traceback, no output left."""
+    run_dir = write_run(tmp_path / "run", "cls", False)
+    out = tmp_path / "st"
+    before = sorted(tmp_path.iterdir())
+    with refusing(out / "mention" / "model.safetensors") as code:
+        assert code == errno.EFBIG
+        assert main(["export", str(run_dir), "--out", str(out)]) == 74
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error[-1].startswith("hnce export: ") and "File too large" in error[-1], error
+    assert sorted(tmp_path.iterdir()) == before  # no output, no staging directory
+
+
 def readme_section() -> tuple[list[str], list[str]]:
     """The ``hnce`` command lines and the Python blocks of the export page's (docs/export.md)."""
     text = EXPORT_PAGE.read_text(encoding="utf-8")

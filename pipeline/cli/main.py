@@ -35,7 +35,7 @@ EXIT_IO_ERROR = 74  # sysexits' EX_IOERR: a full disk, a file system that refuse
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_TERMINATED = 143  # 128 + SIGTERM
 # What the machine refuses, not the program: said in one line, never a traceback.
-IO_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS}
+IO_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS}
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "data": (
