@@ -32,6 +32,7 @@ from hnce.cluster.stores.faiss_device import resolve_faiss_device
 from hnce.cluster.stores.files import sha256_file
 from hnce.cluster.stores.index_store import IndexBuilder, IndexStore
 from hnce.cluster.stores.negatives_store import MinedSplit, NegativesStore, NegativesVersion
+from hnce.cluster.stores.shard_files import QUANTISER_FILE
 from hnce.cluster.stores.sharded_index import (
     IndexShard,
     IndexSpec,
@@ -663,3 +664,33 @@ def test_serving_index_kinds_find_their_own_vectors(spec: IndexSpec) -> None:
     ]
     found, _ = ShardedSearcher(shards).search(vectors[:100], 5)
     assert (found[:, 0] == ids[:100]).mean() >= 0.9
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full")
+def test_a_shard_written_onto_a_full_disk_is_the_os_error_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FAISS writing to a file name reported a full disk as a RuntimeError's text (a traceback
+    from ``hnce refresh``); written through a Python file, it is the OSError, naming the shard,
+    and no temporary file stays. Written normally, the file reads back the same index."""
+    from hnce.cluster.stores import files
+    from hnce.cluster.stores.shard_files import write_quantiser
+
+    index = build_shard_index(np.eye(4, 16, dtype=np.float32), IndexSpec())
+    enter = files.AtomicPath.__enter__
+
+    def on_a_full_disk(atomic: files.AtomicPath) -> Path:
+        temporary = enter(atomic)
+        temporary.symlink_to("/dev/full")
+        return temporary
+
+    with monkeypatch.context() as patched:
+        patched.setattr(files.AtomicPath, "__enter__", on_a_full_disk)
+        with pytest.raises(OSError, match="No space left on device") as refused:
+            write_quantiser(tmp_path, index)
+    assert refused.value.filename == str(tmp_path / QUANTISER_FILE)
+    assert list(tmp_path.iterdir()) == []
+    written = write_quantiser(tmp_path, index)
+    assert faiss.serialize_index(faiss.read_index(str(written))).tobytes() == (
+        faiss.serialize_index(index).tobytes()
+    )

@@ -21,7 +21,12 @@ import numpy as np
 
 from hnce.cluster.stores.faiss_device import FaissDevice
 from hnce.cluster.stores.files import AtomicPath, sha256_file
-from hnce.cluster.stores.sharded_index import IndexKind, IndexShard, read_index_file
+from hnce.cluster.stores.sharded_index import (
+    IndexKind,
+    IndexShard,
+    read_index_file,
+    write_index_file,
+)
 from hnce.cluster.stores.versioned_dir import (
     Count,
     Sha256,
@@ -122,7 +127,7 @@ def write_shard(
     check_shard_ids(ids, entities, vectors_per_entity, directory / ids_name)
     index_path, ids_path = directory / file_name, directory / ids_name
     with AtomicPath(index_path) as temporary:
-        faiss.write_index(index, str(temporary))
+        write_index_file(index, temporary)
     _save_array(ids_path, ids)
     codes_sha256 = None
     if codes is not None:
@@ -153,7 +158,7 @@ def write_quantiser(directory: Path, index: faiss.Index) -> Path:
     a build interrupted while training finds none and trains again."""
     path = Path(directory) / QUANTISER_FILE
     with AtomicPath(path) as temporary:
-        faiss.write_index(index, str(temporary))
+        write_index_file(index, temporary)
     return path
 
 

@@ -221,6 +221,14 @@ def train_index(sample: np.ndarray, spec: IndexSpec, seed: int = 0) -> faiss.Ind
     return index
 
 
+def write_index_file(index: faiss.Index, path: Path) -> None:
+    """Write ``index`` to ``path`` through a Python file: a write the machine refuses (a full
+    disk) is then the ``OSError`` itself, with its errno, where ``faiss.write_index(index,
+    filename)`` said only a RuntimeError's text."""
+    with Path(path).open("wb") as handle:
+        faiss.write_index(index, faiss.PyCallbackIOWriter(handle.write))
+
+
 def read_index_file(path: Path, kind: IndexKind) -> faiss.Index:
     """A shard's FAISS index, memory-mapped where FAISS allows it.
 
