@@ -16,7 +16,8 @@ import pytest
 import ray
 from ray_cluster_helpers import MARKER_VARIABLE, kill_marked
 
-from hnce.cluster.compute.session import JAX_ON_CPU
+from hnce.cluster.compute.session import JAX_ON_CPU, ClusterSettings, init_ray
+from hnce.errors import InputError
 
 
 def test_the_driver_and_every_ray_worker_keep_jax_on_the_cpu(ray_session: str) -> None:
@@ -181,3 +182,19 @@ def test_the_last_start_stuck_ends_the_command_with_the_reason() -> None:
     done, _ = _run_python(_STUCK_START, "always", attempt="2")
     assert done.returncode == 69, done.stderr[-3000:]
     assert "ray.init has not returned 1 s later (2 attempts); giving up" in done.stderr
+
+
+def test_a_cluster_address_with_no_cluster_is_one_error_naming_the_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ray says it found no cluster as a ConnectionError (a traceback from every command); the
+    recipe's setting is what to fix. (Ray's own failure is stood in for: joining an address
+    where nothing listens retries for minutes.)"""
+
+    def no_cluster(*args: object, **kwargs: object) -> None:
+        raise ConnectionError("Could not find any running Ray instance.")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", no_cluster)
+    with pytest.raises(InputError, match=r"^cluster.address 'auto': Could not find any running"):
+        init_ray(ClusterSettings(address="auto"))

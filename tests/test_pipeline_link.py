@@ -125,6 +125,7 @@ def test_a_bad_argument_or_stdin_line_is_refused_before_any_work(
     )
     status, _, err = run_hnce("link", *recipe, "--kilt", str(kilt))
     assert status == 2 and f"hnce link: {kilt}:2: offsets_outside_context" in err
+    assert "--on-bad-row" not in err  # an option of the converters, not of hnce link
     blink = write_jsonl(
         tmp_path / "blink.jsonl",
         [BLINK_LINE, {"context_left": "a", "mention": 3, "context_right": "b"}],

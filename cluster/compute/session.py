@@ -24,6 +24,7 @@ from pydantic import ValidationInfo, field_validator
 from hnce.cluster.compute.gpu_sharing import GpuSharing
 from hnce.cluster.compute.local_instance import start_local_instance
 from hnce.cluster.stores.faiss_device import faiss_gpu_count
+from hnce.errors import InputError
 from hnce.settings import Flag, NonNegativeInt, Text, settings
 
 logger = logging.getLogger(__name__)
@@ -155,7 +156,14 @@ def _start_or_join(cluster: ClusterSettings, cpus_needed: float) -> None:
             os.environ.get(RAY_AUTH_MODE, "disabled"),
         )
     else:
-        ray.init(address=cluster.address, runtime_env=runtime_env, log_to_driver=False)
+        try:
+            ray.init(address=cluster.address, runtime_env=runtime_env, log_to_driver=False)
+        except ConnectionError as error:  # the recipe names a cluster that is not there
+            said = " ".join(str(error).split())
+            raise InputError(
+                f"cluster.address {cluster.address!r}: {said} Start the cluster (ray start "
+                f"--head on its head node) or set cluster.address: local"
+            ) from None
         logger.info("Ray: joined %s (%s)", cluster.address, _resources_line())
 
 

@@ -26,6 +26,8 @@ from hnce.text import NotText, decode_text
 T = TypeVar("T")
 BadRowMode = Literal["strict", "skip"]
 BAD_ROW_MODES: tuple[str, ...] = ("strict", "skip")
+#: what a converter's strict mode says after a bad row (the converters' --on-bad-row option)
+SKIP_HINT = " (use --on-bad-row skip to skip)"
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
@@ -44,10 +46,13 @@ class BadRowKind(StrEnum):
 
 
 class BadRowError(InputError):
-    """A bad input row in strict mode; the message is ``<file>:<line>: <kind>: <detail>``."""
+    """A bad input row in strict mode; the message is ``<file>:<line>: <kind>: <detail>``, with
+    the way to skip such rows where the command has one (``hint``)."""
 
-    def __init__(self, kind: BadRowKind, path: Path, line: int, detail: str) -> None:
-        super().__init__(f"{path}:{line}: {kind.value}: {detail} (use --on-bad-row skip to skip)")
+    def __init__(
+        self, kind: BadRowKind, path: Path, line: int, detail: str, hint: str = ""
+    ) -> None:
+        super().__init__(f"{path}:{line}: {kind.value}: {detail}{hint}")
         self.kind = kind
         self.path = path
         self.line = line
@@ -65,6 +70,8 @@ class BadRowPolicy(ClosedOnExit):
             :class:`hnce.pipeline.data.conversion.Conversion`.
         skip_kinds: kinds skipped (counted and written to the rejects file) even in strict mode,
             e.g. ``gold_not_in_catalogue`` for the training split of ``finetune-blink``.
+        hint: said after a bad row's message in strict mode: how the command skips such rows
+            (``hnce data``'s ``--on-bad-row skip``; commands without that option say nothing).
     """
 
     def __init__(
@@ -72,6 +79,7 @@ class BadRowPolicy(ClosedOnExit):
         mode: BadRowMode = "strict",
         rejects_path: Path | None = None,
         skip_kinds: Collection[BadRowKind] = (),
+        hint: str = "",
     ) -> None:
         if mode not in BAD_ROW_MODES:
             raise ValueError(f"on-bad-row mode must be one of {BAD_ROW_MODES}, got {mode!r}")
@@ -80,13 +88,14 @@ class BadRowPolicy(ClosedOnExit):
         self.mode = mode
         self.rejects_path = rejects_path
         self.skip_kinds = frozenset(skip_kinds)
+        self.hint = hint
         self.counts: Counter[str] = Counter()
         self._rejects: IO[str] | None = None
 
     def reject(self, kind: BadRowKind, path: Path, line: int, raw: str, detail: str) -> None:
         """Report one bad row: raise in strict mode, count and record it in skip mode."""
         if self.mode == "strict" and kind not in self.skip_kinds:
-            raise BadRowError(kind, path, line, detail)
+            raise BadRowError(kind, path, line, detail, self.hint)
         self.counts[kind.value] += 1
         if self._rejects is None:
             assert self.rejects_path is not None

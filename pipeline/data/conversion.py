@@ -36,7 +36,7 @@ from hnce.cluster.stores.tables import REJECTS_FILE
 from hnce.cluster.stores.tables_read import EntityCatalogue
 from hnce.cluster.stores.tables_write import DatasetBuilder
 from hnce.errors import InputError
-from hnce.pipeline.data.bad_rows import BadRowKind, BadRowMode, BadRowPolicy
+from hnce.pipeline.data.bad_rows import SKIP_HINT, BadRowKind, BadRowMode, BadRowPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +164,7 @@ class Conversion:
             self.output.on_bad_row,
             self.output.rejects or self.builder.root / REJECTS_FILE,
             self.output.skip_kinds,
+            hint=SKIP_HINT,
         )
         files = [(role, Path(path)) for role, path in inputs if Path(path).is_file()]
         logger.info(
