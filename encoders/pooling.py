@@ -17,7 +17,9 @@ Pooling module in ``modules.json`` and that module's mode in ``<module>/config.j
 (``pooling_mode_mean_tokens: true`` up to sentence-transformers 5, ``pooling_mode: mean`` from 6,
 whose module types also moved, e.g. ``sentence_transformers.models.Pooling`` to
 ``sentence_transformers.sentence_transformer.modules.pooling.Pooling``); a directory
-without ``modules.json`` (a plain Hugging Face or BLINK model) pools [CLS]. A Normalize module is
+without ``modules.json`` (a plain Hugging Face or BLINK model) pools [CLS]. hnce's own mention
+window, the first module of an exported mention tower (:mod:`hnce.encoders.mention_window`),
+formats a mention as hnce does, so it leaves the vector as hnce makes it. A Normalize module is
 read but not applied: hnce scores unnormalised inner products (eq. 9) and normalising x_1 alone
 would put it on another scale than the token vectors that multi-m, som and poly-m compare it with
 (``model.normalize`` normalises every vector instead: ``BiEncoder.encode_with``).
@@ -38,6 +40,7 @@ from pydantic import TypeAdapter
 from torch import Tensor
 
 from hnce.documents import read_document
+from hnce.encoders.mention_window import MODULE_TYPE as MENTION_WINDOW_TYPE
 from hnce.errors import InputError
 
 Pooling = Literal["cls", "mean"]
@@ -94,7 +97,9 @@ def declared_pooling(model_dir: Path) -> Pooling:
     changing = [
         str(m.get("type"))
         for m in modules
-        if _module_class(m) != POOLING_MODULE and _module_class(m) not in _PASSIVE_MODULES
+        if _module_class(m) != POOLING_MODULE
+        and _module_class(m) not in _PASSIVE_MODULES
+        and m.get("type") != MENTION_WINDOW_TYPE
     ]
     if changing:
         raise InputError(

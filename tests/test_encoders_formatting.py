@@ -1,4 +1,5 @@
-"""BLINK input layout: budget split, markers, batching (encoders/formatting.py)."""
+"""BLINK input layout: budget split, markers, batching (encoders/formatting.py and
+encoders/mention_window.py)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ from transformers import AutoTokenizer, BertTokenizerFast
 
 from hnce.encoders.biencoder import minilm_path
 from hnce.encoders.formatting import (
-    blink_mention_ids,
     length_sorted_batches,
     register_markers,
     tokenize_entities,
     tokenize_mentions,
 )
+from hnce.encoders.mention_window import blink_mention_ids
 
 
 @pytest.fixture(scope="module")

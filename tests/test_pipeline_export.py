@@ -6,10 +6,14 @@ searcher finds in a published index version."""
 from __future__ import annotations
 
 import errno
+import json
+import random
 import re
 import resource
 import shlex
 import signal
+import string
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,10 +25,12 @@ from conftest import LETTER_PIECES, tiny_bert_config, write_wordpiece_tokenizer
 from sentence_transformers import SentenceTransformer
 from store_helpers import publish_index, random_word_dataset, write_checkpoint
 from training_helpers import write_letter_export
+from transformers import dynamic_module_utils
 
 from hnce.cluster.stores.checkpoints import verify_checkpoint
 from hnce.cluster.stores.index_store import IndexStore
 from hnce.cluster.stores.tables_read import EntityCatalogue
+from hnce.encoders import mention_window
 from hnce.encoders.biencoder import build_biencoder, export_biencoder, load_biencoder
 from hnce.encoders.pooling import declared_pooling
 from hnce.encoders.reranker import build_reranker, export_reranker
@@ -32,14 +38,55 @@ from hnce.encoders.sentence_transformers_export import export_sentence_transform
 from hnce.errors import InputError
 from hnce.pipeline import export
 from hnce.pipeline.cli.main import main
+from hnce.pipeline.data.kilt import END_ENT, START_ENT
 from hnce.pipeline.export import SENTENCE_TRANSFORMERS, export_run
 
 EXPORT_PAGE = Path(__file__).resolve().parents[1] / "docs" / "export.md"
 SECTION = "# Export: `hnce export`"
-# Short enough that BLINK's layout keeps every context piece at the mention length below.
-MENTIONS = [("the big", "paris", "is a city"), ("", "seine", "river"), ("on a river", "city", "")]
+MENTION_LENGTH = 48
+
+
+def words(count: int, seed: int) -> str:
+    """``count`` random lower-case words (every one tokenizes with the letters' vocabulary)."""
+    rng = random.Random(seed)
+    return " ".join(
+        "".join(rng.choices(string.ascii_lowercase, k=rng.randint(1, 9))) for _ in range(count)
+    )
+
+
+# Short ones, whose whole context fits the mention length, then contexts several times that
+# length, which BLINK's window cuts on both sides of the mention: left-heavy, right-heavy, both,
+# a side too short for its share (the rest flows to the other), the mention at the very start
+# and at the very end, a mention longer than the window, and text the tokenizer normalises
+# (accents stripped, lower-cased) or does not know (CJK: [UNK] pieces).
+MENTIONS = [
+    ("the big", "paris", "is a city"),
+    ("", "seine", "river"),
+    ("on a river", "city", ""),
+    (words(300, 1), "paris", words(8, 2)),
+    (words(6, 3), "seine", words(300, 4)),
+    (words(200, 5), "big city", words(200, 6)),
+    ("", "river", words(300, 7)),
+    (words(300, 8), "paris", ""),
+    ("a b", words(80, 9), "c d"),
+    ("Zürich Café naïve 東京 " * 40, "Ñandú Ælfred", "Élan ÉCOLE 北京 " * 40),
+]
 # The first is longer than the entity length: both cut it there. None: no title (nor its marker).
-ENTITIES = [("paris", "capital of france " * 12), ("seine", "a river"), (None, "no title at all")]
+ENTITIES = [
+    ("paris", "capital of france " * 12),
+    ("seine", "a river"),
+    (None, "no title at all"),
+    ("Zürich 東京 " * 20, "a title longer than the entity length"),
+    ("Ñandú", "Élan ÉCOLE 北京 " * 30),
+]
+
+
+@pytest.fixture(autouse=True)
+def modules_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers copies a model's own module file (trust_remote_code) into its modules cache
+    before importing it: each test gets its own, not the home's (shared by parallel workers)."""
+    monkeypatch.setattr(dynamic_module_utils, "HF_MODULES_CACHE", str(tmp_path / "hf-modules"))
+    monkeypatch.setattr(sys, "path", list(sys.path))  # init_hf_modules appends the cache
 
 
 def write_run(run_dir: Path, pooling: str, normalize: bool, hidden_size: int = 32) -> Path:
@@ -50,7 +97,7 @@ def write_run(run_dir: Path, pooling: str, normalize: bool, hidden_size: int = 3
         tiny_bert_config(len(tokenizer), hidden_size),
         "dual",
         tokenizer=tokenizer,
-        mention_length=48,
+        mention_length=MENTION_LENGTH,
         entity_length=24,
         pooling=pooling,
         normalize=normalize,
@@ -60,15 +107,10 @@ def write_run(run_dir: Path, pooling: str, normalize: bool, hidden_size: int = 3
     return run_dir
 
 
-def blink_texts(rows: list[tuple[str, ...]], markers: tuple[str, ...]) -> list[str]:
-    """Each row's fields joined by BLINK's markers, as docs/export.md tells users to feed the towers."""
-    texts = []
-    for row in rows:
-        parts = [row[0]]
-        for marker, field in zip(markers, row[1:], strict=True):
-            parts += [marker, field]
-        texts.append(" ".join(part for part in parts if part))
-    return texts
+def marked_texts(rows: list[tuple[str, str, str]]) -> list[str]:
+    """Each mention as docs/export.md tells users to feed the mention tower: one text marking
+    the mention with [START_ENT] ... [END_ENT], as ``hnce link`` takes it."""
+    return [f"{left} {START_ENT} {mention} {END_ENT} {right}" for left, mention, right in rows]
 
 
 @pytest.mark.parametrize(
@@ -77,6 +119,9 @@ def blink_texts(rows: list[tuple[str, ...]], markers: tuple[str, ...]) -> list[s
 def test_each_tower_loads_in_sentence_transformers_and_gives_hnces_vectors(
     tmp_path: Path, pooling: str, normalize: bool
 ) -> None:
+    """Whatever a mention's context length: sentence-transformers alone cut the end of every
+    input longer than the tower, often the mention itself (R@1 0.814 in hnce, 0.312 through
+    the export on news data where nearly every mention's context was that long)."""
     run_dir = write_run(tmp_path / "run", pooling, normalize)
     written = export_run(run_dir, "newest", SENTENCE_TRANSFORMERS, tmp_path / "out")
     assert written == {
@@ -94,20 +139,58 @@ def test_each_tower_loads_in_sentence_transformers_and_gives_hnces_vectors(
             "entity": model.encode_entities(**entity_batch)[0][:, 0],
         }
     texts = {
-        "mention": blink_texts(MENTIONS, ("[unused0]", "[unused1]")),
+        "mention": marked_texts(MENTIONS),
         "entity": [
             text if title is None else f"{title} [unused2] {text}" for title, text in ENTITIES
         ],
     }
-    assert entity_batch["input_ids"].shape[1] == model.entity_length  # the long text was cut
+    assert mention_batch["input_ids"].shape[1] == MENTION_LENGTH  # the long contexts were cut
+    assert entity_batch["input_ids"].shape[1] == model.entity_length  # the long texts were cut
     for tower, directory in written.items():
-        loaded = SentenceTransformer(str(directory), device="cpu")
+        loaded = SentenceTransformer(str(directory), device="cpu", trust_remote_code=True)
         vectors = loaded.encode(texts[tower], convert_to_tensor=True)
         torch.testing.assert_close(vectors, expected[tower], rtol=0, atol=1e-6)
         assert loaded.similarity_fn_name == ("cosine" if normalize else "dot")
         assert declared_pooling(directory) == pooling  # hnce reads it back as a model.path
+        modules = json.loads((directory / "modules.json").read_text())
+        assert all((directory / module["path"]).is_dir() for module in modules)
     if normalize:
-        assert torch.allclose(expected["entity"].norm(dim=1), torch.ones(3))
+        assert torch.allclose(expected["entity"].norm(dim=1), torch.ones(len(ENTITIES)))
+
+
+def test_the_mention_tower_needs_trusted_code_reads_one_marked_mention_and_saves_again(
+    tmp_path: Path,
+) -> None:
+    """The window is code shipped in the export: sentence-transformers refuses it untrusted. It
+    reads hnce link's markers (kilt's, the file keeps its own copy to stand alone) and no other
+    layout, BLINK's [unused0] included; sentence-transformers' own save and load keep it."""
+    run_dir = write_run(tmp_path / "run", "mean", True)
+    directory = export_run(run_dir, "newest", SENTENCE_TRANSFORMERS, tmp_path / "out")["mention"]
+    with pytest.raises(ValueError, match="trust_remote_code=True"):
+        SentenceTransformer(str(directory), device="cpu")
+    assert (mention_window.START_ENT, mention_window.END_ENT) == (START_ENT, END_ENT)
+    loaded = SentenceTransformer(str(directory), device="cpu", trust_remote_code=True)
+    for unmarked in [
+        "the [unused0] seine [unused1] river",
+        f"{START_ENT} a {START_ENT} b {END_ENT}",
+    ]:
+        with pytest.raises(ValueError, match=re.escape(f"exactly one mention with {START_ENT}")):
+            loaded.encode([unmarked])
+    with pytest.raises(ValueError, match="takes no prompt"):
+        loaded.encode(marked_texts(MENTIONS), prompt="query: ")
+    loaded.save(str(tmp_path / "saved"))
+    normalize = "3_Normalize/config.json"  # what sentence-transformers writes for it, as the export
+    assert json.loads((tmp_path / "saved" / normalize).read_text()) == json.loads(
+        (directory / normalize).read_text()
+    )
+    saved = SentenceTransformer(str(tmp_path / "saved"), device="cpu", trust_remote_code=True)
+    texts = marked_texts(MENTIONS)
+    torch.testing.assert_close(
+        saved.encode(texts, convert_to_tensor=True),
+        loaded.encode(texts, convert_to_tensor=True),
+        rtol=0,
+        atol=0,
+    )
 
 
 def test_a_scorer_that_is_not_dual_is_refused_before_anything_is_loaded(
