@@ -12,8 +12,8 @@ then the invariants that must hold at any scale:
 
 Size: 10,000 entities at entity length 32 (AIDA's mention files scaled to 600 / 150 / 150), in
 8 shards of 1,250 so that shard ranges, merging and mining across shards are exercised. The
-invariants hold at any size, so they are checked at the smallest that exercises them (issue 52:
-at 200,000 the module took ~13 minutes of the suite, at 20,000 ~4); the figures at scale (throughput, memory,
+invariants hold at any size, so they are checked at the smallest that exercises them
+(at 200,000 the module took ~13 minutes of the suite, at 20,000 ~4); the figures at scale (throughput, memory,
 recall at 200,000 and 5.9M) are `benchmarks/full_scale.py`'s and `benchmarks/token_index.py`'s.
 The pages are stubs (`--lead-median-chars 150`: a 32-token window holds
 ~160 characters), which halves the bytes that generation, conversion and tokenization go through.

@@ -94,7 +94,7 @@ def test_a_heldout_recall_recorded_after_training_ended_reaches_tensorboard_once
     tmp_path: Path,
 ) -> None:
     """The last refresh finished after rank 0 last read the refresh log: its recall was in the
-    refresh log and ``hnce status`` only (issue 55). The driver's copy once the coordinator has
+    refresh log and ``hnce status`` only. The driver's copy once the coordinator has
     stopped writes it, at its checkpoint's step and scoring time, and a second copy writes
     nothing."""
     log = EventLog(tmp_path, tensorboard=True)
@@ -269,7 +269,7 @@ def test_status_of_an_ended_run_says_its_last_checkpoint_is_not_refreshed_by_des
 ) -> None:
     """The trainer's last checkpoint asks for no refresh (``refreshes_end``): nothing trains on
     what it would mine. ``hnce status`` said it had waited so many minutes for its refresh; it
-    says the run ended and reports no wait (issue 55). A checkpoint that asks still waits."""
+    says the run ended and reports no wait. A checkpoint that asks still waits."""
     write_checkpoint(tmp_path, 20, refresh=True)
     vectors = np.random.default_rng(0).standard_normal((6, 16)).astype(np.float32)
     publish_index(IndexStore(tmp_path / INDEX_DIR), 20, vectors)

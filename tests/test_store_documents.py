@@ -1,4 +1,4 @@
-"""Content checks behind the checksums (issue 56, class 3): every JSON document hnce reads back
+"""Content checks behind the checksums: every JSON document hnce reads back
 is read against its schema. Cut short, with a value of the wrong type or without a key it
 needs, a document is an InputError naming the file (one line, exit 2 at the command line),
 never a JSONDecodeError, KeyError, TypeError or a wrong value used later; a record of work that
