@@ -156,6 +156,19 @@ CASES: dict[str, Case] = {
         ("export", "@WORKSPACE@/run", "--out", "@WORKSPACE@/st"),
         (
             "run/config.yaml",
+            "data/manifest.json",
+            "run/index/v*/manifest.json",
+            "run/checkpoints/step-1/COMPLETE",
+            "run/checkpoints/step-1/training_state.json",
+            "run/checkpoints/step-1/export/scorer.json",
+            "run/checkpoints/step-1/export/*/model.safetensors",
+            "run/checkpoints/step-1/export/*/config.json",
+        ),
+        outputs=("st", "run/eval-index"),
+    ),
+    "export (towers)": Case(
+        ("export", "@WORKSPACE@/run", "--no-index", "--out", "@WORKSPACE@/st"),
+        (
             "run/checkpoints/step-1/COMPLETE",
             "run/checkpoints/step-1/training_state.json",
             "run/checkpoints/step-1/export/scorer.json",

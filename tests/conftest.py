@@ -228,3 +228,14 @@ def no_progress_output() -> Iterator[None]:
 
     with quiet():
         yield
+
+
+@pytest.fixture
+def hf_modules_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers copies a model's own module file (``trust_remote_code``: the mention window
+    of a sentence-transformers export) into its modules cache before importing it: each test
+    gets its own, not the home's (shared by parallel workers)."""
+    from transformers import dynamic_module_utils
+
+    monkeypatch.setattr(dynamic_module_utils, "HF_MODULES_CACHE", str(tmp_path / "hf-modules"))
+    monkeypatch.setattr(sys, "path", list(sys.path))  # init_hf_modules appends the cache

@@ -1,7 +1,9 @@
 """``hnce export``: a dual model's towers load in sentence-transformers and give hnce's own vectors
-(mean and [CLS] pooling, normalised or not); other scorers are refused before any work; and the
-export page's (docs/export.md), run as written, finds with plain faiss and pyarrow what hnce's own
-searcher finds in a published index version."""
+(mean and [CLS] pooling, normalised or not); other scorers are refused before any work; an export
+of checkpoint S carries the index version of S's model (the one ``hnce eval`` searches), never the
+run's live version of another step; and the export page's (docs/export.md), run as written, finds
+with plain faiss and pyarrow in the exported index what hnce's own searcher finds in that
+version."""
 
 from __future__ import annotations
 
@@ -13,22 +15,24 @@ import resource
 import shlex
 import signal
 import string
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 from conftest import LETTER_PIECES, tiny_bert_config, write_wordpiece_tokenizer
 from sentence_transformers import SentenceTransformer
 from store_helpers import publish_index, random_word_dataset, write_checkpoint
 from training_helpers import write_letter_export
-from transformers import dynamic_module_utils
 
-from hnce.cluster.stores.checkpoints import verify_checkpoint
-from hnce.cluster.stores.index_store import IndexStore
+from hnce.cluster.compute import retrieval
+from hnce.cluster.compute.index_build import IndexedModel
+from hnce.cluster.compute.retrieval import EVAL_INDEX_DIR, version_key
+from hnce.cluster.stores.checkpoints import checkpoint_dir, verify_checkpoint
+from hnce.cluster.stores.index_store import IndexStore, IndexVersion
 from hnce.cluster.stores.tables_read import EntityCatalogue
 from hnce.encoders import mention_window
 from hnce.encoders.biencoder import build_biencoder, export_biencoder, load_biencoder
@@ -38,11 +42,14 @@ from hnce.encoders.sentence_transformers_export import export_sentence_transform
 from hnce.errors import InputError
 from hnce.pipeline import export
 from hnce.pipeline.cli.main import main
+from hnce.pipeline.config import load_config
 from hnce.pipeline.data.kilt import END_ENT, START_ENT
 from hnce.pipeline.export import SENTENCE_TRANSFORMERS, export_run
+from hnce.pipeline.run import RUN_RECIPE, refresh_plan
 
 EXPORT_PAGE = Path(__file__).resolve().parents[1] / "docs" / "export.md"
 SECTION = "# Export: `hnce export`"
+pytestmark = pytest.mark.usefixtures("hf_modules_cache")
 MENTION_LENGTH = 48
 
 
@@ -81,18 +88,13 @@ ENTITIES = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def modules_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """transformers copies a model's own module file (trust_remote_code) into its modules cache
-    before importing it: each test gets its own, not the home's (shared by parallel workers)."""
-    monkeypatch.setattr(dynamic_module_utils, "HF_MODULES_CACHE", str(tmp_path / "hf-modules"))
-    monkeypatch.setattr(sys, "path", list(sys.path))  # init_hf_modules appends the cache
-
-
-def write_run(run_dir: Path, pooling: str, normalize: bool, hidden_size: int = 32) -> Path:
-    """A run whose checkpoint step-3 holds a tiny random dual model with this pooling."""
+def write_run(
+    run_dir: Path, pooling: str, normalize: bool, hidden_size: int = 32, step: int = 3
+) -> Path:
+    """A run whose checkpoint ``step`` holds a tiny random dual model with this pooling (seeded
+    by the step: each step's model is another)."""
     tokenizer = write_wordpiece_tokenizer(run_dir.parent / "vocab", LETTER_PIECES)
-    torch.manual_seed(0)
+    torch.manual_seed(step - 3)
     model = build_biencoder(
         tiny_bert_config(len(tokenizer), hidden_size),
         "dual",
@@ -102,8 +104,8 @@ def write_run(run_dir: Path, pooling: str, normalize: bool, hidden_size: int = 3
         pooling=pooling,
         normalize=normalize,
     )
-    export_biencoder(model, run_dir.parent / "export")
-    write_checkpoint(run_dir, 3, run_dir.parent / "export")
+    export_biencoder(model, run_dir.parent / f"export-{step}")
+    write_checkpoint(run_dir, step, run_dir.parent / f"export-{step}")
     return run_dir
 
 
@@ -111,6 +113,36 @@ def marked_texts(rows: list[tuple[str, str, str]]) -> list[str]:
     """Each mention as docs/export.md tells users to feed the mention tower: one text marking
     the mention with [START_ENT] ... [END_ENT], as ``hnce link`` takes it."""
     return [f"{left} {START_ENT} {mention} {END_ENT} {right}" for left, mention, right in rows]
+
+
+def write_recipe(run_dir: Path, data_root: Path) -> Path:
+    """The run's ``config.yaml``, as ``hnce train`` leaves it: its catalogue is ``data_root``."""
+    recipe = run_dir / RUN_RECIPE
+    recipe.write_text(f"run:\n  dir: {run_dir}\ndata:\n  root: {data_root}\n")
+    return recipe
+
+
+def publish_version_of(store: Path, run_dir: Path, step: int) -> IndexVersion:
+    """A version of checkpoint ``step``'s model over the run's catalogue in the store ``store``
+    (random 16-wide vectors), recorded as what ``hnce eval`` looks for (``version_key``), as a
+    refresh or an evaluation would have published it."""
+    plan = refresh_plan(load_config(run_dir / RUN_RECIPE))
+    model = IndexedModel.from_checkpoint(checkpoint_dir(run_dir, step), step)
+    fingerprint, catalogue, index = version_key(plan, model)
+    vectors = np.random.default_rng(step).standard_normal((48, 16)).astype(np.float32)
+    changes = {"model": fingerprint, "catalogue": catalogue, "index": index}
+    return publish_index(IndexStore(store), step, vectors, shards=3, **changes)
+
+
+def blink_texts(rows: list[tuple[str, ...]], markers: tuple[str, ...]) -> list[str]:
+    """Each row's fields joined by BLINK's markers, as docs/export.md tells users to feed the towers."""
+    texts = []
+    for row in rows:
+        parts = [row[0]]
+        for marker, field in zip(markers, row[1:], strict=True):
+            parts += [marker, field]
+        texts.append(" ".join(part for part in parts if part))
+    return texts
 
 
 @pytest.mark.parametrize(
@@ -123,7 +155,7 @@ def test_each_tower_loads_in_sentence_transformers_and_gives_hnces_vectors(
     input longer than the tower, often the mention itself (R@1 0.814 in hnce, 0.312 through
     the export on news data where nearly every mention's context was that long)."""
     run_dir = write_run(tmp_path / "run", pooling, normalize)
-    written = export_run(run_dir, "newest", SENTENCE_TRANSFORMERS, tmp_path / "out")
+    written = export_run(run_dir, "newest", SENTENCE_TRANSFORMERS, tmp_path / "out", index=False)
     assert written == {
         "mention": tmp_path / "out" / "mention",
         "entity": tmp_path / "out" / "entity",
@@ -165,7 +197,9 @@ def test_the_mention_tower_needs_trusted_code_reads_one_marked_mention_and_saves
     reads hnce link's markers (kilt's, the file keeps its own copy to stand alone) and no other
     layout, BLINK's [unused0] included; sentence-transformers' own save and load keep it."""
     run_dir = write_run(tmp_path / "run", "mean", True)
-    directory = export_run(run_dir, "newest", SENTENCE_TRANSFORMERS, tmp_path / "out")["mention"]
+    directory = export_run(run_dir, "newest", SENTENCE_TRANSFORMERS, tmp_path / "out", index=False)[
+        "mention"
+    ]
     with pytest.raises(ValueError, match="trust_remote_code=True"):
         SentenceTransformer(str(directory), device="cpu")
     assert (mention_window.START_ENT, mention_window.END_ENT) == (START_ENT, END_ENT)
@@ -203,7 +237,7 @@ def test_a_scorer_that_is_not_dual_is_refused_before_anything_is_loaded(
         raise AssertionError("the checkpoint was loaded")
 
     monkeypatch.setattr(export, "load_biencoder", never)
-    monkeypatch.setattr(export, "resolve_checkpoint", never)
+    monkeypatch.setattr(export.IndexedModel, "from_checkpoint", never)
     with pytest.raises(InputError, match="scorer 'multi' reads several vectors per side"):
         export_run(run_dir, "step-5", SENTENCE_TRANSFORMERS, tmp_path / "out")
     assert not (tmp_path / "out").exists()
@@ -221,12 +255,22 @@ def test_the_command_refuses_an_existing_out_and_a_missing_checkpoint_and_reads_
     )
     assert "step-9: no complete checkpoint" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "o")]) == 2
+    error = capsys.readouterr().err  # the index is over the run's catalogue, its recipe's
+    assert f"{run_dir / RUN_RECIPE}: missing" in error and "--no-index" in error, error
+    assert not (tmp_path / "o").exists()
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(f"run:\n  dir: {run_dir}\n")  # a recipe names the run by run.dir
-    assert (
-        main(["export", str(recipe), "--checkpoint", "step-3", "--out", str(tmp_path / "o")]) == 0
-    )
-    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["entity", "mention"]
+    arguments = ["export", str(recipe), "--checkpoint", "step-3", "--no-index"]
+    assert main([*arguments, "--out", str(tmp_path / "o")]) == 0
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [
+        "entity",
+        "export.json",
+        "mention",
+    ]
+    pair = json.loads((tmp_path / "o" / "export.json").read_text())
+    model = IndexedModel.from_checkpoint(run_dir / "checkpoints" / "step-3", 3)
+    assert pair == {"checkpoint": 3, "model": model.fingerprint, "catalogue": None}
 
 
 def test_no_output_lands_in_a_runs_own_stores(
@@ -252,7 +296,51 @@ def test_no_output_lands_in_a_runs_own_stores(
     assert main(["status", str(run_dir), "--plot", str(plot)]) == 2
     assert "--plot" in (error := capsys.readouterr().err) and "negatives/" in error, error
     assert sorted(path for path in run_dir.rglob("*")) == before
-    assert main(["export", str(run_dir), "--out", str(run_dir / "st")]) == 0
+    assert main(["export", str(run_dir), "--no-index", "--out", str(run_dir / "st")]) == 0
+
+
+def test_an_export_of_a_checkpoint_carries_its_own_index_never_the_live_one_of_another_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's live index (``index/CURRENT``) is step-2's, the last refreshed, while the newest
+    checkpoint is step-3, whose version an evaluation built into ``eval-index/``. The export of
+    the newest carries step-3's version, the export of step-2 the live one: each the version's
+    manifest and files as published, the catalogue's keys in entity_id order, and
+    ``export.json`` naming the step and model fingerprint the towers and the index share. Both
+    versions exist, so nothing is built: no encoder pool (nor Ray for one) starts."""
+    data = random_word_dataset(tmp_path / "data")
+    run_dir = write_run(tmp_path / "run", "mean", False, hidden_size=16, step=2)
+    write_run(run_dir, "mean", False, hidden_size=16, step=3)
+    write_recipe(run_dir, data)
+    live = publish_version_of(run_dir / "index", run_dir, 2)
+    evaluated = publish_version_of(run_dir / EVAL_INDEX_DIR, run_dir, 3)
+    assert IndexStore(run_dir / "index").current().checkpoint == 2
+
+    def never(*_: object) -> None:
+        raise AssertionError("an encoder pool was started")
+
+    monkeypatch.setattr(retrieval, "start_pool", never)
+    keys = EntityCatalogue.open(data).keys().to_pylist()
+    for checkpoint, step, version in [("newest", 3, evaluated), ("step-2", 2, live)]:
+        out = tmp_path / checkpoint
+        written = export_run(run_dir, checkpoint, SENTENCE_TRANSFORMERS, out)
+        assert written == {part: out / part for part in ("mention", "entity", "index")}
+        model = IndexedModel.from_checkpoint(checkpoint_dir(run_dir, step), step)
+        pair = json.loads((out / "export.json").read_text())
+        assert pair == {
+            "checkpoint": step,
+            "model": model.fingerprint,
+            "catalogue": version.manifest.catalogue,
+        }
+        manifest = json.loads((out / "index" / "manifest.json").read_text())
+        assert manifest == json.loads((version.path / "manifest.json").read_text())
+        assert manifest["model"] == model.fingerprint
+        files = [name for shard in version.manifest.shards for name, _ in shard.files()]
+        for name in files:
+            assert (out / "index" / name).read_bytes() == (version.path / name).read_bytes()
+        listed = sorted(path.name for path in (out / "index").iterdir())
+        assert listed == sorted([*files, "manifest.json", "keys.parquet"])
+        assert pq.read_table(out / "index" / "keys.parquet")["key"].to_pylist() == keys
 
 
 @contextmanager
@@ -315,7 +403,7 @@ def test_an_export_past_the_file_size_limit_is_one_line_and_leaves_nothing(
     before = sorted(tmp_path.iterdir())
     with refusing(out / "mention" / "model.safetensors") as code:
         assert code == errno.EFBIG
-        assert main(["export", str(run_dir), "--out", str(out)]) == 74
+        assert main(["export", str(run_dir), "--no-index", "--out", str(out)]) == 74
     error = capsys.readouterr().err.strip().splitlines()
     assert error[-1].startswith("hnce export: ") and "File too large" in error[-1], error
     assert sorted(tmp_path.iterdir()) == before  # no output, no staging directory
@@ -334,15 +422,16 @@ def readme_section() -> tuple[list[str], list[str]]:
 
 def test_the_readme_export_section_runs_as_written(tmp_path: Path) -> None:
     """The export page's command, its sentence-transformers lines and its plain-faiss lines, with the
-    example paths pointed at a small run: the top entities equal hnce's own searcher's."""
+    example paths pointed at a small run: the top entities the lines find in the exported index
+    equal hnce's own searcher's in the run's version of that checkpoint."""
     places = {
         "runs/wordnet": tmp_path / "runs" / "wordnet",
         "data/wordnet": random_word_dataset(tmp_path / "data"),
         "models/wordnet": tmp_path / "models" / "wordnet",
     }
-    write_run(places["runs/wordnet"], "mean", False, hidden_size=16)
-    vectors = np.random.default_rng(0).standard_normal((48, 16)).astype(np.float32)
-    publish_index(IndexStore(places["runs/wordnet"] / "index"), 3, vectors, shards=3)
+    run_dir = write_run(places["runs/wordnet"], "mean", False, hidden_size=16)
+    write_recipe(run_dir, places["data/wordnet"])
+    publish_version_of(run_dir / "index", run_dir, 3)
 
     def pointed(text: str) -> str:
         for example, path in places.items():

@@ -7,7 +7,10 @@ indexed by ``hnce refresh`` (the session's shared ``trained_run``); then linking
 the whole catalogue (checked against every entity scored in this process), in the run's
 published index version (no version is built: ``<run>/eval-index/`` stays empty), as a table, as
 JSON lines and through the Python API, and a joint reranker reorders the retriever's top
-candidates by its own scores.
+candidates by its own scores. ``hnce export`` of that checkpoint is the same retriever outside
+hnce: its mention tower through sentence-transformers and its index read with plain faiss
+(docs/export.md) find the linker's top k; an export of a checkpoint no refresh indexed builds its
+version once, as evaluation does.
 """
 
 from __future__ import annotations
@@ -15,13 +18,18 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 from pathlib import Path
 
+import faiss
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import ray
 import torch
 from conftest import write_jsonl
+from sentence_transformers import SentenceTransformer
+from store_helpers import write_checkpoint
 from training_helpers import (
     CONFIGS,
     TrainedRun,
@@ -32,6 +40,7 @@ from training_helpers import (
 )
 
 import hnce
+from hnce.cluster.compute import retrieval
 from hnce.cluster.compute.retrieval import EVAL_INDEX_DIR, Retrieved
 from hnce.cluster.stores.checkpoints import newest_checkpoint
 from hnce.cluster.stores.index_store import IndexStore
@@ -43,6 +52,7 @@ from hnce.errors import InputError
 from hnce.pipeline.cli.link import PIPED_WIDTH
 from hnce.pipeline.cli.main import main as hnce_main
 from hnce.pipeline.data.blink import read_blink_mentions
+from hnce.pipeline.export import SENTENCE_TRANSFORMERS, export_run
 from hnce.pipeline.link import format_linked, marked_mentions
 
 K = 5
@@ -433,6 +443,90 @@ def test_python_api_links_reuses_the_index_and_agrees_with_its_own_vectors(
     np.testing.assert_allclose(
         vectors @ queries[1, 0], [c.score for c in linked[1].candidates], rtol=0, atol=1e-4
     )
+
+
+def plain_faiss_top_k(
+    index_dir: Path, queries: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(entity ids [M, k], scores [M, k]) of each query in an exported index, read as
+    docs/export.md's snippet reads it: each shard with plain faiss, its rows' entity ids from its
+    ids array, the best k of the shards' top k."""
+    manifest = json.loads((index_dir / "manifest.json").read_text())
+    found_scores, found_ids = [], []
+    for shard in manifest["shards"]:
+        index = faiss.read_index(str(index_dir / shard["file"]))
+        ids = np.load(index_dir / shard["ids"])
+        scores, rows = index.search(queries, k)
+        found_scores.append(scores)
+        found_ids.append(np.where(rows >= 0, ids[rows], -1))
+    scores, ids = np.concatenate(found_scores, axis=1), np.concatenate(found_ids, axis=1)
+    best = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(ids, best, axis=1), np.take_along_axis(scores, best, axis=1)
+
+
+@pytest.mark.slow
+def test_the_exported_pair_finds_what_the_linker_finds_for_that_checkpoint(
+    run_hnce, tmp_path: Path, trained_run: TrainedRun, hf_modules_cache: None
+) -> None:
+    """``hnce export`` of the newest checkpoint carries the version the refresh published for it
+    (nothing is built); the exported mention tower through sentence-transformers and the exported
+    index read with plain faiss give each of the eval split's mentions the linker's top K: the
+    same entities (both the exact top K, so up to float near-ties) with the same scores, and
+    ``index/keys.parquet`` names them by the catalogue's keys."""
+    out = tmp_path / "model"
+    status, printed, err = run_hnce("export", str(trained_run.run), "--out", str(out))
+    assert status == 0, err
+    assert f"index: {out / 'index'}" in printed
+    assert_nothing_built(trained_run.run)
+    step, _ = newest_checkpoint(trained_run.run)
+    assert json.loads((out / "export.json").read_text())["checkpoint"] == step
+
+    mentions = MentionSplit.open(mention_split_path(trained_run.data, "test")).read_all()
+    tower = SentenceTransformer(str(out / "mention"), device="cpu", trust_remote_code=True)
+    texts = [marked(mention) for mention in mentions]  # whole contexts: the window cuts them
+    ids, scores = plain_faiss_top_k(out / "index", tower.encode(texts), K)
+    with hnce.EntityLinker.from_run(trained_run.run) as linker:
+        linked = linker.search(mentions, K)
+    assert linked.built is False
+    truth = exact(trained_run.run, trained_run.data, mentions)
+    assert_exact_top_k(ids, truth)
+    assert_exact_top_k(linked.cands, truth)
+    np.testing.assert_allclose(scores, linked.scores, rtol=0, atol=1e-4)
+    keys = pq.read_table(out / "index" / "keys.parquet")["key"].to_pylist()
+    catalogue = EntityCatalogue.open(trained_run.data)
+    assert [keys[i] for i in ids[0]] == [catalogue.get(int(i)).key for i in ids[0]]
+
+
+@pytest.mark.slow
+def test_an_export_of_a_checkpoint_no_refresh_indexed_builds_its_version_once(
+    tmp_path: Path, trained_run: TrainedRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run holding the trained checkpoint and no index (as one written after the last
+    refresh): its export builds the checkpoint's version into ``<run>/eval-index/`` through the
+    encoder actors, never into ``<run>/index/``; a second export finds that version (no encoder
+    pool starts), and both carry it."""
+    step, directory = newest_checkpoint(trained_run.run)
+    run_dir = tmp_path / "run"
+    write_checkpoint(run_dir, step, directory / "export")
+    # the trained run's recipe, which the export reads as this run's (run.dir: this one)
+    shutil.copy(trained_run.run / "config.yaml", run_dir / "config.yaml")
+    export_run(run_dir, "newest", SENTENCE_TRANSFORMERS, tmp_path / "first")
+    assert IndexStore(run_dir / EVAL_INDEX_DIR).versions() == [1]
+    assert not (run_dir / "index").exists()
+
+    def never(*_: object) -> None:
+        raise AssertionError("an encoder pool was started")
+
+    monkeypatch.setattr(retrieval, "start_pool", never)
+    export_run(run_dir, "newest", SENTENCE_TRANSFORMERS, tmp_path / "second")
+    assert IndexStore(run_dir / EVAL_INDEX_DIR).versions() == [1]
+    first, second = (
+        json.loads((tmp_path / name / "index" / "manifest.json").read_text())
+        for name in ("first", "second")
+    )
+    assert first == second
+    published = IndexStore(trained_run.run / "index").current()
+    assert first["model"] == published.manifest.model  # the same model's, wherever it lies
 
 
 @pytest.fixture(scope="module")

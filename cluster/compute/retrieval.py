@@ -1,5 +1,6 @@
 """Top-k entities of mentions under a model, through the cluster: evaluation, KILT predictions,
-the reranker's retriever (docs/refresh.md).
+the reranker's retriever (docs/refresh.md); and the index version they search, for ``hnce
+export`` to publish beside the model's towers (:func:`evaluation_version`).
 
 The mentions are encoded by the model's mention tower in the encoder actors and searched in an
 index version of the *same* model held by those actors (`hnce.cluster.compute.shard_holders`); this process
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,7 @@ from hnce.cluster.compute.shard_holders import HeldIndex
 from hnce.cluster.stores.index_store import IndexStore, IndexVersion
 from hnce.cluster.stores.tables import Mention
 from hnce.cluster.stores.tables_read import catalogue_fingerprint
+from hnce.cluster.stores.tokens import TokenStore
 from hnce.search import Searcher
 
 logger = logging.getLogger(__name__)
@@ -84,6 +86,54 @@ def locked_evaluation_store(plan: RefreshPlan) -> Iterator[IndexStore]:
     store.root.mkdir(parents=True, exist_ok=True)
     with FileLock(str(store.root / ".lock")):
         yield store
+
+
+def find_version(plan: RefreshPlan, model: IndexedModel, store: IndexStore) -> IndexVersion | None:
+    """A published version of ``model`` over the plan's catalogue: the refresh's (read only),
+    else one of the evaluation store ``store`` (module docstring, steps 1 and 2); None when
+    neither holds one."""
+    wanted = version_key(plan, model)
+    return plan.index_store.find(*wanted) or store.find(*wanted)
+
+
+def build_evaluation_version(
+    plan: RefreshPlan,
+    model: IndexedModel,
+    store: IndexStore,
+    pool: EncoderPool,
+    tokens: TokenStore,
+) -> IndexVersion:
+    """A new version of ``model`` in the evaluation store ``store`` (step 3), the catalogue of
+    ``tokens`` encoded by ``pool`` (started with ``model`` and those tokens)."""
+    return build_version(pool, store, model, tokens, plan.index, plan.refresh.shard_size).version
+
+
+@contextlib.contextmanager
+def evaluation_version(
+    plan: RefreshPlan, model: IndexedModel, before_building: Callable[[], None]
+) -> Iterator[IndexVersion]:
+    """The version :func:`open_index` would search for ``model``, found or built once (by an
+    encoder pool of its own, stopped before the block: for a caller that copies the version, not
+    one that searches it); the evaluation store's lock is held through the block, so its
+    retention cannot remove the version meanwhile. ``before_building`` is called only when no
+    version exists yet, before any actor starts: the caller starts or joins Ray there."""
+    with locked_evaluation_store(plan) as store:
+        version = find_version(plan, model, store)
+        if version is None:
+            logger.info(
+                "no index version of %s over %s in %s or %s: building one into %s",
+                model.export_dir,
+                plan.data_dir,
+                plan.index_store.root,
+                store.root,
+                store.root,
+            )
+            before_building()
+            pool, tokens = start_pool(model, plan.pool_settings(alone=True), plan.data_dir, {})
+            with pool:
+                assert tokens is not None
+                version = build_evaluation_version(plan, model, store, pool, tokens)
+        yield version
 
 
 @dataclass
@@ -152,16 +202,13 @@ def open_index(plan: RefreshPlan, model: IndexedModel) -> Iterator[OpenIndex]:
     with contextlib.ExitStack() as stack:
         with locked_evaluation_store(plan) as store:
             with timed(seconds, "find"):
-                wanted = version_key(plan, model)
-                version = plan.index_store.find(*wanted) or store.find(*wanted)
+                version = find_version(plan, model, store)
             encode = plan.data_dir if version is None else None
             pool, tokens = start_pool(model, plan.pool_settings(alone=True), encode, seconds)
             stack.enter_context(pool)
             if tokens is not None:
                 with timed(seconds, "index"):
-                    version = build_version(
-                        pool, store, model, tokens, plan.index, plan.refresh.shard_size
-                    ).version
+                    version = build_evaluation_version(plan, model, store, pool, tokens)
             assert version is not None
             logger.info("searching index v%d in %s", version.version, version.path.parent)
             with timed(seconds, "hold"):

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -75,11 +76,14 @@ from hnce.cluster.stores.versioned_dir import (
     Sha256,
     StoreError,
     VersionedStore,
+    VersionMissing,
     confined_path,
     created_at,
+    verify_sha256,
 )
 from hnce.documents import document_record
 from hnce.encoders.scorers import Scorer, ScorerConfig
+from hnce.progress import progress_bar
 
 logger = logging.getLogger(__name__)
 
@@ -139,12 +143,7 @@ _PROGRESS = ManifestFile(BuildProgress, PROGRESS_FILE, versioned=False)
 def check_layout(manifest: IndexManifest, manifest_path: Path) -> None:
     """The shards' entity ranges tile 0..num_entities-1 in order, each with the vector count its
     scorer implies, and no file is listed twice (StoreError naming the manifest otherwise)."""
-    files = [
-        name
-        for shard in manifest.shards
-        for name in (shard.file, shard.ids, shard.codes, shard.vectors)
-        if name is not None
-    ]
+    files = [name for shard in manifest.shards for name, _ in shard.files()]
     repeated = sorted({name for name in files if files.count(name) > 1})
     if repeated:
         raise StoreError(f"{manifest_path}: lists {repeated[0]} more than once")
@@ -271,8 +270,7 @@ class IndexBuilder:
                 f"v{self.version} of {self.store.root}"
             )
         for number, record in enumerate(source.manifest.shards):
-            names = (record.file, record.ids, record.codes, record.vectors)
-            for name in (name for name in names if name is not None):
+            for name, _ in record.files():
                 atomic_link(source.path / name, self.directory / name)
             self.record_shard(number, record)
         logger.info("index v%d taken over from %s (nothing encoded)", self.version, source.path)
@@ -330,6 +328,30 @@ class IndexVersion:
         """``index`` (searched by FAISS, :meth:`load`) or ``exact`` (the shards store reduced
         vectors scored by the model's scorer, :meth:`load_exact`): asked of the scorer."""
         return ScorerConfig.from_dict(self.manifest.scorer).mining
+
+    def copy_to(self, target: Path) -> None:
+        """This version's manifest and files in the new directory `target` (``hnce export``),
+        each file copied (never hard-linked: a user who rewrites an exported file in place must
+        not change the run's version) and then checked against the manifest: the copy is exactly
+        the version the manifest describes, or a StoreError naming the file (one corrupted, or
+        removed meanwhile by the store's retention)."""
+        manifest_path = self.path / MANIFEST_FILE
+        Path(target).mkdir()
+        listed = [pair for shard in self.manifest.shards for pair in shard.files()]
+        for name, digest in progress_bar(
+            listed, desc=f"copying index v{self.version}", unit="file"
+        ):
+            source = confined_path(self.path, name, manifest_path)
+            try:
+                copied = Path(shutil.copyfile(source, Path(target) / name))
+            except FileNotFoundError:
+                raise VersionMissing(
+                    f"{source}: listed in {manifest_path} but gone (removed by the store's "
+                    f"retention meanwhile?); ask again"
+                ) from None
+            assert digest is not None  # check_layout: every file listed has its SHA-256
+            verify_sha256(copied, digest, manifest_path)
+        _MANIFEST.write(Path(target), self.manifest)
 
     def load(
         self,

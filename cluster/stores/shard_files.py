@@ -58,6 +58,17 @@ class ShardRecord:
     vectors: str | None = None
     vectors_sha256: Sha256 | None = None
 
+    def files(self) -> list[tuple[str, str | None]]:
+        """(name, SHA-256) of each file of the shard: its index, its ids and a compressed
+        shard's codes or vector copy; what taking a version over or exporting it carries."""
+        listed = [
+            (self.file, self.sha256),
+            (self.ids, self.ids_sha256),
+            (self.codes, self.codes_sha256),
+            (self.vectors, self.vectors_sha256),
+        ]
+        return [(name, digest) for name, digest in listed if name is not None]
+
 
 #: the FAISS class a shard of each index kind is (``sharded_index.train_index`` builds them)
 _INDEX_CLASSES: dict[str, type] = {

@@ -1,5 +1,6 @@
-"""``hnce export RUN_DIR_or_RECIPE --format sentence-transformers --out DIR``: a run's checkpoint
-in a format other tools load. The logic lives in ``hnce.pipeline.export``."""
+"""``hnce export RUN_DIR_or_RECIPE --format sentence-transformers --out DIR [--no-index]``: a
+run's checkpoint in a format other tools load, its towers with the index of the same checkpoint.
+The logic lives in ``hnce.pipeline.export``."""
 
 from __future__ import annotations
 
@@ -29,12 +30,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", type=Path, required=True, help="a new directory, published whole when complete"
     )
+    parser.add_argument(
+        "--no-index",
+        dest="index",
+        action="store_false",
+        help="the towers alone: without OUT/index/, the checkpoint's FAISS index over the run's "
+        "catalogue (found in the run, or built once through Ray's encoder actors)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from hnce.pipeline.export import export_run
 
-    written = export_run(args.source, args.checkpoint, args.export_format, args.out)
-    for tower, directory in written.items():
-        print(f"{tower}: {directory}")
+    written = export_run(args.source, args.checkpoint, args.export_format, args.out, args.index)
+    for part, directory in written.items():
+        print(f"{part}: {directory}")
     return 0

@@ -56,7 +56,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "eval": ("hnce.pipeline.cli.eval", "recall@k and accuracy against the whole catalogue"),
     "link": ("hnce.pipeline.cli.link", "the top-k entities of mentions marked in text"),
-    "export": ("hnce.pipeline.cli.export", "a run's model as sentence-transformers directories"),
+    "export": (
+        "hnce.pipeline.cli.export",
+        "a checkpoint's towers as sentence-transformers directories, with its FAISS index",
+    ),
     "bias": ("hnce.pipeline.cli.bias", "gradient-bias diagnostics of NCE negatives (paper §6.4)"),
     "demo": ("hnce.pipeline.cli.demo", "the main job end to end on real WordNet data"),
     "rerank": ("hnce.pipeline.cli.rerank", "train and evaluate the joint (cross-encoder) reranker"),
