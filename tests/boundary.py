@@ -404,9 +404,10 @@ def _damage_one(scratch: Path, case: Case, rng: random.Random) -> str:
 def _run(argv: list[str], stdin: bytes) -> tuple[int | None, str, BaseException | None]:
     """``hnce argv`` in this process with ``stdin``, Ray replaced by :class:`RayWouldStart`."""
     err = io.StringIO()
-    saved = sys.stdin, ray.init
+    saved = sys.stdin, ray.init, ray.is_initialized
     sys.stdin = io.TextIOWrapper(io.BytesIO(stdin))
     ray.init = _ray_would_start
+    ray.is_initialized = lambda: False  # an instance this process holds (a test's) is not joined
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
             status: int | None = main([*argv, "--no-progress"])
@@ -416,7 +417,7 @@ def _run(argv: list[str], stdin: bytes) -> tuple[int | None, str, BaseException 
     except Exception as error:  # a crash is what the property looks for
         return 1, err.getvalue(), error
     finally:
-        sys.stdin, ray.init = saved
+        sys.stdin, ray.init, ray.is_initialized = saved
 
 
 def _ray_would_start(*args: object, **kwargs: object) -> None:
