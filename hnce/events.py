@@ -104,6 +104,13 @@ REFRESHES_END           event log    ``train.refresh_handover``:      tests
                                      (``train.refresh_payoff``;
                                      ``step``, ``refresh_seconds``,
                                      ``seconds_left``)
+NEGATIVE_CACHE          event log    ``train.negative_cache``: the    benchmarks (``seconds``,
+                                     negative cache was filled from   ``replaced``), tests
+                                     an index version (``step``,
+                                     ``version``, ``checkpoint_step``,
+                                     ``replaced``, ``seconds``) or
+                                     restored from a checkpoint
+                                     (``restored``)
 ======================  ===========  ===============================  ==============================
 
 Every event-log line also carries ``time`` (epoch seconds, added by ``EventLog.write``). The
@@ -142,3 +149,4 @@ class RunEvent(StrEnum):
     REFRESH_STOP = "refresh_stop"
     REFRESH_FAILED = "refresh_failed"
     REFRESHES_END = "refreshes_end"
+    NEGATIVE_CACHE = "negative_cache"

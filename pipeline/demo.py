@@ -165,9 +165,14 @@ def demo_recipe(config: Config) -> str:
     hard = hard_run_name(config)
     if negatives.sampler == "mixed":
         share = round(100 * negatives.mixed.hard_fraction)
+        searched = (
+            "the negative cache, entity vectors every step rewrites (Lindgren et al. 2021)"
+            if negatives.cache.enabled
+            else "the newest index"
+        )
         drawn = (
-            f"{share}% of each mention's negatives from the top {refresh.top_n} of the newest "
-            "index (hard: the other senses of its lemma rank there), the rest uniform "
+            f"{share}% of each mention's negatives from the top {refresh.top_n} of {searched} "
+            "(hard: the other senses of its lemma rank there), the rest uniform "
             "(Zhang & Stratos 2021, §6.3; §6.4: a gradient bias nearly as small as hard ones')"
         )
     else:

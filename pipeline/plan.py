@@ -312,6 +312,25 @@ def index_lines(
     return lines
 
 
+#: bytes of one cached vector element, by ``negatives.cache.dtype``
+_CACHE_ELEMENT = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def cache_line(config: Config, towers: Sequence[Encoder], entities: int) -> MemoryLine:
+    """The trainer's negative cache (``negatives.cache``, ``hnce.mining.negative_cache``): every
+    entity's reduced vectors, its step and flag; on each worker, on its device (the training
+    domains' entities at most: the whole catalogue is the bound stated)."""
+    scorer = config.model.scorer
+    per_entity = entity_vectors_kept(scorer, config.model.entity_length)
+    dimension = vector_width(config, towers)
+    dtype = config.negatives.cache.dtype
+    element = _CACHE_ELEMENT[dtype]
+    detail = (
+        f"{entities:,} entities x {dimension} dims x {per_entity} vectors x {element} B ({dtype})"
+    )
+    return MemoryLine("negative cache", detail, entities * (per_entity * dimension * element + 9))
+
+
 def catalogue_size(config: Config) -> int | None:
     """Entities in ``data.root``'s catalogue, or None when it has not been converted yet."""
     root = Path(config.data.root)
@@ -333,6 +352,8 @@ def plan_memory(config: Config, kind: TaskKind, entities: int) -> MemoryPlan:
     states = model_states(parameters, settings.zero_stage, settings.num_workers, mixed)
     fused = on_gpu  # SDPA's fused kernels on CUDA; the math path on a CPU
     trainer = states + activation_lines(config, kind, towers, element, fused)
+    if kind == "retriever" and config.negatives.cache.enabled:
+        trainer.append(cache_line(config, towers, entities))
     device = "GPU (bf16)" if mixed else ("GPU (fp32)" if on_gpu else "CPU (fp32)")
     title = (
         f"{kind}: {settings.num_workers} worker(s), ZeRO-{settings.zero_stage}, {device}, "

@@ -141,6 +141,7 @@ def test_the_members_keep_the_strings_on_disk(tmp_path: Path) -> None:
         "REFRESH_STOP": "refresh_stop",
         "REFRESH_FAILED": "refresh_failed",
         "REFRESHES_END": "refreshes_end",
+        "NEGATIVE_CACHE": "negative_cache",
     }
     earlier = [{"event": event.value, "time": 1.0, "step": 3} for event in RunEvent]
     (tmp_path / LOG_FILE).write_text("".join(json.dumps(line) + "\n" for line in earlier))

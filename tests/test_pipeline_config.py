@@ -232,6 +232,29 @@ def test_hard_sampler_needs_index_source() -> None:
         load_config(None, ["negatives.sampler=hard", "negatives.source=none"])
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["negatives.sampler=random", "negatives.source=none"], r"draws no index candidates"),
+        (["model.scorer.name=som"], r"sum-of-max keeps a vector per entity token"),
+        (["training.zero_stage=3"], r"'training\.zero_stage' is 3.*the cache's mentions"),
+    ],
+)
+def test_the_negative_cache_refuses_what_it_cannot_serve(
+    overrides: list[str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, ["negatives.cache.enabled=true", *overrides])
+
+
+def test_the_negative_cache_alone_feeds_a_hard_sampler_without_refresh_or_version_zero() -> None:
+    """Without a refresh or a version 0, the cache still has what the steps write."""
+    alone = ["refresh.enabled=false", "negatives.initial=random", "negatives.sampler=hard"]
+    with pytest.raises(ConfigError, match="needs mined negatives"):
+        load_config(None, alone)
+    assert load_config(None, [*alone, "negatives.cache.enabled=true"]).negatives.cache.enabled
+
+
 def test_malformed_override_and_yaml(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"section\.key=value"):
         load_config(None, ["training.steps"])

@@ -77,13 +77,14 @@ def test_the_demo_says_what_it_will_do_as_its_recipe_says() -> None:
                     "model.normalize=false",
                     "loss.options={}",
                     "negatives.share=none",
+                    "negatives.cache.enabled=true",
                 ],
             )
         ).split()
     )
     for choice in (
         "90 steps of 8 mentions",
-        "- mixed-25: 25% of each mention's negatives",
+        "- mixed-25: 25% of each mention's negatives from the top 32 of the negative cache",
         "random negatives until the first refresh lands",
         "re-encoded beside training when the negatives go stale",
         "dot-product scores; each mention scored against its own candidates",

@@ -8,15 +8,18 @@ refresh."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from training_helpers import synthetic_config
 
-from hnce.cluster.stores.checkpoints import newest_checkpoint
+from hnce.cluster.stores.checkpoints import EXPORT_DIR, checkpoint_dir, newest_checkpoint
 from hnce.cluster.stores.index_store import IndexStore
 from hnce.cluster.stores.negatives_store import NegativesStore
+from hnce.cluster.stores.tables_read import EntityCatalogue
 from hnce.events import RunEvent
 from hnce.pipeline.config import Config
 from hnce.pipeline.event_log import read_events
@@ -140,3 +143,54 @@ def test_momentum_queue_trains_and_states_its_memory(
     (queue,) = read_events(run_dir, RunEvent.LOSS_COLUMNS)
     assert queue["sampler"] == "momentum-queue"
     assert queue["bytes"] == 32 * 32 * 4  # 32 vectors of the tiny BERT's d = 32
+
+
+def _export_weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
+    export = checkpoint_dir(run_dir, step) / EXPORT_DIR
+    return {
+        f"{tower}/{name}": tensor
+        for tower in ("mention", "entity")
+        for name, tensor in load_file(export / tower / "model.safetensors").items()
+    }
+
+
+def test_mixed_from_the_negative_cache_trains_and_resumes_exactly(
+    tmp_path: Path, small_dataset: Path, syllable_bert: Path, ray_session: str
+) -> None:
+    """``negatives.cache``: filled from the starting model's version 0, written by every step and
+    refreshed 4 rows a step, it gives hard candidates from the first step; a worker resumed
+    from the middle checkpoint (its cache rows put back, the rest filled again from version 0)
+    ends with the uninterrupted run's weights exactly."""
+    run_dir = tmp_path / "run"
+    cached = (
+        "negatives.sampler=mixed",
+        "negatives.source=index",
+        "negatives.initial=model",
+        "negatives.cache.enabled=true",
+        "negatives.cache.refresh_rows=4",
+        "training.checkpoint_every=3",
+    )
+    config = short_run(run_dir, small_dataset, syllable_bert, *cached)
+    assert_trained_to_the_end(train_in_this_process(config))
+    assert_trained_on_version_zero(run_dir, "model")
+    (fill,) = read_events(run_dir, RunEvent.NEGATIVE_CACHE)
+    space = len(EntityCatalogue.open(small_dataset).domain_of())  # one training world of three
+    assert (fill["step"], fill["version"], fill["checkpoint_step"]) == (0, 0, 0)
+    assert 0 < fill["replaced"] < space
+    steps = read_events(run_dir, RunEvent.STEP)
+    hard = [e["hard_negatives"] for e in steps]
+    assert all(count == 8 * 2 for count in hard)  # half of 4 negatives for 8 mentions, each step
+    assert [e["fresh_hard_negatives"] for e in steps] == hard  # 6 steps: every vector < 10 old
+
+    resumed_dir = tmp_path / "resumed"
+    shutil.copytree(run_dir, resumed_dir)
+    shutil.rmtree(checkpoint_dir(resumed_dir, STEPS))
+    resumed = short_run(resumed_dir, small_dataset, syllable_bert, *cached)
+    task = TrainingTask.retriever(resumed)
+    with single_process_group():
+        WorkerRun.build(resumed, task, torch.device("cpu"), 1, lambda *_: None).train()
+    (restored,) = [e for e in read_events(resumed_dir, RunEvent.NEGATIVE_CACHE) if "restored" in e]
+    assert restored["restored"] > 0
+    uninterrupted, replayed = _export_weights(run_dir, STEPS), _export_weights(resumed_dir, STEPS)
+    assert uninterrupted.keys() == replayed.keys()
+    assert all(torch.equal(uninterrupted[name], replayed[name]) for name in uninterrupted)

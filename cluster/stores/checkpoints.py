@@ -43,6 +43,9 @@ COMPLETE = "COMPLETE"
 DEEPSPEED_DIR = "deepspeed"
 DEEPSPEED_TAG = "state"
 EXPORT_DIR = "export"
+#: the rows of the trainer's negative cache a checkpoint keeps, inside its DEEPSPEED_DIR (dropped
+#: with it: only the newest resumable checkpoint needs them)
+NEGATIVE_CACHE_FILE = "negative_cache.safetensors"
 STATE_FILE = "training_state.json"
 REFRESH_REQUEST = "refresh"
 #: ``training_state.json``: the trainer's word that no refresh started from here on can publish

@@ -54,7 +54,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -390,6 +390,23 @@ class IndexVersion:
         cpu = FaissDevice("cpu")
         shards = [self.load_shard(number, cpu, verify) for number in shard_numbers]
         return ExactSearcher(shards, scorer, device)
+
+    def entity_vectors(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Each shard's entities and their stored vectors, shard by shard: (entity ids [n],
+        float32 vectors [n, m, d]) for a scorer with m vectors an entity (dual: 1; multi-m: m),
+        each shard verified first; what a trainer's negative cache is filled from
+        (``hnce.pipeline.train.negative_cache``). A StoreError for a scorer whose entities have
+        varying numbers of vectors (sum-of-max keeps one a token)."""
+        per_entity = self.vectors_per_entity
+        if per_entity is None:
+            raise StoreError(
+                f"{self.path / MANIFEST_FILE}: scorer {self.manifest.scorer['name']!r} stores a "
+                f"varying number of vectors an entity; they cannot be read back per entity"
+            )
+        for number in range(len(self.manifest.shards)):
+            shard = self.load_shard(number, FaissDevice("cpu"))
+            vectors = shard.stored_vectors().reshape(-1, per_entity, self.manifest.dim)
+            yield shard.ids[::per_entity], vectors
 
     def load_shard(self, number: int, device: FaissDevice, verify: bool = True) -> IndexShard:
         """Shard `number`, verified and placed on `device` (`read_shard`)."""

@@ -326,6 +326,17 @@ class IndexShard:
             return self.storage.sa_decode(np.ascontiguousarray(self.codes[rows]))
         raise InputError(NO_TOKEN_VECTORS)
 
+    def stored_vectors(self) -> np.ndarray:
+        """Every vector of the shard (float32 [ntotal, d]), in id order: read from flat storage or
+        the float16 copy, decoded from a compressed shard's codes, else reconstructed by FAISS
+        (an HNSW graph's storage, an IVF-PQ index's codes: the approximations it searches)."""
+        if self.vectors is not None or self.codes is not None:
+            return self.token_vectors(np.arange(len(self.ids)))
+        index = self.storage if self.storage is not None else self.index
+        if isinstance(index, faiss.IndexIVF):
+            index.make_direct_map()
+        return index.reconstruct_n(0, index.ntotal)
+
     @property
     def rescorable(self) -> bool:
         """Whether its FAISS index ranks by approximate scores (every kind but flat) and a copy

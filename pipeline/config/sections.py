@@ -18,6 +18,7 @@ from hnce.cluster.compute.session import ClusterSettings
 from hnce.cluster.stores.sharded_index import IndexSpec
 from hnce.encoders.scorers import ScorerConfig
 from hnce.mining.false_negatives import CandidateRules
+from hnce.mining.negative_cache import NegativeCacheOptions
 from hnce.mining.samplers import SAMPLER_SPECS
 from hnce.mining.schedule import SamplerSchedule
 from hnce.pipeline.config.origins import ConfigError, origin_of
@@ -114,7 +115,9 @@ _NEGATIVES_DOC = """Negative sampling (docs/math.md): K negatives per mention fr
     (declared beside the sampler, :data:`hnce.mining.samplers.SAMPLER_SPECS`). ``candidates``:
     which mined candidates the samplers that read them may draw (margins below the gold, a rank
     window, the reranker's denoising; ``hnce.mining.false_negatives.CandidateRules``);
-    ``schedule``: sampler options as functions of the step (``hnce.mining.schedule``).
+    ``schedule``: sampler options as functions of the step (``hnce.mining.schedule``);
+    ``cache``: draw those candidates from the trainer's negative cache instead of the mined
+    lists (``hnce.mining.negative_cache``).
     """
 
 
@@ -135,6 +138,7 @@ def _negatives_section() -> type:
         ("filter_false_negatives", Flag, True),
         ("candidates", CandidateRules, field(default_factory=CandidateRules)),
         ("schedule", SamplerSchedule, field(default_factory=SamplerSchedule)),
+        ("cache", NegativeCacheOptions, field(default_factory=NegativeCacheOptions)),
         *groups,
     ]
     section = dataclasses.make_dataclass(

@@ -108,12 +108,14 @@ def _validate_samplers(config: Config) -> None:
             "negatives.sampler",
             f"{name!r} mines from an index but 'negatives.source' is {negatives.source!r}",
         )
-    if spec.candidates == "index" and not (config.refresh.enabled or negatives.initial != "random"):
+    mined = config.refresh.enabled or negatives.initial != "random" or negatives.cache.enabled
+    if spec.candidates == "index" and not mined:
         raise config.error(
             "negatives.sampler",
-            f"{name!r} needs mined negatives but 'refresh.enabled' is false and "
-            f"'negatives.initial' is random",
+            f"{name!r} needs mined negatives but 'refresh.enabled' is false, "
+            f"'negatives.initial' is random and 'negatives.cache.enabled' is false",
         )
+    _validate_cache(config)
     if spec.candidates == "lexical" and negatives.source != "none":
         raise config.error(
             "negatives.sampler",
@@ -142,6 +144,33 @@ def _validate_samplers(config: Config) -> None:
             "training.zero_stage",
             f"is 3, whose partitioned weights cannot score outside the engine's forward, which "
             f"{name!r} does; use 0, 1 or 2",
+        )
+
+
+def _validate_cache(config: Config) -> None:
+    """``negatives.cache`` replaces index candidates: a sampler that draws them, a scorer with a
+    fixed number of vectors an entity, and weights the worker can read outside the engine."""
+    negatives = config.negatives
+    if not negatives.cache.enabled:
+        return
+    name = negatives.sampler
+    if SAMPLER_SPECS[name].candidates != "index":
+        raise config.error(
+            "negatives.cache.enabled",
+            f"is true, but sampler {name!r} draws no index candidates for the cache to replace; "
+            f"use hard, mixed or another sampler of an index",
+        )
+    if config.model.scorer.name == "som":
+        raise config.error(
+            "negatives.cache.enabled",
+            "is true, but sum-of-max keeps a vector per entity token, which a cache of fixed "
+            "rows cannot hold (docs/negatives.md, 'Negative cache'); use dual or multi-m",
+        )
+    if config.training.zero_stage == 3:
+        raise config.error(
+            "training.zero_stage",
+            "is 3, whose partitioned weights cannot encode the cache's mentions outside the "
+            "engine's forward; use 0, 1 or 2",
         )
 
 

@@ -179,9 +179,12 @@ def publish_checkpoint(
     keep: int,
     log: EventLog | None,
     deepspeed_state: DeepSpeedStateKept = "all",
+    training_state: Callable[[Path], None] | None = None,
 ) -> None:
     """Write ``step-<S>/`` (S = ``state["step"]``) under ``run_dir``: DeepSpeed state (all
-    ranks), the export (rank 0; ZeRO-3 parameters gathered first), ``COMPLETE`` with ``state``
+    ranks) and what ``training_state`` writes into the checkpoint beside it (every rank calls
+    it: the negative cache's rows), the export (rank 0; ZeRO-3 parameters gathered first),
+    ``COMPLETE`` with ``state``
     last, prune to ``keep`` (:func:`hnce.cluster.stores.checkpoints.prune_checkpoints`; rank 0, which holds
     ``log``) and, when ``deepspeed_state`` is ``newest``, drop the older checkpoints' DeepSpeed
     state (:func:`~hnce.cluster.stores.checkpoints.slim_checkpoints`), only now that this one,
@@ -189,6 +192,8 @@ def publish_checkpoint(
     step = int(state["step"])
     directory = checkpoint_dir(run_dir, step)
     engine.save_checkpoint(str(directory / DEEPSPEED_DIR), tag=DEEPSPEED_TAG)
+    if training_state is not None:
+        training_state(directory)
     with deepspeed.zero.GatheredParameters(list(model.parameters())):
         if collectives.rank == 0:
             export_trainable(model, directory / EXPORT_DIR)
@@ -242,10 +247,12 @@ class WorkerCheckpoints:
         self,
         state: Mapping[str, Any],
         request: Callable[[], Mapping[str, Any]] = dict,
+        training_state: Callable[[Path], None] | None = None,
     ) -> bool:
         """Checkpoint ``step-<S>/`` (S = ``state["step"]``, with its ``"loss"``) holding
         ``state`` and then ``request()``'s entries (what it asks of the refresh coordinator,
-        asked only once the weights are known finite), reported; False on every rank, nothing
+        asked only once the weights are known finite) and what ``training_state`` writes beside
+        the DeepSpeed state (:func:`publish_checkpoint`), reported; False on every rank, nothing
         published and a stop logged, when some rank's weights are not finite."""
         step = int(state["step"])
         if weights_stop(self.collectives, self.model, step, self.log):
@@ -260,6 +267,7 @@ class WorkerCheckpoints:
             self.keep,
             self.log,
             self.deepspeed_state,
+            training_state,
         )
         self.report(step, float(state["loss"]), self.collectives.rank)
         return True

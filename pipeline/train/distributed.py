@@ -61,6 +61,7 @@ class Collectives:
         self.active = dist.is_available() and dist.is_initialized()
         self.backend = str(dist.get_backend()) if self.active else "none"
         self.rank = dist.get_rank() if self.active else 0
+        self.world_size = dist.get_world_size() if self.active else 1
         if self.backend == "nccl" and device.type != "cuda":
             raise RuntimeError(f"the NCCL backend needs a CUDA device, but the worker has {device}")
         self.device = device if self.backend == "nccl" else torch.device("cpu")

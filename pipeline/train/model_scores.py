@@ -8,17 +8,30 @@ entity of the request is encoded once.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from hnce.cluster.stores.tokens import MentionTokens, TokenStore
 from hnce.encoders.biencoder import BiEncoder
 
 EntityScores = Callable[[Tensor], Tensor]
 """Catalogue ids [B, P] (≥ 0) of B mentions -> the current model's scores [B, P]."""
+
+
+@contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """``model`` in eval mode (no dropout) for the block, then back in the mode it was in: the
+    current weights read outside the engine's forward (these scores, the negative cache's)."""
+    training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(training)
 
 
 class CurrentModelScores:
@@ -46,10 +59,6 @@ class CurrentModelScores:
         unique, columns = torch.unique(entity_ids.long().cpu(), return_inverse=True)
         mentions = {k: v.to(self.device) for k, v in self.mentions.batch(rows).items()}
         entities = {k: v.to(self.device) for k, v in self.store.batch(unique.numpy()).items()}
-        training = self.model.training
-        self.model.eval()
-        try:
+        with eval_mode(self.model):
             scores = self.model.score_matrix(mentions, entities).float().cpu()
-        finally:
-            self.model.train(training)
         return scores.gather(1, columns)

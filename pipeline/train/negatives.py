@@ -70,6 +70,7 @@ from hnce.pipeline.train.batch import ContrastiveBatch, ShareMode, assemble_batc
 from hnce.pipeline.train.data_order import MentionOrder
 from hnce.pipeline.train.distributed import Collectives
 from hnce.pipeline.train.model_scores import CurrentModelScores, EntityScores
+from hnce.pipeline.train.negative_cache import CandidateVectors, NegativeFreshness, TrainerCache
 from hnce.pipeline.train.task import TrainingTask
 from hnce.progress import quiet
 
@@ -302,11 +303,14 @@ class NegativeDrawer:
         generator: torch.Generator,
         scores: EntityScores | None = None,
         step: int = 0,
+        candidates: tuple[Tensor, Tensor] | None = None,
     ) -> SampledNegatives:
         """K negatives per mention: catalogue ids [B, K] (-1 where ``valid`` is False),
         ``valid`` [B, K] and the sampler's ``log_q`` [B, K] (or None). ``scores``: the current
         model's scores of these mentions, for the samplers that read them; ``step``: the
-        optimizer step, at which the schedule sets the sampler's options."""
+        optimizer step, at which the schedule sets the sampler's options; ``candidates``: the
+        mentions' candidates (catalogue ids [B, N], -1 for none, and scores [B, N]) when they
+        come from elsewhere than ``source`` (the negative cache)."""
         gold = self._local(torch.tensor([m.gold for m in mentions], dtype=torch.long))
         positives = [
             set(self._local(torch.tensor(sorted(self.known_positives(m)))).tolist()) - {-1}
@@ -314,7 +318,9 @@ class NegativeDrawer:
         ]
         candidate_ids = candidate_scores = None
         sampler = self.schedule.apply(self.sampler, step)
-        if self.draws_candidates and source.current is None:
+        if candidates is not None:
+            candidate_ids, candidate_scores = self._local(candidates[0]), candidates[1]
+        elif self.draws_candidates and source.current is None:
             sampler = self.random
         elif self.draws_candidates:
             global_ids, candidate_scores = source.current.lookup([m.mention_id for m in mentions])
@@ -381,6 +387,27 @@ class TrainingData:
     share: ShareMode
     scores: CurrentModelScores | None = None  # for the samplers that read the current model
     loss_columns: LossColumns | None = None  # for the samplers that add columns to the loss
+    cache: TrainerCache | None = None  # negatives.cache: candidates from the negative cache
+    freshness: NegativeFreshness = dataclasses.field(default_factory=NegativeFreshness)
+
+    def _candidates(self, rows: np.ndarray) -> tuple[Tensor, Tensor] | None:
+        """The cache's candidates of the mentions at ``rows``; None without a cache, or before
+        anything was written to it (the drawer then reads ``source``)."""
+        if self.cache is None or self.cache.empty:
+            return None
+        return self.cache.candidates(rows)
+
+    def _observe_freshness(self, negatives: SampledNegatives, cached: bool, step: int) -> None:
+        """Count the hard negatives just drawn and those whose vectors are fresh: a cache row's
+        age, or the lag of the negatives version they were mined from."""
+        if cached and self.cache is not None:
+            ages = self.cache.ages(negatives.ids, step)
+        elif self.drawer.draws_candidates and self.source.current is not None:
+            ages = torch.full_like(negatives.ids, self.source.lag(step) or 0)
+        else:
+            return
+        hard = negatives.valid if negatives.hard is None else negatives.hard
+        self.freshness.observe(hard.cpu(), ages)
 
     def micro_batch(self, micro_step: int) -> ContrastiveBatch:
         """This rank's mentions at ``micro_step`` with their negatives, seeded by the micro-step
@@ -393,7 +420,9 @@ class TrainingData:
         scores = self.scores.for_rows(rows) if self.scores is not None else None
         step = micro_step // self.accumulation
         generator = torch.Generator().manual_seed(seed)
-        negatives = self.drawer.draw(mentions, self.source, generator, scores, step)
+        candidates = self._candidates(rows)
+        negatives = self.drawer.draw(mentions, self.source, generator, scores, step, candidates)
+        self._observe_freshness(negatives, candidates is not None, step)
         positives = [self.drawer.known_positives(m) for m in mentions]
         batch = assemble_batch(
             mentions, rows, self.tokens, negatives, self.store, positives, self.share
@@ -416,14 +445,22 @@ class TrainingData:
                 self.loss_columns.observe(
                     batch.entity_ids, candidates["input_ids"], candidates["attention_mask"]
                 )
+            if self.cache is not None:
+                self.cache.observe_batch(batch.entity_ids, step)
         if self.loss_columns is not None:
             self.loss_columns.after_step()
+        if self.cache is not None:
+            self.cache.refresh_oldest(step + 1)
 
     def switch(self, step: int, log: EventLog | None) -> None:
         """Switch to the newest published negatives version (a collective: every rank calls
         it), logging a switch (``negatives`` event) in ``log``."""
         source = self.source
-        if source.poll() and log is not None and source.current is not None:
+        if not source.poll() or source.current is None:
+            return
+        if self.cache is not None:
+            self.cache.fill_from(source.version, step, log)
+        if log is not None:
             log.write(
                 RunEvent.NEGATIVES,
                 step=step,
@@ -431,6 +468,33 @@ class TrainingData:
                 checkpoint_step=source.current.checkpoint_step,
                 lag=source.lag(step),
             )
+
+    def start_cache(
+        self,
+        config: Config,
+        task: TrainingTask,
+        model: BiEncoder | JointReranker,
+        scoring: CandidateVectors,
+        collectives: Collectives,
+        device: torch.device,
+    ) -> None:
+        """With ``negatives.cache.enabled`` (a retriever): start the worker's negative cache
+        (:mod:`hnce.pipeline.train.negative_cache`), empty, written with the candidate vectors
+        ``scoring`` keeps of each micro-batch."""
+        if task.kind != "retriever" or not config.negatives.cache.enabled:
+            return
+        assert isinstance(model, BiEncoder)
+        self.cache = TrainerCache.build(
+            config,
+            model,
+            self.drawer.entity_ids.numpy(),
+            len(self.store),
+            self.tokens,
+            self.store,
+            collectives,
+            device,
+            scoring,
+        )
 
     def start_loss_columns(
         self,

@@ -70,15 +70,23 @@ class ContrastiveScoring(nn.Module):
     """The module DeepSpeed wraps: ``forward`` is the model's ``score_matrix`` with the run's
     ``training.candidate_chunk_size``; with ``gather`` (``negatives.share: global``) the
     candidate side is gathered from every worker first, and the scores' columns are every
-    worker's candidates in rank order."""
+    worker's candidates in rank order; with ``keep_candidates`` (``negatives.cache``) this
+    worker's candidate side is kept, detached, in ``candidate_vectors`` for the negative cache
+    (:mod:`hnce.pipeline.train.negative_cache`)."""
 
     def __init__(
-        self, model: nn.Module, chunk_size: int = 0, gather: Collectives | None = None
+        self,
+        model: nn.Module,
+        chunk_size: int = 0,
+        gather: Collectives | None = None,
+        keep_candidates: bool = False,
     ) -> None:
         super().__init__()
         self.model = model
         self.chunk_size = chunk_size
         self.gather = gather
+        self.keep_candidates = keep_candidates
+        self.candidate_vectors: Tensor | None = None
 
     def forward(
         self,
@@ -87,17 +95,21 @@ class ContrastiveScoring(nn.Module):
         pairs: Tensor,
         queue_vectors: Tensor | None = None,
     ) -> Tensor:
-        if self.gather is None and queue_vectors is None:  # the reranker takes no queue
+        sides_apart = self.gather is not None or self.keep_candidates
+        if not sides_apart and queue_vectors is None:  # the reranker takes no queue
             return self.model.score_matrix(mentions, candidates, pairs, self.chunk_size)
-        if self.gather is None:
+        if not sides_apart:
             return self.model.score_matrix(
                 mentions, candidates, pairs, self.chunk_size, queue_vectors
             )
         model: GatheringModel = self.model
         mention_vectors, mention_kept = model.mention_side(mentions)
         entity_vectors, entity_kept = model.candidate_side(candidates, self.chunk_size)
-        entity_vectors, _ = self.gather.all_gather_rows(entity_vectors)
-        entity_kept, _ = self.gather.all_gather_rows(entity_kept)
+        if self.keep_candidates:
+            self.candidate_vectors = entity_vectors.detach()
+        if self.gather is not None:
+            entity_vectors, _ = self.gather.all_gather_rows(entity_vectors)
+            entity_kept, _ = self.gather.all_gather_rows(entity_kept)
         entity_vectors, entity_kept = with_extra_entities(
             entity_vectors, entity_kept, queue_vectors
         )
@@ -188,14 +200,16 @@ def start_engine(
     settings: TrainingSettings,
     device: torch.device,
     gather: Collectives | None = None,
+    keep_candidates: bool = False,
 ) -> deepspeed.DeepSpeedEngine:
     """``deepspeed.initialize`` of the step's module on the worker's device, loading weights-only;
-    ``gather``: the worker's collectives when candidates are shared across workers.
+    ``gather``: the worker's collectives when candidates are shared across workers;
+    ``keep_candidates``: keep each micro-batch's candidate vectors (the negative cache).
 
     A lone worker whose optimizer is torch's own (ZeRO 0, fp32) has no gradient to average:
     DeepSpeed's averaging would still flatten every gradient into buckets and copy it back each
     step (0.1 s of the demo's 1.6 s step on 2 cores), so it is switched off there."""
-    module = ContrastiveScoring(model, settings.candidate_chunk_size, gather)
+    module = ContrastiveScoring(model, settings.candidate_chunk_size, gather, keep_candidates)
     skip_shared_memory_op()
     engine, _, _, _ = deepspeed.initialize(
         model=module,

@@ -21,6 +21,7 @@ A resumed run replays exactly what an uninterrupted run would have done: every r
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -32,6 +33,7 @@ import torch
 
 from hnce.cluster.compute.encoder_actor import node_cores
 from hnce.cluster.compute.index_build import timed
+from hnce.cluster.stores.checkpoints import checkpoint_dir
 from hnce.encoders.biencoder import BiEncoder
 from hnce.encoders.reranker import JointReranker
 from hnce.events import RunEvent
@@ -163,12 +165,14 @@ class WorkerRun:
         with timed(seconds, "model"):
             model = build_trainable(config, task.kind)
         gather = collectives if task.share(config) == "global" else None
+        cached = task.kind == "retriever" and config.negatives.cache.enabled
         with timed(seconds, "engine"):
-            engine = start_engine(model, settings, device, gather)
+            engine = start_engine(model, settings, device, gather, keep_candidates=cached)
         with timed(seconds, "data"):
             data, skipped = load_training_data(
                 config, task, model, collectives, world_size, engine.device
             )
+            data.start_cache(config, task, model, engine.module, collectives, engine.device)
         since = initial_negatives_since
         run = cls(config, task, collectives, model, engine, data, report, threads, since)
         run.setup_seconds = seconds
@@ -181,6 +185,8 @@ class WorkerRun:
         step = self.checkpoints.resume(reported_step, self.setup_seconds)
         if step is not None:
             self.start_step = step
+            if self.data.cache is not None:
+                self.data.cache.restore(checkpoint_dir(self.task.run_dir, step), self.log)
             return
         bf16 = self.engine.bfloat16_enabled()
         if self.log is not None:
@@ -247,6 +253,7 @@ class WorkerRun:
             return
         if done % self.settings.log_every != 0 and done != self.settings.steps:
             return
+        hard, fresh = self.data.freshness.take()
         self.log.write(
             RunEvent.STEP,
             step=done,
@@ -256,6 +263,8 @@ class WorkerRun:
             threads=threads,
             negatives_version=self.data.source.version,
             lag=self.data.source.lag(done - 1),
+            hard_negatives=hard,
+            fresh_hard_negatives=fresh,
             mentions=mention_ids,
         )
 
@@ -270,7 +279,9 @@ class WorkerRun:
             "negatives_version": self.data.source.version,
             "loss": loss,
         }
-        return self.checkpoints.publish(state, lambda: self.refresh.checkpoint_request(step, stale))
+        request = functools.partial(self.refresh.checkpoint_request, step, stale)
+        cache = self.data.cache
+        return self.checkpoints.publish(state, request, None if cache is None else cache.save)
 
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
