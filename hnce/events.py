@@ -31,10 +31,11 @@ STEP                    event log    ``train.worker``: rank 0, every  ``hnce sta
                                      when not finite, ``lr``,         (``tensorboard.SCALARS``:
                                      ``seconds``, ``threads``,        ``loss``, ``lr``, ``seconds``,
                                      ``negatives_version``, ``lag``,  ``lag``,
-                                     ``mentions``: the step's         ``negatives_version``), the
-                                     mention ids)                     progress bar (``step``,
-                                                                      ``loss``,
-                                                                      ``negatives_version``),
+                                     ``hard_negatives``,              ``negatives_version``,
+                                     ``fresh_hard_negatives``,        ``fresh_share``), the
+                                     ``fresh_share``: rank 0's since  progress bar (``step``,
+                                     the last log; ``mentions``: the  ``loss``,
+                                     step's mention ids)              ``negatives_version``),
                                                                       benchmarks (``time``,
                                                                       ``seconds``, ``mentions``,
                                                                       ``threads``)

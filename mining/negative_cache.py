@@ -157,24 +157,23 @@ class NegativeCache:
         scored in blocks, so memory stays [B, block] whatever the cache's size."""
         batch = mention_vectors.shape[0]
         count = min(count, self.num_rows)
-        best_scores = torch.full((batch, 0), float("-inf"))
-        best_rows = torch.full((batch, 0), -1, dtype=torch.long)
-        mention_vectors = mention_vectors.to(self.vectors.device, self.vectors.dtype)
-        mention_kept = mention_kept.to(self.vectors.device)
-        kept_row = torch.ones(
-            1, self.vectors.shape[1], dtype=torch.bool, device=self.vectors.device
-        )
+        device = self.vectors.device
+        best_scores = torch.full((batch, 0), float("-inf"), device=device)
+        best_rows = torch.full((batch, 0), -1, dtype=torch.long, device=device)
+        mention_vectors = mention_vectors.to(device, self.vectors.dtype)
+        mention_kept = mention_kept.to(device)
+        kept_row = torch.ones(1, self.vectors.shape[1], dtype=torch.bool, device=device)
         for start in range(0, self.num_rows, _SEARCH_BLOCK):
             block = self.vectors[start : start + _SEARCH_BLOCK]
             scores = score(mention_vectors, mention_kept, block, kept_row.expand(len(block), -1))
-            scores = scores.float().cpu()
             unwritten = self.written_at[start : start + len(block)] == NEVER_WRITTEN
-            scores[:, unwritten] = float("-inf")
-            rows = torch.arange(start, start + len(block)).expand(batch, -1)
+            scores = scores.float().masked_fill(unwritten.to(device), float("-inf"))
+            rows = torch.arange(start, start + len(block), device=device).expand(batch, -1)
             merged_scores = torch.cat([best_scores, scores], dim=1)
             merged_rows = torch.cat([best_rows, rows], dim=1)
             best_scores, order = merged_scores.topk(min(count, merged_scores.shape[1]), dim=1)
             best_rows = merged_rows.gather(1, order)
+        best_scores, best_rows = best_scores.cpu(), best_rows.cpu()
         return best_rows.masked_fill(best_scores == float("-inf"), -1), best_scores
 
     def written_rows(self) -> CachedRows:

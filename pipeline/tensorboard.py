@@ -35,6 +35,7 @@ SCALARS: dict[tuple[RunEvent, str], str] = {
     (RunEvent.STEP, "seconds"): "train/step_seconds",
     (RunEvent.STEP, "lag"): "negatives/lag_steps",
     (RunEvent.STEP, "negatives_version"): "negatives/version",
+    (RunEvent.STEP, "fresh_share"): "negatives/fresh_hard_share",
     (RunEvent.REFRESH, "seconds"): "refresh/seconds",
     (RunEvent.REFRESH_WAIT, "seconds"): "refresh/wait_seconds",
     (RunEvent.STALE, "loss_ratio"): "negatives/stale_loss_ratio",

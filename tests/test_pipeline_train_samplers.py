@@ -181,6 +181,7 @@ def test_mixed_from_the_negative_cache_trains_and_resumes_exactly(
     hard = [e["hard_negatives"] for e in steps]
     assert all(count == 8 * 2 for count in hard)  # half of 4 negatives for 8 mentions, each step
     assert [e["fresh_hard_negatives"] for e in steps] == hard  # 6 steps: every vector < 10 old
+    assert all(e["fresh_share"] == 1.0 for e in steps)
 
     resumed_dir = tmp_path / "resumed"
     shutil.copytree(run_dir, resumed_dir)

@@ -59,6 +59,8 @@ SECTIONS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
             ("wordnet_comparison", "scorers x negatives"),
             ("shared_negatives", "shared negatives"),
             ("refresh_modes", "refresh modes"),
+            ("negative_cache", "negative cache"),
+            ("negative_cache_long", "negative cache, 120 steps"),
             ("bias", "gradient bias"),
             ("real_model_bias", "gradient bias while training"),
         ),

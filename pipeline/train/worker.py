@@ -265,6 +265,7 @@ class WorkerRun:
             lag=self.data.source.lag(done - 1),
             hard_negatives=hard,
             fresh_hard_negatives=fresh,
+            fresh_share=fresh / hard if hard else None,
             mentions=mention_ids,
         )
 
