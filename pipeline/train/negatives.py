@@ -481,7 +481,7 @@ class TrainingData:
         """With ``negatives.cache.enabled`` (a retriever): start the worker's negative cache
         (:mod:`hnce.pipeline.train.negative_cache`), empty, written with the candidate vectors
         ``scoring`` keeps of each micro-batch."""
-        if task.kind != "retriever" or not config.negatives.cache.enabled:
+        if not task.caches_negatives(config):
             return
         assert isinstance(model, BiEncoder)
         self.cache = TrainerCache.build(

@@ -82,6 +82,11 @@ class TrainingTask:
         starting model."""
         return self.refreshes(config) or self.initial_negatives(config) == "model"
 
+    def caches_negatives(self, config: Config) -> bool:
+        """Whether its workers draw index candidates from a negative cache (a retriever with
+        ``negatives.cache.enabled``; :mod:`hnce.pipeline.train.negative_cache`)."""
+        return self.kind == "retriever" and config.negatives.cache.enabled
+
     def _on_index(self, config: Config) -> bool:
         return self.kind == "retriever" and config.negatives.source == "index"
 

@@ -165,7 +165,7 @@ class WorkerRun:
         with timed(seconds, "model"):
             model = build_trainable(config, task.kind)
         gather = collectives if task.share(config) == "global" else None
-        cached = task.kind == "retriever" and config.negatives.cache.enabled
+        cached = task.caches_negatives(config)
         with timed(seconds, "engine"):
             engine = start_engine(model, settings, device, gather, keep_candidates=cached)
         with timed(seconds, "data"):
