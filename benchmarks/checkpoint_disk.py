@@ -49,6 +49,7 @@ def train_arm(args: argparse.Namespace, data: Path, setting: str) -> dict[str, f
             f"training.keep_checkpoints={KEEP}",
             f"training.keep_deepspeed_state={setting}",
             "negatives.sampler=random",
+            "negatives.cache.enabled=false",
             "negatives.initial=random",
             "refresh.enabled=false",
         ],

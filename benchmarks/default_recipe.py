@@ -69,7 +69,12 @@ from hnce.pipeline.train.trainer import run_training
 from hnce.progress import quiet
 
 SHARED = "negatives.share=batch"
-NO_INDEX = ["negatives.sampler=random", "negatives.source=none", "refresh.enabled=false"]
+NO_INDEX = [
+    "negatives.sampler=random",
+    "negatives.source=none",
+    "refresh.enabled=false",
+    "negatives.cache.enabled=false",
+]
 MIXED = ["negatives.sampler=mixed", "negatives.mixed.hard_fraction=0.5", "negatives.initial=model"]
 # The peer's scoring given to hnce: cosine at the peer's temperature (MNRL's scale 20).
 COSINE = ["model.normalize=true", "loss.options={temperature: 0.05}"]

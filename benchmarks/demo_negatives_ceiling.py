@@ -137,6 +137,7 @@ def seed_config(work: Path, seed: int, args: argparse.Namespace) -> Config:
         f"run.seed={seed}",
         "refresh.enabled=false",
         "negatives.sampler=random",
+        "negatives.cache.enabled=false",
         "negatives.initial=random",
         "training.cores=reserved",
         f"training.cpus_per_worker={torch.get_num_threads()}",

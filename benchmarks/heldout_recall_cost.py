@@ -43,6 +43,7 @@ def trained_run(args: argparse.Namespace, data: Path) -> Path:
         f"training.checkpoint_every={STEPS}",
         "refresh.enabled=false",
         "negatives.sampler=random",
+        "negatives.cache.enabled=false",
         "negatives.initial=random",
     )
     if not (run_dir / "checkpoints" / f"step-{STEPS}").is_dir():

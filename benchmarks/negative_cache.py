@@ -63,9 +63,14 @@ RECIPE = harness.ROOT / "configs" / "demo.yaml"
 KS = (1, 8, 64)
 BASELINE = "random + shared"
 ARMS = {
-    BASELINE: ["negatives.sampler=random", "negatives.source=none", "negatives.initial=random"],
+    BASELINE: [
+        "negatives.sampler=random",
+        "negatives.source=none",
+        "negatives.initial=random",
+        "negatives.cache.enabled=false",
+    ],
     "mixed-50, cache": ["negatives.initial=model", "negatives.cache.enabled=true"],
-    "mixed-50, mined once": ["negatives.initial=model"],
+    "mixed-50, mined once": ["negatives.initial=model", "negatives.cache.enabled=false"],
 }
 
 
@@ -122,7 +127,6 @@ def train_arm(config: Config, start_seconds: float) -> dict:
     negatives."""
     held_out = held_out_set(config)
     curve = {}
-    hard = fresh = 0
     with single_process_group():
         run = WorkerRun.build(
             config, TrainingTask.retriever(config), torch.device("cpu"), 1, lambda *_: None
@@ -140,8 +144,8 @@ def train_arm(config: Config, start_seconds: float) -> dict:
                 recall = exact_recall(run.engine.module.model, held_out, normalise=True)
                 curve[str(step + 1)] = {"seconds": trained, **{str(k): recall[k] for k in KS}}
                 logger.info("step %d: %s", step + 1, curve[str(step + 1)])
-        hard, fresh = run.data.freshness.take()
-    return {"curve": curve, "hard": hard, "fresh": fresh}
+        drawn = run.data.freshness.totals
+    return {"curve": curve, "hard": drawn.hard, "fresh": drawn.fresh, "age": drawn.mean_age}
 
 
 def report(results: dict[str, dict], args: argparse.Namespace) -> list[str]:
@@ -149,8 +153,8 @@ def report(results: dict[str, dict], args: argparse.Namespace) -> list[str]:
     final = str(args.steps)
     steps = sorted({int(s) for seed in seeds for s in results[seed][BASELINE]["curve"]})
     table = [
-        "| arm | step | seconds | R@1 | R@8 | R@64 | fresh hard negatives |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| arm | step | seconds | R@1 | R@8 | R@64 | fresh hard negatives | their mean age |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for arm in args.arms:
         for step in steps:
@@ -160,8 +164,10 @@ def report(results: dict[str, dict], args: argparse.Namespace) -> list[str]:
             hard = sum(results[s][arm]["hard"] for s in seeds)
             fresh = sum(results[s][arm]["fresh"] for s in seeds)
             share = f"{fresh / hard:.0%} of {hard // len(seeds):,}" if hard else "—"
+            ages = [a for s in seeds if (a := results[s][arm].get("age")) is not None]
+            age = f"{statistics.mean(ages):.1f} steps" if ages else "—"
             table.append(
-                f"| {arm} | {step} | {seconds:.0f} | " + " | ".join(cells) + f" | {share} |"
+                f"| {arm} | {step} | {seconds:.0f} | " + " | ".join(cells) + f" | {share} | {age} |"
             )
     lines = []
     for arm in [a for a in args.arms if a != BASELINE]:
@@ -172,12 +178,16 @@ def report(results: dict[str, dict], args: argparse.Namespace) -> list[str]:
             )
             for k in KS
         }
-        differences = [
-            results[s][arm]["curve"][final]["1"] - results[s][BASELINE]["curve"][final]["1"]
-            for s in seeds
-        ]
-        paired = statistics.mean(differences) / (
-            statistics.stdev(differences) / math.sqrt(len(differences))
+        differences = {
+            k: [
+                results[s][arm]["curve"][final][str(k)]
+                - results[s][BASELINE]["curve"][final][str(k)]
+                for s in seeds
+            ]
+            for k in KS
+        }
+        paired = statistics.mean(differences[1]) / (
+            statistics.stdev(differences[1]) / math.sqrt(len(seeds))
         )
         per_seed = "; ".join(
             f"seed {s}: {results[s][BASELINE]['curve'][final]['1']:.3f} → "
@@ -193,7 +203,13 @@ def report(results: dict[str, dict], args: argparse.Namespace) -> list[str]:
             f"- *{arm}* − *{BASELINE}* at step {final}: Welch's t "
             + ", ".join(f"R@{k} {t[k]:+.1f}" for k in KS)
             + f" ({per_seed}): it {verdict}. Paired by seed (the same data and mention "
-            f"order), R@1 moves by {statistics.mean(differences):+.3f}, paired t {paired:+.1f}."
+            f"order), R@1 moves by {statistics.mean(differences[1]):+.3f}, paired t "
+            f"{paired:+.1f}; the difference per seed, mean ± sd: "
+            + ", ".join(
+                f"R@{k} {statistics.mean(d):+.3f} ± {statistics.stdev(d):.3f}"
+                for k, d in differences.items()
+            )
+            + f". {reach(results, arm, seeds)}"
         )
     shipped = load_config(RECIPE).training
     same = (args.steps, args.learning_rate) == (shipped.steps, shipped.learning_rate)
@@ -209,7 +225,8 @@ def report(results: dict[str, dict], args: argparse.Namespace) -> list[str]:
         f"the cache its steps write ({args.refresh_rows} rows re-encoded a step). Seeds "
         f"0..{len(seeds) - 1} (data, order, draws, dropout); mean ± sd. *seconds*: training and "
         "version 0, not evaluation. *fresh*: hard negatives whose vectors were under 10 steps "
-        "old, of those drawn a run.",
+        "old, of those drawn a run; *their mean age*: of all of them, in steps (over the seeds that "
+        "recorded it).",
         "",
         *table,
         "",
@@ -217,6 +234,33 @@ def report(results: dict[str, dict], args: argparse.Namespace) -> list[str]:
         "",
         f"![R@1 against wall-clock]({args.output.stem}.png)",
     ]
+
+
+def reach(results: dict[str, dict], arm: str, seeds: list[str]) -> str:
+    """When ``arm`` first reached random + shared's final mean R@1, against random + shared's
+    seconds (both means over the seeds, at the evaluated steps)."""
+
+    def mean_curve(name: str) -> list[tuple[int, float, float]]:
+        steps = sorted(results[seeds[0]][name]["curve"], key=int)
+        points = [[results[s][name]["curve"][step] for s in seeds] for step in steps]
+        return [
+            (
+                int(step),
+                statistics.mean(p["seconds"] for p in point),
+                statistics.mean(p["1"] for p in point),
+            )
+            for step, point in zip(steps, points, strict=True)
+        ]
+
+    _, baseline_seconds, target = mean_curve(BASELINE)[-1]
+    for step, seconds, recall in mean_curve(arm):
+        if recall >= target:
+            return (
+                f"It reached random + shared's final R@1 ({target:.3f}) at step {step}, "
+                f"{seconds:.0f} s: {seconds / baseline_seconds:.2f}× random + shared's "
+                f"{baseline_seconds:.0f} s."
+            )
+    return f"It never reached random + shared's final R@1 ({target:.3f}) at an evaluated step."
 
 
 def plot(results: dict[str, dict], arms: list[str], path: Path) -> None:

@@ -46,6 +46,7 @@ def share_recipe(run_dir: Path, data_root: Path, share: str, steps: int) -> Conf
         "training.batch_size=8",
         "negatives.num_negatives=4",
         "negatives.sampler=random",
+        "negatives.cache.enabled=false",
         "negatives.source=none",
         "negatives.initial=random",
         "model.normalize=false",  # dot products, as measured

@@ -147,6 +147,7 @@ def main() -> None:
             f"run.dir={work / 'run'}",
             "refresh.enabled=false",
             "negatives.sampler=random",
+            "negatives.cache.enabled=false",
             "negatives.initial=random",
             "training.cores=reserved",
             f"training.cpus_per_worker={args.threads}",

@@ -54,6 +54,7 @@ OVERRIDES = (
     "model.entity_length=24",
     "loss.options={}",
     "negatives.sampler=random",
+    "negatives.cache.enabled=false",
     "negatives.source=none",
     "negatives.initial=random",
     "negatives.num_negatives=4",

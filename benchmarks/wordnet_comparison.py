@@ -40,7 +40,11 @@ SCORERS = {
     "som": "{name: som, m: 1}",
     "poly-16": "{name: poly, m: 16}",
 }
-NO_INDEX = ["negatives.source=none", "refresh.enabled=false"]  # samplers that mine nothing
+NO_INDEX = [  # samplers that mine nothing
+    "negatives.source=none",
+    "refresh.enabled=false",
+    "negatives.cache.enabled=false",
+]
 FROM_MODEL = "negatives.initial=model"  # version 0 mined with the starting model
 NEGATIVES = {
     "random": ["negatives.sampler=random", *NO_INDEX],

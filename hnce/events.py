@@ -32,9 +32,11 @@ STEP                    event log    ``train.worker``: rank 0, every  ``hnce sta
                                      ``seconds``, ``threads``,        ``loss``, ``lr``, ``seconds``,
                                      ``negatives_version``, ``lag``,  ``lag``,
                                      ``hard_negatives``,              ``negatives_version``,
-                                     ``fresh_hard_negatives``,        ``fresh_share``), the
-                                     ``fresh_share``: rank 0's since  progress bar (``step``,
-                                     the last log; ``mentions``: the  ``loss``,
+                                     ``fresh_hard_negatives``,        ``fresh_share``,
+                                     ``fresh_share``,                 ``hard_negative_age``), the
+                                     ``hard_negative_age``: rank 0's  progress bar (``step``,
+                                     since the last log;              ``loss``,
+                                     ``mentions``: the
                                      step's mention ids)              ``negatives_version``),
                                                                       benchmarks (``time``,
                                                                       ``seconds``, ``mentions``,
@@ -82,9 +84,10 @@ HELDOUT_RECALL          refresh log  ``refresh_log.append_heldout``   ``refresh_
                                                                       what it copied)
 INITIAL_NEGATIVES       event log    ``train.version_zero``: the      ``train.version_zero`` (the
                                      driver when negatives version 0  workers' wait: ``time``,
-                                     is ready (``initial``,           ``error``), benchmarks
-                                     ``seconds``; ``error`` if it
-                                     failed)
+                                     is ready (``initial``,           ``error``), benchmarks,
+                                     ``seconds``, ``encoded``: the    ``train.refresh_payoff``
+                                     catalogue was encoded for it;    (``seconds``, ``encoded``)
+                                     ``error`` if it failed)
 NONFINITE_LOSS          event log    ``train.nonfinite``: a           tests
                                      non-finite loss, skipped
                                      (``step``, ``cause``)
@@ -105,6 +108,19 @@ REFRESHES_END           event log    ``train.refresh_handover``:      tests
                                      (``train.refresh_payoff``;
                                      ``step``, ``refresh_seconds``,
                                      ``seconds_left``)
+REFRESH_DECISION        event log    ``train.refresh_handover``:      ``hnce status`` (refresh
+                                     whether a checkpoint asks for a  requests: ``step``,
+                                     refresh (``refresh.trigger:      ``refresh``, ``reason``,
+                                     payoff``; ``step``, ``refresh``, ``mean_age``), TensorBoard
+                                     ``reason``, ``mean_age``,        (``mean_age``), tests
+                                     ``hard_negatives``,
+                                     ``max_age``,
+                                     ``refresh_seconds``,
+                                     ``cost_source``,
+                                     ``step_seconds``,
+                                     ``latency_steps``,
+                                     ``steps_left``:
+                                     ``train.refresh_payoff``)
 NEGATIVE_CACHE          event log    ``train.negative_cache``: the    benchmarks (``seconds``,
                                      negative cache was filled from   ``replaced``), tests
                                      an index version (``step``,
@@ -150,4 +166,5 @@ class RunEvent(StrEnum):
     REFRESH_STOP = "refresh_stop"
     REFRESH_FAILED = "refresh_failed"
     REFRESHES_END = "refreshes_end"
+    REFRESH_DECISION = "refresh_decision"
     NEGATIVE_CACHE = "negative_cache"

@@ -101,7 +101,13 @@ def run_demo(config: Config, announce: Callable[[str], None] = lambda _: None) -
     variants = {
         "random": replace(
             base,
-            negatives=replace(base.negatives, sampler="random", source="none", initial="random"),
+            negatives=replace(
+                base.negatives,
+                sampler="random",
+                source="none",
+                initial="random",
+                cache=replace(base.negatives.cache, enabled=False),
+            ),
             refresh=replace(base.refresh, enabled=False),
         ),
         hard_run_name(base): base,
@@ -188,6 +194,12 @@ def demo_recipe(config: Config) -> str:
         refreshed = f"training waits for a refresh every {refresh.sync_every} steps"
     elif refresh.trigger == "stale":
         refreshed = "the index re-encoded beside training when the negatives go stale"
+    elif refresh.trigger == "payoff":
+        refreshed = (
+            "the index re-encoded beside training only when it pays: the hard negatives drawn "
+            f"are {refresh.max_negative_age}+ steps old on average and a refresh would land "
+            "with time left to train on it"
+        )
     else:
         refreshed = (
             f"the index re-encoded from the checkpoint of every {training.checkpoint_every} "
@@ -313,7 +325,30 @@ def demo_table(result: DemoResult) -> str:
     return format_table(result.reports)
 
 
-def demo_summary(result: DemoResult, work_dir: Path) -> str:
+def demo_verdict(result: DemoResult, spread: dict[int, float]) -> list[str]:
+    """Which run won at each cutoff and by how much: the recipe's run (the last report) against
+    random (the one before), the margin set against ``demo.spread``, the seeds' standard
+    deviation of that difference measured for this recipe (beyond it: more than twice it)."""
+    baseline, recipe = result.reports[-2], result.reports[-1]
+    names = [report.name.removeprefix("trained, ") for report in (baseline, recipe)]
+    lines = []
+    for k in sorted(recipe.recall):
+        margin = recipe.recall[k] - baseline.recall[k]
+        winner = names[1] if margin > 0 else names[0] if margin < 0 else "neither"
+        line = (
+            f"R@{k}: {names[1]} {recipe.recall[k]:.3f}, {names[0]} {baseline.recall[k]:.3f}: "
+            f"{winner} by {abs(margin):.3f}"
+        )
+        if k in spread:
+            side = "beyond" if abs(margin) > 2 * spread[k] else "within"
+            line += (
+                f", {side} twice the seeds' sd of this difference ({spread[k]:.3f}, BENCHMARKS.md)"
+            )
+        lines.append(line)
+    return lines
+
+
+def demo_summary(result: DemoResult, work_dir: Path, spread: dict[int, float]) -> str:
     """What the CLI prints at the end: sizes, the recall table, each training, timings."""
     counts = result.counts
     lines = [
@@ -321,6 +356,7 @@ def demo_summary(result: DemoResult, work_dir: Path) -> str:
         f"{counts['eval_mentions']} held-out mentions (lemmas unseen in training), "
         f"{counts['entities']} synsets in the catalogue",
         demo_table(result),
+        *demo_verdict(result, spread),
         *(f"{name}: {training.line()}" for name, training in result.trainings.items()),
         "recall against wall-clock (seconds from each training run's start to the checkpoint):",
         curve_table(result.curve),

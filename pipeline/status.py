@@ -241,7 +241,8 @@ def _training(run_dir: Path) -> dict[str, Any] | None:
 
 def _refresh_trigger(run_dir: Path) -> dict[str, Any] | None:
     """``refresh.trigger`` of the run's ``config.yaml`` (None without one) and the trainer's
-    ``stale`` requests: their number and the last one (step, version, loss ratio)."""
+    ``stale`` requests (their number and the last one: step, version, loss ratio), or with
+    ``payoff`` its decisions (how many asked, and the last: step, refresh, reason, mean age)."""
     path = run_dir / RUN_RECIPE
     if not path.is_file():
         return None
@@ -249,10 +250,21 @@ def _refresh_trigger(run_dir: Path) -> dict[str, Any] | None:
     refresh = recipe.get("refresh") or {}
     if not isinstance(refresh, dict):
         raise InputError(f"{path}: refresh is not a section of settings")
+    trigger = refresh.get("trigger", "checkpoints")
+    if trigger == "payoff":
+        decisions = read_events(run_dir, RunEvent.REFRESH_DECISION)
+        last = decisions[-1] if decisions else None
+        return {
+            "trigger": trigger,
+            "requests": sum(1 for decision in decisions if decision.get("refresh")),
+            "last_decision": None
+            if last is None
+            else {key: last.get(key) for key in ("step", "refresh", "reason", "mean_age")},
+        }
     requests = read_events(run_dir, RunEvent.STALE)
     last = requests[-1] if requests else None
     return {
-        "trigger": refresh.get("trigger", "checkpoints"),
+        "trigger": trigger,
         "requests": len(requests),
         "last_request": None
         if last is None
@@ -360,6 +372,8 @@ def _heldout_line(heldout: dict[str, Any] | None) -> str:
 def _trigger_line(trigger: dict[str, Any] | None) -> str:
     if trigger is None:
         return "unknown (no config.yaml in the run)"
+    if trigger["trigger"] == "payoff":
+        return _decision_line(trigger)
     if trigger["trigger"] != "stale":
         return f"{trigger['trigger']} (every checkpoint is refreshed)"
     last = trigger["last_request"]
@@ -370,6 +384,19 @@ def _trigger_line(trigger: dict[str, Any] | None) -> str:
     return (
         f"stale: {trigger['requests']} refresh(es) asked for; the last at step {last['step']} "
         f"on negatives version {last['version']}, loss ratio {ratio}"
+    )
+
+
+def _decision_line(trigger: dict[str, Any]) -> str:
+    last = trigger["last_decision"]
+    if last is None:
+        return "payoff: no checkpoint decided yet"
+    age = last["mean_age"]
+    age = f"{age:.1f} steps" if isinstance(age, int | float) else "unknown"
+    verb = "refresh" if last["refresh"] else "no refresh"
+    return (
+        f"payoff: {trigger['requests']} refresh(es) asked for; at step {last['step']}: {verb} "
+        f"({last['reason']}), hard negatives {age} old on average"
     )
 
 

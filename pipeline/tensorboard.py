@@ -36,9 +36,11 @@ SCALARS: dict[tuple[RunEvent, str], str] = {
     (RunEvent.STEP, "lag"): "negatives/lag_steps",
     (RunEvent.STEP, "negatives_version"): "negatives/version",
     (RunEvent.STEP, "fresh_share"): "negatives/fresh_hard_share",
+    (RunEvent.STEP, "hard_negative_age"): "negatives/hard_negative_age_steps",
     (RunEvent.REFRESH, "seconds"): "refresh/seconds",
     (RunEvent.REFRESH_WAIT, "seconds"): "refresh/wait_seconds",
     (RunEvent.STALE, "loss_ratio"): "negatives/stale_loss_ratio",
+    (RunEvent.REFRESH_DECISION, "mean_age"): "refresh/decision_mean_age_steps",
     (RunEvent.HELDOUT_RECALL, "recall"): "heldout/recall@",  # {k: recall@k}: one tag per k
 }
 

@@ -389,7 +389,9 @@ def test_index_version_zero_holds_the_models_vectors_and_is_mined(
         expected = expected * 2
         encodings = tmp_path / "scaled.t7"
         torch.save(torch.from_numpy(expected), encodings)
-    version = prepare_version_zero(plan, model, "train", encodings)
+    prepared = prepare_version_zero(plan, model, "train", encodings)
+    assert prepared is not None and not prepared.encoded  # read from encodings
+    version = prepared.index
     assert version.version == 0 and plan.index_store.current_version() == 0
     assert version.checkpoint == 0 and version.num_entities == 10
     assert [shard.count for shard in version.manifest.shards] == [3, 3, 3, 1]

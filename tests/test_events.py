@@ -141,6 +141,7 @@ def test_the_members_keep_the_strings_on_disk(tmp_path: Path) -> None:
         "REFRESH_STOP": "refresh_stop",
         "REFRESH_FAILED": "refresh_failed",
         "REFRESHES_END": "refreshes_end",
+        "REFRESH_DECISION": "refresh_decision",
         "NEGATIVE_CACHE": "negative_cache",
     }
     earlier = [{"event": event.value, "time": 1.0, "step": 3} for event in RunEvent]

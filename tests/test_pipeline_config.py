@@ -24,7 +24,7 @@ def write(tmp_path: Path, text: str) -> Path:
 def _leaves(tree: dict, prefix: str = "") -> list[tuple[str, object]]:
     out = []
     for key, value in tree.items():
-        if isinstance(value, dict) and key != "options":
+        if isinstance(value, dict) and key not in ("options", "spread"):
             out.extend(_leaves(value, f"{prefix}{key}."))
         else:
             out.append((f"{prefix}{key}", value))

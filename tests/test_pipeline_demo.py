@@ -16,9 +16,11 @@ from hnce.events import RunEvent
 from hnce.pipeline.config import ConfigError, load_config
 from hnce.pipeline.demo import (
     CurvePoint,
+    DemoResult,
     curve_steps,
     curve_table,
     demo_recipe,
+    demo_verdict,
     plot_curve,
     training_curve,
 )
@@ -30,15 +32,10 @@ DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 def test_the_demo_evaluates_every_curve_every_steps_and_refuses_checkpoints_it_would_not_have(
     tmp_path: Path,
 ) -> None:
-    assert curve_steps(load_config(DEMO)) == [30]
+    assert curve_steps(load_config(DEMO)) == []
     assert curve_steps(
-        load_config(DEMO, ["demo.curve_every=15", "training.keep_checkpoints=4"])
-    ) == [
-        15,
-        30,
-        45,
-    ]
-    assert curve_steps(load_config(DEMO, ["demo.curve_every=0"])) == []
+        load_config(DEMO, ["demo.curve_every=30", "training.keep_checkpoints=8"])
+    ) == [30, 60, 90]
     with pytest.raises(ConfigError, match=r"--set demo.curve_every=20: .*must be a multiple of"):
         curve_steps(load_config(DEMO, ["demo.curve_every=20"]))
     recipe = tmp_path / "short-memory.yaml"
@@ -57,10 +54,11 @@ def test_the_demo_says_what_it_will_do_as_its_recipe_says() -> None:
     another account."""
     shipped = " ".join(demo_recipe(load_config(DEMO)).split())
     for choice in (
-        "60 steps of 8 mentions with 8 negatives each",
-        "- mixed-50: 50% of each mention's negatives from the top 32 of the newest index",
+        "120 steps of 8 mentions with 8 negatives each",
+        "- mixed-50: 50% of each mention's negatives from the top 32 of the negative cache",
         "version 0 mined with the starting model: hard negatives from step 1",
-        "from the checkpoint of every 15 steps beside training",
+        "re-encoded beside training only when it pays: the hard negatives drawn are 20+ steps "
+        "old on average",
         "cosine scores / temperature 0.05; every mention scored against every candidate",
         "400 held-out mentions whose lemmas training never saw, over 8000 synsets",
     ):
@@ -77,21 +75,23 @@ def test_the_demo_says_what_it_will_do_as_its_recipe_says() -> None:
                     "model.normalize=false",
                     "loss.options={}",
                     "negatives.share=none",
-                    "negatives.cache.enabled=true",
+                    "negatives.cache.enabled=false",
                 ],
             )
         ).split()
     )
     for choice in (
         "90 steps of 8 mentions",
-        "- mixed-25: 25% of each mention's negatives from the top 32 of the negative cache",
+        "- mixed-25: 25% of each mention's negatives from the top 32 of the newest index",
         "random negatives until the first refresh lands",
         "re-encoded beside training when the negatives go stale",
         "dot-product scores; each mention scored against its own candidates",
     ):
         assert choice in changed, (choice, changed)
     assert "temperature" not in changed and "version 0" not in changed
-    baseline_sampler = demo_recipe(load_config(DEMO, ["negatives.sampler=random"]))
+    baseline_sampler = demo_recipe(
+        load_config(DEMO, ["negatives.sampler=random", "negatives.cache.enabled=false"])
+    )
     assert "- recipe: random: negatives.sampler: random" in baseline_sampler
 
 
@@ -145,3 +145,30 @@ def test_the_curve_is_printed_and_plotted(tmp_path: Path) -> None:
     assert table[3].split() == ["mixed-50", "60", "200", "0.520", "0.990"]
     out = plot_curve(curve, tmp_path / "demo_recall.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_verdict_names_the_winner_at_each_cutoff_against_the_measured_spread() -> None:
+    """The recipe's run against random at each k: who won, by how much, and whether by more
+    than twice the seeds' sd of that difference (no spread given: no such clause)."""
+
+    def report(name: str, recall: dict[int, float]) -> RecallReport:
+        return RecallReport(name, 400, 8000, recall, recall)
+
+    result = DemoResult(
+        [
+            report("untrained", {1: 0.25, 8: 0.5, 64: 0.8}),
+            report("trained, random", {1: 0.478, 8: 0.895, 64: 0.994}),
+            report("trained, mixed-50", {1: 0.505, 8: 0.89, 64: 0.994}),
+        ],
+        {},
+        {},
+        {},
+        [],
+    )
+    assert demo_verdict(result, {1: 0.006, 8: 0.01}) == [
+        "R@1: mixed-50 0.505, random 0.478: mixed-50 by 0.027, beyond twice the seeds' sd of "
+        "this difference (0.006, BENCHMARKS.md)",
+        "R@8: mixed-50 0.890, random 0.895: random by 0.005, within twice the seeds' sd of "
+        "this difference (0.010, BENCHMARKS.md)",
+        "R@64: mixed-50 0.994, random 0.994: neither by 0.000",
+    ]

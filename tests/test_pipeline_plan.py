@@ -154,7 +154,7 @@ def test_compressed_sum_of_max_plans_its_codes_not_its_vectors(
     standalone code (pq_m B and a list-number byte), not its 384 fp32 dimensions; with
     index.token_copy the lists alone, and 384 fp16 dimensions on disk."""
     arguments = ["plan", "--config", str(CONFIGS / "demo.yaml"), "--entities", "100000"]
-    som = ["--set", "model.scorer.name=som"]
+    som = ["--set", "model.scorer.name=som", "--set", "negatives.cache.enabled=false"]
     compressed = ["--set", "index.kind=ivfpq", "--set", "index.nlist=256", "--set", "index.pq_m=16"]
     assert main([*arguments, *som, *compressed, "--json"]) == 0
     whole = json.loads(capsys.readouterr().out)["index"]["whole index"]

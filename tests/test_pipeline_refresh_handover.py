@@ -15,6 +15,7 @@ from hnce.events import RunEvent
 from hnce.pipeline.config import load_config
 from hnce.pipeline.event_log import EventLog, read_events
 from hnce.pipeline.train.distributed import Collectives
+from hnce.pipeline.train.negative_cache import NegativeFreshness
 from hnce.pipeline.train.refresh_handover import RefreshHandover
 from hnce.pipeline.train.task import TrainingTask
 from hnce.pipeline.train.version_zero import initial_negatives_error
@@ -47,6 +48,7 @@ class ArrivingNegatives:
     arrivals: list[int | None] = field(default_factory=list)
     source: Source = field(default_factory=Source)
     switches: list[int] = field(default_factory=list)
+    freshness: NegativeFreshness = field(default_factory=NegativeFreshness)
 
     def switch(self, step: int, log: EventLog | None) -> None:
         self.switches.append(step)
@@ -149,6 +151,31 @@ def test_stale_negatives_make_their_checkpoint_ask_for_a_refresh(tmp_path: Path)
     (event,) = read_events(tmp_path, RunEvent.STALE)
     assert (event["step"], event["version"]) == (3, negatives.source.version)
     assert run.asks_for_refresh(3, stale=True) and not run.asks_for_refresh(4, stale=False)
+
+
+def test_with_trigger_payoff_a_checkpoint_asks_when_the_negatives_it_drew_have_aged(
+    tmp_path: Path,
+) -> None:
+    """``refresh.trigger: payoff`` (A = 6, 24 steps of 0.5 s, version 0 took 1 s: 2 steps): the
+    checkpoint of step 4 drew negatives 2 steps old and asks for nothing; that of step 8 drew
+    them 7 steps old (its own draws only) and asks; each decision is an event with its numbers."""
+    run, negatives = handover(
+        tmp_path, "refresh.trigger=payoff", "refresh.max_negative_age=6", "training.steps=24"
+    )
+    EventLog(tmp_path).write(RunEvent.INITIAL_NEGATIVES, initial="model", seconds=1.0, encoded=True)
+    hard = torch.ones(2, 3, dtype=torch.bool)
+    for step, age in enumerate([2, 2, 2, 2, 7, 7, 7, 7], 1):
+        negatives.freshness.observe(hard, torch.full((2, 3), age))
+        run.after_step(step, loss=1.0, seconds=0.5)
+        if step in (4, 8):
+            assert run.checkpoint_request(step)[REFRESH_REQUEST] == (step == 8)
+    decisions = read_events(tmp_path, RunEvent.REFRESH_DECISION)
+    assert [(d["step"], d["refresh"], d["reason"], d["mean_age"]) for d in decisions] == [
+        (4, False, "fresh", 2.0),
+        (8, True, "pays", 7.0),
+    ]
+    assert (decisions[1]["latency_steps"], decisions[1]["steps_left"]) == (2.0, 16)
+    assert decisions[1]["hard_negatives"] == 24 and decisions[1]["cost_source"] == "version 0"
 
 
 def test_the_first_step_waits_for_version_zero_or_stands_down_when_it_failed(

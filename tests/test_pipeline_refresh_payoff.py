@@ -18,6 +18,9 @@ from hnce.cluster.compute.refresh import NoCheckpointError, RefreshPlan
 from hnce.cluster.compute.refresh_job import attempt_refresh, publishes_late, refresh_target
 from hnce.cluster.stores.checkpoints import complete_checkpoints, refresh_requests
 from hnce.cluster.stores.refresh_log import RefreshRecord, append_record
+from hnce.events import RunEvent
+from hnce.pipeline.event_log import EventLog
+from hnce.pipeline.train.negative_cache import DrawnNegatives
 from hnce.pipeline.train.refresh_payoff import RefreshPayoff
 from hnce.pipeline.train.trainer import TrainingSummary
 
@@ -121,3 +124,59 @@ def test_the_coordinator_says_once_why_its_refreshes_are_over(
     assert "0 refreshes (then none: any other would have published after" in summary.line()
     summary.note_refreshes(RefreshTally().status())
     assert "0 refreshes, " in summary.line()
+
+
+def _drawn(mean_age: int, hard: int = 100) -> DrawnNegatives:
+    return DrawnNegatives(hard=hard, fresh=0, aged=hard, age_sum=mean_age * hard)
+
+
+def test_a_refresh_is_asked_for_only_when_it_pays(tmp_path: Path) -> None:
+    """``refresh.trigger: payoff`` on hand-made costs (120 steps of 1.5 s, A = 20): fresh
+    negatives ask for nothing; stale ones with no known cost ask (that refresh measures it), and
+    nothing else asks until the refresh log records it; then a 60 s refresh (40 steps) pays while
+    it would be trained on for at least 40 steps after it lands, and is late after."""
+    payoff = RefreshPayoff(tmp_path, steps=120)
+    for _ in range(30):
+        payoff.observe(1.5)
+    fresh = payoff.decide(30, _drawn(10), max_age=20)
+    assert (fresh.refresh, fresh.reason, fresh.mean_age) == (False, "fresh", 10.0)
+    unknown = payoff.decide(30, _drawn(30), max_age=20)
+    assert (unknown.refresh, unknown.reason, unknown.latency_steps) == (True, "unknown cost", None)
+    payoff.asked(30)
+    assert payoff.decide(40, _drawn(40), max_age=20).reason == "pending"
+    record = RefreshRecord("published", "training coordinator", started=0.0, seconds=60.0)
+    record.checkpoint = 30
+    append_record(tmp_path, record)
+    pays = payoff.decide(40, _drawn(40), max_age=20)  # 80 steps left: 40 after it lands
+    assert (pays.refresh, pays.reason, pays.latency_steps, pays.steps_left) == (
+        True,
+        "pays",
+        40.0,
+        80,
+    )
+    assert (pays.refresh_seconds, pays.cost_source, pays.step_seconds) == (60.0, "refresh", 1.5)
+    late = payoff.decide(45, _drawn(40), max_age=20)  # 35 steps after it lands, fewer than 40
+    assert (late.refresh, late.reason) == (False, "late")
+    assert payoff.decide(40, _drawn(40), max_age=50).reason == "fresh"
+    assert payoff.decide(40, DrawnNegatives(), max_age=20).reason == "no hard negatives"
+
+
+def test_before_any_refresh_the_cost_is_version_zeros(tmp_path: Path) -> None:
+    """Before a refresh has published, R is the starting model's version 0 (its event's
+    seconds; a failed one does not count, nor one that encoded nothing, its index taken over
+    from an evaluation): 90 s at 1.5 s a step is 60 steps."""
+    log = EventLog(tmp_path)
+    log.write(RunEvent.INITIAL_NEGATIVES, initial="model", seconds=90.0, encoded=True)
+    log.write(RunEvent.INITIAL_NEGATIVES, initial="model", seconds=5.0, error="OSError: full")
+    log.write(RunEvent.INITIAL_NEGATIVES, initial="model", seconds=3.0, encoded=False)
+    payoff = RefreshPayoff(tmp_path, steps=120)
+    for _ in range(10):
+        payoff.observe(1.5)
+    late = payoff.decide(30, _drawn(30), max_age=20)  # 90 left: 30 after it lands, not 60
+    assert (late.reason, late.refresh_seconds, late.cost_source, late.latency_steps) == (
+        "late",
+        90.0,
+        "version 0",
+        60.0,
+    )
+    assert payoff.decide(0, _drawn(30), max_age=20).reason == "pays"

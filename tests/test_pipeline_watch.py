@@ -210,6 +210,26 @@ def test_status_reports_the_trigger_and_the_last_staleness_request(
     assert f"trigger       {expected}" in capsys.readouterr().out
 
 
+def test_status_reports_the_refresh_policys_last_decision(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``refresh.trigger: payoff``: how many checkpoints asked, and the last decision."""
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "config.yaml").write_text("refresh:\n  trigger: payoff\n")
+    log = EventLog(tmp_path)
+    log.write(RunEvent.START, step=0)
+    assert "payoff: no checkpoint decided yet" in run_status(tmp_path).render()
+    log.write(RunEvent.REFRESH_DECISION, step=30, refresh=True, reason="pays", mean_age=26.5)
+    log.write(RunEvent.REFRESH_DECISION, step=45, refresh=False, reason="pending", mean_age=41.0)
+    log.close()
+    assert main(["status", str(tmp_path)]) == 0
+    expected = (
+        "payoff: 1 refresh(es) asked for; at step 45: no refresh (pending), hard negatives "
+        "41.0 steps old on average"
+    )
+    assert f"trigger       {expected}" in capsys.readouterr().out
+
+
 def test_a_plot_onto_a_directory_is_one_line_and_leaves_no_temporary_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -100,7 +100,14 @@ class RefreshSettings:
             newest checkpoint, every ``training.checkpoint_every`` steps. ``stale``: only those
             the trainer publishes because its negatives went stale (the loss ratio of
             :mod:`hnce.pipeline.train.staleness`); the other checkpoints are kept for resuming.
-            With ``mode: async`` only.
+            ``payoff``: only those whose hard negatives have aged and whose refresh would
+            publish with enough steps left to train on it
+            (:mod:`hnce.pipeline.train.refresh_payoff`; each checkpoint's decision is a
+            ``refresh_decision`` event with its numbers). With ``mode: async`` only.
+        max_negative_age: ``trigger: payoff`` asks for a refresh only when the hard negatives
+            drawn since the previous checkpoint were scored by vectors at least this many steps
+            old on average (a negative cache row's age, or the lag of the mined version), and
+            only when the refresh would then be trained on for at least as many steps.
         stale_loss_ratio: ``trigger: stale`` asks for a refresh when the mean loss of the last
             ``stale_window`` steps on a negatives version is at most this share of the mean
             loss of its first ``stale_window`` steps.
@@ -125,7 +132,8 @@ class RefreshSettings:
     poll_seconds: PositiveReal = 2.0
     max_consecutive_failures: PositiveInt = 3
     wait_floor_seconds: PositiveReal = 900.0
-    trigger: Literal["checkpoints", "stale"] = "checkpoints"
+    trigger: Literal["checkpoints", "stale", "payoff"] = "checkpoints"
+    max_negative_age: PositiveInt = 20
     stale_loss_ratio: Fraction = 0.8
     stale_window: PositiveInt = 10
     heldout_recall: Flag = True

@@ -265,6 +265,11 @@ class DemoSettings:
     ``curve_every`` steps are evaluated after it, so the demo prints and plots recall against
     wall-clock (0: the final checkpoint only). A multiple of ``training.checkpoint_every`` whose
     checkpoints the run keeps (``training.keep_checkpoints``); ``hnce demo`` checks both.
+
+    ``spread``: recall@k -> the standard deviation over seeds of the difference between the
+    recipe's run and the random run at the end (both runs of a seed share its data and mention
+    order), as measured for this recipe (BENCHMARKS.md). The demo's verdict says, at each k,
+    which run won and whether by more than twice that (empty: no comparison with a spread).
     """
 
     wordnet_dir: Text = "/usr/share/wordnet"
@@ -272,6 +277,7 @@ class DemoSettings:
     train_mentions: NonNegativeInt = 2000
     eval_mentions: NonNegativeInt = 500
     curve_every: NonNegativeInt = 0
+    spread: dict[PositiveInt, NonNegativeReal] = Field(default_factory=dict)
 
 
 @settings

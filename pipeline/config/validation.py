@@ -59,11 +59,11 @@ def validate(config: Config) -> Config:
             "is sync, which waits for refreshed negatives: it needs 'negatives.source: index' "
             "and 'refresh.enabled: true'",
         )
-    if refresh.trigger == "stale" and refresh.mode != "async":
+    if refresh.trigger != "checkpoints" and refresh.mode != "async":
         raise config.error(
             "refresh.trigger",
-            "is stale, which asks the asynchronous coordinator for refreshes: it needs "
-            "'refresh.mode: async' (sync refreshes every 'refresh.sync_every' steps)",
+            f"is {refresh.trigger}, which asks the asynchronous coordinator for refreshes: it "
+            "needs 'refresh.mode: async' (sync refreshes every 'refresh.sync_every' steps)",
         )
     if refresh.top_n < negatives.num_negatives:
         raise config.error(

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -272,21 +273,69 @@ class TrainerCache:
             log.write(RunEvent.NEGATIVE_CACHE, restored=restored, path=str(path))
 
 
+@dataclass(frozen=True)
+class DrawnNegatives:
+    """Counts of the hard negatives drawn over some steps: ``hard`` of them, ``fresh`` those whose
+    vectors were younger than :data:`FRESH_STEPS` steps, and ``age_sum`` the sum of the ages
+    (steps) of the ``aged`` ones whose vector's age is known."""
+
+    hard: int = 0
+    fresh: int = 0
+    aged: int = 0
+    age_sum: int = 0
+
+    def __sub__(self, earlier: DrawnNegatives) -> DrawnNegatives:
+        return DrawnNegatives(
+            self.hard - earlier.hard,
+            self.fresh - earlier.fresh,
+            self.aged - earlier.aged,
+            self.age_sum - earlier.age_sum,
+        )
+
+    @property
+    def fresh_share(self) -> float | None:
+        """The share of the hard negatives that were fresh (None when none was drawn)."""
+        return self.fresh / self.hard if self.hard else None
+
+    @property
+    def mean_age(self) -> float | None:
+        """The mean age in steps of the hard negatives' vectors (None when none is known)."""
+        return self.age_sum / self.aged if self.aged else None
+
+
 class NegativeFreshness:
-    """How many of the hard negatives drawn since the last :meth:`take` came from vectors younger
-    than :data:`FRESH_STEPS` steps (a cache row's age, or a negatives version's lag)."""
+    """How old the vectors of the hard negatives drawn so far were (a cache row's age, or the lag
+    of the negatives version they were mined from), as running totals; each reader keeps its own
+    :meth:`window` of them (the step log's, the refresh policy's)."""
 
     def __init__(self) -> None:
-        self.hard = 0
-        self.fresh = 0
+        self.totals = DrawnNegatives()
 
     def observe(self, hard: Tensor, ages: Tensor) -> None:
         """Hard-negative flags [B, K] and the age of each negative's vector [B, K] (-1: none)."""
-        self.hard += int(hard.sum())
-        self.fresh += int((hard & (ages >= 0) & (ages < FRESH_STEPS)).sum())
+        known = hard & (ages >= 0)
+        self.totals = DrawnNegatives(
+            self.totals.hard + int(hard.sum()),
+            self.totals.fresh + int((known & (ages < FRESH_STEPS)).sum()),
+            self.totals.aged + int(known.sum()),
+            self.totals.age_sum + int(ages[known].sum()),
+        )
 
-    def take(self) -> tuple[int, int]:
-        """(hard negatives, fresh ones) since the last call."""
-        counts = self.hard, self.fresh
-        self.hard = self.fresh = 0
-        return counts
+    def window(self) -> DrawWindow:
+        """A reader's view that counts from now on."""
+        return DrawWindow(self, self.totals)
+
+
+@dataclass
+class DrawWindow:
+    """One reader's counts of :class:`NegativeFreshness`: :meth:`take` returns what was drawn since
+    its previous call (or since the window was opened)."""
+
+    freshness: NegativeFreshness
+    mark: DrawnNegatives
+
+    def take(self) -> DrawnNegatives:
+        """The hard negatives drawn since the last call."""
+        now = self.freshness.totals
+        drawn, self.mark = now - self.mark, now
+        return drawn

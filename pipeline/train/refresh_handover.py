@@ -15,6 +15,8 @@ thing: :mod:`hnce.pipeline.train.cores`.)
 - Asking: which steps publish a checkpoint, and what each checkpoint's state tells the
   coordinator: whether it asks for a refresh (every one by default; with ``refresh.trigger:
   stale`` those of stale negatives, :class:`~hnce.pipeline.train.staleness.StalenessMonitor`;
+  with ``refresh.trigger: payoff`` those whose refresh pays, from the age of the hard negatives
+  drawn since the previous checkpoint, :meth:`~hnce.pipeline.train.refresh_payoff.RefreshPayoff.decide`;
   with sync those training waits for), whether the run's refreshes have ended and when training
   is expected to end (:class:`~hnce.pipeline.train.refresh_payoff.RefreshPayoff`).
 
@@ -24,6 +26,7 @@ the same collective calls.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -34,6 +37,7 @@ from hnce.events import RunEvent
 from hnce.pipeline.config import Config
 from hnce.pipeline.event_log import EventLog
 from hnce.pipeline.train.distributed import Collectives
+from hnce.pipeline.train.negative_cache import NegativeFreshness
 from hnce.pipeline.train.negatives import CandidateSource
 from hnce.pipeline.train.refresh_health import RefreshHealth
 from hnce.pipeline.train.refresh_payoff import RefreshPayoff
@@ -47,9 +51,10 @@ logger = logging.getLogger(__name__)
 class NegativesInUse(Protocol):
     """What the hand-over reads and moves of a worker's negatives
     (:class:`~hnce.pipeline.train.negatives.TrainingData`): the version in use, and the switch
-    to the newest one (a collective)."""
+    to the newest one (a collective), and how old the vectors of the hard negatives drawn were."""
 
     source: CandidateSource
+    freshness: NegativeFreshness
 
     def switch(self, step: int, log: EventLog | None) -> None: ...
 
@@ -93,6 +98,7 @@ class RefreshHandover:
         self.payoff = (
             RefreshPayoff(task.run_dir, self.steps) if refreshes and not self.waits else None
         )
+        self.drawn = negatives.freshness.window() if task.refreshes_when_it_pays(config) else None
         self.ended = False
 
     def _stops(self, step: int) -> bool:
@@ -190,14 +196,31 @@ class RefreshHandover:
 
     def asks_for_refresh(self, step: int, stale: bool) -> bool:
         """Whether the checkpoint of ``step`` asks the coordinator for a refresh: every one by
-        default; with ``refresh.trigger: stale`` those of ``stale`` negatives; with
-        ``refresh.mode: sync`` those training waits for (every ``sync_every`` steps), so that
-        each refresh runs while the trainer waits (:mod:`hnce.pipeline.train.cores`)."""
+        default; with ``refresh.trigger: stale`` those of ``stale`` negatives; with ``payoff``
+        those whose refresh pays (:meth:`refresh_pays`); with ``refresh.mode: sync`` those
+        training waits for (every ``sync_every`` steps), so that each refresh runs while the
+        trainer waits (:mod:`hnce.pipeline.train.cores`)."""
         if self.staleness is not None:
             return stale
+        if self.drawn is not None:
+            return self.refresh_pays(step)
         if self.waits:
             return step % self.refresh.sync_every == 0
         return True
+
+    def refresh_pays(self, step: int) -> bool:
+        """``refresh.trigger: payoff``: rank 0's decision for the checkpoint of ``step`` from the
+        hard negatives it drew since the previous one (broadcast: every rank publishes the same
+        request), logged as a ``refresh_decision`` event and a line with its numbers."""
+        assert self.payoff is not None and self.drawn is not None
+        decision = self.payoff.decide(step, self.drawn.take(), self.refresh.max_negative_age)
+        refresh = bool(self.collectives.broadcast_int(int(decision.refresh)))
+        if refresh:
+            self.payoff.asked(step)
+        if self.log is not None:
+            self.log.write(RunEvent.REFRESH_DECISION, **dataclasses.asdict(decision))
+            logger.info("%s", decision.describe())
+        return refresh
 
     def refreshes_end(self, step: int) -> tuple[bool, float | None]:
         """Whether the checkpoint of ``step`` ends the run's asynchronous refreshes, rank 0's

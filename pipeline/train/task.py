@@ -73,6 +73,11 @@ class TrainingTask:
         (``refresh.trigger: stale``, :mod:`hnce.pipeline.train.staleness`)."""
         return self.refreshes(config) and config.refresh.trigger == "stale"
 
+    def refreshes_when_it_pays(self, config: Config) -> bool:
+        """Whether the workers ask for refreshes only when one pays (``refresh.trigger: payoff``,
+        :meth:`hnce.pipeline.train.refresh_payoff.RefreshPayoff.decide`)."""
+        return self.refreshes(config) and config.refresh.trigger == "payoff"
+
     def initial_negatives(self, config: Config) -> str:
         """Where negatives version 0 comes from (``negatives.initial``; random: none)."""
         return config.negatives.initial if self._on_index(config) else "random"

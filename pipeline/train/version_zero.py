@@ -114,6 +114,17 @@ class TrainerBeside:
 NO_TRAINER = TrainerBeside()
 
 
+@dataclass(frozen=True)
+class VersionZero:
+    """Index version 0 as prepared, and whether its catalogue was encoded by this preparation
+    (not kept from an earlier start, taken over from an evaluation, or read from encodings): only
+    then do its seconds say what a pass over the catalogue costs
+    (:func:`hnce.pipeline.train.refresh_payoff.version_zero_seconds`)."""
+
+    index: IndexVersion
+    encoded: bool
+
+
 def prepare_version_zero(
     plan: RefreshPlan,
     model: IndexedModel,
@@ -121,7 +132,7 @@ def prepare_version_zero(
     encodings: Path | None = None,
     trainer: TrainerBeside = NO_TRAINER,
     stopping: Callable[[], bool] | None = None,
-) -> IndexVersion | None:
+) -> VersionZero | None:
     """Index and train negatives version 0 of the imported `model` (kept when the run already
     has them); None when a resumed run's retention has already removed version 0. Its encoder
     actors share the CPUs Ray has free less those of the `trainer` starting beside them, and run
@@ -162,7 +173,7 @@ def prepare_version_zero(
                 version.num_entities,
                 catalogue=version.manifest.catalogue,
             )
-    return version
+    return VersionZero(version, encoded=encode is not None)
 
 
 def take_over_evaluated(plan: RefreshPlan, model: IndexedModel) -> IndexVersion | None:
@@ -211,10 +222,11 @@ def prepare_initial_negatives(
     initial: str,
     trainer: TrainerBeside = NO_TRAINER,
     stopping: Callable[[], bool] | None = None,
-) -> None:
+) -> bool:
     """Negatives version 0 of a retriever run from ``initial`` (``negatives.initial``, as the
     task resolves it): nothing for random, BM25's top-N for lexical, the starting model's top-N
-    (index version 0 built by the encoder actors) for model. A run that has it keeps it.
+    (index version 0 built by the encoder actors) for model. A run that has it keeps it. True
+    when the catalogue was encoded for it here (:class:`VersionZero`).
 
     ``trainer``: the trainer that starts beside the encoder actors (:data:`NO_TRAINER`: none);
     ``stopping``: once true, the model's build stops within a batch (StopRequested)."""
@@ -232,7 +244,11 @@ def prepare_initial_negatives(
     elif initial == "model":
         starting_model = IndexedModel.from_export(untrained_export(config))
         split = config.data.train_split
-        prepare_version_zero(plan, starting_model, split, trainer=trainer, stopping=stopping)
+        prepared = prepare_version_zero(
+            plan, starting_model, split, trainer=trainer, stopping=stopping
+        )
+        return prepared is not None and prepared.encoded
+    return False
 
 
 class VersionZeroBeside:
@@ -258,7 +274,7 @@ class VersionZeroBeside:
     def _prepare(self, config: Config, initial: str, trainer: TrainerBeside) -> None:
         started = time.perf_counter()
         try:
-            prepare_initial_negatives(config, initial, trainer, self._abandoned.is_set)
+            encoded = prepare_initial_negatives(config, initial, trainer, self._abandoned.is_set)
         except StopRequested:
             logger.info("negatives version 0 (%s) abandoned: the trainer failed", initial)
             return
@@ -274,7 +290,9 @@ class VersionZeroBeside:
             return
         seconds = time.perf_counter() - started
         logger.info("negatives version 0 (%s) ready in %.1fs", initial, seconds)
-        EventLog(self.run_dir).write(RunEvent.INITIAL_NEGATIVES, initial=initial, seconds=seconds)
+        EventLog(self.run_dir).write(
+            RunEvent.INITIAL_NEGATIVES, initial=initial, seconds=seconds, encoded=encoded
+        )
 
     def abandon(self) -> None:
         """Stop preparing version 0 (the trainer failed): the build stops within a batch and its

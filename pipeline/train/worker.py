@@ -106,6 +106,7 @@ class WorkerRun:
         self.refresh = RefreshHandover(
             config, task, collectives, self.log, data, initial_negatives_since
         )
+        self.logged_negatives = data.freshness.window()
         self.start_step = 0
         self.setup_seconds: dict[str, float] = {}
 
@@ -253,7 +254,7 @@ class WorkerRun:
             return
         if done % self.settings.log_every != 0 and done != self.settings.steps:
             return
-        hard, fresh = self.data.freshness.take()
+        drawn = self.logged_negatives.take()
         self.log.write(
             RunEvent.STEP,
             step=done,
@@ -263,9 +264,10 @@ class WorkerRun:
             threads=threads,
             negatives_version=self.data.source.version,
             lag=self.data.source.lag(done - 1),
-            hard_negatives=hard,
-            fresh_hard_negatives=fresh,
-            fresh_share=fresh / hard if hard else None,
+            hard_negatives=drawn.hard,
+            fresh_hard_negatives=drawn.fresh,
+            fresh_share=drawn.fresh_share,
+            hard_negative_age=drawn.mean_age,
             mentions=mention_ids,
         )
 
