@@ -1,8 +1,9 @@
 """``hnce export``: a run's checkpoint in formats other tools load, its towers and its index as one
 pair.
 
-``sentence-transformers``: each tower of a dual model as a sentence-transformers directory,
-``OUT/mention/`` and ``OUT/entity/`` (:mod:`hnce.encoders.sentence_transformers_export`), and in
+``sentence-transformers``: each tower of a dual model as a sentence-transformers directory (of a
+som model as a MultiVectorEncoder's), ``OUT/mention/`` and ``OUT/entity/``
+(:mod:`hnce.encoders.sentence_transformers_export`), and in
 ``OUT/index/`` the FAISS index version of the *same* checkpoint over the run's catalogue, the one
 ``hnce eval`` and the linker search (:func:`hnce.cluster.compute.retrieval.evaluation_version`:
 found by the model's fingerprint in ``<run>/index/`` or ``<run>/eval-index/``, else built once
@@ -152,7 +153,9 @@ def check_description(export_dir: Path) -> None:
     model the export cannot carry (:func:`check_exportable`); the loaded model is checked again."""
     description = read_description(export_dir)
     source = str(export_dir / SCORER_FILE)
-    check_exportable(description.scorer.name, description.projection_size, source)
+    check_exportable(
+        description.scorer.name, description.projection_size, description.pooling, source
+    )
 
 
 def export_index(config: Config, model: IndexedModel, target: Path) -> IndexVersion:

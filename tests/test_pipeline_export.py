@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from conftest import LETTER_PIECES, tiny_bert_config, write_wordpiece_tokenizer
-from sentence_transformers import SentenceTransformer
+from sentence_transformers import MultiVectorEncoder, SentenceTransformer
 from store_helpers import publish_index, random_word_dataset, write_checkpoint
 from training_helpers import write_letter_export
 
@@ -38,6 +38,7 @@ from hnce.encoders import mention_window
 from hnce.encoders.biencoder import build_biencoder, export_biencoder, load_biencoder
 from hnce.encoders.pooling import declared_pooling
 from hnce.encoders.reranker import build_reranker, export_reranker
+from hnce.encoders.scorers import ScorerConfig
 from hnce.encoders.sentence_transformers_export import export_sentence_transformers
 from hnce.errors import InputError
 from hnce.pipeline import export
@@ -86,21 +87,33 @@ ENTITIES = [
     ("Zürich 東京 " * 20, "a title longer than the entity length"),
     ("Ñandú", "Élan ÉCOLE 北京 " * 30),
 ]
+# With punctuation, which som's skiplist leaves out of an entity's tokens (not a mention's).
+PUNCTUATED_MENTIONS = [*MENTIONS, ("it flows, west", "seine", "into (the) sea.")]
+PUNCTUATED_ENTITIES = [*ENTITIES, ("seine", "a river, it flows; west (to the sea).")]
 
 
 def write_run(
-    run_dir: Path, pooling: str, normalize: bool, hidden_size: int = 32, step: int = 3
+    run_dir: Path,
+    pooling: str,
+    normalize: bool,
+    hidden_size: int = 32,
+    step: int = 3,
+    scorer: ScorerConfig | str = "dual",
+    projection_size: int | None = None,
 ) -> Path:
-    """A run whose checkpoint ``step`` holds a tiny random dual model with this pooling (seeded
-    by the step: each step's model is another)."""
-    tokenizer = write_wordpiece_tokenizer(run_dir.parent / "vocab", LETTER_PIECES)
+    """A run whose checkpoint ``step`` holds a tiny random model (dual unless ``scorer``) with
+    this pooling (seeded by the step: each step's model is another); its vocabulary is the
+    letters and the punctuation."""
+    pieces = [*LETTER_PIECES, *string.punctuation]
+    tokenizer = write_wordpiece_tokenizer(run_dir.parent / "vocab", pieces)
     torch.manual_seed(step - 3)
     model = build_biencoder(
         tiny_bert_config(len(tokenizer), hidden_size),
-        "dual",
+        scorer,
         tokenizer=tokenizer,
         mention_length=MENTION_LENGTH,
         entity_length=24,
+        projection_size=projection_size,
         pooling=pooling,
         normalize=normalize,
     )
@@ -113,6 +126,11 @@ def marked_texts(rows: list[tuple[str, str, str]]) -> list[str]:
     """Each mention as docs/export.md tells users to feed the mention tower: one text marking
     the mention with [START_ENT] ... [END_ENT], as ``hnce link`` takes it."""
     return [f"{left} {START_ENT} {mention} {END_ENT} {right}" for left, mention, right in rows]
+
+
+def entity_texts(rows: list[tuple[str | None, str]]) -> list[str]:
+    """Each entity as docs/export.md tells users to feed the entity tower: BLINK's layout."""
+    return [text if title is None else f"{title} [unused2] {text}" for title, text in rows]
 
 
 def write_recipe(run_dir: Path, data_root: Path) -> Path:
@@ -172,9 +190,7 @@ def test_each_tower_loads_in_sentence_transformers_and_gives_hnces_vectors(
         }
     texts = {
         "mention": marked_texts(MENTIONS),
-        "entity": [
-            text if title is None else f"{title} [unused2] {text}" for title, text in ENTITIES
-        ],
+        "entity": entity_texts(ENTITIES),
     }
     assert mention_batch["input_ids"].shape[1] == MENTION_LENGTH  # the long contexts were cut
     assert entity_batch["input_ids"].shape[1] == model.entity_length  # the long texts were cut
@@ -227,7 +243,71 @@ def test_the_mention_tower_needs_trusted_code_reads_one_marked_mention_and_saves
     )
 
 
-def test_a_scorer_that_is_not_dual_is_refused_before_anything_is_loaded(
+@pytest.mark.parametrize("normalize", [False, True])
+def test_a_som_model_exports_as_multi_vector_encoders_giving_hnces_token_vectors_and_scores(
+    tmp_path: Path, normalize: bool
+) -> None:
+    """sentence-transformers' MultiVectorEncoder reads each tower back with hnce's token vectors,
+    exactly the ones som's score reads (real tokens, [CLS], [SEP] and the markers included, an
+    entity's punctuation left out), and its MaxSim is hnce's sum of maxima; the mention tower
+    keeps the mention inside its window as the dual export does."""
+    som = ScorerConfig("som", skip_punctuation=True)
+    run_dir = write_run(tmp_path / "run", "cls", normalize, scorer=som)
+    written = export_run(run_dir, "newest", SENTENCE_TRANSFORMERS, tmp_path / "out", index=False)
+    model = load_biencoder(run_dir / "checkpoints" / "step-3" / "export")
+    mention_batch = model.tokenize_mentions(*zip(*PUNCTUATED_MENTIONS, strict=True))
+    entity_batch = model.tokenize_entities(*zip(*PUNCTUATED_ENTITIES, strict=True))
+    with torch.inference_mode():
+        mentions = model.mention_side(mention_batch)
+        entities = model.candidate_side(entity_batch)
+        scores = model.scorer.score_reduced(*mentions, *entities)
+    # the last entity's punctuation is among its real tokens, and left out of its vectors
+    assert entities[1][-1].sum() < entity_batch["attention_mask"][-1].sum()
+
+    mention_tower = MultiVectorEncoder(
+        str(written["mention"]), device="cpu", trust_remote_code=True, local_files_only=True
+    )
+    entity_tower = MultiVectorEncoder(str(written["entity"]), device="cpu", local_files_only=True)
+    queries = mention_tower.encode_query(marked_texts(PUNCTUATED_MENTIONS))
+    documents = entity_tower.encode_document(entity_texts(PUNCTUATED_ENTITIES))
+    for tokens, (vectors, kept) in [(queries, mentions), (documents, entities)]:
+        assert len(tokens) == len(vectors)
+        for row, token_vectors in enumerate(tokens):
+            torch.testing.assert_close(token_vectors, vectors[row][kept[row]], rtol=0, atol=1e-6)
+    assert mention_tower.similarity_fn_name == entity_tower.similarity_fn_name == "maxsim"
+    torch.testing.assert_close(
+        mention_tower.similarity(queries, documents), scores, rtol=1e-5, atol=1e-5
+    )
+
+
+@pytest.mark.parametrize(
+    ("pooling", "projection_size", "refusal"),
+    [("mean", None, "som with mean pooling"), ("cls", 16, "BLINK's projections")],
+)
+def test_a_som_model_whose_first_vector_no_module_writes_is_refused_before_loading(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    pooling: str,
+    projection_size: int | None,
+    refusal: str,
+) -> None:
+    """Mean pooling puts the mean first, a projection BERT's projected pooler output: no
+    sentence-transformers module writes either into a token sequence."""
+    run_dir = write_run(
+        tmp_path / "run", pooling, False, scorer="som", projection_size=projection_size
+    )
+
+    def never(*_: object) -> None:
+        raise AssertionError("the checkpoint was loaded")
+
+    monkeypatch.setattr(export, "load_biencoder", never)
+    monkeypatch.setattr(export.IndexedModel, "from_checkpoint", never)
+    with pytest.raises(InputError, match=re.escape(refusal)):
+        export_run(run_dir, "newest", SENTENCE_TRANSFORMERS, tmp_path / "out", index=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_scorer_that_is_not_dual_or_som_is_refused_before_anything_is_loaded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run_dir = tmp_path / "run"
