@@ -211,11 +211,9 @@ def report(results: dict[str, dict], args: argparse.Namespace) -> list[str]:
             )
             + f". {reach(results, arm, seeds)}"
         )
-    shipped = load_config(RECIPE).training
-    same = (args.steps, args.learning_rate) == (shipped.steps, shipped.learning_rate)
-    budget = "" if same else f", {args.steps} steps at lr {args.learning_rate:g}"
     return [
-        f"# Hard negatives from the negative cache (benchmarks/negative_cache.py{budget})",
+        f"# Hard negatives from the negative cache (benchmarks/negative_cache.py, {args.steps} "
+        f"steps at lr {args.learning_rate:g})",
         "",
         f"configs/demo.yaml's data (8,000 synsets, 400 held-out mentions of lemmas training never "
         f"saw), {args.steps} steps × 8 mentions × 8 negatives, lr {args.learning_rate:g}, cosine "
