@@ -390,7 +390,7 @@ def test_index_version_zero_holds_the_models_vectors_and_is_mined(
         encodings = tmp_path / "scaled.t7"
         torch.save(torch.from_numpy(expected), encodings)
     prepared = prepare_version_zero(plan, model, "train", encodings)
-    assert prepared is not None and not prepared.encoded  # read from encodings
+    assert prepared is not None and prepared.encoded != from_t7  # a .t7 is read, not encoded
     version = prepared.index
     assert version.version == 0 and plan.index_store.current_version() == 0
     assert version.checkpoint == 0 and version.num_entities == 10
