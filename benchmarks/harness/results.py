@@ -40,6 +40,7 @@ SECTIONS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         (
             ("pipeline_demo", "what it prints"),
             ("demo_seeds", "3 seeds"),
+            ("demo_seeds_async_refresh", "on the asynchronous refresh instead"),
             ("demo_errors", "where R@1 is lost"),
             ("demo_negatives_ceiling", "the best possible negatives"),
         ),
