@@ -284,6 +284,14 @@ class DrawnNegatives:
     aged: int = 0
     age_sum: int = 0
 
+    def __add__(self, more: DrawnNegatives) -> DrawnNegatives:
+        return DrawnNegatives(
+            self.hard + more.hard,
+            self.fresh + more.fresh,
+            self.aged + more.aged,
+            self.age_sum + more.age_sum,
+        )
+
     def __sub__(self, earlier: DrawnNegatives) -> DrawnNegatives:
         return DrawnNegatives(
             self.hard - earlier.hard,
@@ -314,12 +322,15 @@ class NegativeFreshness:
     def observe(self, hard: Tensor, ages: Tensor) -> None:
         """Hard-negative flags [B, K] and the age of each negative's vector [B, K] (-1: none)."""
         known = hard & (ages >= 0)
-        self.totals = DrawnNegatives(
-            self.totals.hard + int(hard.sum()),
-            self.totals.fresh + int((known & (ages < FRESH_STEPS)).sum()),
-            self.totals.aged + int(known.sum()),
-            self.totals.age_sum + int(ages[known].sum()),
-        )
+        counts = torch.stack(  # one read of the four counts a micro-batch, not four
+            [
+                hard.sum(),
+                (known & (ages < FRESH_STEPS)).sum(),
+                known.sum(),
+                torch.where(known, ages, 0).sum(),
+            ]
+        ).tolist()
+        self.totals = self.totals + DrawnNegatives(*counts)
 
     def window(self) -> DrawWindow:
         """A reader's view that counts from now on."""

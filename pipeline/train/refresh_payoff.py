@@ -55,6 +55,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -146,6 +147,12 @@ class RefreshPayoff:
         if self.pending is not None and self.refreshed_through >= self.pending:
             self.pending = None
 
+    @functools.cached_property
+    def version_zero_seconds(self) -> float | None:
+        """:func:`version_zero_seconds` of the run, read once: version 0 is live before the
+        first step, so its event is written before any checkpoint decides."""
+        return version_zero_seconds(self.run_dir)
+
     @property
     def mean_step_seconds(self) -> float | None:
         """s̄: the mean seconds of the steps so far (None before the first)."""
@@ -173,7 +180,7 @@ class RefreshPayoff:
         self._read_log()
         cost, source = self.refresh_seconds, "refresh"
         if cost is None:
-            cost, source = version_zero_seconds(self.run_dir), "version 0"
+            cost, source = self.version_zero_seconds, "version 0"
         mean = self.mean_step_seconds
         latency = None if cost is None or not mean else cost / mean
         steps_left = self.steps - step
