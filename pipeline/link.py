@@ -432,6 +432,7 @@ class EntityLinker(ClosedOnExit):
             tokens,
             np.asarray(entity_ids, dtype=np.int64),
             self.plan.refresh.batch_size,
+            pool_factor=self.plan.index.token_pool_factor,
         )
         return vectors, owners
 

@@ -21,7 +21,9 @@ reranker's encoder) trained by DeepSpeed with ZeRO stage z over N = ``num_worker
 Per index shard holder: ``refresh.shard_size`` entities x vectors per entity x bytes per vector,
 which is the dimension x (2 B fp16 on a GPU, 4 B fp32 on a CPU) for a flat index, and for
 ``ivfpq`` the list code (``pq_m`` B) and its 8-byte id, plus, for sum-of-max, the standalone code
-rescoring decodes (``pq_m`` B and the list number); the whole index is the catalogue's worth. A
+rescoring decodes (``pq_m`` B and the list number); for ``plaid`` the token's code (centroid id
+and ``pq_m`` B of residual), its 8-byte id and at most 8 B of the centroid → entity inverse,
+plus the version's quantiser once a holder; the whole index is the catalogue's worth. A
 compressed multi-m index (``ivfpq``, ``hnsw``), and a compressed sum-of-max index with
 ``index.token_copy`` in place of its standalone codes, keeps a float16 copy of its vectors on
 disk, memory-mapped and read for the candidates only: listed apart, as disk, not memory.
@@ -54,6 +56,20 @@ from hnce.pipeline.run import TaskKind
 GIB = 1024**3
 #: FAISS keeps a 64-bit id beside every code in an IVF list
 IVF_ID_BYTES = 8
+#: a plaid shard's inverse in memory, a token at most: its centroid (int32) and one entity
+#: slot (int32) a distinct (centroid, entity) pair (``hnce.cluster.stores.plaid``)
+PLAID_INVERSE_BYTES = 8
+#: a centroid's links in the plaid quantiser's HNSW graph (2·M int32 on its base level, M = 32,
+#: and the upper levels' few)
+PLAID_LINK_BYTES = 272
+
+
+def plaid_token_bytes(centroids: int, pq_m: int) -> int:
+    """Bytes a plaid token costs a holder: its code (centroid id in FAISS's coarse code, then the
+    residual's ``pq_m`` bytes), its int64 entity id and its share of the inverse, at most."""
+    return math.ceil(math.log2(centroids) / 8) + pq_m + IVF_ID_BYTES + PLAID_INVERSE_BYTES
+
+
 # DeepSpeed's default reduce and all-gather bucket sizes (elements) under ZeRO-2/3.
 ZERO_BUCKET_ELEMENTS = 5 * 10**8
 # BLINK's bi-encoder, biencoder_wiki_large.bin: bert-large-uncased (docs/input-formats.md), for recipes
@@ -284,13 +300,20 @@ def index_lines(
     per_entity = entity_vectors_kept(scorer, config.model.entity_length)
     bound = " (som: at most one per token)" if scorer.name == "som" else ""
     dimension = vector_width(config, towers)
-    if config.index.kind == "ivfpq":
-        index = config.index
+    index = config.index
+    if index.kind == "ivfpq":
         codes = index.pq_m + IVF_ID_BYTES
         if scorer.name == "som" and not index.token_copy:
             codes += index.pq_m + math.ceil(math.log2(index.nlist) / 8)
         per_vector = codes * per_entity
         detail = f"x {per_entity} vectors x {codes} B (ivfpq codes){bound}"
+    elif index.kind == "plaid":
+        codes = plaid_token_bytes(index.nlist, index.pq_m)
+        per_vector = codes * per_entity
+        detail = (
+            f"x {per_entity} vectors x {codes} B (plaid: centroid id + {index.pq_m} B residual "
+            f"code + {IVF_ID_BYTES} B id + at most {PLAID_INVERSE_BYTES} B of the inverse){bound}"
+        )
     else:
         element, kind = (2, "fp16") if on_gpu else (4, "fp32")
         per_vector = dimension * per_entity * element
@@ -300,6 +323,15 @@ def index_lines(
         MemoryLine("shard", f"{shard:,} entities {detail}", shard * per_vector),
         MemoryLine("whole index", f"{entities:,} entities {detail}", entities * per_vector),
     ]
+    if index.kind == "plaid":
+        lines.append(
+            MemoryLine(
+                "plaid quantiser",
+                f"{index.nlist:,} centroids x ({dimension} dims x 4 B + HNSW links "
+                f"{PLAID_LINK_BYTES} B), once a holder however many shards it holds",
+                index.nlist * (4 * dimension + PLAID_LINK_BYTES),
+            )
+        )
     if (scorer.name == "multi" and config.index.kind != "flat") or config.index.token_copy:
         copy = f"{entities:,} entities x {dimension} dims x {per_entity} vectors x 2 B (fp16)"
         lines.append(

@@ -354,9 +354,13 @@ def test_sum_of_max_refresh_mines_the_scorers_top_n(ray_session, assets, two_enc
     _assert_negatives_are_exact(run_dir, assets["som"], assets["data"])
 
 
-@pytest.mark.parametrize("token_copy", [False, True], ids=["codes", "token-copy"])
+@pytest.mark.parametrize(
+    ("kind", "token_copy"),
+    [("ivfpq", False), ("ivfpq", True), ("plaid", False)],
+    ids=["codes", "token-copy", "plaid"],
+)
 def test_compressed_sum_of_max_refresh_rescores_from_the_token_codes_or_copy(
-    ray_session, assets, two_encoders, token_copy: bool
+    ray_session, assets, two_encoders, kind: str, token_copy: bool
 ) -> None:
     """``index.kind: ivfpq`` for sum-of-max, through two encoder actors and two shard holders:
     both shards are built on the one quantiser the version trained on a sample of the whole
@@ -365,12 +369,15 @@ def test_compressed_sum_of_max_refresh_rescores_from_the_token_codes_or_copy(
     every candidate from them, and the mined top-10 keeps at least 0.8 of the exact top-10
     (0.917 measured at candidate depth 256, which proposes every entity here: the loss is the
     codes' alone). With ``index.token_copy`` each shard keeps a float16 copy of its tokens
-    instead of codes, and the mined top-10 is the scorer's own, up to float16 rounding."""
-    run_dir = assets["root"] / f"som-ivfpq-{token_copy}"
+    instead of codes, and the mined top-10 is the scorer's own, up to float16 rounding. A
+    ``plaid`` version is built and mined the same way: its shards keep the codes alone (lists
+    empty, centroids placed through HNSW) and the holders search them in PLAID's stages, every
+    centroid probed here, so the loss is again the codes' alone."""
+    run_dir = assets["root"] / f"som-{kind}-{token_copy}"
     write_checkpoint(run_dir, 1, assets["som"])
     plan = _config(run_dir, assets["data"], shard_size=24, num_encoders=2)
     spec = IndexSpec(
-        kind="ivfpq", nlist=8, pq_m=16, nprobe=8, token_copy=token_copy, faiss_device="cpu"
+        kind=kind, nlist=8, pq_m=16, nprobe=8, token_copy=token_copy, faiss_device="cpu"
     )
     run_refresh(dataclasses.replace(plan, index=spec), kept=two_encoders)
     version = IndexStore(run_dir / "index").current()
@@ -383,6 +390,8 @@ def test_compressed_sum_of_max_refresh_rescores_from_the_token_codes_or_copy(
         (None, f"shard-0000{n}.vectors.npy") if token_copy else (f"shard-0000{n}.codes.npy", None)
         for n in (0, 1)
     ]
+    if kind == "plaid":
+        assert all(faiss.read_index(str(version.path / s.file)).ntotal == 0 for s in shards)
     mentions = _train_mentions(assets["data"])
     scores = exact_scores(assets["som"], assets["data"], mentions)
     mined, _ = (

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from exact_scores import max_over_vectors, recall, sum_of_max
 from store_helpers import flip_byte, index_parameters, random_word_dataset
+from token_catalogues import DIM, M, multi_catalogue, token_catalogue, token_queries, unit
 from training_helpers import write_letter_export
 
 import hnce.cluster.compute.entity_encoding as entity_encoding
@@ -43,33 +44,7 @@ from hnce.cluster.stores.versioned_dir import ChecksumError, StoreError
 from hnce.encoders.biencoder import load_biencoder
 from hnce.errors import InputError
 
-DIM = 32
 SPEC = IndexSpec(kind="ivfpq", nlist=256, pq_m=16, nprobe=32)
-
-
-def _unit(vectors: np.ndarray) -> np.ndarray:
-    return (vectors / np.linalg.norm(vectors, axis=-1, keepdims=True)).astype(np.float32)
-
-
-def token_catalogue(entities: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """(token vectors [T, DIM], entity id of each, sorted): 2-12 tokens per entity, each one of
-    1,000 topics' centres plus noise."""
-    rng = np.random.default_rng(seed)
-    topics = _unit(rng.standard_normal((1000, DIM)))
-    ids = np.repeat(np.arange(entities), rng.integers(2, 13, size=entities))
-    vectors = topics[rng.integers(0, len(topics), size=len(ids))]
-    return _unit(vectors + 0.1 * rng.standard_normal(vectors.shape)), ids
-
-
-def token_queries(vectors: np.ndarray, ids: np.ndarray, count: int, seed: int = 1) -> np.ndarray:
-    """[count, 4, DIM] queries: noisy copies of tokens of a random entity, one padded row."""
-    rng = np.random.default_rng(seed)
-    queries = np.zeros((count, 4, DIM), np.float32)
-    for row, entity in enumerate(rng.integers(0, ids.max() + 1, size=count)):
-        own = vectors[ids == entity]
-        picked = own[rng.integers(0, len(own), size=3)]
-        queries[row, :3] = _unit(picked + 0.1 * rng.standard_normal(picked.shape))
-    return queries
 
 
 _QUANTISERS: dict[tuple[str, str], faiss.Index] = {}
@@ -334,7 +309,7 @@ def test_codes_of_another_size_are_refused(tmp_path: Path, catalogue) -> None:
 def test_sum_of_max_over_hnsw_is_refused() -> None:
     vectors, _ = token_catalogue(20)
     index = build_shard_index(vectors, IndexSpec(kind="hnsw", hnsw_m=8))
-    with pytest.raises(InputError, match="flat or ivfpq"):
+    with pytest.raises(InputError, match="flat, ivfpq or plaid"):
         token_codes(index, vectors)
 
 
@@ -391,18 +366,7 @@ def test_a_shard_is_compressed_chunk_by_chunk_in_entity_order(
 
 # Compressed multi-m: candidates from the IVF-PQ vectors, rescored from a float16 copy. Codes of
 # 4 bytes per 32-d vector: as coarse, against their width, as 32-byte codes of 128-d vectors.
-M = 4
 MULTI_SPEC = IndexSpec(kind="ivfpq", nlist=256, pq_m=4, nprobe=32)
-
-
-def multi_catalogue(entities: int, seed: int = 2) -> tuple[np.ndarray, np.ndarray]:
-    """(vectors [entities·M, DIM], entity id of each): M vectors per entity around the topics of
-    :func:`token_catalogue`, in entity order, as a multi-M shard stores them."""
-    vectors, _ = token_catalogue(entities * M // 7 + 1, seed)
-    vectors = vectors[np.random.default_rng(seed).permutation(len(vectors))]
-    if len(vectors) < entities * M:
-        vectors = np.concatenate([vectors] * (entities * M // len(vectors) + 1))
-    return vectors[: entities * M], np.repeat(np.arange(entities, dtype=np.int64), M)
 
 
 def multi_shards(vectors: np.ndarray, ids: np.ndarray, parts: int, copy: bool) -> list[IndexShard]:
@@ -426,7 +390,7 @@ def test_compressed_multi_m_rescores_its_candidates_from_the_vector_copy() -> No
     vectors, ids = multi_catalogue(3000)
     rng = np.random.default_rng(3)
     picked = vectors[rng.integers(0, len(vectors), size=60)]
-    queries = _unit(picked + 0.1 * rng.standard_normal(picked.shape))
+    queries = unit(picked + 0.1 * rng.standard_normal(picked.shape))
     k = 20
     exact = np.argsort(-max_over_vectors(queries, vectors, ids), axis=1)[:, :k]
 

@@ -176,6 +176,21 @@ def test_a_token_copy_is_only_for_compressed_sum_of_max() -> None:
             )
 
 
+def test_plaid_and_token_pooling_are_for_the_scorers_that_keep_token_vectors() -> None:
+    """index.kind plaid holds several vectors an entity (som, multi-m), a token copy beside its
+    codes for som; token pooling leaves an entity fewer vectors, which only som scores."""
+    for scorer in ("som", "multi"):
+        assert load_config(None, [f"model.scorer.name={scorer}", "index.kind=plaid"])
+    copied = ["model.scorer.name=som", "index.kind=plaid", "index.token_copy=true"]
+    assert load_config(None, copied).index.token_copy
+    with pytest.raises(ConfigError, match=r"'index.kind'.*'plaid'.*one vector an entity"):
+        load_config(None, ["model.scorer.name=dual", "index.kind=plaid"])
+    pooled = ["model.scorer.name=som", "index.token_pool_factor=2"]
+    assert load_config(None, pooled).index.token_pool_factor == 2
+    with pytest.raises(ConfigError, match=r"'index.token_pool_factor'"):
+        load_config(None, ["model.scorer.name=multi", "index.token_pool_factor=2"])
+
+
 def test_every_scorer_option_can_be_written_in_a_recipe(tmp_path: Path) -> None:
     path = write(
         tmp_path,

@@ -169,6 +169,24 @@ def test_compressed_sum_of_max_plans_its_codes_not_its_vectors(
     assert index["vector copy"] == tokens * 384 * 2
 
 
+def test_a_plaid_index_plans_its_codes_inverse_and_one_quantiser(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Sum-of-max over plaid at 65,536 centroids and pq_m 16: each token costs its 2-byte
+    centroid id, 16 B of residual code, an 8-byte id and at most 8 B of the inverse; a holder
+    keeps the version's quantiser once (384 fp32 dimensions and 272 B of HNSW links a
+    centroid)."""
+    arguments = ["plan", "--config", str(CONFIGS / "demo.yaml"), "--entities", "100000"]
+    som = ["--set", "model.scorer.name=som", "--set", "negatives.cache.enabled=false"]
+    assert main([*arguments, *som, "--json"]) == 0
+    tokens = json.loads(capsys.readouterr().out)["index"]["whole index"] // (384 * 4)
+    plaid = ["--set", "index.kind=plaid", "--set", "index.nlist=65536", "--set", "index.pq_m=16"]
+    assert main([*arguments, *som, *plaid, "--json"]) == 0
+    index = json.loads(capsys.readouterr().out)["index"]
+    assert index["whole index"] == tokens * (2 + 16 + 8 + 8)
+    assert index["plaid quantiser"] == 65536 * (384 * 4 + 272)
+
+
 def test_aida_blink_fits_a_24_gb_gpu_by_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
     """The recipe as shipped (bert-large towers, 8 x 64 candidates of 128 tokens, ZeRO-2 on 4
     GPUs) needs activation checkpointing and candidate chunks to fit; without them it does not."""

@@ -101,14 +101,16 @@ class ShardTask:
 
     @property
     def compressed_tokens(self) -> bool:
-        """A compressed sum-of-max shard (`encode_compressed_tokens`)."""
+        """A compressed sum-of-max shard, or any plaid shard (`encode_compressed_tokens`)."""
+        if self.spec.kind == "plaid":
+            return True
         return self.vectors_per_entity is None and self.spec.kind == "ivfpq"
 
     @property
     def keeps_vector_copy(self) -> bool:
         """A compressed multi-m shard, which keeps a float16 copy of its vectors to rescore its
         candidates from (:mod:`hnce.cluster.stores.sharded_index`)."""
-        return (self.vectors_per_entity or 1) > 1 and self.spec.kind != "flat"
+        return (self.vectors_per_entity or 1) > 1 and self.spec.kind not in ("flat", "plaid")
 
 
 @dataclass(frozen=True)
@@ -233,6 +235,7 @@ class EntityEncoderActor(ShardHolder):
             np.array_split(entities, parts)[part],
             self.batch_size,
             cancelled=ray.get_runtime_context().is_canceled,
+            pool_factor=task.spec.token_pool_factor,
         )
         return vectors
 
@@ -248,7 +251,9 @@ class EntityEncoderActor(ShardHolder):
         the version's trained quantiser) and write it."""
         start = time.perf_counter()
         entity_ids = np.arange(*task.entities, dtype=np.int64)
-        trained = read_quantiser(Path(task.directory)) if task.spec.kind == "ivfpq" else None
+        trained = (
+            read_quantiser(Path(task.directory)) if task.spec.kind in ("ivfpq", "plaid") else None
+        )
         if task.encodings is not None:
             vectors = read_encodings(Path(task.encodings))[task.entities[0] : task.entities[1]]
             index = build_shard_index(vectors.numpy(), task.spec, trained=trained)
@@ -270,6 +275,7 @@ class EntityEncoderActor(ShardHolder):
                 entity_ids,
                 self.batch_size,
                 cancelled=ray.get_runtime_context().is_canceled,
+                pool_factor=task.spec.token_pool_factor,
             )
             copy = vectors.astype(np.float16) if task.keeps_vector_copy else None
             index = build_shard_index(vectors, task.spec, trained=trained)

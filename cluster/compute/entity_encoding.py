@@ -20,11 +20,12 @@ import faiss
 import numpy as np
 import torch
 
-from hnce.cluster.stores.sharded_index import IndexSpec, add_token_codes
+from hnce.cluster.stores.sharded_index import IndexSpec, add_token_codes, plaid_codes
 from hnce.cluster.stores.tokens import TokenStore
 from hnce.encoders.biencoder import BiEncoder
 from hnce.encoders.formatting import length_sorted_batches
 from hnce.encoders.precision import autocast
+from hnce.encoders.token_pooling import pool_tokens
 from hnce.errors import InputError
 
 #: Entities encoded at once into a compressed token shard (bounds its full-precision vectors)
@@ -43,11 +44,14 @@ def encode_entities(
     batch_size: int,
     bucketed: bool = True,
     cancelled: Callable[[], bool] = lambda: False,
+    pool_factor: int = 1,
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Index vectors of `entity_ids` from their token-store rows, in entity order.
 
     Returns (vectors float32 [V, d], the entity id of each vector int64 [V], padded token count).
-    `bucketed` groups entities of similar length into a batch, each padded to its longest;
+    Sum-of-max token vectors are pooled by `pool_factor` (``index.token_pool_factor``,
+    :mod:`hnce.encoders.token_pooling`). `bucketed` groups entities of similar length into a
+    batch, each padded to its longest;
     otherwise batches follow catalogue order padded to the entity length (the fixed-padding
     baseline of the benchmarks). `cancelled` is asked before each batch; ShardCancelled when
     it says yes (an abandoned refresh stops within one batch, not one shard).
@@ -78,7 +82,10 @@ def encode_entities(
         return np.zeros((0, model.output_size), np.float32), np.zeros(0, np.int64), 0
     all_rows = np.concatenate(rows).astype(np.int64)
     order = np.argsort(all_rows, kind="stable")  # back to catalogue order, tokens in order
-    return np.concatenate(vectors)[order], entity_ids[all_rows[order]], padded
+    pooled, pooled_ids = pool_tokens(
+        np.concatenate(vectors)[order], entity_ids[all_rows[order]], pool_factor
+    )
+    return pooled, pooled_ids, padded
 
 
 @dataclass(frozen=True)
@@ -113,19 +120,24 @@ def compress_tokens(
     tokens), in entity order, added to the IVF lists of a copy of the version's `trained`
     quantiser and encoded into standalone codes before the next chunk is asked for (ColBERTv2's
     indexing, Santhanam et al. 2022, §3.3); with `spec.token_copy`, kept as a float16 copy
-    instead of codes (2·d bytes a token, held until the shard is written, as the codes are)."""
+    instead of codes (2·d bytes a token, held until the shard is written, as the codes are).
+    A plaid shard keeps the codes, its IVF lists empty (:mod:`hnce.cluster.stores.plaid`), and
+    with `spec.token_copy` the float16 copy beside them (its survivors are scored from it)."""
     index = faiss.clone_index(trained)
-    rescored, ids, padded = [], [], 0
+    coded, copies, ids, padded = [], [], [], 0
     for vectors, vector_ids, chunk_padded in chunks:
-        if spec.token_copy:
+        if spec.kind == "plaid":
+            coded.append(plaid_codes(index, vectors))
+        elif spec.token_copy:
             index.add(vectors)
-            rescored.append(vectors.astype(np.float16))
         else:
-            rescored.append(add_token_codes(index, vectors))
+            coded.append(add_token_codes(index, vectors))
+        if spec.token_copy:
+            copies.append(vectors.astype(np.float16))
         ids.append(vector_ids)
         padded += chunk_padded
-    kept = np.concatenate(rescored)
-    codes, copy = (None, kept) if spec.token_copy else (kept, None)
+    codes = np.concatenate(coded) if coded else None
+    copy = np.concatenate(copies) if copies else None
     return BuiltShard(index, np.concatenate(ids), codes, padded, copy)
 
 
@@ -150,6 +162,7 @@ def encode_compressed_tokens(
             entity_ids[start : start + chunk_entities],
             batch_size,
             cancelled=cancelled,
+            pool_factor=spec.token_pool_factor,
         )
         for start in range(0, len(entity_ids), chunk_entities)
     )

@@ -229,7 +229,8 @@ def index_entities(
     ]
     finished = builder.finished_shards
     started = time.perf_counter()
-    if spec.kind == "ivfpq" and len(finished) < len(bounds) and not builder.quantiser_path.exists():
+    trains = spec.kind in ("ivfpq", "plaid")
+    if trains and len(finished) < len(bounds) and not builder.quantiser_path.exists():
         trained = pool.train_quantiser(
             QuantiserTask(
                 str(builder.directory),
@@ -244,9 +245,10 @@ def index_entities(
             "read" if encodings is not None else f"encoded by {trained.encoders} encoder actor(s)"
         )
         logger.info(
-            "index v%d: IVF-PQ quantiser trained on %d vectors sampled from the catalogue "
+            "index v%d: %s quantiser trained on %d vectors sampled from the catalogue "
             "(%s) in %.1f s (every shard shares it)",
             builder.version,
+            spec.kind,
             trained.sample_vectors,
             source,
             trained.seconds,

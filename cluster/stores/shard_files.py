@@ -25,6 +25,7 @@ from hnce.cluster.stores.sharded_index import (
     IndexKind,
     IndexShard,
     read_index_file,
+    stored_count,
     write_index_file,
 )
 from hnce.cluster.stores.versioned_dir import (
@@ -75,7 +76,13 @@ _INDEX_CLASSES: dict[str, type] = {
     "flat": faiss.IndexFlat,
     "hnsw": faiss.IndexHNSW,
     "ivfpq": faiss.IndexIVFPQ,
+    "plaid": faiss.IndexIVFPQ,
 }
+#: plaid indexes read in this process, by SHA-256: a version's shards each carry the same
+#: trained, empty quantiser (its centroids and HNSW graph), held once however many are loaded
+_PLAID_INDEXES: dict[str, faiss.Index] = {}
+#: plaid quantisers kept (a holder holds one version, and the next while it swaps)
+_PLAID_INDEXES_KEPT = 2
 
 
 def shard_file_names(shard_no: int) -> tuple[str, str, str, str]:
@@ -133,8 +140,9 @@ def write_shard(
     directory = Path(directory)
     ids = np.ascontiguousarray(ids, dtype=np.int64)
     file_name, ids_name, codes_name, vectors_name = shard_file_names(shard_no)
-    if len(ids) != index.ntotal:
-        raise ValueError(f"shard {shard_no}: {index.ntotal} vectors but {len(ids)} ids")
+    count = stored_count(index, codes)
+    if len(ids) != count:
+        raise ValueError(f"shard {shard_no}: {count} vectors but {len(ids)} ids")
     check_shard_ids(ids, entities, vectors_per_entity, directory / ids_name)
     index_path, ids_path = directory / file_name, directory / ids_name
     with AtomicPath(index_path) as temporary:
@@ -142,12 +150,12 @@ def write_shard(
     _save_array(ids_path, ids)
     codes_sha256 = None
     if codes is not None:
-        check_shard_codes(codes, index, directory / codes_name)
+        check_shard_codes(codes, index, count, directory / codes_name)
         _save_array(directory / codes_name, codes)
         codes_sha256 = sha256_file(directory / codes_name)
     vectors_sha256 = None
     if vectors is not None:
-        check_shard_vectors(vectors, index, directory / vectors_name)
+        check_shard_vectors(vectors, index, count, directory / vectors_name)
         _save_array(directory / vectors_name, vectors)
         vectors_sha256 = sha256_file(directory / vectors_name)
     return ShardRecord(
@@ -155,7 +163,7 @@ def write_shard(
         ids=ids_name,
         sha256=sha256_file(index_path),
         ids_sha256=sha256_file(ids_path),
-        count=int(index.ntotal),
+        count=count,
         entities=(int(entities[0]), int(entities[1])),
         codes=None if codes is None else codes_name,
         codes_sha256=codes_sha256,
@@ -186,6 +194,18 @@ def read_quantiser(directory: Path) -> faiss.Index:
     return index
 
 
+def _plaid_index(path: Path, sha256: str) -> faiss.Index:
+    """The plaid index file `path` (SHA-256 `sha256`, already verified or trusted), read once
+    per process for every shard that carries the same bytes (:data:`_PLAID_INDEXES`)."""
+    index = _PLAID_INDEXES.pop(sha256, None)
+    if index is None:
+        index = read_index_file(path, "plaid")
+    _PLAID_INDEXES[sha256] = index  # the newest last: the oldest is dropped first
+    while len(_PLAID_INDEXES) > _PLAID_INDEXES_KEPT:
+        del _PLAID_INDEXES[next(iter(_PLAID_INDEXES))]
+    return index
+
+
 def _load_array(path: Path, what: str) -> np.ndarray:
     """A shard's ``.npy`` array, memory-mapped (StoreError naming `path` if it is not one)."""
     try:
@@ -199,21 +219,21 @@ def _save_array(path: Path, array: np.ndarray) -> None:
         np.save(handle, array, allow_pickle=False)
 
 
-def check_shard_codes(codes: np.ndarray, index: faiss.Index, path: Path) -> None:
+def check_shard_codes(codes: np.ndarray, index: faiss.Index, count: int, path: Path) -> None:
     """A compressed token shard's codes: uint8, one row of the index's standalone code size per
-    vector (StoreError naming `path` otherwise)."""
-    expected = (index.ntotal, index.sa_code_size())
+    vector of its `count` (StoreError naming `path` otherwise)."""
+    expected = (count, index.sa_code_size())
     if codes.dtype != np.uint8 or codes.shape != expected:
         raise StoreError(
             f"{path}: expected uint8 codes of shape {expected} (one per token vector of "
-            f"{index.ntotal}), got {codes.dtype} {codes.shape}"
+            f"{count}), got {codes.dtype} {codes.shape}"
         )
 
 
-def check_shard_vectors(vectors: np.ndarray, index: faiss.Index, path: Path) -> None:
-    """A compressed shard's vector copy: float16, one row of the index's width per vector
-    (StoreError naming `path` otherwise)."""
-    expected = (index.ntotal, index.d)
+def check_shard_vectors(vectors: np.ndarray, index: faiss.Index, count: int, path: Path) -> None:
+    """A compressed shard's vector copy: float16, one row of the index's width per vector of its
+    `count` (StoreError naming `path` otherwise)."""
+    expected = (count, index.d)
     if vectors.dtype != np.float16 or vectors.shape != expected:
         raise StoreError(
             f"{path}: expected a float16 vector copy of shape {expected}, got {vectors.dtype} "
@@ -253,7 +273,11 @@ def read_shard(
     ids = _load_array(ids_path, "id")
     check_shard_ids(ids, record.entities, vectors_per_entity, ids_path)
     try:
-        index = read_index_file(index_path, kind)
+        index = (
+            _plaid_index(index_path, record.sha256)
+            if kind == "plaid"
+            else read_index_file(index_path, kind)
+        )
     except RuntimeError as error:  # FAISS's own check of the file's header and structure
         reason = str(error).strip().splitlines()[-1]
         raise StoreError(f"{index_path}: not a FAISS index FAISS can read ({reason})") from None
@@ -261,15 +285,16 @@ def read_shard(
         raise StoreError(
             f"{index_path}: a FAISS {type(index).__name__}, but {manifest_path} records {kind}"
         )
-    if index.ntotal != record.count or index.d != dim:
+    copy = None
+    codes = None if codes_path is None else _load_array(codes_path, "code")
+    count = stored_count(index, codes)
+    if count != record.count or index.d != dim:
         raise StoreError(
-            f"{index_path}: {index.ntotal} vectors of dim {index.d}, but {manifest_path} "
+            f"{index_path}: {count} vectors of dim {index.d}, but {manifest_path} "
             f"records {record.count} of dim {dim}"
         )
-    codes = copy = None
-    if codes_path is not None:
-        codes = _load_array(codes_path, "code")
-        check_shard_codes(codes, index, codes_path)
+    if codes is not None:
+        check_shard_codes(codes, index, count, codes_path)
     elif (
         vectors_per_entity is None
         and vectors_path is None
@@ -281,5 +306,5 @@ def read_shard(
         )
     if vectors_path is not None:
         copy = _load_array(vectors_path, "vector")
-        check_shard_vectors(copy, index, vectors_path)
+        check_shard_vectors(copy, index, count, vectors_path)
     return IndexShard.on_device(index, ids, device, codes, copy)

@@ -58,6 +58,8 @@ from __future__ import annotations
 
 import functools
 import itertools
+import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,17 +71,29 @@ from faiss.contrib.ivf_tools import add_preassigned
 from pydantic import ValidationInfo, field_validator
 
 from hnce.cluster.stores.faiss_device import DeviceRequest, FaissDevice
+from hnce.cluster.stores.plaid import (
+    CentroidPostings,
+    centroid_ids,
+    centroid_interaction,
+    probe,
+    pruned_interaction,
+    top,
+)
 from hnce.errors import InputError
 from hnce.search import PAD_ID, PAD_SCORE, Searcher, merge_entity_lists, no_results
 from hnce.settings import PositiveInt, settings
 
-IndexKind = Literal["flat", "ivfpq", "hnsw"]
+IndexKind = Literal["flat", "ivfpq", "hnsw", "plaid"]
 #: bits of each product-quantiser code, and the centroids each sub-quantiser trains
 PQ_BITS = 8
 PQ_CENTROIDS = 2**PQ_BITS
 NO_TOKEN_VECTORS = (
-    "sum-of-max rescoring needs a flat or ivfpq token index; set index.kind: flat or ivfpq"
+    "sum-of-max rescoring needs a flat, ivfpq or plaid token index; set index.kind: flat, ivfpq "
+    "or plaid"
 )
+#: graph degree of a plaid index's HNSW quantiser, and its beam when it places a token
+PLAID_HNSW_M = 32
+PLAID_PLACEMENT_EF = 64
 
 
 @settings
@@ -88,25 +102,31 @@ class IndexSpec:
     how many versions the stores keep.
 
     `flat` (exact inner product) is the default, since mining wants exact top-N; `ivfpq` and
-    `hnsw` are approximate options for serving a large catalogue.
+    `hnsw` are approximate options for serving a large catalogue; `plaid` is the token index of
+    late interaction at scale (sum-of-max and multi-m, :mod:`hnce.cluster.stores.plaid`).
 
     Attributes:
-        kind: flat | ivfpq | hnsw.
-        nlist: IVF lists (ivfpq), the same in every shard; clipped so each list gets training
-            points.
+        kind: flat | ivfpq | hnsw | plaid.
+        nlist: IVF lists (ivfpq), or centroids (plaid: 2^16 and more at scale), the same in
+            every shard; clipped so each gets training points.
         pq_m: PQ sub-quantisers (ivfpq); `dim` must be divisible by it. 8 bits each.
-        nprobe: IVF lists visited per query (ivfpq); at most `nlist`. Unset: see
-            :func:`default_nprobe` (a recipe resolves it when it loads).
+        nprobe: IVF lists visited per query (ivfpq), or centroids probed per query token
+            (plaid); at most `nlist`. Unset: see :func:`default_nprobe` (a recipe resolves it
+            when it loads).
         hnsw_m: graph degree (hnsw).
         ef_search: search beam (hnsw).
         train_size: vectors (sum-of-max: tokens) sampled from the whole catalogue to train a
             version's one IVF-PQ quantiser, which every shard of the version shares.
         candidate_depth: sum-of-max: entity tokens retrieved per query token, across the shards
             one holder holds, before the exact rescoring; compressed multi-m: vectors retrieved
-            before it (at least k·m).
-        token_copy: sum-of-max over ivfpq only: in place of the standalone PQ codes (pq_m bytes
-            a token), keep a float16 copy of every token vector on disk, memory-mapped (2·d
-            bytes a token), and rescore candidates from it exactly. Compressed multi-m always
+            before it (at least k·m); plaid: entities kept by the pruned centroid interaction
+            (PLAID's ndocs), whose best quarter is decompressed and scored exactly.
+        token_pool_factor: sum-of-max: each entity's token vectors after the first pooled by
+            this factor at index time (Clavié et al. 2024; 1: every token kept,
+            :mod:`hnce.encoders.token_pooling`).
+        token_copy: sum-of-max over ivfpq or plaid: in place of the standalone PQ codes (pq_m bytes
+            a token; plaid: beside its codes), keep a float16 copy of every token vector on
+            disk, memory-mapped (2·d bytes a token), and rescore candidates from it exactly. Compressed multi-m always
             keeps such a copy.
         faiss_device: auto | cpu | gpu: where shards are searched (GPU: fp16 flat); `gpu`
             without one is an error, never a silent CPU fallback.
@@ -122,6 +142,7 @@ class IndexSpec:
     train_size: PositiveInt = 65_536
     candidate_depth: PositiveInt = 256
     token_copy: bool = False
+    token_pool_factor: PositiveInt = 1
     faiss_device: DeviceRequest = "auto"
     keep_versions: PositiveInt = 2
 
@@ -151,6 +172,7 @@ class IndexSpec:
             "ef_search": self.ef_search,
             "train_size": self.train_size,
             "token_copy": self.token_copy,
+            "token_pool_factor": self.token_pool_factor,
         }
 
 
@@ -196,17 +218,22 @@ def train_index(sample: np.ndarray, spec: IndexSpec, seed: int = 0) -> faiss.Ind
         index.hnsw.efSearch = spec.ef_search
     else:
         if dim % spec.pq_m:
-            raise ValueError(f"ivfpq needs dim ({dim}) divisible by pq_m ({spec.pq_m})")
+            raise ValueError(f"{spec.kind} needs dim ({dim}) divisible by pq_m ({spec.pq_m})")
         if min(len(vectors), spec.train_size) < PQ_CENTROIDS:
             raise InputError(
-                f"ivfpq trains {PQ_CENTROIDS} centroids per sub-quantiser on at most "
+                f"{spec.kind} trains {PQ_CENTROIDS} centroids per sub-quantiser on at most "
                 f"index.train_size ({spec.train_size}) vectors, and the catalogue's sample has "
                 f"{len(vectors)}; raise index.train_size, or for a catalogue this small set "
                 f"index.kind: flat"
             )
         # FAISS wants ~39 training points per centroid; fewer lists for a small sample.
         nlist = max(1, min(spec.nlist, len(vectors) // 39))
-        quantizer = faiss.IndexFlatIP(dim)
+        if spec.kind == "plaid":
+            # placement through an HNSW graph of the centroids: a few µs a token at 2^16 of them,
+            # where a flat quantiser's cost grows with their number (plaid module docstring)
+            quantizer = faiss.IndexHNSWFlat(dim, PLAID_HNSW_M, faiss.METRIC_INNER_PRODUCT)
+        else:
+            quantizer = faiss.IndexFlatIP(dim)
         index = faiss.IndexIVFPQ(
             quantizer, dim, nlist, spec.pq_m, PQ_BITS, faiss.METRIC_INNER_PRODUCT
         )
@@ -218,6 +245,8 @@ def train_index(sample: np.ndarray, spec: IndexSpec, seed: int = 0) -> faiss.Ind
             train = vectors[np.sort(rng.choice(len(vectors), spec.train_size, replace=False))]
         index.train(train)
         index.nprobe = spec.probes
+        if spec.kind == "plaid":
+            faiss.downcast_index(index.quantizer).hnsw.efSearch = PLAID_PLACEMENT_EF
     return index
 
 
@@ -236,8 +265,21 @@ def read_index_file(path: Path, kind: IndexKind) -> faiss.Index:
     cache, shared and evictable, instead of a private copy); IVF-PQ maps its inverted lists
     (`IO_FLAG_MMAP`). The mapping outlives the file's removal by retention.
     """
-    flag = faiss.IO_FLAG_MMAP if kind == "ivfpq" else faiss.IO_FLAG_MMAP_IFC
+    flag = faiss.IO_FLAG_MMAP if kind in ("ivfpq", "plaid") else faiss.IO_FLAG_MMAP_IFC
     return faiss.read_index(str(path), flag)
+
+
+def is_plaid(index: faiss.Index) -> bool:
+    """Whether `index` is a plaid token index: an IVF-PQ whose quantiser is an HNSW graph and
+    whose lists stay empty (its tokens live in their standalone codes, :func:`plaid_codes`)."""
+    return isinstance(index, faiss.IndexIVFPQ) and isinstance(
+        faiss.downcast_index(index.quantizer), faiss.IndexHNSW
+    )
+
+
+def stored_count(index: faiss.Index, codes: np.ndarray | None) -> int:
+    """Vectors a shard holds: its FAISS index's, or a plaid shard's codes'."""
+    return len(codes) if codes is not None and is_plaid(index) else int(index.ntotal)
 
 
 def token_codes(index: faiss.Index, vectors: np.ndarray) -> np.ndarray:
@@ -256,17 +298,35 @@ def add_token_codes(index: faiss.Index, vectors: np.ndarray) -> np.ndarray:
     ``sa_encode`` would each search the quantiser, the larger part of a compressed build's time
     (16,384 lists at d = 32: 24 µs of 27 a token on one core). Same index bytes and codes as
     ``index.add(vectors)`` then ``token_codes(index, vectors)``."""
+    vectors, lists, codes = _assigned_codes(index, vectors)
+    add_preassigned(index, vectors, lists)
+    return codes
+
+
+def plaid_codes(index: faiss.Index, vectors: np.ndarray) -> np.ndarray:
+    """The standalone codes of `vectors` on a plaid `index` (each its centroid id, then the
+    product code of its residual: PLAID's compression, Santhanam et al. 2022, §3.3 of
+    ColBERTv2), placed through the index's HNSW quantiser; nothing is added to its lists."""
+    if not is_plaid(index):
+        raise InputError("plaid codes need a plaid index (index.kind: plaid)")
+    return _assigned_codes(index, vectors)[2]
+
+
+def _assigned_codes(
+    index: faiss.Index, vectors: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(`vectors` as contiguous float32, each one's list, its standalone code) on an IVF-PQ
+    `index`, each vector assigned once."""
     if not isinstance(index, faiss.IndexIVFPQ):
         raise InputError(NO_TOKEN_VECTORS)
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     _, nearest = index.quantizer.search(vectors, 1)
     lists = np.ascontiguousarray(nearest[:, 0])
-    add_preassigned(index, vectors, lists)
     codes = np.empty((len(vectors), index.sa_code_size()), dtype=np.uint8)
     index.encode_vectors(
         len(vectors), faiss.swig_ptr(vectors), faiss.swig_ptr(lists), faiss.swig_ptr(codes), True
     )
-    return codes
+    return vectors, lists, codes
 
 
 @dataclass
@@ -287,10 +347,9 @@ class IndexShard:
     codes: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        if len(self.ids) != self.index.ntotal:
-            raise ValueError(
-                f"shard has {self.index.ntotal} vectors but {len(self.ids)} entity ids"
-            )
+        count = stored_count(self.index, self.codes)
+        if len(self.ids) != count:
+            raise ValueError(f"shard has {count} vectors but {len(self.ids)} entity ids")
         if self.codes is not None and len(self.codes) != len(self.ids):
             raise ValueError(f"shard has {len(self.ids)} vectors but {len(self.codes)} codes")
 
@@ -308,7 +367,10 @@ class IndexShard:
         if isinstance(index, faiss.IndexFlat):
             vectors = faiss.rev_swig_ptr(index.get_xb(), index.ntotal * index.d)
             vectors = vectors.reshape(index.ntotal, index.d)
-        return cls(device.place(index), ids, vectors, storage=index, codes=codes)
+        # a plaid index is never searched by FAISS (its lists are empty): it stays where its
+        # codes are decoded, and the search's kernels run beside it (plaid module docstring)
+        placed = index if is_plaid(index) else device.place(index)
+        return cls(placed, ids, vectors, storage=index, codes=codes)
 
     @functools.cached_property
     def entity_rows(self) -> tuple[np.ndarray, np.ndarray]:
@@ -316,6 +378,29 @@ class IndexShard:
         entity's vectors are rows ``first[e] .. first[e + 1]`` (the last up to ``ntotal``)."""
         entities, first = np.unique(self.ids, return_index=True)
         return entities, np.append(first, len(self.ids))
+
+    def candidate_rows(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(token rows, each entity's first position among them) of the entities at `slots`
+        (positions in :attr:`entity_rows`, in order): one run of rows an entity."""
+        _, first = self.entity_rows
+        lengths = first[slots + 1] - first[slots]
+        offsets = np.cumsum(lengths) - lengths
+        return np.repeat(first[slots] - offsets, lengths) + np.arange(lengths.sum()), offsets
+
+    @functools.cached_property
+    def postings(self) -> CentroidPostings:
+        """A plaid shard's centroid → entity inverse, built from its codes (plaid module)."""
+        if not is_plaid(self.index) or self.codes is None:
+            raise ValueError("centroid postings belong to a plaid shard")
+        _, first = self.entity_rows
+        ivf = faiss.extract_index_ivf(self.index)
+        return CentroidPostings.build(centroid_ids(self.codes, ivf), first, ivf.nlist)
+
+    @functools.cached_property
+    def centroids(self) -> np.ndarray:
+        """An IVF shard's centroids (float32 [nlist, d]), read from its quantiser."""
+        ivf = faiss.extract_index_ivf(self.storage if self.storage is not None else self.index)
+        return ivf.quantizer.reconstruct_n(0, ivf.nlist)
 
     def token_vectors(self, rows: np.ndarray) -> np.ndarray:
         """The vectors of `rows` (float32 [len(rows), d]): read from flat storage, or decoded
@@ -447,7 +532,19 @@ class ShardedSearcher(Searcher[np.ndarray]):
         _check_disjoint(self.shards)
         if len({shard.rescorable for shard in self.shards}) > 1:
             raise ValueError("the shards of one index must all be compressed, or none")
+        plaid = {is_plaid(shard.index) for shard in self.shards}
+        if len(plaid) > 1:
+            raise ValueError("the shards of one index must all be plaid shards, or none")
+        self.plaid = plaid == {True}
+        #: seconds spent in each of PLAID's stages by this searcher (generation: candidates and
+        #: their pruned centroid interaction; interaction; exact: decoding and exact scoring)
+        self.stage_seconds: Counter[str] = Counter()
         self.quantized = shared_quantizer(self.shards)
+        if self.plaid:
+            if len(self.shards) > 1 and self.quantized is None:
+                raise ValueError("plaid shards must share their version's one quantiser")
+            for shard in self.shards:  # held means ready to search: the inverse is built now
+                _ = shard.postings
 
     def search(
         self, queries: np.ndarray, k: int, *, allowed: np.ndarray | None = None
@@ -461,6 +558,8 @@ class ShardedSearcher(Searcher[np.ndarray]):
         score -inf.
         """
         queries = self._shape(queries)
+        if self.plaid:
+            return self._plaid(queries if queries.ndim == 3 else queries[:, None, :], k, allowed)
         if self.vectors_per_entity is None:
             return self._late_interaction(queries, k, self.candidate_depth, allowed)
         depth = k * self.vectors_per_entity
@@ -510,6 +609,63 @@ class ShardedSearcher(Searcher[np.ndarray]):
         parts = [_rescored_top_k(shard, rows, candidates, k) for shard in self.shards]
         return merge_entity_lists(parts, k)
 
+    def _plaid(
+        self, queries: np.ndarray, k: int, allowed: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """PLAID's four stages over every shard held here (plaid module docstring): candidates
+        from the query tokens' `nprobe` nearest centroids, pruned centroid interaction keeping
+        `candidate_depth` entities, centroid interaction keeping a quarter of them, then exact
+        sum-of-max on their decoded residuals, merged across shards."""
+        centroids = self.shards[0].centroids
+        nprobe = faiss.extract_index_ivf(self.shards[0].index).nprobe
+        kept_by_interaction = max(k, self.candidate_depth)
+        decoded = max(k, self.candidate_depth // 4)
+        live = np.abs(queries).sum(axis=2) > 0
+        rows = [mention[kept] for mention, kept in zip(queries, live, strict=True)]
+        candidates, clock = [], time.perf_counter()
+        for mention in rows:
+            by_centroid = np.ascontiguousarray(centroids @ mention.T)  # Sᵀ [K, Q]
+            probed, floor = probe(by_centroid.T, nprobe)
+            found = [
+                pruned_interaction(shard.postings, by_centroid, probed, floor)
+                for shard in self.shards
+            ]
+            if allowed is not None:  # a Zeshel world: its entities alone are candidates
+                kept = [
+                    np.isin(shard.entity_rows[0][slots], allowed)
+                    for shard, (slots, _) in zip(self.shards, found, strict=True)
+                ]
+                found = [
+                    (slots[keep], scores[keep])
+                    for (slots, scores), keep in zip(found, kept, strict=True)
+                ]
+            survivors = _survivors(found, kept_by_interaction)
+            clock = self._timed("generation", clock)
+            rescored = []
+            for shard, slots in zip(self.shards, survivors, strict=True):
+                token_rows, starts = shard.candidate_rows(slots)
+                scores = (
+                    centroid_interaction(shard.postings, by_centroid, token_rows, starts)
+                    if len(slots)
+                    else np.zeros(0, np.float32)
+                )
+                rescored.append((slots, scores))
+            final = _survivors(rescored, decoded)
+            ids = [
+                shard.entity_rows[0][slots] for shard, slots in zip(self.shards, final, strict=True)
+            ]
+            candidates.append(np.sort(np.concatenate(ids)))
+            clock = self._timed("interaction", clock)
+        parts = [_rescored_top_k(shard, rows, candidates, k) for shard in self.shards]
+        self._timed("exact", clock)
+        return merge_entity_lists(parts, k)
+
+    def _timed(self, stage: str, since: float) -> float:
+        """Add the seconds since `since` to `stage`'s; returns now."""
+        now = time.perf_counter()
+        self.stage_seconds[stage] += now - since
+        return now
+
     def _coarse(self, queries: np.ndarray, allowed: np.ndarray | None) -> CoarseAssignment | None:
         """The queries' IVF lists from the shards' shared quantiser, or None without one. A
         search restricted to `allowed` entities (a Zeshel world) lets each shard search its own
@@ -539,6 +695,18 @@ def _check_disjoint(shards: Sequence[IndexShard]) -> None:
             )
 
 
+def _survivors(found: Sequence[tuple[np.ndarray, np.ndarray]], count: int) -> list[np.ndarray]:
+    """Each shard's (entity slots, scores) cut to the slots among the `count` best scores across
+    all the shards, sorted per shard."""
+    sizes = [len(slots) for slots, _ in found]
+    kept = top(np.concatenate([scores for _, scores in found]), count)
+    bounds = np.cumsum([0, *sizes])
+    return [
+        np.sort(slots[kept[(kept >= start) & (kept < stop)] - start])
+        for (slots, _), start, stop in zip(found, bounds[:-1], bounds[1:], strict=True)
+    ]
+
+
 def _rescored_top_k(
     shard: IndexShard, live: Sequence[np.ndarray], candidates: Sequence[np.ndarray], k: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -546,7 +714,7 @@ def _rescored_top_k(
     by s = Σ_i max_j ⟨x_i, y_j⟩ over the row's `live` query vectors and each candidate's vectors
     (stored, or decoded from a compressed shard's codes)."""
     out_ids, out_scores = no_results(len(live), k)
-    entities, first = shard.entity_rows
+    entities, _ = shard.entity_rows
     if not len(entities):
         return out_ids, out_scores
     for row, (queries, row_candidates) in enumerate(zip(live, candidates, strict=True)):
@@ -554,10 +722,7 @@ def _rescored_top_k(
         mine = row_candidates[low:high]  # shards cover disjoint ranges (_check_disjoint)
         if not len(mine):
             continue
-        slots = np.searchsorted(entities, mine)
-        lengths = first[slots + 1] - first[slots]
-        offsets = np.cumsum(lengths) - lengths  # each candidate's first column below
-        rows = np.repeat(first[slots] - offsets, lengths) + np.arange(lengths.sum())
+        rows, offsets = shard.candidate_rows(np.searchsorted(entities, mine))
         token_scores = queries @ shard.token_vectors(rows).T  # [live query tokens, tokens]
         # max_j per candidate (its tokens are one run of columns), then Σ_i
         scores = np.maximum.reduceat(token_scores, offsets, axis=1).sum(0)

@@ -30,13 +30,27 @@ def validate(config: Config) -> Config:
             "hnce reads from a flat index or decodes from an ivfpq one, not from HNSW; set index.kind: flat (exact) "
             "or ivfpq (compressed, docs/engines.md)",
         )
+    if config.index.kind == "plaid" and config.model.scorer.name not in ("som", "multi"):
+        raise config.error(
+            "index.kind",
+            f"is 'plaid', the token index of late interaction, but scorer "
+            f"{config.model.scorer.name!r} keeps one vector an entity; use plaid with scorer som "
+            f"or multi, or index.kind ivfpq (compressed) or flat (exact)",
+        )
+    if config.index.token_pool_factor > 1 and config.model.scorer.name != "som":
+        raise config.error(
+            "index.token_pool_factor",
+            f"is {config.index.token_pool_factor}, but token pooling leaves an entity fewer "
+            f"token vectors, which only sum-of-max scores (scorer {config.model.scorer.name!r} "
+            f"reads a fixed number); set index.token_pool_factor: 1",
+        )
     if config.index.token_copy and (
-        config.model.scorer.name != "som" or config.index.kind != "ivfpq"
+        config.model.scorer.name != "som" or config.index.kind not in ("ivfpq", "plaid")
     ):
         raise config.error(
             "index.token_copy",
             f"is true, but it chooses what a compressed sum-of-max shard rescores from (index.kind "
-            f"ivfpq, scorer som), and this recipe has scorer {config.model.scorer.name!r} over "
+            f"ivfpq or plaid, scorer som), and this recipe has scorer {config.model.scorer.name!r} over "
             f"{config.index.kind!r} (flat shards rescore from their own vectors; compressed "
             f"multi-m always keeps its copy); set index.token_copy: false",
         )
