@@ -31,6 +31,7 @@ run keeps what it measured.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter
 from pathlib import Path
@@ -53,6 +54,7 @@ from benchmarks.token_index import (
 from hnce.cluster.compute.entity_encoding import encode_entities
 from hnce.cluster.stores.files import AtomicPath
 from hnce.cluster.stores.sharded_index import IndexShard, IndexSpec, ShardedSearcher
+from hnce.encoders.token_pooling import pool_tokens
 from hnce.progress import progress_bar
 
 #: entities encoded at once into the stored token array
@@ -141,6 +143,23 @@ def build(
     return shards, time.perf_counter() - started
 
 
+def pooled(vectors: np.ndarray, ids: np.ndarray, factor: int) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens pooled by `factor` as an encoder actor pools them (``pool_tokens``), a chunk
+    of whole entities at a time, kept as float16."""
+    bounds = np.searchsorted(ids, np.arange(0, int(ids[-1]) + 1 + ENCODE_CHUNK, ENCODE_CHUNK))
+    parts = [
+        pool_tokens(np.asarray(vectors[start:stop], np.float32), ids[start:stop], factor)
+        for start, stop in progress_bar(
+            list(itertools.pairwise(bounds)), desc=f"pooling by {factor}"
+        )
+        if stop > start
+    ]
+    return (
+        np.concatenate([part[0] for part in parts]).astype(np.float16),
+        np.concatenate([part[1] for part in parts]),
+    )
+
+
 def held_bytes(shards: list[IndexShard], plaid: bool) -> int:
     """Bytes a holder of these shards keeps in memory: codes, int64 ids, FAISS files (a plaid
     version's quantiser once, its shards share it) and the plaid inverse (a float16 token copy
@@ -161,25 +180,36 @@ def timed(searcher: ShardedSearcher, queries: np.ndarray, k: int) -> tuple[np.nd
     return found, (time.perf_counter() - started) / len(queries)
 
 
-def plaid_rows(args, data, entities: int, exact: np.ndarray, pq_m: int, rescore: str) -> list[str]:
+def plaid_rows(
+    args, data, entities: int, exact: np.ndarray, pq_m: int, rescore: str, pool: int
+) -> list[str]:
     """A row per ``--nprobes`` × ``--depths`` over one plaid build of the first `entities`,
-    its survivors scored from their decoded codes or the float16 token copy (`rescore`)."""
+    its survivors scored from their decoded codes or the float16 token copy (`rescore`), each
+    entity's tokens pooled by `pool` first (``index.token_pool_factor``; exact search stays
+    over every token)."""
     ids = data["ids"][: np.searchsorted(data["ids"], entities)]
     vectors = data["vectors"][: len(ids)]
+    tokens = len(ids)
+    if pool > 1:
+        vectors, ids = pooled(vectors, ids, pool)
     spec = IndexSpec(
         kind="plaid",
         nlist=args.centroids,
         pq_m=pq_m,
         train_size=args.train_size,
         token_copy=rescore == "copy",
+        token_pool_factor=pool,
     )
     shards, seconds = build(vectors, ids, entities, spec, args.shard_size)
     loaded = time.perf_counter()
     ShardedSearcher(shards, None)  # builds each shard's inverse: what holding a version costs
     inverse = time.perf_counter() - loaded
-    per_token = f"{held_bytes(shards, True) / len(ids):.1f}"
+    per_token = f"{held_bytes(shards, True) / tokens:.1f}"
     if spec.token_copy:
-        per_token += f" + {2 * vectors.shape[1]} on disk"
+        per_token += f" + {2 * vectors.shape[1] * len(ids) / tokens:.0f} on disk"
+    label = f"plaid {spec.nlist} centroids, pq_m {spec.pq_m}, {rescore}"
+    if pool > 1:
+        label += f", pooled by {pool} ({len(ids) / tokens:.2f} of the tokens)"
     rows = []
     for nprobe in args.nprobes:
         for shard in shards:
@@ -193,9 +223,9 @@ def plaid_rows(args, data, entities: int, exact: np.ndarray, pq_m: int, rescore:
                 for name in ("generation", "interaction", "exact")
             )
             rows.append(
-                f"| {entities:,} | plaid {spec.nlist} centroids, pq_m {spec.pq_m}, {rescore} | "
+                f"| {entities:,} | {label} | "
                 f"{nprobe} | {depth} | {recall(found, exact):.3f} | {1000 * per_mention:.1f} | "
-                f"{stages} | {per_token} | {seconds / len(ids) * 1e6:.0f} (inverse at load: "
+                f"{stages} | {per_token} | {seconds / tokens * 1e6:.0f} (inverse at load: "
                 f"{inverse:.1f} s) |"
             )
     return rows
@@ -246,7 +276,8 @@ def main() -> int:
         "--plaid",
         nargs="+",
         default=["32:codes", "8:copy"],
-        help="PQ_M:codes|copy: plaid builds, survivors scored from decoded codes or the token copy",
+        help="PQ_M:codes|copy[:POOL]: plaid builds, survivors scored from decoded codes or the "
+        "token copy, entity tokens pooled by POOL first",
     )
     parser.add_argument("--nprobes", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--depths", type=int, nargs="+", default=[1024, 4096])
@@ -286,8 +317,9 @@ def main() -> int:
         ids = data["ids"][: np.searchsorted(data["ids"], entities)]
         exact = exact_top_k(data["queries"], data["vectors"][: len(ids)], ids, args.k)
         for variant in args.plaid:
-            pq_m, _, rescore = variant.partition(":")
-            rows += plaid_rows(args, data, entities, exact, int(pq_m), rescore)
+            pq_m, rescore, *pool = variant.split(":")
+            pool_factor = int(pool[0]) if pool else 1
+            rows += plaid_rows(args, data, entities, exact, int(pq_m), rescore, pool_factor)
             harness.write_result(args.output, header + rows)
         if args.baseline[0]:
             rows += baseline_rows(args, data, entities, exact)

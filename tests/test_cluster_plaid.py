@@ -85,6 +85,7 @@ def test_a_plaid_shard_keeps_codes_alone_with_empty_lists(catalogue) -> None:
     ivf = faiss.extract_index_ivf(shard.index)
     _, assigned = ivf.quantizer.search(vectors, 1)
     np.testing.assert_array_equal(centroid_ids(shard.codes, ivf), assigned[:, 0])
+    np.testing.assert_array_equal(shard.codes, shard.index.sa_encode(vectors))  # FAISS's own
 
 
 def test_postings_list_each_entity_of_a_centroid_once() -> None:
@@ -103,7 +104,8 @@ def test_postings_list_each_entity_of_a_centroid_once() -> None:
 def test_the_pruned_score_bounds_the_centroid_interaction_from_above(catalogue) -> None:
     """Stage 3 is Σ_i max_j S[i, c(y_j)] exactly, and stage 2's imputed score is never below it
     (a centroid a query token did not probe scores at most its lowest probed one), equal when
-    every centroid is probed."""
+    every centroid is probed; stage 2 proposes exactly the entities with a token in a probed
+    centroid."""
     vectors, ids = catalogue
     (shard,) = plaid_shards(vectors, ids, 1)
     query = token_queries(vectors, ids, 1)[0, :3]
@@ -119,6 +121,8 @@ def test_the_pruned_score_bounds_the_centroid_interaction_from_above(catalogue) 
         )
         np.testing.assert_allclose(full, reference, rtol=1e-5)
         assert np.all(pruned >= full - 1e-5)
+        holding = np.unique(ids[np.isin(assigned, probed)])
+        np.testing.assert_array_equal(shard.entity_rows[0][slots], holding)
         if equal:
             np.testing.assert_allclose(pruned, full, rtol=1e-5)
             assert len(slots) == ids.max() + 1

@@ -74,6 +74,7 @@ SECTIONS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
             ("cluster_scale", "5.9M index, 128-d"),
             ("cluster_scale_1024", "1024-d"),
             ("token_index", "compressed multi-vector indexes"),
+            ("plaid_index", "plaid token index"),
             ("exact_mining", "exact mining"),
             ("checkpoint_disk", "checkpoints on disk"),
         ),
