@@ -36,8 +36,13 @@ Score functions (docs/math.md, eq. 9 of Zhang & Stratos 2021), per shard:
   as compressed multi-m does: the candidates' scores are then exact (up to float16), so recall
   is bounded by candidate generation alone, at 2·d bytes a token on disk (BENCHMARKS.md).
 
-Candidates (both rescored kinds above) are the `candidate_depth` best hits across all the shards
-one process holds, not per shard: the hits of one index over them, since their approximate scores
+- plaid (som and multi-m): PLAID's token index, searched in its stages (candidates from the
+  query tokens' nearest centroids, centroid interaction with and without pruning, exact scoring
+  of the survivors' decoded residuals), :mod:`hnce.cluster.stores.plaid`; its shards share the
+  version's quantiser, which holds their centroids, and keep their tokens' codes alone.
+
+Candidates (sum-of-max and compressed multi-m above) are the `candidate_depth` best hits across
+all the shards one process holds, not per shard: the hits of one index over them, since their approximate scores
 come from the version's one quantiser. So a holder rescores at most Q·`candidate_depth` entities
 a mention however many shards it holds (237 at 5.9M entities); per shard, the candidates, and
 the time to rescore them, would grow with the catalogue. For the same reason the shared
@@ -120,14 +125,15 @@ class IndexSpec:
         candidate_depth: sum-of-max: entity tokens retrieved per query token, across the shards
             one holder holds, before the exact rescoring; compressed multi-m: vectors retrieved
             before it (at least k·m); plaid: entities kept by the pruned centroid interaction
-            (PLAID's ndocs), whose best quarter is decompressed and scored exactly.
+            (PLAID's ndocs, at least 4k), whose best quarter is decompressed and scored
+            exactly.
         token_pool_factor: sum-of-max: each entity's token vectors after the first pooled by
             this factor at index time (Clavié et al. 2024; 1: every token kept,
             :mod:`hnce.encoders.token_pooling`).
-        token_copy: sum-of-max over ivfpq or plaid: in place of the standalone PQ codes (pq_m bytes
-            a token; plaid: beside its codes), keep a float16 copy of every token vector on
-            disk, memory-mapped (2·d bytes a token), and rescore candidates from it exactly. Compressed multi-m always
-            keeps such a copy.
+        token_copy: sum-of-max over ivfpq or plaid: in place of the standalone PQ codes
+            (pq_m bytes a token; plaid: beside its codes), keep a float16 copy of every token
+            vector on disk, memory-mapped (2·d bytes a token), and rescore candidates from it
+            exactly. Compressed multi-m always keeps such a copy.
         faiss_device: auto | cpu | gpu: where shards are searched (GPU: fp16 flat); `gpu`
             without one is an error, never a silent CPU fallback.
         keep_versions: index and negatives versions retained after a publication.
@@ -512,7 +518,8 @@ class ShardedSearcher(Searcher[np.ndarray]):
         vectors_per_entity: 1 (dual), m (multi-m) or None (one vector per token: sum-of-max).
         candidate_depth: sum-of-max: entity tokens retrieved per query token, across every
             shard here, before the exact rescoring; compressed multi-m: vectors retrieved
-            (at least k·m) (`index.candidate_depth`).
+            (at least k·m); plaid: entities kept by the pruned centroid interaction (at least
+            4k) (`index.candidate_depth`).
     """
 
     def __init__(
@@ -615,12 +622,12 @@ class ShardedSearcher(Searcher[np.ndarray]):
     ) -> tuple[np.ndarray, np.ndarray]:
         """PLAID's four stages over every shard held here (plaid module docstring): candidates
         from the query tokens' `nprobe` nearest centroids, pruned centroid interaction keeping
-        `candidate_depth` entities, centroid interaction keeping a quarter of them, then exact
-        sum-of-max on their decoded residuals, merged across shards."""
+        `candidate_depth` entities (at least 4k), centroid interaction keeping a quarter of
+        them, then exact sum-of-max on their decoded residuals, merged across shards."""
         centroids = self.shards[0].centroids
         nprobe = faiss.extract_index_ivf(self.shards[0].index).nprobe
-        kept_by_interaction = max(k, self.candidate_depth)
-        decoded = max(k, self.candidate_depth // 4)
+        kept_by_interaction = max(4 * k, self.candidate_depth)  # PLAID: ndocs, at least 4k
+        decoded = kept_by_interaction // 4
         live = np.abs(queries).sum(axis=2) > 0
         rows = [mention[kept] for mention, kept in zip(queries, live, strict=True)]
         candidates, clock = [], time.perf_counter()
