@@ -1,5 +1,5 @@
 """PLAID's token index and its search kernels (Santhanam et al. 2022, *PLAID: An Efficient
-Engine for Late Interaction Retrieval*, §4; docs/engines.md, "The plaid token index").
+Engine for Late Interaction Retrieval*, §4; docs/indexes.md, "The plaid token index").
 
 A plaid shard stores each entity token as its centroid id and the product code of its residual
 (ColBERTv2's compression, §3.3 there), in entity order: FAISS's standalone IVF-PQ code
@@ -25,8 +25,9 @@ PLAID's four stages, each narrower than the last, over the shards one holder hol
    The best `candidate_depth` entities survive (PLAID's ndocs).
 3. **Centroid interaction**: s̃₃(y) = Σ_i max_j S[i, c(y_j)] over every token's centroid id (no
    residual is decoded); the best quarter survive (PLAID's ndocs/4).
-4. **Exact scoring**: the survivors' residuals are decoded (centroid + residual) and s(x, y) is
-   computed on them (``sharded_index._rescored_top_k``).
+4. **Exact scoring**: the survivors' residuals are decoded (centroid + residual), or read from
+   the float16 token copy (``index.token_copy``), and s(x, y) is computed on them
+   (``sharded_index._rescored_top_k``).
 
 Multi-m (s = max_t ⟨x, y_t⟩) is the same search with one query vector, its m vectors an entity
 stored as tokens. With every centroid probed and every entity surviving, the result is exact
