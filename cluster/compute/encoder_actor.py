@@ -251,9 +251,7 @@ class EntityEncoderActor(ShardHolder):
         the version's trained quantiser) and write it."""
         start = time.perf_counter()
         entity_ids = np.arange(*task.entities, dtype=np.int64)
-        trained = (
-            read_quantiser(Path(task.directory)) if task.spec.kind in ("ivfpq", "plaid") else None
-        )
+        trained = read_quantiser(Path(task.directory)) if task.spec.quantised else None
         if task.encodings is not None:
             vectors = read_encodings(Path(task.encodings))[task.entities[0] : task.entities[1]]
             index = build_shard_index(vectors.numpy(), task.spec, trained=trained)

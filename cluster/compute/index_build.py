@@ -229,8 +229,7 @@ def index_entities(
     ]
     finished = builder.finished_shards
     started = time.perf_counter()
-    trains = spec.kind in ("ivfpq", "plaid")
-    if trains and len(finished) < len(bounds) and not builder.quantiser_path.exists():
+    if spec.quantised and len(finished) < len(bounds) and not builder.quantiser_path.exists():
         trained = pool.train_quantiser(
             QuantiserTask(
                 str(builder.directory),

@@ -38,7 +38,6 @@ The kernels are numpy on the CPU, vectorised over one mention's pairs of (entity
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import faiss
@@ -75,7 +74,7 @@ class CentroidPostings:
         entities = (pairs - by_centroid * len(lengths)).astype(np.int32)
         return cls(offsets, entities, token_centroids.astype(np.int32))
 
-    @functools.cached_property
+    @property
     def nbytes(self) -> int:
         return self.offsets.nbytes + self.entities.nbytes + self.token_centroids.nbytes
 

@@ -161,6 +161,12 @@ class IndexSpec:
         return nprobe
 
     @property
+    def quantised(self) -> bool:
+        """Whether a version of this kind trains one quantiser that all its shards share and
+        code their vectors on (ivfpq, plaid)."""
+        return self.kind in ("ivfpq", "plaid")
+
+    @property
     def probes(self) -> int:
         """Lists visited per query: ``nprobe``, or where unset the default for a scorer with one
         query vector per entity vector (:func:`default_nprobe`)."""
@@ -630,6 +636,12 @@ class ShardedSearcher(Searcher[np.ndarray]):
         decoded = kept_by_interaction // 4
         live = np.abs(queries).sum(axis=2) > 0
         rows = [mention[kept] for mention, kept in zip(queries, live, strict=True)]
+        # a Zeshel world: its entities alone are candidates (each shard's slots, once a search)
+        in_world = (
+            None
+            if allowed is None
+            else [np.isin(shard.entity_rows[0], allowed) for shard in self.shards]
+        )
         candidates, clock = [], time.perf_counter()
         for mention in rows:
             by_centroid = np.ascontiguousarray(centroids @ mention.T)  # Sᵀ [K, Q]
@@ -638,14 +650,10 @@ class ShardedSearcher(Searcher[np.ndarray]):
                 pruned_interaction(shard.postings, by_centroid, probed, floor)
                 for shard in self.shards
             ]
-            if allowed is not None:  # a Zeshel world: its entities alone are candidates
-                kept = [
-                    np.isin(shard.entity_rows[0][slots], allowed)
-                    for shard, (slots, _) in zip(self.shards, found, strict=True)
-                ]
+            if in_world is not None:
                 found = [
-                    (slots[keep], scores[keep])
-                    for (slots, scores), keep in zip(found, kept, strict=True)
+                    (slots[world[slots]], scores[world[slots]])
+                    for (slots, scores), world in zip(found, in_world, strict=True)
                 ]
             survivors = _survivors(found, kept_by_interaction)
             clock = self._timed("generation", clock)

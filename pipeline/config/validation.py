@@ -45,7 +45,7 @@ def validate(config: Config) -> Config:
             f"reads a fixed number); set index.token_pool_factor: 1",
         )
     if config.index.token_copy and (
-        config.model.scorer.name != "som" or config.index.kind not in ("ivfpq", "plaid")
+        config.model.scorer.name != "som" or not config.index.quantised
     ):
         raise config.error(
             "index.token_copy",
