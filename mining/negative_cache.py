@@ -16,7 +16,12 @@ vectors (the scorer's entity side, [b, d]) per entity of the trainer's space. It
   paper's cache refresh rate);
 - *searched* by the current model's mention vectors (:meth:`top_candidates`): the top N rows by the
   scorer's own ``score_reduced`` (eq. 9 from reduced vectors), a matrix product and a top-k, so a
-  step's candidates have no refresh lag.
+  step's candidates have no refresh lag;
+- optionally *scored whole* (``whole_catalogue``, :meth:`catalogue_columns`): every written row
+  joins each mention's softmax as a negative (the paper's cache loss, and the limit of eq. 5 as
+  K grows to the whole catalogue, where Zhang & Stratos' bias vanishes). The rows are constants:
+  through them the gradient reaches the mention tower only; the step's own candidates, fresh,
+  carry it to the entity tower and leave the constant columns (docs/math.md, eq. (61)).
 
 Each row records the optimizer step whose weights computed it (``written_at``; -1: never written),
 and whether a step wrote it, so that a checkpoint keeps only what steps wrote since the version it
@@ -120,6 +125,23 @@ class NegativeCache:
         self.by_step[replaced] = False
         return int(replaced.numel())
 
+    def catalogue_columns(
+        self, own_rows: Tensor, positive_rows: list[Tensor]
+    ) -> tuple[Tensor, Tensor]:
+        """Every row as a loss column (``whole_catalogue``): the vectors [rows, b, d] (constants:
+        the step scores them through ``with_extra_entities``, which detaches them),
+        and valid [B, rows], False where a row was never written, is one of the step's own
+        candidates ``own_rows`` (their fresh vectors are scored instead; -1: none) or is one of
+        mention b's ``positive_rows[b]``."""
+        valid = (self.written_at != NEVER_WRITTEN).clone()
+        own = own_rows.long().cpu()
+        valid[own[own >= 0]] = False
+        valid = valid.expand(len(positive_rows), -1).clone()
+        for mention, rows in enumerate(positive_rows):
+            rows = rows.long().cpu()
+            valid[mention, rows[rows >= 0]] = False
+        return self.vectors, valid
+
     def write(self, rows: Tensor, vectors: Tensor, step: int) -> None:
         """Rows ``rows`` [R] (-1: none, skipped) take ``vectors`` [R, b, d] that the weights of
         optimizer step ``step`` computed (detached). A row named twice keeps its last vector."""
@@ -200,10 +222,14 @@ class NegativeCache:
 class NegativeCacheOptions:
     """``negatives.cache``: with ``enabled``, the samplers that draw from index candidates draw
     from the trainer's negative cache instead (module docs; docs/negatives.md, "Negative cache"):
-    each step's candidates are the top ``refresh.top_n`` rows under the current model.
+    each step's candidates are the top ``refresh.top_n`` rows under the current model. Unset, it
+    is on wherever it can be (a sampler of index candidates, a scorer of fixed rows, ZeRO below
+    3: the recipe's validation decides), the measured default.
     ``refresh_rows``: the oldest rows re-encoded by the entity tower each step (the paper's cache
-    refresh; 0: none); ``dtype``: of the cached vectors."""
+    refresh; 0: none); ``whole_catalogue``: every cached row is also a negative of every mention
+    in the loss (module docs; B x rows scores a step); ``dtype``: of the cached vectors."""
 
-    enabled: Flag = False
+    enabled: Flag | None = None
     refresh_rows: NonNegativeInt = 0
+    whole_catalogue: Flag = False
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"

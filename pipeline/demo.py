@@ -1,14 +1,15 @@
 """``hnce demo``: the main job end to end on real WordNet data (docs/input-formats.md, paper §6.5).
 
-1. Convert Debian's WordNet to the Parquet contract (pipeline/data/wordnet.py; its split keeps
-   lemmas apart, so test mentions have lemmas never seen in training).
-2. Cut the demo subset (:func:`hnce.pipeline.data.demo_subset.write_demo_subset`): sampled train and
-   held-out test mentions, a catalogue of every synset sharing a lemma with their golds (the
-   ambiguous senses) plus random synsets.
-3. Evaluate the untrained encoder, train with random negatives, train with mixed-50 negatives
-   on the asynchronous refresh, evaluate each (its checkpoints at every ``demo.curve_every``
-   steps too); print recall@k, recall against each run's wall-clock, write JSON and plot the
-   curves (``demo_recall.png``).
+1. Convert Debian's WordNet to the Parquet contract (pipeline/data/wordnet.py).
+2. Cut the demo subset (:func:`hnce.pipeline.data.demo_subset.write_demo_subset`): sampled training
+   mentions and, held out, mentions of synsets training links to (seen) and of synsets it never
+   saw (unseen); a catalogue of every synset sharing a lemma with their golds (the ambiguous
+   senses) plus random synsets. The data is the same whatever ``run.seed`` is.
+3. Evaluate the untrained encoder, train with random + shared negatives, train with the recipe's
+   own, evaluate each (its checkpoints at every ``demo.curve_every`` steps too); print recall@k
+   on seen and unseen synsets and the recipe's difference from random with its paired 95%
+   confidence interval, recall against each run's wall-clock, write JSON and plot the curves
+   (``demo_recall.png``).
 
 Before step 1 it prints what it is about to do and why (:func:`demo_recipe`, read from the config).
 """
@@ -20,8 +21,10 @@ import shutil
 import textwrap
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+
+import numpy as np
 
 from hnce.cluster.compute.index_build import IndexedModel
 from hnce.cluster.compute.recall import RecallReport
@@ -29,6 +32,8 @@ from hnce.cluster.stores.checkpoints import EXPORT_DIR, checkpoint_dir, is_compl
 from hnce.cluster.stores.files import AtomicPath
 from hnce.cluster.stores.tables import MANIFEST_FILE
 from hnce.events import RunEvent
+from hnce.mining.losses import default_options
+from hnce.pipeline.comparison import paired_difference
 from hnce.pipeline.config import Config
 from hnce.pipeline.data.conversion import DatasetOutput
 from hnce.pipeline.data.demo_subset import write_demo_subset
@@ -40,6 +45,9 @@ from hnce.pipeline.models import untrained_export
 from hnce.pipeline.train.trainer import TrainingSummary, run_training
 
 CURVE_FILE = "demo_curves.json"
+#: the data's seed: the subset is the same whatever ``run.seed`` is, so that two seeds of the demo
+#: differ only in their order, draws and dropout and their runs can be paired
+DATA_SEED = 0
 PLOT_FILE = "demo_recall.png"
 
 
@@ -52,6 +60,17 @@ class CurvePoint:
     step: int
     seconds: float
     recall: dict[int, float]
+    #: "seen" / "unseen" -> recall@k on the mentions of seen and unseen entities (empty if none)
+    exposure: dict[str, dict[int, float]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, run: str, step: int, seconds: float, report: RecallReport) -> CurvePoint:
+        """The point of ``report`` (its overall recall and, apart, its seen and unseen)."""
+        exposure = {
+            name: {k: figures[f"recall@{k}"] for k in report.recall}
+            for name, figures in report.per_exposure.items()
+        }
+        return cls(run, step, seconds, report.recall, exposure)
 
 
 @dataclass
@@ -64,23 +83,26 @@ class DemoResult:
 
 
 def demo_dataset(config: Config) -> tuple[Config, dict[str, int]]:
-    """Steps 1-2 under ``run.dir``: WordNet converted once, the demo subset cut; the config
-    with ``data.root`` set to the subset, and the subset's counts."""
+    """Steps 1-2 under ``run.dir``: WordNet converted once, the demo subset cut, both with
+    :data:`DATA_SEED` whatever ``run.seed`` is; the config with ``data.root`` set to the subset,
+    and the subset's counts."""
     wordnet = config.run_dir / "wordnet"
     if not (wordnet / MANIFEST_FILE).is_file():  # the manifest is written last: a conversion
         # without one crashed part way and is done again
         convert_wordnet(
-            DatasetOutput(wordnet, overwrite=True), Path(config.demo.wordnet_dir), config.run.seed
+            DatasetOutput(wordnet, overwrite=True), Path(config.demo.wordnet_dir), DATA_SEED
         )
     data_root = config.run_dir / "wordnet-demo"
+    demo = config.demo
     counts = write_demo_subset(
         wordnet,
         data_root,
-        config.demo.catalogue_entities,
-        config.demo.train_mentions,
-        config.demo.eval_mentions,
+        demo.catalogue_entities,
+        demo.train_mentions,
+        demo.unseen_eval_mentions,
         config.data.eval_split,
-        config.run.seed,
+        DATA_SEED,
+        seen_mentions=demo.seen_eval_mentions,
     )
     return replace(config, data=replace(config.data, root=str(data_root))), counts
 
@@ -144,7 +166,7 @@ def run_demo(config: Config, announce: Callable[[str], None] = lambda _: None) -
             functools.partial(evaluate_export, variant),
         )
         reports.append(points[-1][1])
-        curve += [CurvePoint(name, 0, 0.0, reports[0].recall)] + [p for p, _ in points]
+        curve += [CurvePoint.of(name, 0, 0.0, reports[0])] + [p for p, _ in points]
         seconds[f"eval {name}"] = time.perf_counter() - mark
         announce(f"{name}: {trainings[name].line()}\n{format_table(reports)}")
     seconds["total"] = time.perf_counter() - started_all
@@ -186,7 +208,12 @@ def demo_recipe(config: Config) -> str:
     start = {
         "model": "negatives version 0 mined with the starting model: hard negatives from step 1",
         "lexical": "negatives version 0 from BM25 candidates until the first refresh lands",
-        "random": "random negatives until the first refresh lands",
+        "random": (
+            "no version 0: the cache holds the vectors the steps compute, so the first step's "
+            "negatives are random and each later one draws among the entities trained on so far"
+            if negatives.cache.enabled
+            else "random negatives until the first refresh lands"
+        ),
     }[negatives.initial]
     if not refresh.enabled:
         refreshed = "mined once, never refreshed"
@@ -205,9 +232,12 @@ def demo_recipe(config: Config) -> str:
             f"the index re-encoded from the checkpoint of every {training.checkpoint_every} "
             "steps beside training (ANCE's asynchronous refresh)"
         )
-    scores = {True: "cosine scores", False: "dot-product scores", None: "the model's own scores"}
-    temperature = config.loss.options.get("temperature")
-    scaled = f" / temperature {temperature}" if temperature else ""
+    cosine = config.model.normalize is not False  # unset: a fresh model is normalised
+    scores = "cosine scores" if cosine else "dot-product scores"
+    temperature = config.loss.options.get(
+        "temperature", default_options(config.loss.name, cosine).get("temperature")
+    )
+    scaled = f" / temperature {temperature}" if temperature not in (None, 1.0) else ""
     sharing = {
         "none": "each mention scored against its own candidates",
         "batch": "every mention scored against every candidate of its step",
@@ -220,11 +250,11 @@ def demo_recipe(config: Config) -> str:
         f"learning rate {training.learning_rate:g}",
         "- random: negatives drawn uniformly from the catalogue (the baseline)",
         f"- {hard}: {drawn}; {start}; {refreshed}",
-        f"- both: {scores[config.model.normalize]}{scaled}; {sharing}; "
-        f"training.cores: {training.cores}",
-        f"evaluated on {config.demo.eval_mentions} held-out mentions whose lemmas training "
-        f"never saw, over {catalogue} synsets: every gold, the other "
-        "senses of their lemmas, then random synsets",
+        f"- both: {scores}{scaled}; {sharing}; training.cores: {training.cores}",
+        f"evaluated apart on {config.demo.seen_eval_mentions} held-out mentions of synsets a "
+        f"training mention links to (seen) and {config.demo.unseen_eval_mentions} of synsets "
+        f"none does (unseen), over {catalogue} synsets: every gold, the other senses of their "
+        "lemmas, then random synsets",
     ]
     return "\n".join(
         textwrap.fill(text, 100, subsequent_indent="  ", break_on_hyphens=False)
@@ -281,27 +311,33 @@ def training_curve(
             raise RuntimeError(f"{directory}: no complete checkpoint to evaluate for the curve")
         label = f"trained, {name}" if step == final else f"{name}, step {step}"
         report = evaluate(directory / EXPORT_DIR, label)
-        points.append((CurvePoint(name, step, published[step], report.recall), report))
+        points.append((CurvePoint.of(name, step, published[step], report), report))
     return points
 
 
 def plot_curve(curve: list[CurvePoint], out: Path) -> Path:
-    """Held-out R@k against wall seconds, one line per run, one panel per k (the first and the
-    last of ``eval.ks``), into the PNG ``out``, published atomically."""
+    """Held-out R@1 against wall seconds, one line per run: one panel each for the mentions of
+    seen and of unseen entities where the points tell them apart, else one per k (the first and
+    the last of ``eval.ks``); into the PNG ``out``, published atomically."""
     from matplotlib.figure import Figure  # no pyplot: no display, no global state
 
     ks = sorted(curve[0].recall)
-    ks = sorted({ks[0], ks[-1]})
+    exposures = sorted(curve[0].exposure)
+    panels: list[tuple[str, int]] = (
+        [(exposure, ks[0]) for exposure in exposures]
+        if exposures
+        else [("", k) for k in sorted({ks[0], ks[-1]})]
+    )
     runs = list(dict.fromkeys(p.run for p in curve))
-    figure = Figure(figsize=(5 * len(ks), 3.6), layout="constrained")
-    for axis, k in zip(figure.subplots(1, len(ks), squeeze=False)[0], ks, strict=True):
+    figure = Figure(figsize=(5 * len(panels), 3.6), layout="constrained")
+    axes = figure.subplots(1, len(panels), squeeze=False)[0]
+    for axis, (exposure, k) in zip(axes, panels, strict=True):
         for run in runs:
             points = [p for p in curve if p.run == run]
-            axis.plot(
-                [p.seconds for p in points], [p.recall[k] for p in points], marker="o", label=run
-            )
+            recall = [p.exposure[exposure][k] if exposure else p.recall[k] for p in points]
+            axis.plot([p.seconds for p in points], recall, marker="o", label=run)
         axis.set_xlabel("seconds from the training run's start")
-        axis.set_ylabel(f"held-out R@{k}")
+        axis.set_ylabel(f"held-out R@{k}" + (f", {exposure} entities" if exposure else ""))
         axis.legend()
     figure.suptitle("hnce demo: recall against wall-clock")
     with AtomicPath(out) as temporary:
@@ -310,11 +346,19 @@ def plot_curve(curve: list[CurvePoint], out: Path) -> Path:
 
 
 def curve_table(curve: list[CurvePoint]) -> str:
-    """Recall against wall-clock, one line per run and checkpoint."""
+    """Recall against wall-clock, one line per run and checkpoint; then R@1 on the mentions of
+    seen and unseen entities where the points tell them apart."""
     ks = sorted(curve[0].recall)
-    header = f"{'run':<12}{'step':>6}{'seconds':>9}" + "".join(f"{'R@' + str(k):>8}" for k in ks)
+    exposures = sorted(curve[0].exposure)
+    header = (
+        f"{'run':<12}{'step':>6}{'seconds':>9}"
+        + "".join(f"{'R@' + str(k):>8}" for k in ks)
+        + "".join(f"{f'R@{ks[0]} ' + exposure:>15}" for exposure in exposures)
+    )
     rows = [
-        f"{p.run:<12}{p.step:>6}{p.seconds:>9.0f}" + "".join(f"{p.recall[k]:>8.3f}" for k in ks)
+        f"{p.run:<12}{p.step:>6}{p.seconds:>9.0f}"
+        + "".join(f"{p.recall[k]:>8.3f}" for k in ks)
+        + "".join(f"{p.exposure[exposure][ks[0]]:>15.3f}" for exposure in exposures)
         for p in curve
     ]
     return "\n".join([header, *rows])
@@ -325,38 +369,41 @@ def demo_table(result: DemoResult) -> str:
     return format_table(result.reports)
 
 
-def demo_verdict(result: DemoResult, spread: dict[int, float]) -> list[str]:
-    """Which run won at each cutoff and by how much: the recipe's run (the last report) against
-    random (the one before), the margin set against ``demo.spread``, the seeds' standard
-    deviation of that difference measured for this recipe (beyond it: more than twice it)."""
+def demo_verdict(result: DemoResult) -> list[str]:
+    """Which run won at each cutoff, on the mentions of seen and of unseen entities apart: the
+    recipe's run (the last report) against random (the one before), the difference with its
+    paired 95% confidence interval over the held-out mentions (:mod:`hnce.pipeline.comparison`;
+    one seed: it says what these mentions can tell apart, not how another seed would fall)."""
     baseline, recipe = result.reports[-2], result.reports[-1]
     names = [report.name.removeprefix("trained, ") for report in (baseline, recipe)]
+    if baseline.hits is None or recipe.hits is None:
+        return []
+    seen = recipe.seen if recipe.seen is not None else np.zeros(len(recipe.hits), bool)
     lines = []
-    for k in sorted(recipe.recall):
-        margin = recipe.recall[k] - baseline.recall[k]
-        winner = names[1] if margin > 0 else names[0] if margin < 0 else "neither"
-        line = (
-            f"R@{k}: {names[1]} {recipe.recall[k]:.3f}, {names[0]} {baseline.recall[k]:.3f}: "
-            f"{winner} by {abs(margin):.3f}"
-        )
-        if k in spread:
-            side = "beyond" if abs(margin) > 2 * spread[k] else "within"
-            line += (
-                f", {side} twice the seeds' sd of this difference ({spread[k]:.3f}, BENCHMARKS.md)"
+    for exposure, rows in (("seen", np.flatnonzero(seen)), ("unseen", np.flatnonzero(~seen))):
+        if not len(rows):
+            continue
+        for column, k in enumerate(sorted(recipe.recall)):
+            paired = paired_difference(recipe.hits[rows, column], baseline.hits[rows, column])
+            ahead = names[1] if paired.mean > 0 else names[0] if paired.mean < 0 else "neither"
+            lines.append(
+                f"{exposure} entities, R@{k}: {names[1]} - {names[0]} = {paired.cell()} "
+                f"(95% CI over {len(rows)} mentions): {ahead} ahead, the interval "
+                f"{paired.verdict}"
             )
-        lines.append(line)
     return lines
 
 
-def demo_summary(result: DemoResult, work_dir: Path, spread: dict[int, float]) -> str:
+def demo_summary(result: DemoResult, work_dir: Path) -> str:
     """What the CLI prints at the end: sizes, the recall table, each training, timings."""
     counts = result.counts
     lines = [
-        f"WordNet demo: {counts['train_mentions']} training mentions, "
-        f"{counts['eval_mentions']} held-out mentions (lemmas unseen in training), "
-        f"{counts['entities']} synsets in the catalogue",
+        f"WordNet demo: {counts['train_mentions']} training mentions; held out, "
+        f"{counts['seen_eval_mentions']} mentions of seen and "
+        f"{counts['unseen_eval_mentions']} of unseen synsets; {counts['entities']} synsets in "
+        "the catalogue",
         demo_table(result),
-        *demo_verdict(result, spread),
+        *demo_verdict(result),
         *(f"{name}: {training.line()}" for name, training in result.trainings.items()),
         "recall against wall-clock (seconds from each training run's start to the checkpoint):",
         curve_table(result.curve),

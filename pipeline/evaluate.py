@@ -10,8 +10,9 @@ never holds the catalogue's vectors.
 
 Reported: recall@k (share of mentions with a correct entity among the top k; a mention may have
 several correct entities, ``golds``), accuracy (= recall@1, "unnormalized accuracy" in the
-Zeshel sense: every mention counts), micro over mentions and Zeshel-style macro averages over
-domains (the mean of per-domain figures).
+Zeshel sense: every mention counts), micro over mentions, Zeshel-style macro averages over
+domains (the mean of per-domain figures), and apart for the mentions of entities some mention of
+``data.train_split`` links to (*seen*) and of the others (*unseen*).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from hnce.cluster.compute.heldout import eval_mentions
+from hnce.cluster.compute.heldout import eval_mentions, training_golds
 from hnce.cluster.compute.index_build import IndexedModel
 from hnce.cluster.compute.recall import RecallReport, recall_report
 from hnce.cluster.compute.retrieval import retrieve
@@ -63,7 +64,10 @@ def evaluate_model(config: Config, model: IndexedModel, name: str) -> RecallRepo
         "built for this evaluation" if retrieved.built else "reused",
         ", ".join(f"{stage} {value:.1f}s" for stage, value in retrieved.seconds.items()),
     )
-    report = recall_report(name, retrieved.cands, mentions, config.eval.ks, version.num_entities)
+    trained_on = training_golds(Path(config.data.root), config.data.train_split)
+    report = recall_report(
+        name, retrieved.cands, mentions, config.eval.ks, version.num_entities, trained_on
+    )
     report.index = str(version.path)
     return report
 

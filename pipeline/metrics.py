@@ -44,19 +44,31 @@ def write_json_report(path: Path, payload: Any) -> Path:
 
 
 def format_table(reports: Sequence[RecallReport], ks: Sequence[int] | None = None) -> str:
-    """One row per report: mentions, entities, micro recall@k and macro accuracy."""
+    """One row per report: mentions, entities, micro recall@k and macro accuracy; then, where
+    the report tells them apart, a row each for the mentions of seen and unseen entities."""
     ks = list(ks or sorted(reports[0].recall)) if reports else []
     headers = ["model", "mentions", "entities", *[f"R@{k}" for k in ks], "macro acc"]
-    rows = [
-        [
-            report.name,
-            str(report.num_mentions),
-            str(report.num_entities),
-            *[f"{report.recall[k]:.3f}" for k in ks],
-            f"{report.macro_accuracy:.3f}",
-        ]
-        for report in reports
-    ]
+    rows = []
+    for report in reports:
+        rows.append(
+            [
+                report.name,
+                str(report.num_mentions),
+                str(report.num_entities),
+                *[f"{report.recall[k]:.3f}" for k in ks],
+                f"{report.macro_accuracy:.3f}",
+            ]
+        )
+        for exposure, figures in report.per_exposure.items():
+            rows.append(
+                [
+                    f"  {exposure} entities",
+                    str(int(figures["mentions"])),
+                    "",
+                    *[f"{figures[f'recall@{k}']:.3f}" for k in ks],
+                    "",
+                ]
+            )
     return text_table(headers, rows)
 
 

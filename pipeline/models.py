@@ -72,7 +72,7 @@ def build_model(config: Config) -> BiEncoder:
         entity_length=config.model.entity_length,
         projection_size=projection_size,
         pooling=pooling,
-        normalize=bool(normalize),
+        normalize=True if normalize is None else normalize,
         shared_towers=bool(shared),
     )
 

@@ -250,7 +250,7 @@ def _refresh_trigger(run_dir: Path) -> dict[str, Any] | None:
     refresh = recipe.get("refresh") or {}
     if not isinstance(refresh, dict):
         raise InputError(f"{path}: refresh is not a section of settings")
-    trigger = refresh.get("trigger", "checkpoints")
+    trigger = refresh.get("trigger", "payoff")
     if trigger == "payoff":
         decisions = read_events(run_dir, RunEvent.REFRESH_DECISION)
         last = decisions[-1] if decisions else None

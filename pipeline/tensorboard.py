@@ -41,6 +41,7 @@ SCALARS: dict[tuple[RunEvent, str], str] = {
     (RunEvent.REFRESH_WAIT, "seconds"): "refresh/wait_seconds",
     (RunEvent.STALE, "loss_ratio"): "negatives/stale_loss_ratio",
     (RunEvent.REFRESH_DECISION, "mean_age"): "refresh/decision_mean_age_steps",
+    (RunEvent.REFRESH_DECISION, "slowdown"): "refresh/decision_slowdown",
     (RunEvent.HELDOUT_RECALL, "recall"): "heldout/recall@",  # {k: recall@k}: one tag per k
 }
 

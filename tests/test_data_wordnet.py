@@ -226,3 +226,33 @@ def test_the_conversion_reports_progress_as_the_process_is_told(
     assert any(line.startswith("wordnet noun:") for line in shown), shown
     assert silent == []
     assert "wordnet" not in stderr.getvalue()
+
+
+def test_a_trained_synsets_later_examples_are_held_out_as_seen_mentions(tmp_path: Path) -> None:
+    """The first example of a train-lemma synset stays in train; its second goes to test, its
+    third to dev, its fourth to test (seen entities); a dev/test lemma's examples stay where the
+    lemma's hash puts them (unseen)."""
+    assert split_for_lemma("cat", 0) == "train" and split_for_lemma("tree", 0) == "dev"
+    root = tmp_path / "wordnet"
+    root.mkdir()
+    cat = '02121620 05 n 01 cat 0 000 | a feline; "a cat sat"; "cats purr"; "the cat ran"; "one cat"  \n'
+    tree = '13104059 20 n 01 tree 0 000 | a woody plant; "a tree grew"; "old trees"  \n'
+    (root / "data.noun").write_text(HEADER + cat + tree, encoding="utf-8")
+    for pos in ("verb", "adj", "adv"):
+        (root / f"data.{pos}").write_text(HEADER, encoding="utf-8")
+    summary = convert_wordnet(tmp_path / "out", root, seed=0)
+    where = {
+        m.mention_id: split
+        for split in ("train", "dev", "test")
+        for m in MentionSplit.open(mention_split_path(tmp_path / "out", split)).read_all()
+    }
+    assert where == {
+        "n.02121620.0": "train",
+        "n.02121620.1": "test",
+        "n.02121620.2": "dev",
+        "n.02121620.3": "test",
+        "n.13104059.0": "dev",
+        "n.13104059.1": "dev",
+    }
+    assert summary["seen_mentions"] == {"train": 0, "dev": 1, "test": 2}
+    assert summary["mentions"] == {"train": 1, "dev": 3, "test": 2}

@@ -259,9 +259,9 @@ def test_normalize_follows_the_recipe_or_the_export(mean_bert: Path, tmp_path: P
             load_config(None, [f"model.path={path}", f"run.dir={tmp_path}", *overrides])
         )
 
-    assert not model_for(mean_bert).normalize  # a fresh model: eq. 9 as written
-    assert model_for(mean_bert, "model.normalize=true").normalize
-    export_biencoder(model_for(mean_bert, "model.normalize=true"), tmp_path / "export")
-    assert model_for(tmp_path / "export").normalize  # unset: the export's own
+    assert model_for(mean_bert).normalize  # a fresh model: cosine, the measured default
+    assert not model_for(mean_bert, "model.normalize=false").normalize  # eq. 9 as written
+    export_biencoder(model_for(mean_bert, "model.normalize=false"), tmp_path / "export")
+    assert not model_for(tmp_path / "export").normalize  # unset: the export's own
     with pytest.raises(ConfigError, match=r"model\.normalize"):
-        model_for(tmp_path / "export", "model.normalize=false")
+        model_for(tmp_path / "export", "model.normalize=true")

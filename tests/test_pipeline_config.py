@@ -13,6 +13,7 @@ import yaml
 from hnce.pipeline.config import ConfigError, config_from_dict, dump_config, load_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+DEMO = CONFIGS / "demo.yaml"
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -24,7 +25,7 @@ def write(tmp_path: Path, text: str) -> Path:
 def _leaves(tree: dict, prefix: str = "") -> list[tuple[str, object]]:
     out = []
     for key, value in tree.items():
-        if isinstance(value, dict) and key not in ("options", "spread"):
+        if isinstance(value, dict) and key != "options":
             out.extend(_leaves(value, f"{prefix}{key}."))
         else:
             out.append((f"{prefix}{key}", value))
@@ -263,11 +264,17 @@ def test_the_negative_cache_refuses_what_it_cannot_serve(
 
 
 def test_the_negative_cache_alone_feeds_a_hard_sampler_without_refresh_or_version_zero() -> None:
-    """Without a refresh or a version 0, the cache still has what the steps write."""
+    """Without a refresh or a version 0, the cache still has what the steps write; unset, it is
+    on wherever it applies, and off (not refused) where it does not."""
     alone = ["refresh.enabled=false", "negatives.initial=random", "negatives.sampler=hard"]
     with pytest.raises(ConfigError, match="needs mined negatives"):
-        load_config(None, alone)
+        load_config(None, [*alone, "negatives.cache.enabled=false"])
+    assert load_config(None, alone).negatives.cache.enabled
     assert load_config(None, [*alone, "negatives.cache.enabled=true"]).negatives.cache.enabled
+    assert not load_config(None, ["negatives.sampler=random"]).negatives.cache.enabled
+    assert not load_config(None, ["model.scorer.name=som"]).negatives.cache.enabled
+    with pytest.raises(ConfigError, match="sum-of-max keeps a vector per entity token"):
+        load_config(None, ["model.scorer.name=som", "negatives.cache.enabled=true"])
 
 
 def test_malformed_override_and_yaml(tmp_path: Path) -> None:
@@ -379,3 +386,26 @@ def test_a_hostile_recipe_is_one_error_naming_its_file_and_line(tmp_path: Path, 
     recipe.write_bytes(content)
     with pytest.raises(ConfigError, match=message):
         load_config(recipe)
+
+
+def _settings(node: object, prefix: str = "") -> dict[str, object]:
+    if dataclasses.is_dataclass(node):
+        leaves: dict[str, object] = {}
+        for field in dataclasses.fields(node):
+            leaves.update(_settings(getattr(node, field.name), f"{prefix}{field.name}."))
+        return leaves
+    return {prefix[:-1]: node}
+
+
+def test_a_recipe_of_paths_and_steps_trains_what_the_demo_runs(tmp_path: Path) -> None:
+    """The defaults are the measured recipe: naming only run.dir, data.root and training.steps
+    gives every setting configs/demo.yaml trains with; the demo sets only its data (the demo
+    section, data.root) and its budget (the checkpoints its curve evaluates)."""
+    recipe = tmp_path / "three.yaml"
+    recipe.write_text("run: {dir: runs/demo}\ndata: {root: data/x}\ntraining: {steps: 120}\n")
+    three = _settings(load_config(recipe, ["data.root=data/wordnet"]))
+    demo = _settings(load_config(DEMO, ["data.root=data/wordnet"]))
+    differ = {key for key in demo if demo[key] != three[key]}
+    assert differ <= {"training.checkpoint_every"} | {k for k in demo if k.startswith("demo.")}
+    assert (three["negatives.cache.enabled"], three["negatives.share"]) == (True, "batch")
+    assert (three["model.normalize"], three["refresh.trigger"]) == (None, "payoff")

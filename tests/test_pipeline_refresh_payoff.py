@@ -180,3 +180,36 @@ def test_before_any_refresh_the_cost_is_version_zeros(tmp_path: Path) -> None:
         60.0,
     )
     assert payoff.decide(0, _drawn(30), max_age=20).reason == "pays"
+
+
+def test_a_refresh_is_charged_the_steps_it_slows_beside_it(tmp_path: Path) -> None:
+    """On shared cores (a prior slowdown of 2: the trainer's 2 threads drop to 1 beside a
+    refresh) a 60 s refresh at 1.5 s a step (L = 40) also costs D = 40 · (1 - 1/2) = 20 steps,
+    so it pays only with 40 + 20 steps to train on after it lands; where the encoders have their
+    own cores (1) the old bound of 40 holds. Once a refresh has run beside logged steps, the
+    slowdown measured there replaces the prior."""
+    record = RefreshRecord("published", "training coordinator", started=0.0, seconds=60.0)
+    record.checkpoint = 10
+    append_record(tmp_path, record)
+    shared = RefreshPayoff(tmp_path, steps=120, slowdown_prior=2.0)
+    own = RefreshPayoff(tmp_path, steps=120)
+    for payoff in (shared, own):
+        for _ in range(30):
+            payoff.observe(1.5, ended=10_000.0)  # after the refresh's window [0, 60]
+    pays = shared.decide(20, _drawn(30), max_age=20)  # 100 left: 60 after it lands
+    assert (pays.reason, pays.latency_steps, pays.lost_steps, pays.slowdown) == (
+        "pays",
+        40.0,
+        20.0,
+        2.0,
+    )
+    assert not pays.slowdown_measured and "from its threads" in pays.describe()
+    assert shared.decide(21, _drawn(30), max_age=20).reason == "late"  # 59 < 60
+    assert own.decide(21, _drawn(30), max_age=20).reason == "pays"  # 59 >= 40
+    # steps that ended inside the refresh's window took 2.25 s against 1.5 s: 1.5x measured
+    for _ in range(30):
+        shared.observe(2.25, ended=30.0)
+    measured = shared.decide(21, _drawn(30), max_age=20)
+    assert measured.slowdown == pytest.approx(1.5) and measured.slowdown_measured
+    assert measured.lost_steps == pytest.approx(measured.latency_steps / 3)
+    assert "1.50x slower beside it, measured" in measured.describe()

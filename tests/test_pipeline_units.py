@@ -118,14 +118,16 @@ def test_a_checkpoint_resolves_as_newest_its_directory_or_its_export_and_is_veri
 
 
 def test_a_partial_rerank_training_section_keeps_the_rerankers_defaults() -> None:
-    """``--set rerank.training.steps=30`` must not turn the reranker into a 2-worker, 16-mention
-    run (the retriever's defaults): the keys it omits keep the reranker's own."""
+    """``--set rerank.training.steps=30`` must not turn the reranker into an 8-mention run at
+    learning rate 1e-4 (the retriever's defaults): the keys it omits keep the reranker's own."""
     defaults = load_config(None).rerank.training
     partial = load_config(None, ["rerank.training.steps=30"]).rerank.training
     assert (defaults.num_workers, defaults.batch_size) == (1, 2)
     assert (partial.steps, partial.num_workers, partial.batch_size) == (30, 1, 2)
+    assert partial.learning_rate == defaults.learning_rate != 1e-4
     assert load_config(None, ["rerank.training.num_workers=3"]).rerank.training.num_workers == 3
-    assert load_config(None).training.num_workers == 2  # the retriever's are untouched
+    retriever = load_config(None).training  # the retriever's are untouched
+    assert (retriever.batch_size, retriever.learning_rate) == (8, 1e-4)
 
 
 def test_a_dataset_without_its_manifest_is_refused_before_any_work(

@@ -39,8 +39,6 @@ SECTIONS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         "The demo",
         (
             ("pipeline_demo", "what it prints"),
-            ("demo_seeds", "3 seeds"),
-            ("demo_seeds_async_refresh", "on the asynchronous refresh instead"),
             ("demo_errors", "where R@1 is lost"),
             ("demo_negatives_ceiling", "the best possible negatives"),
         ),
@@ -56,12 +54,11 @@ SECTIONS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     (
         "Recipes and negatives",
         (
-            ("default_recipe_long", "the default recipe"),
+            ("yardstick", "the yardstick: seen and unseen entities"),
+            ("default_recipe_long", "scores and sharing"),
             ("wordnet_comparison", "scorers x negatives"),
             ("shared_negatives", "shared negatives"),
             ("refresh_modes", "refresh modes"),
-            ("negative_cache", "negative cache"),
-            ("negative_cache_long", "negative cache, 120 steps"),
             ("bias", "gradient bias"),
             ("real_model_bias", "gradient bias while training"),
         ),

@@ -92,16 +92,23 @@ def embed(model: BiEncoder, held_out: HeldOut) -> tuple[torch.Tensor, torch.Tens
     return queries, catalogue
 
 
-def recall_of(
-    queries: torch.Tensor, catalogue: torch.Tensor, held_out: HeldOut, normalise: bool
-) -> Recall:
-    """R@k of exact inner-product (or, ``normalise``d, cosine) search of every mention."""
+def ranked_candidates(
+    queries: torch.Tensor, catalogue: torch.Tensor, normalise: bool, depth: int = max(KS)
+) -> np.ndarray:
+    """Each mention's top ``depth`` entity ids [M, depth] by exact inner product (or,
+    ``normalise``d, cosine)."""
     with torch.inference_mode():
         if normalise:
             queries = torch.nn.functional.normalize(queries, dim=-1)
             catalogue = torch.nn.functional.normalize(catalogue, dim=-1)
-        candidates = (queries @ catalogue.T).topk(max(KS), dim=1).indices.numpy()
-    return recall_of_candidates(candidates, held_out)
+        return (queries @ catalogue.T).topk(depth, dim=1).indices.numpy()
+
+
+def recall_of(
+    queries: torch.Tensor, catalogue: torch.Tensor, held_out: HeldOut, normalise: bool
+) -> Recall:
+    """R@k of exact inner-product (or, ``normalise``d, cosine) search of every mention."""
+    return recall_of_candidates(ranked_candidates(queries, catalogue, normalise), held_out)
 
 
 def recall_of_candidates(candidates: np.ndarray, held_out: HeldOut) -> Recall:

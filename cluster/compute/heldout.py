@@ -57,6 +57,15 @@ def eval_mentions(data_dir: Path, split: str, max_mentions: int) -> list[Mention
     return mentions[:max_mentions] if max_mentions > 0 else mentions
 
 
+def training_golds(data_dir: Path, split: str) -> set[int] | None:
+    """Every entity a mention of the training ``split`` links to; None when there is no such
+    split (recall is then not told apart for seen and unseen entities)."""
+    path = mention_split_path(data_dir, split)
+    if not path.is_file():
+        return None
+    return {int(g) for m in MentionSplit.open(path).read_all() for g in (m.golds or (m.gold,))}
+
+
 def score_heldout(
     spec: HeldoutSpec,
     data_dir: Path,

@@ -5,7 +5,11 @@ A ranked candidate list per mention goes in; what comes out is, per mention, the
 first correct entity (:func:`first_correct_rank`: a mention may have several correct entities,
 ``golds``; one whose gold is missing from the catalogue has none and counts as an error). A
 :class:`RecallReport` aggregates those ranks micro (over mentions), per domain and macro (the mean
-of the per-domain figures: Zeshel's macro-averaged accuracy). Pure numpy: it lives beside the
+of the per-domain figures: Zeshel's macro-averaged accuracy) and, given the entities the training
+split links to, apart for mentions of *seen* entities (some correct entity is one a training
+mention links to) and *unseen* ones (none is): training on an entity's own mentions and
+generalising to entities it never saw are different regimes, and a recipe may help one and hurt
+the other. Pure numpy: it lives beside the
 retrieval that produces the candidates so that the refresh, below the pipeline, scores with it
 too; ``hnce.pipeline.metrics`` shows and writes the reports.
 
@@ -18,7 +22,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -52,6 +56,11 @@ def hits_at(
     return np.stack([ranks < k for k in ks], axis=1)
 
 
+def seen_flags(golds: Sequence[Sequence[int]], training_golds: set[int]) -> np.ndarray:
+    """Bool [M]: is some correct entity of mention i one that a training mention links to?"""
+    return np.array([bool(correct & training_golds) for correct in correct_sets(golds)], bool)
+
+
 def by_domain(domains: Sequence[str]) -> dict[str, np.ndarray]:
     """Row indices of each domain, domains in sorted order."""
     domain_array = np.asarray(domains)
@@ -80,6 +89,12 @@ class RecallReport:
     macro_recall: dict[int, float]
     per_domain: dict[str, dict[str, float]] = field(default_factory=dict)
     index: str = ""  # the index version searched
+    #: "seen" / "unseen" -> mentions and recall@k (:func:`seen_flags`); empty when not asked
+    per_exposure: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: per mention (not written to JSON): bool [M, len(recall)] hits at each k, in ``recall``'s
+    #: order, and bool [M] seen flags (None when not asked): what a paired comparison reads
+    hits: np.ndarray | None = field(default=None, repr=False, compare=False)
+    seen: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @property
     def accuracy(self) -> float:
@@ -90,7 +105,8 @@ class RecallReport:
         return self.macro_recall[1] if 1 in self.macro_recall else float("nan")
 
     def to_json(self) -> dict[str, object]:
-        payload = asdict(self)
+        payload = asdict(replace(self, hits=None, seen=None))
+        del payload["hits"], payload["seen"]
         payload["accuracy"] = self.accuracy
         payload["macro_accuracy"] = self.macro_accuracy
         return payload
@@ -102,17 +118,36 @@ def summarise(
     domains: Sequence[str],
     ks: Sequence[int],
     num_entities: int,
+    seen: np.ndarray | None = None,
 ) -> RecallReport:
-    """Micro and macro (over domains) recall from a hit matrix (:func:`hits_at`)."""
+    """Micro and macro (over domains) recall from a hit matrix (:func:`hits_at`), and apart
+    for the mentions of seen and unseen entities when ``seen`` (:func:`seen_flags`) is given."""
     recall = {k: float(hits[:, j].mean()) if len(hits) else 0.0 for j, k in enumerate(ks)}
-    per_domain: dict[str, dict[str, float]] = {}
-    for domain, rows in by_domain(domains).items():
-        per_domain[domain] = {"mentions": float(len(rows))}
-        per_domain[domain].update(
-            {f"recall@{k}": float(hits[rows, j].mean()) for j, k in enumerate(ks)}
-        )
+
+    def figures(rows: np.ndarray) -> dict[str, float]:
+        return {
+            "mentions": float(len(rows)),
+            **{f"recall@{k}": float(hits[rows, j].mean()) for j, k in enumerate(ks)},
+        }
+
+    per_domain = {domain: figures(rows) for domain, rows in by_domain(domains).items()}
     macro = macro_average(per_domain, lambda figures, k: figures[f"recall@{k}"], ks)
-    return RecallReport(name, len(hits), num_entities, recall, macro, per_domain)
+    per_exposure = {}
+    if seen is not None:
+        for exposure, rows in (("seen", np.flatnonzero(seen)), ("unseen", np.flatnonzero(~seen))):
+            if len(rows):
+                per_exposure[exposure] = figures(rows)
+    return RecallReport(
+        name,
+        len(hits),
+        num_entities,
+        recall,
+        macro,
+        per_domain,
+        per_exposure=per_exposure,
+        hits=hits,
+        seen=seen,
+    )
 
 
 def recall_report(
@@ -121,9 +156,12 @@ def recall_report(
     mentions: Sequence[Mention],
     ks: Sequence[int],
     num_entities: int,
+    training_golds: set[int] | None = None,
 ) -> RecallReport:
     """Recall@``ks`` of ``candidates`` [M, k] (best first) for ``mentions``, each of whose
-    ``golds`` (else its ``gold``) counts as correct."""
+    ``golds`` (else its ``gold``) counts as correct; apart for seen and unseen entities when
+    the entities training links to (``training_golds``) are given."""
     golds = [m.golds or (m.gold,) for m in mentions]
     hits = hits_at(candidates, golds, ks)
-    return summarise(name, hits, [m.domain for m in mentions], ks, num_entities)
+    seen = None if training_golds is None else seen_flags(golds, training_golds)
+    return summarise(name, hits, [m.domain for m in mentions], ks, num_entities, seen)

@@ -96,12 +96,13 @@ class RefreshSettings:
         wait_floor_seconds: the least time any wait on an encoder actor (its start, a shard, a
             search) may take before it is reported as hung; later waits also allow 10x the
             slowest task measured. Raise it for big shards encoded on CPUs.
-        trigger: which checkpoints the coordinator refreshes. ``checkpoints`` (default): each
-            newest checkpoint, every ``training.checkpoint_every`` steps. ``stale``: only those
+        trigger: which checkpoints the coordinator refreshes. ``checkpoints``: each newest
+            checkpoint, every ``training.checkpoint_every`` steps. ``stale``: only those
             the trainer publishes because its negatives went stale (the loss ratio of
             :mod:`hnce.pipeline.train.staleness`); the other checkpoints are kept for resuming.
-            ``payoff``: only those whose hard negatives have aged and whose refresh would
-            publish with enough steps left to train on it
+            ``payoff`` (default; ``checkpoints`` under ``mode: sync`` unless set): only those
+            whose hard negatives have aged and whose refresh would publish with enough steps
+            left to train on it
             (:mod:`hnce.pipeline.train.refresh_payoff`; each checkpoint's decision is a
             ``refresh_decision`` event with its numbers). With ``mode: async`` only.
         max_negative_age: ``trigger: payoff`` asks for a refresh only when the hard negatives
@@ -127,12 +128,12 @@ class RefreshSettings:
     batch_size: PositiveInt = 128
     mention_batch_size: PositiveInt = 256
     shard_size: PositiveInt = 100_000
-    top_n: PositiveInt = 64
+    top_n: PositiveInt = 32
     splits: list[Text] = Field(default_factory=lambda: ["train"], min_length=1)
     poll_seconds: PositiveReal = 2.0
     max_consecutive_failures: PositiveInt = 3
     wait_floor_seconds: PositiveReal = 900.0
-    trigger: Literal["checkpoints", "stale", "payoff"] = "checkpoints"
+    trigger: Literal["checkpoints", "stale", "payoff"] = "payoff"
     max_negative_age: PositiveInt = 20
     stale_loss_ratio: Fraction = 0.8
     stale_window: PositiveInt = 10

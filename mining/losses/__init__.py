@@ -7,6 +7,7 @@ and returns a scalar; entries with ``valid=False`` never contribute.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ from hnce.mining.losses.binary_nce import BinaryNCELoss
 from hnce.mining.losses.focal import FocalLoss
 from hnce.mining.losses.nce import NCELoss
 from hnce.mining.losses.negative_sampling import NegativeSamplingLoss
+from hnce.mining.losses.positive_aware import PositiveAwareMask
 from hnce.mining.losses.sampled_softmax import SampledSoftmaxLoss
 from hnce.mining.losses.triplet import TripletLoss
 from hnce.mining.registry import build_by_name
@@ -30,10 +32,26 @@ LOSSES: dict[str, Callable[..., nn.Module]] = {
 }
 
 
-def build_loss(name: str = "nce", **options: Any) -> nn.Module:
+#: the temperature a loss divides scores by when its recipe sets none: cosine scores (bounded by
+#: 1) need a sharp softmax, sentence-transformers' scale 20; inner products are already scaled
+COSINE_TEMPERATURE = 0.05
+
+
+def default_options(name: str, cosine: bool) -> dict[str, float]:
+    """The options loss ``name`` gets where its recipe sets none: a temperature of
+    :data:`COSINE_TEMPERATURE` for ``cosine`` scores, 1 for inner products, when it has one."""
+    loss = LOSSES.get(name)
+    if loss is None or "temperature" not in inspect.signature(loss).parameters:
+        return {}
+    return {"temperature": COSINE_TEMPERATURE if cosine else 1.0}
+
+
+def build_loss(name: str = "nce", positive_aware: float | None = None, **options: Any) -> nn.Module:
     """A loss by name: nce (default, eq. 5/11) | sampled-softmax (eq. 10) | binary-nce |
-    negative-sampling | triplet | focal. ``options`` are the loss's constructor arguments."""
-    return build_by_name("loss", LOSSES, name, options)
+    negative-sampling | triplet | focal. ``options`` are the loss's constructor arguments;
+    ``positive_aware``: wrapped in the positive-aware mask at that fraction of the gold score."""
+    loss = build_by_name("loss", LOSSES, name, options)
+    return loss if positive_aware is None else PositiveAwareMask(loss, positive_aware)
 
 
 __all__ = [
@@ -42,7 +60,9 @@ __all__ = [
     "FocalLoss",
     "NCELoss",
     "NegativeSamplingLoss",
+    "PositiveAwareMask",
     "SampledSoftmaxLoss",
     "TripletLoss",
     "build_loss",
+    "default_options",
 ]

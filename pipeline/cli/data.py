@@ -59,6 +59,7 @@ def _add_converters(formats: Any) -> None:
         _add_zeshel(formats),
         *_add_kilt_and_blink(formats),
         _add_wordnet(formats),
+        _add_foldoc(formats),
         _add_synthetic(formats),
     ]
     for sub in converters:
@@ -123,6 +124,22 @@ def _add_wordnet(formats: Any) -> argparse.ArgumentParser:
         "--seed", type=at_least(0), default=0, help="seed of the lemma-disjoint split"
     )
     return wordnet
+
+
+def _add_foldoc(formats: Any) -> argparse.ArgumentParser:
+    foldoc = formats.add_parser(
+        "foldoc", help="FOLDOC entries as entities, the links between them as mentions"
+    )
+    foldoc.add_argument(
+        "--foldoc-dir",
+        type=Path,
+        default=Path("/usr/share/dictd"),
+        help="directory holding foldoc.index and foldoc.dict.dz (Debian dict-foldoc)",
+    )
+    foldoc.add_argument(
+        "--seed", type=at_least(0), default=0, help="seed of the split by linking entry"
+    )
+    return foldoc
 
 
 def _add_synthetic(formats: Any) -> argparse.ArgumentParser:
@@ -199,6 +216,10 @@ def _convert(args: argparse.Namespace, output: DatasetOutput) -> dict[str, Any]:
         from hnce.pipeline.data.wordnet import convert_wordnet
 
         return convert_wordnet(output, args.wordnet_dir, args.seed)
+    if args.format == "foldoc":
+        from hnce.pipeline.data.foldoc import convert_foldoc
+
+        return convert_foldoc(output, args.foldoc_dir, args.seed)
     from hnce.pipeline.data.synthetic import generate_synthetic_dataset
 
     return generate_synthetic_dataset(
@@ -237,6 +258,17 @@ def _print_summary(out: Path, summary: dict[str, Any]) -> None:
             f"mentions total: {summary['mentions_total']}, ambiguous (lemma shared by >1 synset "
             f"of its part of speech): {summary['ambiguous_total']}, "
             f"over all parts of speech: {summary['ambiguous_any_pos_total']}"
+        )
+    if "unseen" in summary:
+        links = summary["links"]
+        print(
+            f"links: {links['total']}, resolved {json.dumps(links['resolved'])}, web "
+            f"{links['web']}, self {links['self']}, missing {json.dumps(links['missing'])}"
+        )
+        print(
+            f"dev / test mentions whose gold a train mention links to: "
+            f"{summary['seen']['dev']} / {summary['seen']['test']}, "
+            f"not: {summary['unseen']['dev']} / {summary['unseen']['test']}"
         )
     if summary.get("missing_gold_kept"):
         print(

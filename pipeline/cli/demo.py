@@ -17,5 +17,5 @@ def run(args: argparse.Namespace) -> int:
 
     result = run_demo(config, announce=lambda text: print(text, flush=True))
     print()
-    print(demo_summary(result, config.run_dir, config.demo.spread))
+    print(demo_summary(result, config.run_dir))
     return 0

@@ -24,6 +24,7 @@ from hnce.mining.schedule import SamplerSchedule
 from hnce.pipeline.config.origins import ConfigError, origin_of
 from hnce.settings import (
     Flag,
+    Fraction,
     NonNegativeInt,
     NonNegativeReal,
     PositiveInt,
@@ -73,9 +74,10 @@ class ModelSettings:
     ``pooling`` is the first vector x_1 / y_1 of both towers (``hnce.encoders.pooling``): auto (what the
     model directory declares: sentence-transformers' ``modules.json``, [CLS] without one; a
     bi-encoder export's own) | cls | mean. ``normalize`` L2-normalises every vector of both
-    towers, so scores are cosines (``BiEncoder.encode_with``; pair it with
-    ``loss.options.temperature``, e.g. 0.05 as sentence-transformers' scale 20): unset, a fresh
-    model is unnormalised (eq. 9 as the paper writes it) and an export keeps its own.
+    towers, so scores are cosines (``BiEncoder.encode_with``; the loss's temperature then
+    defaults to 0.05, sentence-transformers' scale 20): unset, a fresh model is normalised (the
+    measured default; false: eq. 9's inner product as the paper writes it) and an export keeps
+    its own.
     ``activation_checkpointing`` recomputes each tower's layer activations in the backward pass
     instead of keeping them (memory for time). ``projection_size`` puts one learned linear layer
     after each tower (ColBERT's 128-d projection of every token vector, BLINK's
@@ -91,7 +93,7 @@ class ModelSettings:
 
     path: Text = "minilm"
     mention_length: Annotated[StrictInt, Field(ge=4)] = 32
-    entity_length: Annotated[StrictInt, Field(ge=2)] = 64
+    entity_length: Annotated[StrictInt, Field(ge=2)] = 32
     pooling: Literal["auto", "cls", "mean"] = "auto"
     normalize: Flag | None = None
     activation_checkpointing: Flag = False
@@ -106,7 +108,9 @@ _NEGATIVES_DOC = """Negative sampling (docs/math.md): K negatives per mention fr
     refresh of docs/refresh.md); ``source: none`` uses only samplers that need no candidates.
     Before the first refresh the trainer draws from negatives version 0 as ``initial`` says:
     ``random`` (no version 0), ``lexical`` (BM25 candidates, DPR's BM25 negatives) or ``model``
-    (mined with the starting model through the encoder actors). With ``refresh.enabled: false``
+    (mined with the starting model through the encoder actors). With the negative cache,
+    ``random`` (the measured default) fills the cache from the steps alone: no pass over the
+    catalogue before training, at random's price. With ``refresh.enabled: false``
     version 0 is all the run trains on: negatives mined once (sentence-transformers'
     ``mine_hard_negatives``). ``share``: score each mention against its own candidates (none),
     every candidate of the micro-batch but its known positives (batch), or of every worker's
@@ -117,7 +121,10 @@ _NEGATIVES_DOC = """Negative sampling (docs/math.md): K negatives per mention fr
     window, the reranker's denoising; ``hnce.mining.false_negatives.CandidateRules``);
     ``schedule``: sampler options as functions of the step (``hnce.mining.schedule``);
     ``cache``: draw those candidates from the trainer's negative cache instead of the mined
-    lists (``hnce.mining.negative_cache``).
+    lists (``hnce.mining.negative_cache``). ``positive_aware`` f: a candidate of the loss (mined,
+    cached, shared or a whole-catalogue column) scored above f times its mention's gold score
+    under the current weights is dropped as a likely unlabelled positive (NV-Retriever's
+    TopK-PercPos, ``hnce.mining.losses.positive_aware``; None: none dropped).
     """
 
 
@@ -133,9 +140,10 @@ def _negatives_section() -> type:
         ("sampler", Literal[tuple(SAMPLER_SPECS)], "mixed"),
         ("num_negatives", PositiveInt, 8),
         ("source", Literal["index", "none"], "index"),
-        ("share", Literal["none", "batch", "global"], "none"),
+        ("share", Literal["none", "batch", "global"], "batch"),
         ("initial", Literal["random", "lexical", "model"], "random"),
         ("filter_false_negatives", Flag, True),
+        ("positive_aware", Fraction | None, None),
         ("candidates", CandidateRules, field(default_factory=CandidateRules)),
         ("schedule", SamplerSchedule, field(default_factory=SamplerSchedule)),
         ("cache", NegativeCacheOptions, field(default_factory=NegativeCacheOptions)),
@@ -152,7 +160,10 @@ NegativesSettings = _negatives_section()
 
 @settings
 class LossSettings:
-    """Contrastive loss (docs/math.md): nce (eq. 5/11) | sampled-softmax | binary-nce | ..."""
+    """Contrastive loss (docs/math.md): nce (eq. 5/11) | sampled-softmax | binary-nce | ...
+    ``options`` are the loss's own arguments; a loss with a ``temperature`` that ``options``
+    leaves unset divides cosine scores (``model.normalize``) by 0.05 and inner products by 1
+    (:func:`hnce.mining.losses.default_options`)."""
 
     name: Text = "nce"
     options: dict[str, Any] = field(default_factory=dict)
@@ -179,15 +190,15 @@ class TrainingSettings:
     """
 
     steps: PositiveInt = 1000
-    batch_size: PositiveInt = 16
+    batch_size: PositiveInt = 8
     gradient_accumulation: PositiveInt = 1
-    learning_rate: PositiveReal = 2e-5
-    warmup_steps: NonNegativeInt = 100
+    learning_rate: PositiveReal = 1e-4
+    warmup_steps: NonNegativeInt = 6
     weight_decay: NonNegativeReal = 0.0
     max_grad_norm: PositiveReal = 1.0
     zero_stage: Literal[0, 1, 2, 3] = 0
     precision: Literal["auto", "bf16", "fp32"] = "auto"
-    num_workers: PositiveInt = 2
+    num_workers: PositiveInt = 1
     cpus_per_worker: PositiveReal = 1.0
     checkpoint_every: PositiveInt = 100
     negatives_check_every: PositiveInt = 10
@@ -210,8 +221,14 @@ class EvalSettings:
 
 
 # Where the reranker's training defaults differ from the retriever's: a cross-encoder pays one
-# BERT pass per (mention, candidate) pair, so 2 mentions x 64 candidates fill one worker.
-_RERANKER_TRAINING = {"batch_size": 2, "num_workers": 1}
+# BERT pass per (mention, candidate) pair, so 2 mentions x 64 candidates fill one worker; it keeps
+# BERT's fine-tuning rate and warm-up (the retriever's were measured on the bi-encoder only).
+_RERANKER_TRAINING = {
+    "batch_size": 2,
+    "num_workers": 1,
+    "learning_rate": 2e-5,
+    "warmup_steps": 100,
+}
 
 
 def _reranker_training() -> TrainingSettings:
@@ -257,27 +274,25 @@ class RerankSettings:
 class DemoSettings:
     """``hnce demo``: the WordNet subset it trains and evaluates on (see configs/demo.yaml).
 
-    The catalogue holds ``catalogue_entities`` synsets (0: all 117,659): every gold, then the
-    other senses of the golds' lemmas (the ambiguous senses, the hard distractors; held-out
-    mentions first), then random synsets.
+    ``train_mentions`` sampled training mentions; held out, ``seen_eval_mentions`` other example
+    sentences of synsets a training mention links to and ``unseen_eval_mentions`` of synsets none
+    does (:mod:`hnce.pipeline.data.demo_subset`); recall is reported apart for the two. The
+    catalogue holds ``catalogue_entities`` synsets (0: all 117,659): every gold, then the other
+    senses of the golds' lemmas (the ambiguous senses, the hard distractors; held-out mentions
+    first), then random synsets.
 
     ``curve_every``: besides its final checkpoint, each training run's checkpoints at every
     ``curve_every`` steps are evaluated after it, so the demo prints and plots recall against
     wall-clock (0: the final checkpoint only). A multiple of ``training.checkpoint_every`` whose
     checkpoints the run keeps (``training.keep_checkpoints``); ``hnce demo`` checks both.
-
-    ``spread``: recall@k -> the standard deviation over seeds of the difference between the
-    recipe's run and the random run at the end (both runs of a seed share its data and mention
-    order), as measured for this recipe (BENCHMARKS.md). The demo's verdict says, at each k,
-    which run won and whether by more than twice that (empty: no comparison with a spread).
     """
 
     wordnet_dir: Text = "/usr/share/wordnet"
     catalogue_entities: NonNegativeInt = 10000
-    train_mentions: NonNegativeInt = 2000
-    eval_mentions: NonNegativeInt = 500
+    train_mentions: NonNegativeInt = 1000
+    seen_eval_mentions: NonNegativeInt = 2000
+    unseen_eval_mentions: NonNegativeInt = 2000
     curve_every: NonNegativeInt = 0
-    spread: dict[PositiveInt, NonNegativeReal] = Field(default_factory=dict)
 
 
 @settings

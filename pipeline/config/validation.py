@@ -73,6 +73,12 @@ def validate(config: Config) -> Config:
             "is sync, which waits for refreshed negatives: it needs 'negatives.source: index' "
             "and 'refresh.enabled: true'",
         )
+    if (
+        refresh.trigger == "payoff"
+        and refresh.mode == "sync"
+        and not _set(config, "refresh.trigger")
+    ):
+        refresh.trigger = "checkpoints"  # the default trigger: sync refreshes what it waits for
     if refresh.trigger != "checkpoints" and refresh.mode != "async":
         raise config.error(
             "refresh.trigger",
@@ -112,10 +118,18 @@ def validate(config: Config) -> Config:
     return config
 
 
+def _set(config: Config, key: str) -> bool:
+    """Whether the recipe or an override set ``key`` (not left to its default)."""
+    return key in getattr(config, "_origins", {})
+
+
 def _validate_samplers(config: Config) -> None:
-    """What the chosen sampler's spec asks of the rest of the recipe."""
+    """What the chosen sampler's spec asks of the rest of the recipe (the negative cache, unset,
+    first resolved to whether it applies)."""
     negatives = config.negatives
     spec = SAMPLER_SPECS[negatives.sampler]
+    if negatives.cache.enabled is None:
+        negatives.cache.enabled = cache_applies(config)
     name = negatives.sampler
     if spec.candidates == "index" and negatives.source != "index":
         raise config.error(
@@ -161,12 +175,38 @@ def _validate_samplers(config: Config) -> None:
         )
 
 
+def cache_applies(config: Config) -> bool:
+    """Whether the negative cache can serve the recipe: a sampler of index candidates mined from
+    an index, a scorer with a fixed number of vectors an entity, weights readable outside the
+    engine (ZeRO below 3)."""
+    negatives = config.negatives
+    return (
+        SAMPLER_SPECS[negatives.sampler].candidates == "index"
+        and negatives.source == "index"
+        and config.model.scorer.name != "som"
+        and config.training.zero_stage != 3
+    )
+
+
 def _validate_cache(config: Config) -> None:
     """``negatives.cache`` replaces index candidates: a sampler that draws them, a scorer with a
-    fixed number of vectors an entity, and weights the worker can read outside the engine."""
+    fixed number of vectors an entity, and weights the worker can read outside the engine.
+    Unset, it is on exactly where it can be (:func:`cache_applies`)."""
     negatives = config.negatives
     if not negatives.cache.enabled:
+        if negatives.cache.whole_catalogue:
+            raise config.error(
+                "negatives.cache.whole_catalogue",
+                "is true, but 'negatives.cache.enabled' is false: the catalogue's columns are "
+                "the cache's rows",
+            )
         return
+    if negatives.cache.whole_catalogue and negatives.share == "global":
+        raise config.error(
+            "negatives.cache.whole_catalogue",
+            "is true with 'negatives.share: global': another worker's candidates would enter "
+            "the softmax twice (as gathered columns and as cache rows); use share batch",
+        )
     name = negatives.sampler
     if SAMPLER_SPECS[name].candidates != "index":
         raise config.error(

@@ -13,6 +13,7 @@ source: ~50 MB instead of a ~350 MB Python set).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
@@ -121,3 +122,17 @@ def write_unique_entities(
         written.append(replace(entity, entity_id=writer.count))
         writer.write(written[-1])
     return written
+
+
+#: train / dev / test shares of :func:`hashed_split`
+SPLIT_FRACTIONS = (0.8, 0.1, 0.1)
+
+
+def hashed_split(name: str, seed: int) -> str:
+    """``train``, ``dev`` or ``test`` (80 / 10 / 10) by a seeded hash of ``name``: whatever shares a
+    name (a WordNet lemma's mentions, the links of one FOLDOC entry) lands in one split."""
+    digest = hashlib.blake2b(f"{seed}\x00{name}".encode(), digest_size=8).digest()
+    fraction = int.from_bytes(digest, "big") / 2**64
+    if fraction < SPLIT_FRACTIONS[0]:
+        return "train"
+    return "dev" if fraction < SPLIT_FRACTIONS[0] + SPLIT_FRACTIONS[1] else "test"

@@ -13,15 +13,18 @@ dropped e or doubled consonant; comparative -er/-est). Multiword lemmas inflect 
 match in the sentence is the mention; its left and right context are the rest of the sentence.
 
 A mention is *ambiguous* when its lemma names more than one synset of its part of speech (the
-summary also gives the count over all parts of speech). The
-split keeps lemmas apart: every mention of a lemma lands in the same split, chosen by a seeded
-hash of the lemma (80 / 10 / 10), so test lemmas are never seen in training (zero-shot in the
-sense of the Zeshel paper).
+summary also gives the count over all parts of speech). The split keeps lemmas apart: every
+mention of a lemma lands in the split chosen by a seeded hash of the lemma (80 / 10 / 10), so
+dev and test lemmas are never seen in training (zero-shot in the sense of the Zeshel paper):
+their synsets are *unseen* entities. One exception gives dev and test *seen* entities too: a
+synset whose train-lemma examples are two or more keeps the first of them in train and sends
+the others, alternately, to test and dev, so that a test mention may be another context of an
+entity some training mention links to (the regime of BLINK's Wikipedia anchors). The summary
+counts, per split, the mentions of entities the train split links to (``seen_mentions``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections import Counter
 from collections.abc import Iterator
@@ -33,7 +36,7 @@ from hnce.cluster.stores.tables import SPLITS, Entity, Mention
 from hnce.errors import InputError
 from hnce.pipeline.data.bad_rows import BadRowKind, BadRowPolicy, InputRow, chunked, iter_text_lines
 from hnce.pipeline.data.conversion import Conversion, DatasetOutput
-from hnce.pipeline.data.fields import KeySet, write_unique_entities
+from hnce.pipeline.data.fields import KeySet, hashed_split, write_unique_entities
 from hnce.progress import progress_bar
 
 DEFAULT_WORDNET_DIR = Path("/usr/share/wordnet")
@@ -44,8 +47,10 @@ PARTS_OF_SPEECH: dict[str, tuple[str, str]] = {
     "adj": ("a", "adj"),
     "adv": ("r", "adv"),
 }
-SPLIT_FRACTIONS = (0.8, 0.1, 0.1)
-CONVERTER_VERSION = 2
+#: where a train-lemma synset's n-th example goes for n >= 2 (seen entities): index n % 2, so the
+#: second goes to test, the third to dev, the fourth to test, ...
+HELD_OUT_SEEN = ("test", "dev")
+CONVERTER_VERSION = 3
 _CHUNK = 4096
 
 _ADJECTIVE_MARKER = re.compile(r"\((?:a|p|ip)\)$")
@@ -223,11 +228,7 @@ class LemmaMatcher:
 
 def split_for_lemma(lemma: str, seed: int) -> str:
     """Seeded hash split of a lemma: every mention of a lemma lands in the same split."""
-    digest = hashlib.blake2b(f"{seed}\x00{lemma}".encode(), digest_size=8).digest()
-    fraction = int.from_bytes(digest, "big") / 2**64
-    if fraction < SPLIT_FRACTIONS[0]:
-        return "train"
-    return "dev" if fraction < SPLIT_FRACTIONS[0] + SPLIT_FRACTIONS[1] else "test"
+    return hashed_split(lemma, seed)
 
 
 def data_files(wordnet_dir: Path) -> list[tuple[Path, str, str]]:
@@ -252,6 +253,7 @@ class _Tally:
     mention_lemmas: dict[str, Counter[tuple[str, str]]] = field(
         default_factory=lambda: {split: Counter() for split in SPLITS}
     )
+    seen_mentions: Counter[str] = field(default_factory=Counter)
     examples: int = 0
     examples_without_lemma: int = 0
 
@@ -279,6 +281,7 @@ class _Tally:
             "examples_without_lemma": self.examples_without_lemma,
             "mentions": mentions,
             "mentions_total": sum(mentions.values()),
+            "seen_mentions": {split: self.seen_mentions[split] for split in SPLITS},
             "ambiguous": ambiguous,
             "ambiguous_total": sum(ambiguous.values()),
             "ambiguous_any_pos": ambiguous_any_pos,
@@ -296,6 +299,7 @@ def _example_mentions(
     if not synset.examples:
         return  # compiling a matcher is most of the conversion's time: only when it is used
     matcher = LemmaMatcher(synset.lemmas, synset.pos, exceptions)
+    in_train = 0  # this synset's train-lemma examples so far: the second on are held out (seen)
     for number, example in enumerate(synset.examples):
         tally.examples += 1
         found = matcher.find(example)
@@ -304,6 +308,11 @@ def _example_mentions(
             continue
         start, end, lemma = found
         split = split_for_lemma(lemma, seed)
+        if split == "train":
+            in_train += 1
+            if in_train > 1:
+                split = HELD_OUT_SEEN[in_train % 2]
+                tally.seen_mentions[split] += 1
         tally.mention_lemmas[split][(synset.pos, lemma)] += 1
         yield (
             split,

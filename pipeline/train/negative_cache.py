@@ -13,6 +13,9 @@ Lindgren et al. 2021): where its hard candidates come from instead of the mined 
   (eval mode, no gradient: B mention-tower passes, beside the step's B·(K+1) entity passes) and
   the top ``refresh.top_n`` rows under the scorer are the mentions' candidates
   (:meth:`candidates`).
+- Scoring whole (``whole_catalogue``): every written row is a constant negative column of every
+  mention's softmax, but the step's own candidates and the mention's known positives
+  (:meth:`catalogue_columns`).
 - Writing: after each micro-batch, the entity vectors its forward computed (the scorer's entity
   side, detached: :class:`~hnce.pipeline.train.step.ContrastiveScoring` keeps them) replace their
   rows (:meth:`observe`); with ``refresh_rows`` > 0 the oldest rows are re-encoded after each
@@ -81,6 +84,7 @@ class TrainerCache:
         top_n: int,
         scoring: CandidateVectors,
         refresh_rows: int = 0,
+        whole_catalogue: bool = False,
     ) -> None:
         self.cache = cache
         self.space = space.long().cpu()
@@ -94,6 +98,7 @@ class TrainerCache:
         self.top_n = top_n
         self.scoring = scoring
         self.refresh_rows = refresh_rows
+        self.whole_catalogue = whole_catalogue
         self.filled_version = -1
 
     @classmethod
@@ -145,6 +150,7 @@ class TrainerCache:
             config.refresh.top_n,
             scoring,
             options.refresh_rows,
+            options.whole_catalogue,
         )
 
     @property
@@ -210,6 +216,17 @@ class TrainerCache:
         )
         ids = torch.where(found >= 0, self.space[found.clamp(min=0)], -1)
         return ids, scores
+
+    def catalogue_columns(
+        self, candidate_ids: Tensor, positives: list[set[int]]
+    ) -> tuple[Tensor, Tensor]:
+        """The whole cache as loss columns of a micro-batch whose candidates are the catalogue
+        ids ``candidate_ids`` [C] and whose mentions' known positives are ``positives``:
+        vectors [rows, b, d] and valid [B, rows] (:meth:`NegativeCache.catalogue_columns`)."""
+        own = self.to_row[candidate_ids.long().cpu().clamp(min=0)]
+        own = own.masked_fill(candidate_ids.cpu() < 0, -1)
+        positive_rows = [self.to_row[torch.tensor(sorted(p), dtype=torch.long)] for p in positives]
+        return self.cache.catalogue_columns(own, positive_rows)
 
     def observe_batch(self, entity_ids: Tensor, step: int) -> None:
         """Write the entity vectors the last micro-batch's forward kept, for its candidates'

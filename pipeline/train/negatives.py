@@ -430,6 +430,9 @@ class TrainingData:
         if self.loss_columns is not None:
             vectors, valid = self.loss_columns.columns(batch.entity_ids[batch.gold], positives)
             batch = dataclasses.replace(batch, queue_vectors=vectors, queue_valid=valid)
+        elif self.cache is not None and self.cache.whole_catalogue and not self.cache.empty:
+            vectors, valid = self.cache.catalogue_columns(batch.entity_ids, positives)
+            batch = dataclasses.replace(batch, queue_vectors=vectors, queue_valid=valid)
         return batch
 
     def micro_batches(self, step: int, device: torch.device) -> Iterator[ContrastiveBatch]:

@@ -62,7 +62,9 @@ class NegativesInUse(Protocol):
 class RefreshHandover:
     """One worker's side of one task's refreshes (module docs), over its ``negatives``;
     ``initial_negatives_since``: the start of the driver that prepares negatives version 0
-    beside the workers' start-up, None when it is ready."""
+    beside the workers' start-up, None when it is ready; ``slowdown_prior``: how much slower a
+    step runs beside a refresh before one has been measured (the worker's threads without one
+    over its threads beside one)."""
 
     def __init__(
         self,
@@ -72,6 +74,7 @@ class RefreshHandover:
         log: EventLog | None,
         negatives: NegativesInUse,
         initial_negatives_since: float | None = None,
+        slowdown_prior: float = 1.0,
     ) -> None:
         settings = task.settings(config)
         self.refresh = config.refresh
@@ -96,7 +99,9 @@ class RefreshHandover:
             else None
         )
         self.payoff = (
-            RefreshPayoff(task.run_dir, self.steps) if refreshes and not self.waits else None
+            RefreshPayoff(task.run_dir, self.steps, slowdown_prior)
+            if refreshes and not self.waits
+            else None
         )
         self.drawn = negatives.freshness.window() if task.refreshes_when_it_pays(config) else None
         self.ended = False

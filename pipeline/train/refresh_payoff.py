@@ -26,10 +26,16 @@ cache, the lag of the negatives version they were mined from;
 :class:`~hnce.pipeline.train.negative_cache.NegativeFreshness`). With A =
 ``refresh.max_negative_age`` and L = R / s̄ the steps a refresh takes to publish,
 
-    refresh at t  ⟺  ā ≥ A  and  (T - t) - L ≥ max(A, L):
+    refresh at t  ⟺  ā ≥ A  and  (T - t) - L ≥ max(A, L + D):
 
 the negatives drawn now are stale, and the version the refresh would publish is trained on
-afterwards for at least as many steps as it took to make, and at least A. Before any refresh
+afterwards for at least as many steps as it took to make plus those it cost the trainer, and at
+least A. D is that cost: where the refresh's encoders share the trainer's cores, the steps beside
+it run φ times slower, and D = L · (1 - 1/φ) steps are lost to them. φ is measured in the run
+(the mean seconds of the steps that ended while a refresh of the refresh log was running, over
+the others'); before any refresh has run it is the trainer's threads with no refresh over its
+threads beside one (``training.cores: handover``: e.g. 2 threads, then 1: φ = 2; ``reserved``:
+the encoders have their own cores, φ = 1). Before any refresh
 has published, R is version 0's seconds where it encoded the catalogue (the ``initial_negatives``
 event: the same pass over the catalogue, made by the starting model); when neither is known, a
 stale checkpoint asks (that refresh measures R). One request at a time: after one, no checkpoint asks until the refresh log
@@ -45,7 +51,7 @@ to train on the new ones.
 
 Example::
 
-    payoff = RefreshPayoff(run_dir, steps=60)
+    payoff = RefreshPayoff(run_dir, steps=60, slowdown_prior=2.0)
     payoff.observe(2.4)                      # after every step: its seconds
     estimate = payoff.estimate(45)           # at a checkpoint
     estimate.ends                            # True: no refresh would land in time
@@ -56,6 +62,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -86,7 +93,8 @@ class RefreshDecision:
     """At the checkpoint of ``step``: whether it asks for a refresh, why, and the numbers of the
     module docs' rule (None where unknown): ā (``mean_age``) over ``hard_negatives``, A
     (``max_age``), R (``refresh_seconds``, from ``cost_source``), s̄ (``step_seconds``), L
-    (``latency_steps``) and T - t (``steps_left``)."""
+    (``latency_steps``), the slowdown (``slowdown``: measured, ``slowdown_measured``, or the
+    prior), D (``lost_steps``) and T - t (``steps_left``)."""
 
     step: int
     refresh: bool
@@ -99,6 +107,9 @@ class RefreshDecision:
     step_seconds: float | None
     latency_steps: float | None
     steps_left: int
+    slowdown: float = 1.0
+    slowdown_measured: bool = False
+    lost_steps: float | None = None
 
     def describe(self) -> str:
         """One line for the log: the decision and the numbers it came from."""
@@ -107,7 +118,9 @@ class RefreshDecision:
             "an unknown time"
             if self.latency_steps is None
             else f"~{self.latency_steps:.0f} steps ({self.refresh_seconds:.0f} s by "
-            f"{self.cost_source}, {self.step_seconds:.2f} s a step)"
+            f"{self.cost_source}, {self.step_seconds:.2f} s a step) and costs the trainer "
+            f"~{self.lost_steps:.0f} (steps {self.slowdown:.2f}x slower beside it, "
+            f"{'measured' if self.slowdown_measured else 'from its threads'})"
         )
         verb = "refresh" if self.refresh else "no refresh"
         return (
@@ -123,15 +136,19 @@ class RefreshPayoff:
 
     run_dir: Path
     steps: int
+    slowdown_prior: float = 1.0  # the slowdown before any refresh has run (module docs)
     step_seconds: list[float] = field(default_factory=list)
+    step_ends: list[float] = field(default_factory=list)  # epoch seconds each step ended
+    refresh_windows: list[tuple[float, float]] = field(default_factory=list)
     refresh_seconds: float | None = None
     log_offset: int = 0
     refreshed_through: int = -1  # the latest checkpoint the refresh log has a record of
     pending: int | None = None  # the checkpoint whose refresh was asked for and not yet recorded
 
-    def observe(self, seconds: float) -> None:
-        """Record one step's seconds."""
+    def observe(self, seconds: float, ended: float | None = None) -> None:
+        """Record one step's seconds, and when it ended (epoch seconds; now by default)."""
         self.step_seconds.append(seconds)
+        self.step_ends.append(time.time() if ended is None else ended)
 
     def _read_log(self) -> None:
         """Take in the refresh records appended since the last read."""
@@ -144,6 +161,8 @@ class RefreshPayoff:
         for record in log.records:
             if record.checkpoint is not None:
                 self.refreshed_through = max(self.refreshed_through, record.checkpoint)
+            if record.seconds > 0:
+                self.refresh_windows.append((record.started, record.started + record.seconds))
         if self.pending is not None and self.refreshed_through >= self.pending:
             self.pending = None
 
@@ -152,6 +171,17 @@ class RefreshPayoff:
         """:func:`version_zero_seconds` of the run, read once: version 0 is live before the
         first step, so its event is written before any checkpoint decides."""
         return version_zero_seconds(self.run_dir)
+
+    def measured_slowdown(self) -> float | None:
+        """The slowdown measured: the mean seconds of the steps that ended while a refresh ran
+        over the others' (None until there are both; never below 1)."""
+        beside, alone = [], []
+        for seconds, ended in zip(self.step_seconds, self.step_ends, strict=True):
+            inside = any(start <= ended <= end for start, end in self.refresh_windows)
+            (beside if inside else alone).append(seconds)
+        if not beside or not alone:
+            return None
+        return max(1.0, (sum(beside) / len(beside)) / (sum(alone) / len(alone)))
 
     @property
     def mean_step_seconds(self) -> float | None:
@@ -183,6 +213,9 @@ class RefreshPayoff:
             cost, source = self.version_zero_seconds, "version 0"
         mean = self.mean_step_seconds
         latency = None if cost is None or not mean else cost / mean
+        measured = self.measured_slowdown()
+        slowdown = self.slowdown_prior if measured is None else measured
+        lost = None if latency is None else latency * (1 - 1 / slowdown)
         steps_left = self.steps - step
         age = drawn.mean_age
         reason: DecisionReason
@@ -192,9 +225,9 @@ class RefreshPayoff:
             reason = "no hard negatives"
         elif age < max_age:
             reason = "fresh"
-        elif latency is None:
+        elif latency is None or lost is None:
             reason = "unknown cost"
-        elif steps_left - latency < max(max_age, latency):
+        elif steps_left - latency < max(max_age, latency + lost):
             reason = "late"
         else:
             reason = "pays"
@@ -210,6 +243,9 @@ class RefreshPayoff:
             step_seconds=mean,
             latency_steps=latency,
             steps_left=steps_left,
+            slowdown=slowdown,
+            slowdown_measured=measured is not None,
+            lost_steps=lost,
         )
 
     def asked(self, step: int) -> None:

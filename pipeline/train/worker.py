@@ -37,7 +37,7 @@ from hnce.cluster.stores.checkpoints import checkpoint_dir
 from hnce.encoders.biencoder import BiEncoder
 from hnce.encoders.reranker import JointReranker
 from hnce.events import RunEvent
-from hnce.mining.losses import build_loss
+from hnce.mining.losses import build_loss, default_options
 from hnce.pipeline.config import Config, CoresMode, config_from_dict
 from hnce.pipeline.event_log import EventLog
 from hnce.pipeline.train.batch import ContrastiveBatch
@@ -90,7 +90,12 @@ class WorkerRun:
         self.data = data
         self.threads = threads
         self.device = engine.device
-        self.loss = build_loss(config.loss.name, **config.loss.options)
+        options = default_options(config.loss.name, bool(getattr(model, "normalize", False)))
+        self.loss = build_loss(
+            config.loss.name,
+            config.negatives.positive_aware,
+            **{**options, **config.loss.options},
+        )
         self.log = EventLog(task.run_dir, tensorboard=True) if collectives.rank == 0 else None
         keep = self.settings.keep_checkpoints
         self.checkpoints = WorkerCheckpoints(
@@ -104,7 +109,13 @@ class WorkerRun:
             self.settings.keep_deepspeed_state,
         )
         self.refresh = RefreshHandover(
-            config, task, collectives, self.log, data, initial_negatives_since
+            config,
+            task,
+            collectives,
+            self.log,
+            data,
+            initial_negatives_since,
+            slowdown_prior=threads.idle / threads.reserved,
         )
         self.logged_negatives = data.freshness.window()
         self.start_step = 0
