@@ -213,3 +213,14 @@ def test_a_refresh_is_charged_the_steps_it_slows_beside_it(tmp_path: Path) -> No
     assert measured.slowdown == pytest.approx(1.5) and measured.slowdown_measured
     assert measured.lost_steps == pytest.approx(measured.latency_steps / 3)
     assert "1.50x slower beside it, measured" in measured.describe()
+
+
+def test_the_summary_says_where_the_hard_negatives_came_from(tmp_path: Path) -> None:
+    """A run that switched to no negatives version drew its hard negatives from the negative
+    cache, if it drew any; a run that drew none trained on random negatives only."""
+    cached = TrainingSummary(
+        tmp_path, steps=120, final_loss=0.03, seconds=190.0, hard_negatives=3840
+    )
+    assert cached.line().endswith("0 refreshes, 3,840 hard negatives from the negative cache")
+    plain = TrainingSummary(tmp_path, steps=120, final_loss=0.002, seconds=190.0)
+    assert plain.line().endswith("0 refreshes, random negatives only")

@@ -90,6 +90,7 @@ class TrainingSummary:
     refreshes: int = 0
     refresh_error: str | None = None
     refreshes_over: str | None = None  # why the coordinator started no more (it logged the figures)
+    hard_negatives: int = 0  # drawn over the run (its step events' counts)
 
     def note_refreshes(self, status: dict[str, Any]) -> None:
         """Take the refresh coordinator's last ``status`` (empty without a coordinator)."""
@@ -102,6 +103,8 @@ class TrainingSummary:
         switches = (
             f"{len(self.negatives_switches)} negatives switches (lag {min(lags)}-{max(lags)} steps)"
             if lags
+            else f"{self.hard_negatives:,} hard negatives from the negative cache"
+            if self.hard_negatives
             else "random negatives only"
         )
         if self.task == "reranker":
@@ -357,4 +360,7 @@ def summarise_run(run_dir: Path, seconds: float) -> TrainingSummary:
         checkpoints=[int(e["step"]) for e in read_events(run_dir, RunEvent.CHECKPOINT)],
         negatives_switches=read_events(run_dir, RunEvent.NEGATIVES),
         resumed_from=[int(e["step"]) for e in read_events(run_dir, RunEvent.RESUME)],
+        hard_negatives=sum(
+            int(e.get("hard_negatives") or 0) for e in read_events(run_dir, RunEvent.STEP)
+        ),
     )
