@@ -399,10 +399,13 @@ def main() -> None:
         seen_of[domain] = seen_flags(
             [m.golds for m in mentions], training_golds(data, "train") or set()
         )
+        seeds = next(
+            (n for n in range(args.seeds) if f"{BASELINE} / {n}" not in done), args.seeds
+        )  # with --report-only, the seeds the baseline has run (0..seeds-1)
         results[domain] = {
-            arm: [done[f"{arm} / {seed}"] for seed in range(args.seeds)]
+            arm: [done[f"{arm} / {seed}"] for seed in range(seeds)]
             for arm in args.arms
-            if all(f"{arm} / {seed}" in done for seed in range(args.seeds))
+            if all(f"{arm} / {seed}" in done for seed in range(seeds))
         }
         zero = work / "version-0" / "seconds.json"
         built = json.loads(zero.read_text())["seconds"] if zero.is_file() else None
@@ -419,17 +422,20 @@ def main() -> None:
             f"The demo recipe's model and budget ({args.steps} steps × 8 mentions × 8 negatives, "
             "cosine at temperature 0.05, lr 1e-4, every candidate of a step shared), each arm's "
             "negatives as its name says, the product's training step in one process on "
-            f"{torch.get_num_threads()} threads, no refresh, seeds 0..{args.seeds - 1} paired on "
+            f"{torch.get_num_threads()} threads, no refresh, the seeds paired on "
             "fixed data. R@k: mean over seeds. Δ: the arm minus random + shared, mean over seeds "
             "and mentions, with its 95% interval (two-level bootstrap over seeds and mentions); "
             "MDD: the smallest R@1 difference this comparison detects (5%, 80% power). *seconds*: "
             "training and version 0, not evaluation; × random + shared's.",
             "",
             *sections,
-            f"Command: `.venv/bin/python -m benchmarks.yardstick --domains {' '.join(args.domains)} "
-            f"--seeds {args.seeds} --arms " + " ".join(f"'{arm}'" for arm in args.arms) + "`, "
-            f"at commit `{commit()}` (the runs of an arm kept in its work directory are not run "
-            "again).",
+            "Commands: "
+            + "; ".join(
+                f"`.venv/bin/python -m benchmarks.yardstick --domains {domain} --seeds "
+                f"{len(runs[BASELINE])} --arms " + " ".join(f"'{arm}'" for arm in runs) + "`"
+                for domain, runs in results.items()
+            )
+            + f", at commit `{commit()}` (the runs kept in the work directory are not run again).",
             "",
             f"![each arm's difference from random + shared]({args.output.stem}.png)",
         ],
