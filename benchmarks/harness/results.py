@@ -55,10 +55,7 @@ SECTIONS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         "Recipes and negatives",
         (
             ("yardstick", "the yardstick: seen and unseen entities"),
-            ("default_recipe_long", "scores and sharing"),
             ("wordnet_comparison", "scorers x negatives"),
-            ("shared_negatives", "shared negatives"),
-            ("refresh_modes", "refresh modes"),
             ("bias", "gradient bias"),
             ("real_model_bias", "gradient bias while training"),
         ),

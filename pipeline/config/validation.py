@@ -175,23 +175,42 @@ def _validate_samplers(config: Config) -> None:
         )
 
 
+def cache_refusal(config: Config) -> tuple[str, str] | None:
+    """Why the negative cache cannot serve the recipe (the key and the reason), or None: it needs
+    a sampler of index candidates, a scorer with a fixed number of vectors an entity, and weights
+    readable outside the engine (ZeRO below 3)."""
+    name = config.negatives.sampler
+    if SAMPLER_SPECS[name].candidates != "index":
+        return (
+            "negatives.cache.enabled",
+            f"is true, but sampler {name!r} draws no index candidates for the cache to replace; "
+            f"use hard, mixed or another sampler of an index",
+        )
+    if config.model.scorer.name == "som":
+        return (
+            "negatives.cache.enabled",
+            "is true, but sum-of-max keeps a vector per entity token, which a cache of fixed "
+            "rows cannot hold (docs/negatives.md, 'Negative cache'); use dual or multi-m",
+        )
+    if config.training.zero_stage == 3:
+        return (
+            "training.zero_stage",
+            "is 3, whose partitioned weights cannot encode the cache's mentions outside the "
+            "engine's forward; use 0, 1 or 2",
+        )
+    return None
+
+
 def cache_applies(config: Config) -> bool:
-    """Whether the negative cache can serve the recipe: a sampler of index candidates mined from
-    an index, a scorer with a fixed number of vectors an entity, weights readable outside the
-    engine (ZeRO below 3)."""
-    negatives = config.negatives
-    return (
-        SAMPLER_SPECS[negatives.sampler].candidates == "index"
-        and negatives.source == "index"
-        and config.model.scorer.name != "som"
-        and config.training.zero_stage != 3
-    )
+    """Whether the negative cache can serve the recipe (no :func:`cache_refusal`, candidates
+    mined from an index): where it is on when the recipe leaves it unset."""
+    return config.negatives.source == "index" and cache_refusal(config) is None
 
 
 def _validate_cache(config: Config) -> None:
-    """``negatives.cache`` replaces index candidates: a sampler that draws them, a scorer with a
-    fixed number of vectors an entity, and weights the worker can read outside the engine.
-    Unset, it is on exactly where it can be (:func:`cache_applies`)."""
+    """``negatives.cache`` replaces index candidates (:func:`cache_refusal`); the whole catalogue
+    needs it and no cross-worker sharing. Unset, it is on exactly where it can be
+    (:func:`cache_applies`)."""
     negatives = config.negatives
     if not negatives.cache.enabled:
         if negatives.cache.whole_catalogue:
@@ -207,25 +226,9 @@ def _validate_cache(config: Config) -> None:
             "is true with 'negatives.share: global': another worker's candidates would enter "
             "the softmax twice (as gathered columns and as cache rows); use share batch",
         )
-    name = negatives.sampler
-    if SAMPLER_SPECS[name].candidates != "index":
-        raise config.error(
-            "negatives.cache.enabled",
-            f"is true, but sampler {name!r} draws no index candidates for the cache to replace; "
-            f"use hard, mixed or another sampler of an index",
-        )
-    if config.model.scorer.name == "som":
-        raise config.error(
-            "negatives.cache.enabled",
-            "is true, but sum-of-max keeps a vector per entity token, which a cache of fixed "
-            "rows cannot hold (docs/negatives.md, 'Negative cache'); use dual or multi-m",
-        )
-    if config.training.zero_stage == 3:
-        raise config.error(
-            "training.zero_stage",
-            "is 3, whose partitioned weights cannot encode the cache's mentions outside the "
-            "engine's forward; use 0, 1 or 2",
-        )
+    refusal = cache_refusal(config)
+    if refusal is not None:
+        raise config.error(*refusal)
 
 
 def _validate_candidate_rules(config: Config) -> None:
