@@ -27,7 +27,7 @@ from hnce.cluster.compute.encoder_actor import ShardTask
 from hnce.cluster.compute.encoder_pool import EncoderPool, EncoderPoolSettings
 from hnce.cluster.compute.entity_encoding import encode_entities
 from hnce.cluster.compute.index_build import IndexedModel, ensure_token_store
-from hnce.cluster.stores.sharded_index import IndexSpec
+from hnce.cluster.stores.index_spec import IndexSpec
 from hnce.cluster.stores.tables import Entity
 from hnce.cluster.stores.tables_write import write_dataset
 from hnce.cluster.stores.tokens import TokenStore

@@ -25,13 +25,10 @@ from tqdm import tqdm
 from benchmarks import harness
 from hnce.cluster.compute.index_build import index_parameters
 from hnce.cluster.stores.faiss_device import resolve_faiss_device
+from hnce.cluster.stores.faiss_index import build_shard_index, train_index
+from hnce.cluster.stores.index_spec import IndexSpec
 from hnce.cluster.stores.index_store import BuildParameters, IndexStore
-from hnce.cluster.stores.sharded_index import (
-    IndexSpec,
-    ShardedSearcher,
-    build_shard_index,
-    train_index,
-)
+from hnce.cluster.stores.sharded_searcher import ShardedSearcher
 
 
 def chunk_vectors(

@@ -12,12 +12,10 @@ import faiss
 import numpy as np
 
 from benchmarks import harness
-from hnce.cluster.stores.sharded_index import (
-    IndexShard,
-    IndexSpec,
-    ShardedSearcher,
-    build_shard_index,
-)
+from hnce.cluster.stores.faiss_index import build_shard_index
+from hnce.cluster.stores.index_shard import IndexShard
+from hnce.cluster.stores.index_spec import IndexSpec
+from hnce.cluster.stores.sharded_searcher import ShardedSearcher
 
 
 def build_indexes(

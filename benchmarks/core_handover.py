@@ -35,10 +35,10 @@ from typing import Any
 
 from benchmarks import harness
 from benchmarks.training_runs import published_refreshes
+from hnce.cluster.stores.run_events import read_events
 from hnce.events import RunEvent
 from hnce.pipeline.config import load_config
 from hnce.pipeline.demo import demo_dataset
-from hnce.pipeline.event_log import read_events
 from hnce.progress import quiet
 
 RECIPE = harness.ROOT / "configs" / "demo.yaml"
@@ -67,7 +67,6 @@ def train(work: Path, data_root: Path, recipe: str, cores: str, args: Any) -> di
         "training.steps": args.steps,
         "training.checkpoint_every": args.checkpoint_every,
         "training.log_every": 1,
-        "refresh.sync_every": args.checkpoint_every,
         **RECIPES[recipe],
     }
     command = harness.run_recipe("train", RECIPE, overrides, log=work / "commands.log")

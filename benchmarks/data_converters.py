@@ -6,7 +6,7 @@ memory (``ru_maxrss`` from ``os.wait4``, :func:`benchmarks.harness.run_hnce`) is
 KILT case generates a knowledge source of ``--kilt-pages`` pages in KILT's format with
 AIDA-sized mention files (`pipeline/data/kilt_synthetic.py`) and converts them with
 `hnce data kilt`; the conversion must stay under 1 GiB whatever the number of pages. Figures go
-to benchmarks/results/data_converters.md (and BENCHMARKS.md).
+to benchmarks/results/data_converters.md.
 
     .venv/bin/python -m benchmarks.data_converters                     # 1M pages, ~10 min
     .venv/bin/python -m benchmarks.data_converters --kilt-pages 5903530 --workers 2 \\

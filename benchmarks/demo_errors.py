@@ -33,7 +33,7 @@ from hnce.cluster.stores.checkpoints import EXPORT_DIR, newest_checkpoint
 from hnce.encoders.biencoder import load_biencoder
 from hnce.pipeline.config import load_config
 from hnce.pipeline.data.demo_subset import entity_lemmas
-from hnce.pipeline.models import untrained_export
+from hnce.pipeline.recipe_models import untrained_export
 
 MODELS = ("untrained", *RUNS)
 

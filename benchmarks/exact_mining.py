@@ -19,7 +19,7 @@ import torch
 from benchmarks import harness
 from hnce.cluster.stores.exact_search import ExactSearcher
 from hnce.cluster.stores.faiss_device import resolve_faiss_device
-from hnce.cluster.stores.sharded_index import IndexShard
+from hnce.cluster.stores.index_shard import IndexShard
 from hnce.encoders.scorers import build_scorer
 
 SCORERS = ("poly-16", "genpoly-16-4")

@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 
 from benchmarks import harness
+from hnce.cluster.stores.run_events import read_events
 from hnce.events import RunEvent
 from hnce.pipeline.config import load_config
 from hnce.pipeline.demo import demo_dataset
-from hnce.pipeline.event_log import read_events
 from hnce.progress import quiet
 
 RECIPE = harness.ROOT / "configs" / "demo.yaml"

@@ -1,4 +1,4 @@
-"""The whole path at KILT scale on one machine (issue 12): generate → convert → token store →
+"""The whole path at KILT scale on one machine: generate → convert → token store →
 index v0 → trainer alone → `hnce train` with asynchronous refreshes → `hnce eval` → KILT
 predictions, each stage one real `hnce` command in its own child process.
 
@@ -13,7 +13,7 @@ and the wall time of a stage that was interrupted (a session that ended) is the 
 attempts, the gap between them excluded (:class:`benchmarks.harness.StageState`).
 ``--stop-before STAGE`` ends a session's run before a stage it cannot hold whole.
 The results go to ``benchmarks/results/full_scale.md`` (``full_scale_<N>.md`` for a smaller
-``--entities N``) and BENCHMARKS.md, after every stage; a partial run is labelled as such.
+``--entities N``), after every stage; a partial run is labelled as such.
 
 The model is a small BERT with random weights and the packaged MiniLM's vocabulary (the model
 size is not the point: the catalogue is). ``hnce train`` runs with one trainer worker and one

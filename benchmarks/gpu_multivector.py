@@ -1,4 +1,4 @@
-"""What one GPU does for the multi-vector scorers at catalogue scale (issue 26).
+"""What one GPU does for the multi-vector scorers at catalogue scale.
 
 Two figures per device, measured in one invocation:
 
@@ -12,11 +12,11 @@ Two figures per device, measured in one invocation:
     interaction, Khattab & Zaharia 2020, eq. 3): 32 query token vectors against each of
     ``--candidates`` candidates of 128 token vectors, d = 128, in fp16 on the GPU (torch) and in
     float32 on this machine's CPU (numpy, the arithmetic the shard holders run:
-    ``cluster.stores.sharded_index._sum_of_max_top_k``): candidates scored per second, and the
-    ratio of the two.
+    ``IndexShard.sum_of_max_top_k`` in ``cluster.stores.index_shard``): candidates scored per
+    second, and the ratio of the two.
 (3) **What the holders' CPUs then do with those vectors**, where FAISS is installed: a version's
-    IVF-PQ quantiser (``train_index``: nlist 1024, ``index.train_size`` 65,536 vectors, d = 128)
-    and ``--pq-vectors`` token vectors added to a copy of it (``build_shard_index``, the
+    IVF-PQ quantiser (``train_index``: nlist 1024, ``IndexSpec.train_size`` 65,536 vectors,
+    d = 128) and ``--pq-vectors`` token vectors added to a copy of it (``build_shard_index``, the
     ``index.token_copy`` path) and also encoded standalone (``token_codes``, the codes path), at
     ``pq_m`` 32 and 64, on every core FAISS uses: token vectors/s, and the hours 5,903,530
     entities × 124 tokens (the synthetic KILT catalogue's mean) take on one such node.
@@ -130,12 +130,9 @@ def quantiser_rows(vectors: int) -> list[str]:
     """Rows of (3): IVF-PQ add and standalone codes, token vectors/s on every core."""
     import faiss
 
-    from hnce.cluster.stores.sharded_index import (
-        IndexSpec,
-        build_shard_index,
-        token_codes,
-        train_index,
-    )
+    from hnce.cluster.stores.faiss_index import build_shard_index, train_index
+    from hnce.cluster.stores.index_spec import IndexSpec
+    from hnce.cluster.stores.pq_codes import token_codes
 
     rng = np.random.default_rng(0)
     tokens = rng.standard_normal((vectors, WIDTH), dtype=np.float32)
@@ -189,7 +186,7 @@ def main() -> None:
         "| hours for 5,903,530 entities |"
     )
     lines = [
-        "# One GPU for the multi-vector scorers (issue 26): encoding and exact rescoring",
+        "# One GPU for the multi-vector scorers: encoding and exact rescoring",
         "",
         f"`{harness.invocation('benchmarks.gpu_multivector')}`. BERT-base entity tower (random "
         f"weights), {ENTITY_TOKENS} tokens an entity, autocast as the encoder actors run it "

@@ -1,4 +1,4 @@
-"""The GPU figures of issue 13, measured where a CUDA device is present, listed as remaining where not.
+"""The GPU figures (encoding, the NCCL step, a GPU refresh, exact GPU mining), measured where a CUDA device is present, listed as remaining where not.
 
 (a) BERT-base entity encoding at 128 tokens in bf16 (``hnce.encoders.precision.autocast``, SDPA
     attention), entities/s against the FLOP bound: 2 × 110M parameters × 128 tokens ≈ 28 GFLOP of
@@ -38,9 +38,9 @@ from transformers import BertConfig, BertModel
 from benchmarks import harness
 from benchmarks.harness.models import write_random_bert
 from benchmarks.training_runs import published_refreshes, wall_clock_parts
+from hnce.cluster.stores.run_events import read_events
 from hnce.encoders.precision import autocast
 from hnce.events import RunEvent
-from hnce.pipeline.event_log import read_events
 
 RECIPE = harness.ROOT / "configs" / "synthetic-test.yaml"
 
@@ -137,11 +137,10 @@ def one_gpu_training(args: argparse.Namespace) -> list[str]:
         "training.checkpoint_every": args.checkpoint_every or args.steps // 4,
         "training.log_every": 1,
         "refresh.encoder_cpus": 4,
-        "refresh.batch_size": 512,
-        "refresh.wait_floor_seconds": 300,
+        "refresh.encoder_batch_size": 512,
     }
     if args.sync_every:
-        overrides |= {"refresh.mode": "sync", "refresh.sync_every": args.sync_every}
+        overrides |= {"refresh.mode": "sync", "training.checkpoint_every": args.sync_every}
     command = harness.run_recipe("train", RECIPE, overrides, log=work / "train.log")
     launch = read_events(run, RunEvent.LAUNCH)[-1]
     parts = wall_clock_parts(run, command.seconds)
@@ -194,7 +193,8 @@ def main() -> None:
         "--sync-every",
         type=int,
         default=0,
-        help="refresh.mode sync every N steps, so training waits for each GPU refresh (0: async)",
+        help="refresh.mode sync with a checkpoint every N steps, so training waits for each GPU "
+        "refresh (0: async)",
     )
     parser.add_argument("--tokenizer", type=Path, default=None, help="default: packaged MiniLM")
     args = harness.parse(parser)
@@ -202,7 +202,7 @@ def main() -> None:
         from hnce.encoders.biencoder import minilm_path
 
         args.tokenizer = minilm_path()
-    lines = ["# GPU paths (issue 13): encoding, NCCL step, GPU refresh, exact GPU mining", ""]
+    lines = ["# GPU paths: encoding, NCCL step, GPU refresh, exact GPU mining", ""]
     if not torch.cuda.is_available():
         lines += [
             f"No CUDA device on the machine this ran on ({platform.node()}, torch "

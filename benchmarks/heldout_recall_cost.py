@@ -22,7 +22,7 @@ from typing import Any
 
 from benchmarks import harness
 from benchmarks.wordnet_runs import prepare_dataset, recipe, wordnet_arguments
-from hnce.cluster.compute.refresh import run_refresh
+from hnce.cluster.compute.refresh.engine import run_refresh
 from hnce.cluster.compute.session import init_ray
 from hnce.pipeline.config import Config
 from hnce.pipeline.evaluate import evaluate_checkpoint

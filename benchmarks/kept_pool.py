@@ -25,7 +25,7 @@ import torch
 from benchmarks import harness
 from benchmarks.wordnet_runs import prepare_dataset, recipe
 from hnce.cluster.compute.encoder_pool import KeptPool
-from hnce.cluster.compute.refresh import RefreshSummary, run_refresh
+from hnce.cluster.compute.refresh.engine import RefreshSummary, run_refresh
 from hnce.cluster.stores.checkpoints import EXPORT_DIR, checkpoint_dir, mark_complete
 from hnce.encoders.biencoder import build_biencoder, export_biencoder, minilm_path
 from hnce.pipeline.config import Config

@@ -12,7 +12,8 @@ catalogue:
    vectors, so "exact" is sum-of-max over the vectors every index was built from.
 2. The exact top-k of each mention is computed by brute force over every token of the prefix.
 3. A plaid index is built as the encoder actors build one: a quantiser of ``--centroids``
-   centroids (HNSW placement) trained on the version's ``training_sample``, then each shard of
+   centroids (HNSW placement) trained on the version's ``training_sample`` (40 tokens a
+   centroid, ``IndexSpec.train_size``), then each shard of
    ``--shard-size`` entities placed and coded chunk by chunk (``compress_tokens``). The mentions
    are searched through ``ShardedSearcher`` at each ``--nprobes`` × ``--depths`` (search-time
    knobs, one build), with the time of each of PLAID's stages per mention.
@@ -53,7 +54,9 @@ from benchmarks.token_index import (
 )
 from hnce.cluster.compute.entity_encoding import encode_entities
 from hnce.cluster.stores.files import AtomicPath
-from hnce.cluster.stores.sharded_index import IndexShard, IndexSpec, ShardedSearcher
+from hnce.cluster.stores.index_shard import IndexShard
+from hnce.cluster.stores.index_spec import IndexSpec
+from hnce.cluster.stores.sharded_searcher import ShardedSearcher
 from hnce.encoders.token_pooling import pool_tokens
 from hnce.progress import progress_bar
 
@@ -196,7 +199,6 @@ def plaid_rows(
         kind="plaid",
         nlist=args.centroids,
         pq_m=pq_m,
-        train_size=args.train_size,
         token_copy=rescore == "copy",
         token_pool_factor=pool,
     )
@@ -242,7 +244,6 @@ def baseline_rows(args, data, entities: int, exact: np.ndarray) -> list[str]:
         nlist=nlist,
         pq_m=pq_m,
         nprobe=nprobe,
-        train_size=args.train_size,
         token_copy=True,
     )
     shards, seconds = build(vectors, ids, entities, spec, args.shard_size)
@@ -267,7 +268,6 @@ def main() -> int:
         k=100,
         shard_size=50_000,
         centroids=65_536,
-        train_size=2_621_440,
         baseline_mentions=20,
         catalogue=1_000_000,
     )

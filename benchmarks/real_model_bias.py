@@ -40,6 +40,7 @@ from benchmarks.wordnet_runs import (
     recipe,
     wordnet_arguments,
 )
+from hnce.cluster.stores.run_events import read_events
 from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.encoders.biencoder import BiEncoder, load_biencoder
@@ -47,8 +48,7 @@ from hnce.events import RunEvent
 from hnce.mining.bias import default_samplers, gradient_bias
 from hnce.mining.samplers import NegativeSampler
 from hnce.mining.samplers.base import SampledNegatives, SamplingRequest
-from hnce.pipeline.event_log import read_events
-from hnce.pipeline.models import untrained_export
+from hnce.pipeline.recipe_models import untrained_export
 from hnce.pipeline.train.trainer import run_training
 from hnce.progress import quiet
 

@@ -4,8 +4,8 @@ Once a batch is well separated, the contrastive loss's gradients and Adam's squa
 underflow below fp32's smallest normal number (~1.2e-38); a CPU computes on such subnormal numbers
 many times slower. hnce's CPU trainer workers flush them to zero (x86's FTZ/DAZ,
 ``torch.set_flush_denormal``) from their start. This benchmark trains the recipe where the
-slow-down was found, random negatives on unnormalised scores (the issue-27 comparison's
-``random + shared`` cells: WordNet, 1,000 synsets, 8 mentions a step with 4 negatives each, every
+slow-down was found, random negatives on unnormalised scores (the
+``random + shared`` cells of an earlier recipe comparison: WordNet, 1,000 synsets, 8 mentions a step with 4 negatives each, every
 mention scored against every candidate of the step, learning rate 1e-4), under each of
 ``--scorers`` (sum-of-max, where it was found, and dual, the comparison's other family), twice
 from the same seed, each run in a fresh process: with subnormals kept (the worker's
@@ -44,7 +44,7 @@ from hnce.pipeline.train.worker import WorkerRun
 from hnce.progress import quiet
 
 RECIPE = harness.ROOT / "configs" / "demo.yaml"
-#: the issue-27 som: random + shared cell (benchmarks/default_recipe.py), refresh off
+#: sum-of-max with random negatives shared across the step, refresh off
 OVERRIDES = (
     "demo.catalogue_entities=1000",
     "demo.train_mentions=1000",
@@ -52,7 +52,7 @@ OVERRIDES = (
     "model.normalize=false",
     "model.mention_length=24",
     "model.entity_length=24",
-    "loss.options={}",
+    "loss.temperature=null",
     "negatives.sampler=random",
     "negatives.cache.enabled=false",
     "negatives.source=none",

@@ -1,4 +1,4 @@
-"""Compressed multi-vector indexes against exact search (issue 26): sum-of-max over IVF-PQ token
+"""Compressed multi-vector indexes against exact search: sum-of-max over IVF-PQ token
 shards with rescoring from the tokens' codes, and multi-8 over IVF-PQ, at 200,000 entities, at the
 towers' width and through a ``model.projection_size`` projection.
 
@@ -77,14 +77,11 @@ from hnce.cluster.compute.entity_encoding import (
     training_sample,
 )
 from hnce.cluster.stores.faiss_device import resolve_faiss_device
+from hnce.cluster.stores.faiss_index import build_shard_index, train_index
 from hnce.cluster.stores.files import AtomicPath
-from hnce.cluster.stores.sharded_index import (
-    IndexShard,
-    IndexSpec,
-    ShardedSearcher,
-    build_shard_index,
-    train_index,
-)
+from hnce.cluster.stores.index_shard import IndexShard
+from hnce.cluster.stores.index_spec import IndexSpec
+from hnce.cluster.stores.sharded_searcher import ShardedSearcher
 from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import MentionSplit
 from hnce.cluster.stores.tokens import TokenStore

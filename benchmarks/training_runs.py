@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from hnce.cluster.stores.checkpoints import EXPORT_DIR, checkpoint_dir, newest_checkpoint
+from hnce.cluster.stores.run_events import read_events
 from hnce.events import RunEvent
-from hnce.pipeline.event_log import read_events
 
 
 def steps_per_second(run_dir: Path, first: int, last: int) -> float:

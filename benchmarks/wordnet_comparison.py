@@ -83,7 +83,7 @@ def equal_budget(steps: int) -> list[str]:
     cells mean the same whatever configs/demo.yaml's defaults become)."""
     return [
         "model.normalize=false",
-        "loss.options={}",
+        "loss.temperature=null",
         "negatives.share=none",
         "negatives.initial=random",
         f"training.steps={steps}",

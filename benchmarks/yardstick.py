@@ -12,7 +12,7 @@ What the comparison holds fixed and what it pairs:
   ones (an entity no training mention of the whole source links to). A seed changes the order, the
   draws and dropout only, and the arms of a seed share it.
 - **What every arm shares is computed once**: the starting model's index and negatives version 0
-  (the product's :func:`~hnce.pipeline.train.version_zero.prepare_initial_negatives`, one encoder
+  (the product's :func:`~hnce.cluster.compute.refresh.initial.prepare_initial_negatives`, one encoder
   actor a core), copied into every arm that starts from it; its seconds count in each such arm's
   wall-clock.
 - **The difference** at R@1, R@8 and R@64 of each arm against random + shared is the mean over
@@ -46,7 +46,6 @@ import json
 import logging
 import shutil
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
@@ -56,8 +55,9 @@ import torch
 
 from benchmarks import harness
 from benchmarks.peer.evaluation import HeldOut, embed, held_out_set, ranked_candidates
-from hnce.cluster.compute.heldout import training_golds
 from hnce.cluster.compute.recall import hits_at, seen_flags
+from hnce.cluster.compute.refresh.heldout import training_golds
+from hnce.cluster.compute.refresh.initial import prepare_initial_negatives
 from hnce.cluster.compute.session import init_ray
 from hnce.cluster.stores.index_store import INDEX_DIR
 from hnce.cluster.stores.negatives_store import NEGATIVES_DIR
@@ -66,10 +66,11 @@ from hnce.pipeline.comparison import PairedDifference, paired_difference
 from hnce.pipeline.config import Config, load_config
 from hnce.pipeline.data.conversion import DatasetOutput
 from hnce.pipeline.data.demo_subset import write_demo_subset
+from hnce.pipeline.run import refresh_plan
 from hnce.pipeline.train.one_process import single_process_group
 from hnce.pipeline.train.step import train_step
 from hnce.pipeline.train.task import TrainingTask
-from hnce.pipeline.train.version_zero import prepare_initial_negatives
+from hnce.pipeline.train.trainer import initial_request
 from hnce.pipeline.train.worker import WorkerRun
 from hnce.progress import quiet
 
@@ -103,7 +104,7 @@ ARMS: dict[str, list[str]] = {
     ],
     "mixed-50, cache, easy first": [
         *CACHE,
-        "negatives.schedule.hard_fraction=[[0, 0.0], [30, 0.0], [90, 0.5]]",
+        "negatives.schedule.hard_fraction_by_step=[[0, 0.0], [30, 0.0], [90, 0.5]]",
     ],
     "mixed-50, cache, positive-aware": [*CACHE, "negatives.positive_aware=0.95"],
 }
@@ -173,7 +174,9 @@ def version_zero(config: Config, work: Path) -> float:
         encoders = dataclasses.replace(config.refresh, num_encoders=torch.get_num_threads())
         init_ray(config.cluster, encoders.num_encoders * encoders.encoder_cpus)
         try:
-            prepare_initial_negatives(dataclasses.replace(config, refresh=encoders), "model")
+            with_encoders = dataclasses.replace(config, refresh=encoders)
+            request = initial_request(with_encoders, "model")
+            prepare_initial_negatives(refresh_plan(with_encoders), request)
         finally:
             ray.shutdown()
         seconds = time.perf_counter() - begun
@@ -435,22 +438,11 @@ def main() -> None:
                 f"{len(runs[BASELINE])} --arms " + " ".join(f"'{arm}'" for arm in runs) + "`"
                 for domain, runs in results.items()
             )
-            + f", at commit `{commit()}` (the runs kept in the work directory are not run again).",
+            + f", at commit `{harness.commit()}` (the runs kept in the work directory are not run again).",
             "",
             f"![each arm's difference from random + shared]({args.output.stem}.png)",
         ],
     )
-
-
-def commit() -> str:
-    """The repository's commit, with ``+`` when the work tree has changes."""
-    head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=harness.ROOT
-    ).stdout.strip()
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain"], capture_output=True, text=True, cwd=harness.ROOT
-    ).stdout.strip()
-    return head + ("+" if dirty else "")
 
 
 if __name__ == "__main__":

@@ -16,9 +16,10 @@ import json
 import pickle
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, model_validator
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
@@ -40,7 +41,11 @@ from hnce.errors import InputError, naming_refused_writes
 
 SCORER_FILE = "scorer.json"
 SCORER_WEIGHTS_FILE = "scorer.safetensors"
-EXPORT_FORMAT = 1
+# 2: ``scorer`` names its case only (the general form's choices follow from the name); a format-1
+# description, which also spelled those choices out, is read when they are its name's
+EXPORT_FORMAT = 2
+#: the general form's choices a format-1 ``scorer`` spelled out beside its name
+_FORMAT_1_CHOICES = ("query_side", "query_reduction", "key_reduction", "attention")
 
 
 @document_record
@@ -61,6 +66,29 @@ class ExportDescription:
     normalize: bool = False
     shared_towers: bool = False
     projection_size: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_format_1(cls, data: Any) -> Any:
+        """A format-1 description as format 2: its scorer's spelled-out general-form choices
+        dropped where they are what the scorer's name implies (every export of a named scorer);
+        an export of the open general form, which no recipe names any more, is refused."""
+        if not isinstance(data, dict) or data.get("format") != 1:
+            return data
+        scorer = dict(data.get("scorer") or {})
+        choices = {key: scorer.pop(key) for key in _FORMAT_1_CHOICES if key in scorer}
+        try:
+            named = ScorerConfig(**scorer)
+        except (TypeError, ValueError) as problem:
+            raise ValueError(f"format 1 scorer {scorer.get('name')!r}: {problem}") from None
+        implied = named.general_equivalent()
+        differing = {k: v for k, v in choices.items() if getattr(implied, k) != v}
+        if differing:
+            raise ValueError(
+                f"format 1 scorer {named.name} with general-form choices {differing} that its "
+                "name does not imply; re-export it from a recipe that names its scorer"
+            )
+        return {**data, "format": EXPORT_FORMAT, "scorer": scorer}
 
 
 _DESCRIPTION = TypeAdapter(ExportDescription)

@@ -1,6 +1,6 @@
 """Joint reranker: a cross-encoder over mention and entity together, in BLINK's cross-encoder layout.
 
-s(x, y) = wᵀ BERT([x ; y])  (docs/math.md, "joint"). The input is BLINK's: the mention block
+s(x, y) = wᵀ BERT([x ; y])  (docs/math.md, eq. (18)). The input is BLINK's: the mention block
 ``[CLS] left [unused0] mention [unused1] right [SEP]`` padded to the mention length, followed by the
 entity ``title [unused2] text [SEP]`` (the entity's own [CLS] dropped), cut to ``max_length``.
 Token type 1 marks the real entity tokens, padding is masked out, and BLINK's padding inside the
@@ -172,7 +172,7 @@ class JointReranker(nn.Module):
         )[:, 0]
 
     def enable_activation_checkpointing(self) -> None:
-        """Recompute the encoder's layers in the backward pass (``rerank.activation_checkpointing``)."""
+        """Recompute the encoder's layers in the backward pass (``model.activation_checkpointing``)."""
         enable_activation_checkpointing(self.encoder, "reranker")
 
     def tokenize_mentions(

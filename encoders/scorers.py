@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import abc
 import math
-from dataclasses import asdict, fields, replace
-from typing import Any, Literal
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
@@ -51,36 +51,30 @@ FIRST_ENTITY_VECTOR_ONLY = ("dual", "poly")
 
 @settings
 class ScorerConfig:
-    """Which score function, with the general form's choices (eq. 9): the ``model.scorer``
-    section of a recipe.
+    """Which score function: the ``model.scorer`` section of a recipe.
 
-    name: dual | multi | som | poly | genpoly | general.
-    m: multi: entity vectors; poly/genpoly: number of codes; general: query vectors
-       (for "leftmost" or "codes" query reduction).
-    m_prime: genpoly: leftmost entity vectors used as queries (default m); general: key vectors.
-    query_side, query_reduction, key_reduction, attention: the general form's choices
-       (used by name="general" only).
-    skip_punctuation: leave the entity tokens that are punctuation out of the entity vectors the
-       score reads (ColBERT's skiplist, Khattab & Zaharia 2020 §3.2: the tower still reads them,
-       their output vectors are masked), so sum-of-max stores and searches fewer token vectors
-       (:meth:`BiEncoder.encode_entities`). Only for the scorers that read entity tokens past
-       the pooled first one (som, multi, genpoly, general).
+    Attributes:
+        name: dual | multi | som | poly | genpoly, a named case of eq. 9 that implies the
+            general form's choices (direction, reductions, attention: :meth:`general_equivalent`).
+        m: multi: entity vectors; poly/genpoly: number of codes.
+        m_prime: genpoly: leftmost entity vectors used as queries (unset: m).
+        skip_punctuation: leave the entity tokens that are punctuation out of the entity vectors
+            the score reads (ColBERT's skiplist, Khattab & Zaharia 2020 §3.2: the tower still
+            reads them, their output vectors are masked), so sum-of-max stores and searches
+            fewer token vectors (:meth:`BiEncoder.encode_entities`). Only for som, multi and
+            genpoly, which read entity tokens past the pooled first one.
     """
 
-    name: Literal["dual", "multi", "som", "poly", "genpoly", "general"] = "dual"
+    name: Literal["dual", "multi", "som", "poly", "genpoly"] = "dual"
     m: PositiveInt = 1
     m_prime: PositiveInt | None = None
-    query_side: Literal["mention", "entity"] = "mention"
-    query_reduction: Literal["leftmost", "all", "codes"] = "leftmost"
-    key_reduction: Literal["leftmost", "all", "codes"] = "leftmost"
-    attention: Literal["soft", "hard"] = "hard"
     skip_punctuation: Flag = False
 
     def __post_init__(self) -> None:
         if self.skip_punctuation and self.name in FIRST_ENTITY_VECTOR_ONLY:
             raise ValueError(
                 f"skip_punctuation: {self.name} reads only the entity's pooled first vector, "
-                "which is never punctuation; it applies to som, multi, genpoly and general"
+                "which is never punctuation; it applies to som, multi and genpoly"
             )
 
     @property
@@ -120,21 +114,33 @@ class ScorerConfig:
             raise ValueError(f"unknown ScorerConfig fields {unknown}; known: {sorted(known)}")
         return cls(**values)
 
-    def general_equivalent(self) -> ScorerConfig:
-        """The ``general`` config that computes the same function as this named case (eq. 9, §4.2)."""
+    def general_equivalent(self) -> GeneralForm:
+        """The general form that computes the same function as this named case (eq. 9, §4.2)."""
         m_prime = self.m_prime if self.m_prime is not None else self.m
         table = {
-            "dual": ScorerConfig("general", 1, 1, "mention", "leftmost", "leftmost", "hard"),
-            "multi": ScorerConfig("general", 1, self.m, "mention", "leftmost", "leftmost", "hard"),
-            "som": ScorerConfig("general", 1, 1, "mention", "all", "all", "hard"),
-            "poly": ScorerConfig("general", 1, self.m, "entity", "leftmost", "codes", "soft"),
-            "genpoly": ScorerConfig(
-                "general", m_prime, self.m, "entity", "leftmost", "codes", "soft"
-            ),
+            "dual": GeneralForm(1, 1, "mention", "leftmost", "leftmost", "hard"),
+            "multi": GeneralForm(1, self.m, "mention", "leftmost", "leftmost", "hard"),
+            "som": GeneralForm(1, 1, "mention", "all", "all", "hard"),
+            "poly": GeneralForm(1, self.m, "entity", "leftmost", "codes", "soft"),
+            "genpoly": GeneralForm(m_prime, self.m, "entity", "leftmost", "codes", "soft"),
         }
-        if self.name == "general":
-            return self
         return replace(table[self.name], skip_punctuation=self.skip_punctuation)
+
+
+@dataclass(frozen=True)
+class GeneralForm:
+    """The general form's choices (eq. 9): m queries, m' keys (unset: m), the query side, each
+    side's reduction, the attention. Built in code: a recipe names a case, whose form
+    (:meth:`ScorerConfig.general_equivalent`) is the reference its scorer is tested against."""
+
+    m: int = 1
+    m_prime: int | None = None
+    query_side: Literal["mention", "entity"] = "mention"
+    query_reduction: Literal["leftmost", "all", "codes"] = "leftmost"
+    key_reduction: Literal["leftmost", "all", "codes"] = "leftmost"
+    attention: Literal["soft", "hard"] = "hard"
+    skip_punctuation: bool = False
+    mining: ClassVar[str] = "exact"  # its mention query may depend on the entity
 
 
 def _leftmost(hidden: Tensor, mask: Tensor, count: int) -> tuple[Tensor, Tensor]:
@@ -198,7 +204,7 @@ class Scorer(nn.Module, metaclass=abc.ABCMeta):
     """
 
     name = "scorer"
-    config: ScorerConfig
+    config: ScorerConfig | GeneralForm
     indexable = False
     vectors_per_entity: int | None = 1
 
@@ -453,9 +459,9 @@ class GeneralScorer(Scorer):
 
     name = "general"
 
-    def __init__(self, config: ScorerConfig, hidden_size: int) -> None:
+    def __init__(self, config: GeneralForm, hidden_size: int) -> None:
         super().__init__()
-        self.config = config
+        self.config: GeneralForm = config
         self.query_count = config.m
         self.key_count = config.m_prime if config.m_prime is not None else config.m
         entity_side = (
@@ -523,12 +529,14 @@ class GeneralScorer(Scorer):
         )
 
 
-def build_scorer(config: ScorerConfig | str, hidden_size: int) -> Scorer:
-    """The scorer a config names; ``config`` may be a spec string such as ``"multi-8"``."""
+def build_scorer(config: ScorerConfig | GeneralForm | str, hidden_size: int) -> Scorer:
+    """The scorer a config (or a spec such as ``"multi-8"``) names, or the general form's."""
     if isinstance(config, str):
         config = ScorerConfig.parse(config)
     scorer: Scorer
-    if config.name == "dual":
+    if isinstance(config, GeneralForm):
+        scorer = GeneralScorer(config, hidden_size)
+    elif config.name == "dual":
         scorer = DualScorer()
     elif config.name == "multi":
         scorer = MultiVectorScorer(config.m)
@@ -539,8 +547,6 @@ def build_scorer(config: ScorerConfig | str, hidden_size: int) -> Scorer:
     elif config.name == "genpoly":
         m_prime = config.m_prime if config.m_prime is not None else config.m
         scorer = PolyScorer(config.m, hidden_size, entity_queries=m_prime)
-    else:
-        scorer = GeneralScorer(config, hidden_size)
     scorer.config = config
     return scorer
 
@@ -551,7 +557,6 @@ _SCORER_CLASSES: dict[str, type[Scorer]] = {
     "som": SumOfMaxScorer,
     "poly": PolyScorer,
     "genpoly": PolyScorer,
-    "general": GeneralScorer,
 }
 
 

@@ -1,6 +1,6 @@
 """The one shape of a top-k search over the entity catalogue, and the merge of several results.
 
-Every searcher of hnce — a process's FAISS shards (``hnce.cluster.stores.sharded_index``, dual,
+Every searcher of hnce — a process's FAISS shards (``hnce.cluster.stores.sharded_searcher``, dual,
 multi-m and the sum-of-max token index), the exact scorer's shards
 (``hnce.cluster.stores.exact_search``), the shards held by the encoder actors
 (``hnce.cluster.compute.shard_holders``), the linker's open index

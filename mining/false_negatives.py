@@ -141,19 +141,22 @@ def in_rank_window(scores: Tensor, keep: Tensor, window: Sequence[int]) -> Tenso
 @settings
 class CandidateRules:
     """``negatives.candidates``: which of a mention's mined candidates may be drawn, for every
-    sampler whose candidates come from an index or BM25 (docs/math.md eqs. (56)–(58)).
+    sampler whose candidates come from an index or BM25 (docs/math.md eqs. (56)–(58)). Unset
+    and false (the defaults) leave every candidate in.
 
-    - ``absolute_margin`` m_abs, ``relative_margin`` m_rel: never draw a candidate scored within
-      the margin of the gold under the model that mined it (sentence-transformers'
-      ``mine_hard_negatives``): :func:`within_margin`.
-    - ``rank_window`` [lo, hi): only candidates ranked lo..hi−1 among the mention's admissible
-      ones (0 = the best that is neither the gold nor a known positive), as ANCE draws from a
-      band of the ranking: :func:`in_rank_window`.
-    - ``denoised``: also never draw the (mention, entity) pairs that the trained joint reranker
-      scored within ``rerank.denoise_margin`` of the gold (RocketQA's denoised hard negatives;
-      written by ``hnce rerank --denoise``, added to the :class:`FalseNegativeFilter`).
-
-    None / false (the defaults) leave every candidate in.
+    Attributes:
+        absolute_margin: m_abs: never draw a candidate scored above the gold's score minus
+            m_abs under the model that mined it (sentence-transformers' ``mine_hard_negatives``;
+            :func:`within_margin`).
+        relative_margin: m_rel: never draw a candidate scored above s⁺ − |s⁺|·m_rel, s⁺ the
+            gold's score under the model that mined it (:func:`within_margin`).
+        rank_window: [lo, hi): only candidates ranked lo..hi−1 among the mention's admissible
+            ones (0 = the best that is neither the gold nor a known positive), as ANCE draws
+            from a band of the ranking (:func:`in_rank_window`).
+        denoised: also never draw the (mention, entity) pairs that the trained joint reranker
+            scored within ``rerank.denoise_margin`` of the gold (RocketQA's denoised hard
+            negatives; written by ``hnce rerank --denoise``, added to the
+            :class:`FalseNegativeFilter`).
     """
 
     absolute_margin: NonNegativeReal | None = None

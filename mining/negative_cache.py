@@ -40,7 +40,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import Tensor
@@ -220,16 +219,21 @@ class NegativeCache:
 
 @settings
 class NegativeCacheOptions:
-    """``negatives.cache``: with ``enabled``, the samplers that draw from index candidates draw
-    from the trainer's negative cache instead (module docs; docs/negatives.md, "Negative cache"):
-    each step's candidates are the top ``refresh.top_n`` rows under the current model. Unset, it
-    is on wherever it can be (a sampler of index candidates, a scorer of fixed rows, ZeRO below
-    3: the recipe's validation decides), the measured default.
-    ``refresh_rows``: the oldest rows re-encoded by the entity tower each step (the paper's cache
-    refresh; 0: none); ``whole_catalogue``: every cached row is also a negative of every mention
-    in the loss (module docs; B x rows scores a step); ``dtype``: of the cached vectors."""
+    """``negatives.cache``: the trainer's negative cache (module docs; docs/negatives.md,
+    "Negative cache"). Its rows keep the precision the towers computed them in: bfloat16 where
+    training runs in bf16, else float32.
+
+    Attributes:
+        enabled: the samplers that draw from index candidates draw from the cache instead: each
+            step's candidates are the top ``refresh.top_n`` rows under the current model. Unset,
+            it is on wherever it can be (a sampler of index candidates, a scorer of fixed rows,
+            ZeRO below 3: the recipe's validation decides), the measured default.
+        refresh_rows: the oldest rows re-encoded by the entity tower each step (the paper's
+            cache refresh; 0: none).
+        whole_catalogue: every cached row is also a negative of every mention in the loss
+            (module docs; B x rows scores a step).
+    """
 
     enabled: Flag | None = None
     refresh_rows: NonNegativeInt = 0
     whole_catalogue: Flag = False
-    dtype: Literal["float32", "float16", "bfloat16"] = "float32"

@@ -9,7 +9,7 @@ values an uninterrupted run would (every random draw stays seeded by step and ra
 
 Example::
 
-    schedule = SamplerSchedule(hard_fraction=[(0, 0.0), (200, 0.5)])
+    schedule = SamplerSchedule(hard_fraction_by_step=[(0, 0.0), (200, 0.5)])
     schedule.options_at(100)           # {"hard_fraction": 0.25}
     schedule.apply(MixedSampler(), 300)  # MixedSampler(hard_fraction=0.5, ...)
 """
@@ -26,6 +26,12 @@ from pydantic import Field, field_validator
 from hnce.settings import NonNegativeInt, Real, settings
 
 Points = Annotated[list[tuple[NonNegativeInt, Real]], Field(min_length=1)]
+
+#: Each key of ``negatives.schedule`` and the sampler field it sets.
+SCHEDULED_FIELDS = {
+    "hard_fraction_by_step": "hard_fraction",
+    "sampling_temperature_by_step": "temperature",
+}
 
 
 def piecewise_linear(points: Sequence[tuple[int, float]], step: int) -> float:
@@ -45,19 +51,23 @@ def piecewise_linear(points: Sequence[tuple[int, float]], step: int) -> float:
 class SamplerSchedule:
     """``negatives.schedule``: sampler options that follow the training step.
 
-    Each key names a field of the sampler it applies to and gives that field's points
-    ``[[step, value], ...]`` (steps strictly increasing, values linearly interpolated between
-    them, held before the first and after the last); None keeps the recipe's fixed option.
+    Each key gives the points ``[[step, value], ...]`` of one sampler option (steps strictly
+    increasing, values linearly interpolated between them, held before the first and after the
+    last; :data:`SCHEDULED_FIELDS` names the sampler field each sets); None keeps the recipe's
+    fixed option.
 
     Attributes:
-        hard_fraction: the ``mixed`` sampler's share of hard negatives p (``mixed.hard_fraction``).
-        temperature: the ``hard`` and ``mixed`` samplers' τ of eq. 8 (``hard.temperature``).
+        hard_fraction_by_step: points ``[[step, p], ...]`` of the ``mixed`` sampler's share of
+            hard negatives p by step (``negatives.mixed.hard_fraction`` when unset).
+        sampling_temperature_by_step: points ``[[step, τ_h], ...]`` of the ``hard`` and
+            ``mixed`` samplers' τ_h of eq. 8 by step (``negatives.hard.sampling_temperature``
+            when unset).
     """
 
-    hard_fraction: Points | None = None
-    temperature: Points | None = None
+    hard_fraction_by_step: Points | None = None
+    sampling_temperature_by_step: Points | None = None
 
-    @field_validator("hard_fraction", "temperature")
+    @field_validator("hard_fraction_by_step", "sampling_temperature_by_step")
     @classmethod
     def _steps_increase(cls, points: Points | None) -> Points | None:
         steps = [step for step, _ in points or []]
@@ -65,28 +75,31 @@ class SamplerSchedule:
             raise ValueError("steps must strictly increase")
         return points
 
-    @field_validator("hard_fraction")
+    @field_validator("hard_fraction_by_step")
     @classmethod
     def _fractions(cls, points: Points | None) -> Points | None:
         if any(not 0.0 <= value <= 1.0 for _, value in points or []):
-            raise ValueError("every hard_fraction must lie in [0, 1]")
+            raise ValueError("every hard fraction must lie in [0, 1]")
         return points
 
-    @field_validator("temperature")
+    @field_validator("sampling_temperature_by_step")
     @classmethod
     def _positive(cls, points: Points | None) -> Points | None:
         if any(value <= 0.0 for _, value in points or []):
-            raise ValueError("every temperature must be > 0")
+            raise ValueError("every sampling temperature must be > 0")
         return points
 
     @property
     def scheduled(self) -> list[str]:
-        """The option names this schedule sets."""
+        """The keys of this schedule that are set."""
         return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not None]
 
     def options_at(self, step: int) -> dict[str, float]:
-        """Each scheduled option's value at optimizer step ``step``."""
-        return {name: piecewise_linear(getattr(self, name), step) for name in self.scheduled}
+        """Each scheduled sampler field's value at optimizer step ``step``."""
+        return {
+            SCHEDULED_FIELDS[key]: piecewise_linear(getattr(self, key), step)
+            for key in self.scheduled
+        }
 
     def apply(self, sampler: Any, step: int) -> Any:
         """``sampler`` (a dataclass) with its scheduled fields set to their values at ``step``;

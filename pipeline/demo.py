@@ -30,18 +30,18 @@ from hnce.cluster.compute.index_build import IndexedModel
 from hnce.cluster.compute.recall import RecallReport
 from hnce.cluster.stores.checkpoints import EXPORT_DIR, checkpoint_dir, is_complete
 from hnce.cluster.stores.files import AtomicPath
+from hnce.cluster.stores.run_events import read_events
 from hnce.cluster.stores.tables import MANIFEST_FILE
 from hnce.events import RunEvent
-from hnce.mining.losses import default_options
+from hnce.mining.losses import loss_options
 from hnce.pipeline.comparison import paired_difference
 from hnce.pipeline.config import Config
 from hnce.pipeline.data.conversion import DatasetOutput
 from hnce.pipeline.data.demo_subset import write_demo_subset
 from hnce.pipeline.data.wordnet import convert_wordnet
 from hnce.pipeline.evaluate import evaluate_export, evaluate_model
-from hnce.pipeline.event_log import read_events
 from hnce.pipeline.metrics import format_table, write_json_report, write_reports
-from hnce.pipeline.models import untrained_export
+from hnce.pipeline.recipe_models import untrained_export
 from hnce.pipeline.train.trainer import TrainingSummary, run_training
 
 CURVE_FILE = "demo_curves.json"
@@ -141,8 +141,8 @@ def run_demo(config: Config, announce: Callable[[str], None] = lambda _: None) -
         name: replace(variant, run=replace(variant.run, dir=str(runs / name)))
         for name, variant in variants.items()
     }
-    # the untrained model is evaluated in the run that starts from it (negatives version 0 from
-    # the model), whose version 0 then takes that index over instead of encoding it again
+    # the untrained model is evaluated in the run that starts from it (the initial negatives
+    # from the model), whose initial negatives then take that index over instead of encoding it again
     starting = next((v for v in variants.values() if v.negatives.initial == "model"), base)
     reports: list[RecallReport] = []
     mark = time.perf_counter()
@@ -206,10 +206,10 @@ def demo_recipe(config: Config) -> str:
     else:
         drawn = f"negatives.sampler: {negatives.sampler}"
     start = {
-        "model": "negatives version 0 mined with the starting model: hard negatives from step 1",
-        "lexical": "negatives version 0 from BM25 candidates until the first refresh lands",
+        "model": "the initial negatives mined with the starting model: hard negatives from step 1",
+        "lexical": "the initial negatives from BM25 candidates until the first refresh lands",
         "random": (
-            "no version 0: the cache holds the vectors the steps compute, so the first step's "
+            "no initial negatives: the cache holds the vectors the steps compute, so the first step's "
             "negatives are random and each later one draws among the entities trained on so far"
             if negatives.cache.enabled
             else "random negatives until the first refresh lands"
@@ -218,13 +218,16 @@ def demo_recipe(config: Config) -> str:
     if not refresh.enabled:
         refreshed = "mined once, never refreshed"
     elif refresh.mode == "sync":
-        refreshed = f"training waits for a refresh every {refresh.sync_every} steps"
+        refreshed = (
+            f"training waits for a refresh at every checkpoint (every "
+            f"{training.checkpoint_every} steps)"
+        )
     elif refresh.trigger == "stale":
         refreshed = "the index re-encoded beside training when the negatives go stale"
     elif refresh.trigger == "payoff":
         refreshed = (
             "the index re-encoded beside training only when it pays: the hard negatives drawn "
-            f"are {refresh.max_negative_age}+ steps old on average and a refresh would land "
+            f"are {refresh.payoff.max_negative_age}+ steps old on average and a refresh would land "
             "with time left to train on it"
         )
     else:
@@ -234,9 +237,7 @@ def demo_recipe(config: Config) -> str:
         )
     cosine = config.model.normalize is not False  # unset: a fresh model is normalised
     scores = "cosine scores" if cosine else "dot-product scores"
-    temperature = config.loss.options.get(
-        "temperature", default_options(config.loss.name, cosine).get("temperature")
-    )
+    temperature = loss_options(config.loss.name, config.loss.temperature, cosine).get("temperature")
     scaled = f" / temperature {temperature}" if temperature not in (None, 1.0) else ""
     sharing = {
         "none": "each mention scored against its own candidates",

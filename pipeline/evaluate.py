@@ -21,16 +21,16 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from hnce.cluster.compute.heldout import eval_mentions, training_golds
 from hnce.cluster.compute.index_build import IndexedModel
 from hnce.cluster.compute.recall import RecallReport, recall_report
+from hnce.cluster.compute.refresh.heldout import eval_mentions, training_golds
 from hnce.cluster.compute.retrieval import retrieve
 from hnce.cluster.compute.session import init_ray
 from hnce.cluster.stores.checkpoints import resolve_checkpoint
 from hnce.pipeline.config import Config
 from hnce.pipeline.data.kilt_predictions import SplitResult, link_files
-from hnce.pipeline.models import untrained_export
 from hnce.pipeline.preflight import check_eval_inputs
+from hnce.pipeline.recipe_models import untrained_export
 from hnce.pipeline.run import refresh_plan
 
 logger = logging.getLogger(__name__)
@@ -53,7 +53,6 @@ def evaluate_model(config: Config, model: IndexedModel, name: str) -> RecallRepo
         mentions,
         max(config.eval.ks),
         per_domain=config.eval.per_domain_catalogue,
-        batch_size=config.eval.batch_size,
     )
     version = retrieved.index_version
     logger.info(

@@ -1,10 +1,11 @@
 """The run's event log ``<run>/train_log.jsonl``: one JSON object per line.
 
 Every line is one event, its kind in ``event`` a member of :class:`hnce.events.RunEvent`
-(``launch``, ``start``, ``step``, ``checkpoint``, ``end`` and the rest), whose table says who
-writes each kind, with which fields, and who reads it; :meth:`EventLog.write` and
-:func:`read_events` take the member, never its string. Each line also carries ``time``.
-Tests, benchmarks and ``hnce status`` read it back with :func:`read_events`; rank 0's log also
+(``launch``, ``start``, ``step``, ``checkpoint``, ``end`` and the rest), whose comments give
+each kind's fields (who writes and reads it: ``tests/event_uses.py``); :meth:`EventLog.write` and
+``read_events`` take the member, never its string. Each line also carries ``time``.
+Tests, benchmarks, the refresh and ``hnce status`` read it back with
+:func:`hnce.cluster.stores.run_events.read_events`; rank 0's log also
 follows it into TensorBoard scalars (:mod:`hnce.pipeline.tensorboard`). It is appended and read
 through :mod:`hnce.cluster.stores.jsonl`: a line torn by a crash is repaired by the next write
 and never read, a corrupt line is reported and skipped, a non-finite number is written as null.
@@ -12,18 +13,14 @@ and never read, a corrupt line is reported and skipped, a non-finite number is w
 
 from __future__ import annotations
 
-import logging
 import time
 from pathlib import Path
 from typing import Any
 
-from hnce.cluster.stores.jsonl import append_jsonl, read_jsonl
+from hnce.cluster.stores.jsonl import append_jsonl
+from hnce.cluster.stores.run_events import LOG_FILE
 from hnce.events import RunEvent
 from hnce.pipeline.tensorboard import TENSORBOARD_DIR, TensorBoardScalars
-
-logger = logging.getLogger(__name__)
-
-LOG_FILE = "train_log.jsonl"
 
 
 class EventLog:
@@ -46,11 +43,3 @@ class EventLog:
         """Close the TensorBoard event file, if any (the log itself holds nothing open)."""
         if self.scalars is not None:
             self.scalars.close()
-
-
-def read_events(run_dir: Path, event: RunEvent | None = None) -> list[dict[str, Any]]:
-    """All events of a run (optionally of one kind), in order."""
-    found = read_jsonl(Path(run_dir) / LOG_FILE)
-    for problem in found.problems:
-        logger.warning("%s (skipped)", problem)
-    return [r for r in found.records if event is None or r.get("event") == event]

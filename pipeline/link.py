@@ -61,7 +61,7 @@ from hnce.pipeline.devices import local_device
 from hnce.pipeline.evaluate import resolve_model
 from hnce.pipeline.metrics import column_widths, text_table
 from hnce.pipeline.preflight import check_dataset
-from hnce.pipeline.rerank import SplitCandidates, rerank
+from hnce.pipeline.rerank import SplitCandidates, rerank, scoring_batch_size
 from hnce.pipeline.run import RERANK_DIR, RUN_RECIPE, refresh_plan
 
 logger = logging.getLogger(__name__)
@@ -325,7 +325,7 @@ class EntityLinker(ClosedOnExit):
             self._started_ray = True
         if self._index is None:
             self._index = self._opened.enter_context(open_index(self.plan, self.model))
-        retrieved = self._index.retrieve(mentions, k, batch_size=self.config.eval.batch_size)
+        retrieved = self._index.retrieve(mentions, k)
         logger.info(
             "linked %d mention(s) with %s in index v%d of %s (%s)",
             len(mentions),
@@ -373,7 +373,7 @@ class EntityLinker(ClosedOnExit):
             self._reranker_tokens,
             found,
             found.cands.shape[1],
-            self.config.rerank.eval_batch_size,
+            scoring_batch_size(self.config.rerank.training.batch_size),
         )
         # each reranked id's column in the retriever's row (padding -1 matches padding)
         columns = (ids[:, :, None] == found.cands[:, None, :]).argmax(axis=2)
@@ -431,7 +431,7 @@ class EntityLinker(ClosedOnExit):
             self._local_biencoder(),
             tokens,
             np.asarray(entity_ids, dtype=np.int64),
-            self.plan.refresh.batch_size,
+            self.plan.refresh.encoder_batch_size,
             pool_factor=self.plan.index.token_pool_factor,
         )
         return vectors, owners

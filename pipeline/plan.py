@@ -221,20 +221,18 @@ def activation_lines(
     config: Config, kind: TaskKind, towers: Sequence[Encoder], element: int, fused: bool
 ) -> list[MemoryLine]:
     """Activations of one micro-batch, tower by tower."""
-    settings = config.training if kind == "retriever" else config.rerank.training
+    settings = config.training if kind == "retriever" else config.reranker_training()
     batch, chunk = settings.batch_size, settings.candidate_chunk_size
+    model = config.model
+    checkpointing = model.activation_checkpointing
     if kind == "reranker":
-        rerank = config.rerank
-        pairs = batch * rerank.num_candidates
-        length = rerank.mention_length + rerank.entity_length - 1  # BLINK's pair layout
-        checkpointing = rerank.activation_checkpointing
+        pairs = batch * config.rerank.num_candidates
+        length = model.mention_length + model.entity_length - 1  # BLINK's pair layout
         return [
             _chunked_tower(
                 "pair encoder", towers[0], pairs, length, chunk, 0, checkpointing, element, fused
             )
         ]
-    model = config.model
-    checkpointing = model.activation_checkpointing
     mention, entity = towers
     candidates = batch * (1 + config.negatives.num_negatives)
     kept = entity_vectors_kept(model.scorer, model.entity_length) * entity.hidden * element
@@ -344,19 +342,17 @@ def index_lines(
     return lines
 
 
-#: bytes of one cached vector element, by ``negatives.cache.dtype``
-_CACHE_ELEMENT = {"float32": 4, "float16": 2, "bfloat16": 2}
-
-
-def cache_line(config: Config, towers: Sequence[Encoder], entities: int) -> MemoryLine:
+def cache_line(
+    config: Config, towers: Sequence[Encoder], entities: int, element: int
+) -> MemoryLine:
     """The trainer's negative cache (``negatives.cache``, ``hnce.mining.negative_cache``): every
     entity's reduced vectors, its step and flag; on each worker, on its device (the training
-    domains' entities at most: the whole catalogue is the bound stated)."""
+    domains' entities at most: the whole catalogue is the bound stated), at the training's
+    precision (``element`` bytes: bfloat16 in mixed precision, else float32)."""
     scorer = config.model.scorer
     per_entity = entity_vectors_kept(scorer, config.model.entity_length)
     dimension = vector_width(config, towers)
-    dtype = config.negatives.cache.dtype
-    element = _CACHE_ELEMENT[dtype]
+    dtype = "bfloat16" if element == 2 else "float32"
     detail = (
         f"{entities:,} entities x {dimension} dims x {per_entity} vectors x {element} B ({dtype})"
     )
@@ -373,7 +369,7 @@ def catalogue_size(config: Config) -> int | None:
 
 def plan_memory(config: Config, kind: TaskKind, entities: int) -> MemoryPlan:
     """The per-process memory of ``config``'s ``kind`` task over a catalogue of ``entities``."""
-    settings = config.training if kind == "retriever" else config.rerank.training
+    settings = config.training if kind == "retriever" else config.reranker_training()
     on_gpu = config.cluster.use_gpu
     mixed = on_gpu and settings.precision != "fp32"
     element = 2 if mixed else 4
@@ -385,7 +381,7 @@ def plan_memory(config: Config, kind: TaskKind, entities: int) -> MemoryPlan:
     fused = on_gpu  # SDPA's fused kernels on CUDA; the math path on a CPU
     trainer = states + activation_lines(config, kind, towers, element, fused)
     if kind == "retriever" and config.negatives.cache.enabled:
-        trainer.append(cache_line(config, towers, entities))
+        trainer.append(cache_line(config, towers, entities, element))
     device = "GPU (bf16)" if mixed else ("GPU (fp32)" if on_gpu else "CPU (fp32)")
     title = (
         f"{kind}: {settings.num_workers} worker(s), ZeRO-{settings.zero_stage}, {device}, "

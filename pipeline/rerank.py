@@ -36,7 +36,7 @@ from hnce.cluster.compute.recall import (
     first_correct_rank,
     macro_average,
 )
-from hnce.cluster.compute.refresh import RefreshPlan
+from hnce.cluster.compute.refresh.plan import RefreshPlan
 from hnce.cluster.compute.retrieval import retrieve
 from hnce.cluster.stores.negatives_store import MinedSplit, NegativesStore, NegativesVersion
 from hnce.cluster.stores.tables import Mention
@@ -50,6 +50,13 @@ from hnce.progress import progress_bar
 logger = logging.getLogger(__name__)
 
 NUM_CANDIDATES = 64  # paper: top-64 candidates, i.e. the gold and the top-63 negatives
+
+
+def scoring_batch_size(training_batch_size: int) -> int:
+    """Mentions (each with its candidates) a reranker scores per pass outside training: twice
+    its training micro-batch (``rerank.training.batch_size``), which fits where that one did
+    since no activations are kept for a backward pass."""
+    return 2 * training_batch_size
 
 
 @dataclass

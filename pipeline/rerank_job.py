@@ -25,7 +25,7 @@ from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit, catalogue_fingerprint
 from hnce.cluster.stores.tokens import TokenStore
 from hnce.cluster.stores.versioned_dir import next_version
-from hnce.encoders.blink import export_blink_crossencoder
+from hnce.encoders.blink_checkpoint import export_blink_crossencoder
 from hnce.encoders.reranker import JointReranker, load_reranker
 from hnce.pipeline.config import Config
 from hnce.pipeline.devices import local_device
@@ -40,6 +40,7 @@ from hnce.pipeline.rerank import (
     latest_negatives,
     rerank,
     retrieve_candidates,
+    scoring_batch_size,
 )
 from hnce.pipeline.run import refresh_plan, rerank_run_dir
 from hnce.pipeline.train.task import TrainingTask
@@ -78,7 +79,7 @@ def training_candidates_file(
     split = config.data.train_split
     if retriever is None:
         return latest_negatives(config.run_dir / NEGATIVES_DIR, split).path
-    found = _split_candidates(config, split, config.rerank.max_train_mentions, retriever)
+    found = _split_candidates(config, split, 0, retriever)
     store = NegativesStore(out / "candidates")
     directory = store.publish(
         next_version(store.root),
@@ -113,7 +114,7 @@ def write_false_negatives(
         candidates_from_negatives(version, mentions),
         settings.denoise_margin,
         settings.num_candidates,
-        settings.eval_batch_size,
+        scoring_batch_size(settings.training.batch_size),
     )
     path = denoised_path(config.run_dir)
     write_denoised(
@@ -156,9 +157,13 @@ def run_rerank_job(
         write_false_negatives(config, reranker, store, candidates, reranker_step)
     reports = []
     for split in settings.eval_splits:
-        candidates = _split_candidates(config, split, settings.max_eval_mentions, retriever)
+        candidates = _split_candidates(config, split, config.data.max_eval_mentions, retriever)
         reranked, _ = rerank(
-            reranker, store, candidates, settings.num_candidates, settings.eval_batch_size
+            reranker,
+            store,
+            candidates,
+            settings.num_candidates,
+            scoring_batch_size(settings.training.batch_size),
         )
         reports.append(accuracy_report(split, candidates, reranked, settings.num_candidates))
     out = task.run_dir

@@ -9,7 +9,7 @@ status`` and ``hnce refresh`` read it. What both sides need lives here, below th
 - :data:`TaskKind`, :data:`RERANK_DIR` and :func:`rerank_run_dir`: the two tasks the shared
   driver trains, and where the reranker's run lives (``<run>/rerank``);
 - :func:`refresh_plan`: what a run's refreshes do, for the coordinator, ``hnce refresh``,
-  version 0 and every search of an index version (``hnce.cluster.compute.retrieval``);
+  the initial negatives and every search of an index version (``hnce.cluster.compute.retrieval``);
 - :data:`RUN_STORES` and :func:`refuse_inside_stores`: the directories only hnce writes, where
   no output a user names may land.
 """
@@ -19,8 +19,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from hnce.cluster.compute.heldout import HeldoutSpec
-from hnce.cluster.compute.refresh import RefreshPlan
+from hnce.cluster.compute.miner import SEARCH_BATCH
+from hnce.cluster.compute.refresh.heldout import HeldoutSpec
+from hnce.cluster.compute.refresh.plan import RefreshPlan
 from hnce.cluster.compute.retrieval import EVAL_INDEX_DIR
 from hnce.cluster.stores.checkpoints import CHECKPOINTS_DIR
 from hnce.cluster.stores.index_store import INDEX_DIR
@@ -65,7 +66,7 @@ def refresh_plan(config: Config) -> RefreshPlan:
         max_mentions=config.data.max_eval_mentions,
         ks=tuple(config.eval.ks),
         per_domain=config.eval.per_domain_catalogue,
-        batch_size=config.eval.batch_size,
+        batch_size=SEARCH_BATCH,
     )
     return RefreshPlan(
         run_dir=config.run_dir.resolve(),

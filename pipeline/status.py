@@ -13,9 +13,9 @@ machine that mounts the run's storage, while training or a refresh runs:
 - the last refresh that ran (outcome, checkpoint, duration, who ran it), refreshes published
   and failed, failures in a row;
 - the last held-out recall a refresh scored (``refresh.heldout_recall``);
-- which checkpoints are refreshed (``refresh.trigger`` in the run's ``config.yaml``) and, under
-  ``trigger: stale``, the trainer's refresh requests: how many, and the last one's step, negatives
-  version and loss ratio r_t (:mod:`hnce.pipeline.train.staleness`);
+- which checkpoints are refreshed (``refresh.trigger`` in the run's ``config.yaml``) and the
+  trigger's decisions: how many asked, and the last (its line,
+  :mod:`hnce.cluster.compute.refresh.triggers`);
 - who holds the run's refresh lock, and what it is encoding;
 - disk use of each store under the run (checkpoints, index, negatives, tokens, Ray Train's
   state) and of the rest.
@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hnce.cluster.compute.refresh.triggers import TRIGGER_SPECS
 from hnce.cluster.stores.checkpoints import (
     CHECKPOINTS_DIR,
     COMPLETE,
@@ -47,11 +48,11 @@ from hnce.cluster.stores.jsonl import finite_json
 from hnce.cluster.stores.lock_holder import TRAINING, LockHolder, read_holder
 from hnce.cluster.stores.negatives_store import NEGATIVES_DIR, NegativesVersion
 from hnce.cluster.stores.refresh_log import HeldoutRecall, RefreshLog, RefreshRecord, read_log
+from hnce.cluster.stores.run_events import LOG_FILE, read_events
 from hnce.cluster.stores.versioned_dir import read_current, version_dir_name
 from hnce.errors import InputError
 from hnce.events import RunEvent
 from hnce.pipeline.config import read_recipe
-from hnce.pipeline.event_log import LOG_FILE, read_events
 from hnce.pipeline.run import RUN_RECIPE
 
 STORES = (CHECKPOINTS_DIR, INDEX_DIR, NEGATIVES_DIR, "tokens", "ray")
@@ -240,9 +241,9 @@ def _training(run_dir: Path) -> dict[str, Any] | None:
 
 
 def _refresh_trigger(run_dir: Path) -> dict[str, Any] | None:
-    """``refresh.trigger`` of the run's ``config.yaml`` (None without one) and the trainer's
-    ``stale`` requests (their number and the last one: step, version, loss ratio), or with
-    ``payoff`` its decisions (how many asked, and the last: step, refresh, reason, mean age)."""
+    """``refresh.trigger`` of the run's ``config.yaml`` (None without one), how many of its
+    decisions asked for a refresh, and the trigger's line of them
+    (:class:`~hnce.cluster.compute.refresh.policy.TriggerSpec`'s ``summary``)."""
     path = run_dir / RUN_RECIPE
     if not path.is_file():
         return None
@@ -251,24 +252,18 @@ def _refresh_trigger(run_dir: Path) -> dict[str, Any] | None:
     if not isinstance(refresh, dict):
         raise InputError(f"{path}: refresh is not a section of settings")
     trigger = refresh.get("trigger", "payoff")
-    if trigger == "payoff":
-        decisions = read_events(run_dir, RunEvent.REFRESH_DECISION)
-        last = decisions[-1] if decisions else None
-        return {
-            "trigger": trigger,
-            "requests": sum(1 for decision in decisions if decision.get("refresh")),
-            "last_decision": None
-            if last is None
-            else {key: last.get(key) for key in ("step", "refresh", "reason", "mean_age")},
-        }
-    requests = read_events(run_dir, RunEvent.STALE)
-    last = requests[-1] if requests else None
+    spec = TRIGGER_SPECS.get(trigger)
+    if spec is None:
+        raise InputError(f"{path}: refresh.trigger {trigger!r} is not a trigger")
+    decisions = [
+        decision
+        for decision in read_events(run_dir, RunEvent.REFRESH_DECISION)
+        if decision.get("trigger", trigger) == trigger
+    ]
     return {
         "trigger": trigger,
-        "requests": len(requests),
-        "last_request": None
-        if last is None
-        else {key: last.get(key) for key in ("step", "version", "loss_ratio")},
+        "requests": sum(1 for decision in decisions if decision.get("refresh")),
+        "summary": spec.summary(decisions) if spec.summary is not None else trigger,
     }
 
 
@@ -372,32 +367,7 @@ def _heldout_line(heldout: dict[str, Any] | None) -> str:
 def _trigger_line(trigger: dict[str, Any] | None) -> str:
     if trigger is None:
         return "unknown (no config.yaml in the run)"
-    if trigger["trigger"] == "payoff":
-        return _decision_line(trigger)
-    if trigger["trigger"] != "stale":
-        return f"{trigger['trigger']} (every checkpoint is refreshed)"
-    last = trigger["last_request"]
-    if last is None:
-        return "stale: no refresh asked for yet"
-    ratio = last["loss_ratio"]
-    ratio = f"{ratio:.3f}" if isinstance(ratio, int | float) else "unknown"
-    return (
-        f"stale: {trigger['requests']} refresh(es) asked for; the last at step {last['step']} "
-        f"on negatives version {last['version']}, loss ratio {ratio}"
-    )
-
-
-def _decision_line(trigger: dict[str, Any]) -> str:
-    last = trigger["last_decision"]
-    if last is None:
-        return "payoff: no checkpoint decided yet"
-    age = last["mean_age"]
-    age = f"{age:.1f} steps" if isinstance(age, int | float) else "unknown"
-    verb = "refresh" if last["refresh"] else "no refresh"
-    return (
-        f"payoff: {trigger['requests']} refresh(es) asked for; at step {last['step']}: {verb} "
-        f"({last['reason']}), hard negatives {age} old on average"
-    )
+    return str(trigger["summary"])
 
 
 def _disk_line(disk: dict[str, int]) -> str:

@@ -6,7 +6,7 @@ where a run's metrics are emitted; rank 0's log follows its own file and writes 
 ``tensorboard --logdir <run>/tensorboard`` shows a run while it trains. Following the file rather
 than the calls also picks up events another process appended (read at rank 0's next event). The
 driver writes the same way once its workers have stopped: the held-out recalls rank 0 missed
-(``hnce.pipeline.train.refresh_health.log_missed_heldout``), in an event file of their own. A
+(``hnce.cluster.compute.refresh.health.log_missed_heldout``), in an event file of their own. A
 resumed run starts a new event file that goes on from the end of the log: steps repeated after
 a crash appear twice, as in the log. Fields that are missing, null (a non-finite loss) or not
 numbers are left out.
@@ -23,6 +23,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from hnce.cluster.compute.refresh.triggers import TRIGGER_SPECS
 from hnce.cluster.stores.jsonl import read_jsonl
 from hnce.events import RunEvent
 
@@ -39,10 +40,13 @@ SCALARS: dict[tuple[RunEvent, str], str] = {
     (RunEvent.STEP, "hard_negative_age"): "negatives/hard_negative_age_steps",
     (RunEvent.REFRESH, "seconds"): "refresh/seconds",
     (RunEvent.REFRESH_WAIT, "seconds"): "refresh/wait_seconds",
-    (RunEvent.STALE, "loss_ratio"): "negatives/stale_loss_ratio",
-    (RunEvent.REFRESH_DECISION, "mean_age"): "refresh/decision_mean_age_steps",
-    (RunEvent.REFRESH_DECISION, "slowdown"): "refresh/decision_slowdown",
     (RunEvent.HELDOUT_RECALL, "recall"): "heldout/recall@",  # {k: recall@k}: one tag per k
+    # each refresh trigger's decision fields, as its spec declares them
+    **{
+        (RunEvent.REFRESH_DECISION, field): tag
+        for spec in TRIGGER_SPECS.values()
+        for field, tag in spec.scalars.items()
+    },
 }
 
 

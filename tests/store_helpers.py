@@ -4,6 +4,7 @@ a negatives split, and a dataset of random words."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import shutil
 import string
@@ -21,9 +22,10 @@ from hnce.cluster.stores.checkpoints import (
     checkpoint_dir,
     mark_complete,
 )
+from hnce.cluster.stores.faiss_index import build_shard_index
+from hnce.cluster.stores.index_spec import IndexSpec
 from hnce.cluster.stores.index_store import BuildParameters, IndexStore, IndexVersion
 from hnce.cluster.stores.negatives_store import MinedSplit
-from hnce.cluster.stores.sharded_index import IndexSpec, build_shard_index
 from hnce.cluster.stores.tables import Entity, Mention
 from hnce.cluster.stores.tables_write import write_dataset
 
@@ -114,6 +116,13 @@ def publish_index(
         entities = (int(part[0]), int(part[-1]) + 1)
         builder.add_shard(number, build_shard_index(vectors[part], IndexSpec()), part, entities)
     return builder.publish(shards)
+
+
+def edit_manifest(path: Path, edit) -> None:
+    """Apply `edit` to the JSON manifest at `path` and write it back (no checksum updated)."""
+    manifest = json.loads(path.read_text())
+    edit(manifest)
+    path.write_text(json.dumps(manifest))
 
 
 def flip_byte(path: Path, offset: int) -> None:

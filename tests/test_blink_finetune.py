@@ -19,16 +19,18 @@ from conftest import write_jsonl
 
 from hnce.cluster.compute.entity_encoding import read_encodings
 from hnce.cluster.compute.index_build import IndexedModel
-from hnce.cluster.compute.refresh import RefreshPlan, RefreshSettings
+from hnce.cluster.compute.refresh.initial import check_encodings, initial_from_model
+from hnce.cluster.compute.refresh.plan import RefreshPlan
+from hnce.cluster.compute.refresh.settings import RefreshSettings
 from hnce.cluster.stores.checkpoints import EXPORT_DIR, checkpoint_dir
+from hnce.cluster.stores.index_spec import IndexSpec
 from hnce.cluster.stores.index_store import IndexStore
 from hnce.cluster.stores.negatives_store import NegativesStore
-from hnce.cluster.stores.sharded_index import IndexSpec
 from hnce.cluster.stores.tables import MISSING_GOLD, Entity, Mention
 from hnce.cluster.stores.tables_read import EntityCatalogue
 from hnce.cluster.stores.tables_write import write_dataset
 from hnce.encoders.biencoder import build_biencoder, export_biencoder, load_biencoder, minilm_path
-from hnce.encoders.blink import export_blink_biencoder, import_blink_biencoder
+from hnce.encoders.blink_checkpoint import export_blink_biencoder, import_blink_biencoder
 from hnce.encoders.scorers import ScorerConfig
 from hnce.errors import InputError
 from hnce.pipeline.cli.main import main
@@ -39,7 +41,6 @@ from hnce.pipeline.data.kilt_predictions import (
     read_kilt_inputs,
     write_kilt_predictions,
 )
-from hnce.pipeline.train.version_zero import check_encodings, prepare_version_zero
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 CITIES = [
@@ -389,7 +390,7 @@ def test_index_version_zero_holds_the_models_vectors_and_is_mined(
         expected = expected * 2
         encodings = tmp_path / "scaled.t7"
         torch.save(torch.from_numpy(expected), encodings)
-    prepared = prepare_version_zero(plan, model, "train", encodings)
+    prepared = initial_from_model(plan, model, "train", encodings)
     assert prepared is not None and prepared.encoded != from_t7  # a .t7 is read, not encoded
     version = prepared.index
     assert version.version == 0 and plan.index_store.current_version() == 0

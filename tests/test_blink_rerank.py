@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from hnce.cluster.stores.negatives_store import MinedSplit, NegativesStore
+from hnce.cluster.stores.run_events import read_events
 from hnce.cluster.stores.tables import MISSING_GOLD, Mention, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.events import RunEvent
 from hnce.pipeline.cli.main import main
 from hnce.pipeline.data.synthetic import generate_synthetic_dataset
-from hnce.pipeline.event_log import read_events
 from hnce.pipeline.rerank import SplitCandidates, accuracy_report, format_reports
 
 
@@ -97,13 +97,13 @@ def test_reranker_beats_its_retriever_through_the_shared_driver(
         "rerank.candidates": "negatives",
         "rerank.eval_splits": "[test]",
         "rerank.num_candidates": 8,
-        "rerank.mention_length": 24,
-        "rerank.entity_length": 32,
+        "model.mention_length": 24,
+        "model.entity_length": 32,
         "rerank.training.steps": 30,
         "rerank.training.learning_rate": 3e-4,
         "rerank.training.warmup_steps": 4,
-        "rerank.training.checkpoint_every": 10,
-        "rerank.max_eval_mentions": 40,
+        "training.checkpoint_every": 10,
+        "data.max_eval_mentions": 40,
     }
     overrides = [part for key, value in settings.items() for part in ("--set", f"{key}={value}")]
     assert main(["rerank", *overrides, "--no-progress"]) == 0

@@ -1,8 +1,9 @@
-"""Sharded search, the versioned index store and the negatives store (no Ray, no model).
+"""Sharded search and the versioned index store (no Ray, no model); the negatives store's tests
+are in test_cluster_negatives_store.py.
 
 The store tests feed each a version that lies in one way (a manifest that drops or repeats a
-shard, totals that disagree with the shards, ids outside their shard, a negatives file with
-repeated mentions, ...) and expect a `StoreError` naming the file."""
+shard, totals that disagree with the shards, ids outside their shard, ...) and expect a
+`StoreError` naming the file."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import dataclasses
 import hashlib
 import itertools
 import json
-import re
 import subprocess
 import sys
 import threading
@@ -18,27 +18,22 @@ from pathlib import Path
 
 import faiss
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
-from store_helpers import flip_byte, index_parameters, mined_split, publish_index
+from store_helpers import edit_manifest, flip_byte, index_parameters, publish_index
 
 from hnce.cluster.compute.index_build import IndexedModel
-from hnce.cluster.compute.refresh import RefreshPlan
+from hnce.cluster.compute.refresh.plan import RefreshPlan
 from hnce.cluster.compute.retrieval import EVAL_INDEX_DIR, evaluation_store, version_key
 from hnce.cluster.stores.exact_search import ExactSearcher
 from hnce.cluster.stores.faiss_device import resolve_faiss_device
+from hnce.cluster.stores.faiss_index import build_shard_index
 from hnce.cluster.stores.files import sha256_file
+from hnce.cluster.stores.index_shard import IndexShard
+from hnce.cluster.stores.index_spec import IndexSpec
 from hnce.cluster.stores.index_store import IndexBuilder, IndexStore
-from hnce.cluster.stores.negatives_store import MinedSplit, NegativesStore, NegativesVersion
 from hnce.cluster.stores.shard_files import QUANTISER_FILE
-from hnce.cluster.stores.sharded_index import (
-    IndexShard,
-    IndexSpec,
-    ShardedSearcher,
-    build_shard_index,
-)
+from hnce.cluster.stores.sharded_searcher import ShardedSearcher
 from hnce.cluster.stores.tables import Entity, Mention
 from hnce.cluster.stores.tables_write import write_dataset
 from hnce.cluster.stores.versioned_dir import (
@@ -193,7 +188,7 @@ def test_shard_files_are_memory_mapped_not_copied(tmp_path: Path) -> None:
     probe = f"""
 import numpy as np
 from pathlib import Path
-from hnce.cluster.stores.sharded_index import read_index_file
+from hnce.cluster.stores.shard_files import read_index_file
 
 def anonymous_kib():
     status = Path("/proc/self/status").read_text().splitlines()
@@ -317,7 +312,7 @@ def test_a_re_signed_shard_that_is_not_a_faiss_index_is_named(tmp_path: Path) ->
     def re_sign(payload: bytes) -> None:
         shard.write_bytes(payload)
         digest = hashlib.sha256(payload).hexdigest()
-        _edit_manifest(manifest, lambda m: m["shards"][1].update(sha256=digest))
+        edit_manifest(manifest, lambda m: m["shards"][1].update(sha256=digest))
 
     re_sign(b"garbage, not an index" * 10)
     with pytest.raises(StoreError, match=r"shard-00001\.faiss: not a FAISS index FAISS can read"):
@@ -345,16 +340,10 @@ def test_manifest_path_escaping_the_store_is_rejected(tmp_path: Path) -> None:
         confined_path(tmp_path / "index/v1", "link.faiss", manifest_path)
 
 
-def _edit_manifest(path: Path, edit) -> None:
-    manifest = json.loads(path.read_text())
-    edit(manifest)
-    path.write_text(json.dumps(manifest))
-
-
 def test_manifest_that_drops_a_shard_is_refused(tmp_path: Path) -> None:
     store = IndexStore(tmp_path / "index")
     publish_index(store, 1, _vectors(60))
-    _edit_manifest(tmp_path / "index/v1/manifest.json", lambda m: m["shards"].pop(1))
+    edit_manifest(tmp_path / "index/v1/manifest.json", lambda m: m["shards"].pop(1))
     with pytest.raises(StoreError, match=r"manifest\.json: entities 20\.\.39 are in no shard"):
         store.open(1)
 
@@ -362,7 +351,7 @@ def test_manifest_that_drops_a_shard_is_refused(tmp_path: Path) -> None:
 def test_manifest_that_repeats_a_shard_is_refused(tmp_path: Path) -> None:
     store = IndexStore(tmp_path / "index")
     publish_index(store, 1, _vectors(60))
-    _edit_manifest(
+    edit_manifest(
         tmp_path / "index/v1/manifest.json", lambda m: m["shards"].insert(1, m["shards"][0])
     )
     with pytest.raises(StoreError, match=r"manifest\.json: lists shard-00000\.faiss more than"):
@@ -372,7 +361,7 @@ def test_manifest_that_repeats_a_shard_is_refused(tmp_path: Path) -> None:
 def test_num_entities_must_match_the_shards(tmp_path: Path) -> None:
     store = IndexStore(tmp_path / "index")
     publish_index(store, 1, _vectors(60))
-    _edit_manifest(tmp_path / "index/v1/manifest.json", lambda m: m.update(num_entities=70))
+    edit_manifest(tmp_path / "index/v1/manifest.json", lambda m: m.update(num_entities=70))
     with pytest.raises(StoreError, match=r"cover entities 0\.\.59 but num_entities is 70"):
         store.open(1)
 
@@ -385,7 +374,7 @@ def test_shard_count_must_match_its_entity_range(tmp_path: Path) -> None:
         manifest["shards"][2]["entities"] = [40, 59]
         manifest["num_entities"] = 59
 
-    _edit_manifest(tmp_path / "index/v1/manifest.json", shrink)
+    edit_manifest(tmp_path / "index/v1/manifest.json", shrink)
     with pytest.raises(StoreError, match="shard 2 records 20 vectors for 19 entities"):
         store.open(1)
 
@@ -398,7 +387,7 @@ def _published_with_shard_ids(root: Path, shard: int, ids: np.ndarray) -> IndexS
     directory = root / "index" / "v1"
     path = directory / f"shard-{shard:05d}.ids.npy"
     np.save(path, ids, allow_pickle=False)
-    _edit_manifest(
+    edit_manifest(
         directory / "manifest.json",
         lambda m: m["shards"][shard].update(ids_sha256=sha256_file(path)),
     )
@@ -424,7 +413,7 @@ def test_dual_shard_listing_an_entity_twice_is_refused(tmp_path: Path) -> None:
 def test_manifest_missing_a_key_names_the_file_and_key(tmp_path: Path) -> None:
     store = IndexStore(tmp_path / "index")
     publish_index(store, 1, _vectors(60))
-    _edit_manifest(tmp_path / "index/v1/manifest.json", lambda m: m.pop("vectors_per_entity"))
+    edit_manifest(tmp_path / "index/v1/manifest.json", lambda m: m.pop("vectors_per_entity"))
     with pytest.raises(
         StoreError, match=r"manifest\.json: not a valid manifest: vectors_per_entity"
     ):
@@ -435,7 +424,7 @@ def test_manifest_of_another_version_is_refused(tmp_path: Path) -> None:
     store = IndexStore(tmp_path / "index", keep=2)
     publish_index(store, 1, _vectors(60))
     publish_index(store, 2, _vectors(60))
-    _edit_manifest(tmp_path / "index/v2/manifest.json", lambda m: m.update(version=1))
+    edit_manifest(tmp_path / "index/v2/manifest.json", lambda m: m.update(version=1))
     with pytest.raises(StoreError, match="records version 1 but lies in v2/"):
         store.open(2)
 
@@ -524,110 +513,6 @@ def test_reader_never_sees_a_half_written_version(tmp_path: Path) -> None:
     assert len(set(seen)) > 1 and seen == sorted(seen)
 
 
-def test_negatives_publish_latest_and_lookup(tmp_path: Path) -> None:
-    store = NegativesStore(tmp_path / "negatives", keep=2)
-    assert store.latest() is None
-    store.publish(1, {"train": mined_split()}, checkpoint_step=100, top_n=3, num_entities=10)
-    latest = store.latest()
-    assert (latest.version, latest.checkpoint_step, len(latest)) == (1, 100, 3)
-    cands, scores = latest.lookup(["c", "b"])
-    assert cands.tolist() == [[7, 8, 3], [1, -1, -1]]
-    assert scores[1, 0] == 5 and np.isneginf(scores[1, 1].item())
-    assert latest.recall_at(1) == pytest.approx(1 / 3)
-    with pytest.raises(KeyError, match="'zzz'"):
-        latest.lookup(["zzz"])
-    store.publish(2, {"train": mined_split()}, checkpoint_step=200, top_n=3, num_entities=10)
-    assert store.latest().checkpoint_step == 200
-
-
-def test_a_stopped_negatives_publication_is_removed_by_the_next_one(tmp_path: Path) -> None:
-    """A refresh killed while it wrote negatives v1 leaves `.building-v1`; the refresh that
-    supersedes it publishes v2, and v1's unfinished directory goes (nothing else writes it under
-    the refresh lock, nothing would finish it). Found left over by the fault-injection test."""
-    store = NegativesStore(tmp_path / "negatives", keep=2)
-    store.publish(1, {"train": mined_split()}, checkpoint_step=100, top_n=3, num_entities=10)
-    stopped = store.root / ".building-v2"
-    stopped.mkdir()
-    (stopped / "train.parquet").write_bytes(b"half a file")
-    store.publish(3, {"train": mined_split()}, checkpoint_step=300, top_n=3, num_entities=10)
-    assert not stopped.exists()
-    assert sorted(path.name for path in store.root.iterdir()) == ["CURRENT", "v1", "v3"]
-
-
-def _rewrite_negatives(directory: Path, edit) -> Path:
-    """Rewrite `train.parquet` with `edit(rows)` applied and its checksum recorded: only the
-    row checks can object."""
-    path = directory / "train.parquet"
-    table = pq.read_table(path)
-    rows = table.to_pylist()
-    edit(rows)
-    rewritten = pa.Table.from_pylist(rows, schema=table.schema)
-    pq.write_table(rewritten, path)
-    _edit_manifest(
-        directory / "manifest.json",
-        lambda m: m["splits"]["train"].update(sha256=sha256_file(path), rows=len(rows)),
-    )
-    return path
-
-
-@pytest.mark.parametrize(
-    ("edit", "message"),
-    [
-        (lambda rows: rows.append(dict(rows[0])), "a mention id is listed more than once"),
-        (lambda rows: rows[1].update(cands=[10]), r"candidate ids 2\.\.10 outside the catalogue"),
-        (lambda rows: rows[0].update(scores=[3.0, 2.0]), "row 0 has 3 candidates but 2 scores"),
-        (lambda rows: rows[2].update(gold_rank=3), "a gold_rank lies outside"),
-    ],
-    ids=["duplicate-mention", "candidate-out-of-range", "scores-shorter", "gold-rank"],
-)
-def test_inconsistent_negatives_are_refused(tmp_path: Path, edit, message: str) -> None:
-    store = NegativesStore(tmp_path / "negatives")
-    store.publish(1, {"train": mined_split()}, checkpoint_step=100, top_n=3, num_entities=10)
-    path = _rewrite_negatives(tmp_path / "negatives/v1", edit)
-    with pytest.raises(StoreError, match=rf"{re.escape(str(path))}: {message}"):
-        NegativesVersion(path)
-
-
-def test_inconsistent_negatives_are_never_published(tmp_path: Path) -> None:
-    mined = mined_split()
-    repeated = MinedSplit(["a", "a", "c"], mined.cands, mined.scores, mined.gold_ranks)
-    with pytest.raises(StoreError, match="a mention id is listed more than once"):
-        NegativesStore(tmp_path / "negatives").publish(1, {"train": repeated}, 100, 3, 10)
-    with pytest.raises(StoreError, match=r"outside the catalogue's 0\.\.8"):
-        NegativesStore(tmp_path / "negatives").publish(1, {"train": mined}, 100, 3, 9)
-    assert NegativesStore(tmp_path / "negatives").latest() is None
-
-
-def test_negatives_file_metadata_must_match_the_manifest(tmp_path: Path) -> None:
-    store = NegativesStore(tmp_path / "negatives")
-    store.publish(1, {"train": mined_split()}, checkpoint_step=100, top_n=3, num_entities=10)
-    path = tmp_path / "negatives/v1/train.parquet"
-    table = pq.read_table(path)
-    pq.write_table(table.replace_schema_metadata({}), path)
-    _edit_manifest(
-        tmp_path / "negatives/v1/manifest.json",
-        lambda m: m["splits"]["train"].update(sha256=sha256_file(path)),
-    )
-    with pytest.raises(StoreError, match=r"train\.parquet: metadata hnce\.version is None"):
-        store.latest()
-
-
-def test_negatives_checksum_version_and_manifest_are_checked(tmp_path: Path) -> None:
-    store = NegativesStore(tmp_path / "negatives", keep=3)
-    store.publish(1, {"train": mined_split()}, checkpoint_step=100, top_n=3, num_entities=10)
-    store.publish(2, {"train": mined_split()}, checkpoint_step=200, top_n=3, num_entities=10)
-    with (tmp_path / "negatives/v1/train.parquet").open("ab") as handle:
-        handle.write(b"tampered")
-    with pytest.raises(ChecksumError, match=r"v1/train\.parquet: sha256"):
-        NegativesVersion(tmp_path / "negatives/v1/train.parquet")
-    _edit_manifest(tmp_path / "negatives/v2/manifest.json", lambda m: m.update(version=1))
-    with pytest.raises(StoreError, match="records version 1 but lies in v2/"):
-        store.latest()
-    (tmp_path / "negatives/v2/manifest.json").unlink()
-    with pytest.raises(StoreError, match=r"v2/manifest\.json: missing"):
-        store.latest()
-
-
 def _unit(vectors: np.ndarray) -> np.ndarray:
     return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
 
@@ -651,7 +536,7 @@ def test_ivfpq_probes_as_many_lists_as_asked() -> None:
 
 @pytest.mark.parametrize(
     "spec",
-    [IndexSpec(kind="ivfpq", nlist=64, pq_m=8, nprobe=8), IndexSpec(kind="hnsw", hnsw_m=16)],
+    [IndexSpec(kind="ivfpq", nlist=64, pq_m=8, nprobe=8), IndexSpec(kind="hnsw")],
     ids=["ivfpq", "hnsw"],
 )
 def test_serving_index_kinds_find_their_own_vectors(spec: IndexSpec) -> None:

@@ -17,21 +17,19 @@ from token_catalogues import DIM, M, multi_catalogue, token_catalogue, token_que
 
 from hnce.cluster.compute.entity_encoding import compress_tokens
 from hnce.cluster.stores.faiss_device import resolve_faiss_device
+from hnce.cluster.stores.faiss_index import train_index
+from hnce.cluster.stores.index_shard import IndexShard
+from hnce.cluster.stores.index_spec import IndexSpec
 from hnce.cluster.stores.index_store import IndexStore
 from hnce.cluster.stores.plaid import (
     CentroidPostings,
     centroid_ids,
     centroid_interaction,
+    is_plaid,
     probe,
     pruned_interaction,
 )
-from hnce.cluster.stores.sharded_index import (
-    IndexShard,
-    IndexSpec,
-    ShardedSearcher,
-    is_plaid,
-    train_index,
-)
+from hnce.cluster.stores.sharded_searcher import ShardedSearcher
 from hnce.cluster.stores.versioned_dir import StoreError
 
 SPEC = IndexSpec(kind="plaid", nlist=256, pq_m=16, nprobe=4)

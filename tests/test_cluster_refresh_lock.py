@@ -26,17 +26,19 @@ import ray
 from store_helpers import random_word_dataset, write_checkpoint
 from training_helpers import write_letter_export
 
-from hnce.cluster.compute.coordinator import COORDINATOR_ROLE
-from hnce.cluster.compute.refresh import RefreshPlan, RefreshSettings, run_refresh
-from hnce.cluster.compute.refresh_job import EXIT_OK, JOB_ROLE, attempt_refresh, refresh_once
+from hnce.cluster.compute.refresh.coordinator import COORDINATOR_ROLE
+from hnce.cluster.compute.refresh.engine import run_refresh
+from hnce.cluster.compute.refresh.job import EXIT_OK, JOB_ROLE, attempt_refresh, refresh_once
+from hnce.cluster.compute.refresh.plan import RefreshPlan
+from hnce.cluster.compute.refresh.settings import RefreshSettings
+from hnce.cluster.compute.refresh.supervisor import start_refresh, stop_refresh
 from hnce.cluster.stores.checkpoints import checkpoint_dir, newest_checkpoint
+from hnce.cluster.stores.index_spec import IndexSpec
 from hnce.cluster.stores.index_store import PROGRESS_FILE, IndexStore
 from hnce.cluster.stores.lock_holder import EXIT_LOCKED, LockHolder, read_holder
 from hnce.cluster.stores.negatives_store import NegativesStore
 from hnce.cluster.stores.refresh_log import RefreshRecord, append_record, read_log
-from hnce.cluster.stores.sharded_index import IndexSpec
 from hnce.cluster.stores.versioned_dir import building_dir_name
-from hnce.pipeline.train.refresh_supervisor import start_refresh, stop_refresh
 
 pytestmark = pytest.mark.slow
 
@@ -66,10 +68,9 @@ def clean_checksums(
 def _plan(run_dir: Path, data: Path, **overrides: object) -> RefreshPlan:
     settings = {
         "shard_size": 8,
-        "batch_size": 4,
+        "encoder_batch_size": 4,
         "top_n": 10,
         "num_encoders": 1,
-        "poll_seconds": 0.2,
     }
     settings.update(overrides)
     return RefreshPlan(run_dir, data, RefreshSettings(**settings), IndexSpec(faiss_device="cpu"))
@@ -147,7 +148,7 @@ def _cli_refresh(run_dir: Path, data: Path, address: str) -> list[str]:
         "refresh",
         *("--set", f"run.dir={run_dir}", "--set", f"data.root={data}"),
         *("--set", f"cluster.address={address}", "--set", "index.faiss_device=cpu"),
-        *("--set", "refresh.shard_size=8", "--set", "refresh.batch_size=4"),
+        *("--set", "refresh.shard_size=8", "--set", "refresh.encoder_batch_size=4"),
         *("--set", "refresh.top_n=10", "--set", "refresh.num_encoders=1"),
     ]
 
@@ -249,7 +250,7 @@ def test_an_abandoned_refresh_stops_inside_the_shard_it_is_encoding(
         asked.append(time.monotonic())
         return asked[-1] - asked[0] > 1.5
 
-    plan = _plan(run_dir, data, shard_size=10_000, batch_size=1)
+    plan = _plan(run_dir, data, shard_size=10_000, encoder_batch_size=1)
     abandoned = attempt_refresh(plan, JOB_ROLE, stopping=stopping)
     assert abandoned.outcome == "abandoned", abandoned.message
     building = run_dir / "index" / building_dir_name(1)

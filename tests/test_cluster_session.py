@@ -36,7 +36,7 @@ def test_the_driver_and_every_ray_worker_keep_jax_on_the_cpu(ray_session: str) -
 def test_importing_the_trainer_and_the_samplers_does_not_import_bm25s() -> None:
     code = (
         "import sys, hnce.pipeline.train.trainer, hnce.pipeline.train.worker, "
-        "hnce.mining.samplers.lexical, hnce.cluster.stores.lexical; "
+        "hnce.mining.samplers.lexical, hnce.cluster.stores.bm25_store; "
         "print(sorted(m for m in ('bm25s', 'jax') if m in sys.modules))"
     )
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}

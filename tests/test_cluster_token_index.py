@@ -30,16 +30,13 @@ from hnce.cluster.compute.entity_encoding import (
 )
 from hnce.cluster.compute.index_build import IndexedModel, ensure_token_store
 from hnce.cluster.stores.faiss_device import resolve_faiss_device
+from hnce.cluster.stores.faiss_index import build_shard_index, train_index
+from hnce.cluster.stores.index_shard import IndexShard
+from hnce.cluster.stores.index_spec import IndexSpec
 from hnce.cluster.stores.index_store import IndexStore
+from hnce.cluster.stores.pq_codes import token_codes
 from hnce.cluster.stores.shard_files import read_quantiser, write_quantiser
-from hnce.cluster.stores.sharded_index import (
-    IndexShard,
-    IndexSpec,
-    ShardedSearcher,
-    build_shard_index,
-    token_codes,
-    train_index,
-)
+from hnce.cluster.stores.sharded_searcher import ShardedSearcher
 from hnce.cluster.stores.versioned_dir import ChecksumError, StoreError
 from hnce.encoders.biencoder import load_biencoder
 from hnce.errors import InputError
@@ -308,14 +305,14 @@ def test_codes_of_another_size_are_refused(tmp_path: Path, catalogue) -> None:
 
 def test_sum_of_max_over_hnsw_is_refused() -> None:
     vectors, _ = token_catalogue(20)
-    index = build_shard_index(vectors, IndexSpec(kind="hnsw", hnsw_m=8))
+    index = build_shard_index(vectors, IndexSpec(kind="hnsw"))
     with pytest.raises(InputError, match="flat, ivfpq or plaid"):
         token_codes(index, vectors)
 
 
 def test_a_sample_too_small_to_train_the_quantiser_is_refused_clearly() -> None:
     vectors, _ = token_catalogue(20)
-    with pytest.raises(InputError, match=r"the catalogue's sample has \d+; raise index.train_size"):
+    with pytest.raises(InputError, match=r"the catalogue's sample has \d+; for a catalogue"):
         build_shard_index(vectors[:200], IndexSpec(kind="ivfpq", pq_m=8))
 
 
@@ -332,7 +329,7 @@ def test_a_shard_is_compressed_chunk_by_chunk_in_entity_order(
     tokens = ensure_token_store(data, IndexedModel.from_export(export))
     model = load_biencoder(export).eval()
     entity_ids = np.arange(60)
-    spec = IndexSpec(kind="ivfpq", nlist=4, pq_m=16, nprobe=4, train_size=300)
+    spec = IndexSpec(kind="ivfpq", nlist=4, pq_m=16, nprobe=4)
     vectors, ids, _ = encode_entities(model, tokens, entity_ids, 4)
     trained = train_index(vectors, spec)
     held: list[int] = []

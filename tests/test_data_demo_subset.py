@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hnce.cluster.compute.heldout import training_golds
 from hnce.cluster.compute.recall import recall_report
+from hnce.cluster.compute.refresh.heldout import training_golds
 from hnce.cluster.stores.tables import Entity, Mention, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.cluster.stores.tables_write import write_dataset

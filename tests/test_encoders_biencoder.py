@@ -170,6 +170,30 @@ def test_export_and_reload_give_the_same_scores(
         torch.testing.assert_close(reloaded.scorer.codes, model.scorer.codes)
 
 
+def test_a_format_1_export_of_a_named_scorer_reads_and_a_general_one_is_refused(
+    tiny_config, tiny_tokenizer, tmp_path: Path
+) -> None:
+    """Format 1 spelled the general form's choices out beside the scorer's name: an export whose
+    choices are its name's reloads to the same scores; one whose choices are not (the open
+    general form no recipe names now) is refused naming its file."""
+    model = tiny_model(tiny_config, tiny_tokenizer, "poly-3", None).eval()
+    export_biencoder(model, tmp_path / "export")
+    path = tmp_path / "export" / "scorer.json"
+    description = json.loads(path.read_text())
+    old = {"query_side": "entity", "query_reduction": "leftmost", "key_reduction": "codes"}
+    description.update(format=1, scorer={**description["scorer"], **old, "attention": "soft"})
+    path.write_text(json.dumps(description))
+    mentions, entities = batches(model)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            load_biencoder(tmp_path / "export")(mentions, entities), model(mentions, entities)
+        )
+    description["scorer"]["attention"] = "hard"
+    path.write_text(json.dumps(description))
+    with pytest.raises(InputError, match=r"scorer\.json.*format 1 scorer poly with general-form"):
+        load_biencoder(tmp_path / "export")
+
+
 def shared_and_two_towers(tiny_config, tiny_tokenizer) -> tuple[BiEncoder, BiEncoder]:
     """A shared-tower model and a two-tower one whose towers (and projections) all hold the
     shared model's weights, in eval mode (no dropout; gradients still flow): the same function

@@ -10,7 +10,7 @@ from conftest import tiny_bert_config
 from torch import nn
 from transformers import BertConfig, BertModel
 
-from hnce.encoders.blink import (
+from hnce.encoders.blink_checkpoint import (
     CheckpointKeyError,
     export_blink_biencoder,
     export_blink_crossencoder,

@@ -20,11 +20,11 @@ from hnce.encoders.biencoder import (
     load_biencoder,
     minilm_path,
 )
-from hnce.encoders.blink import export_blink_biencoder, import_blink_biencoder
+from hnce.encoders.blink_checkpoint import export_blink_biencoder, import_blink_biencoder
 from hnce.encoders.pooling import declared_pooling, resolve_pooling
 from hnce.errors import InputError
 from hnce.pipeline.config import ConfigError, load_config
-from hnce.pipeline.models import build_model, untrained_export
+from hnce.pipeline.recipe_models import build_model, untrained_export
 
 MEAN_MODULES = [
     {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},

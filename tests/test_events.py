@@ -1,6 +1,8 @@
 """Every event of a run's logs is named by a member of :class:`hnce.events.RunEvent`: no writer or
-reader in the package, the benchmarks or the tests spells an event kind as a string literal (an
-``ast`` walk over the folders), and the members keep the strings earlier runs wrote."""
+reader in the repository's Python files spells an event kind as a string literal (an ``ast``
+walk), and the members keep the strings earlier runs wrote. Who writes
+and reads each member is derived from the code (``tests/event_uses.py``): every member has a
+writer in the package and a reader, and every field a writer names is in its member's comment."""
 
 from __future__ import annotations
 
@@ -9,11 +11,12 @@ import json
 import re
 from pathlib import Path
 
+from event_uses import listing, member_docs, python_files, uses
+
+from hnce.cluster.stores.run_events import LOG_FILE, read_events
 from hnce.events import RunEvent
-from hnce.pipeline.event_log import LOG_FILE, read_events
 
 REPO = Path(__file__).resolve().parents[1]
-FOLDERS = ("hnce", "encoders", "mining", "cluster", "pipeline", "benchmarks", "tests")
 #: what a new event kind spelt as a literal looks like (a file's ``write`` of text does not)
 EVENT_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
@@ -79,12 +82,11 @@ def literal_events(tree: ast.AST) -> list[tuple[int, str]]:
 
 def test_no_writer_or_reader_spells_an_event_as_a_string() -> None:
     found = []
-    for folder in FOLDERS:
-        for path in sorted((REPO / folder).rglob("*.py")):
-            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-            found.extend(
-                f"{path.relative_to(REPO)}:{line}: {text!r}" for line, text in literal_events(tree)
-            )
+    for path in python_files():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        found.extend(
+            f"{path.relative_to(REPO)}:{line}: {text!r}" for line, text in literal_events(tree)
+        )
     assert not found, "name these events by their RunEvent member:\n" + "\n".join(found)
 
 
@@ -137,7 +139,6 @@ def test_the_members_keep_the_strings_on_disk(tmp_path: Path) -> None:
         "INITIAL_NEGATIVES": "initial_negatives",
         "NONFINITE_LOSS": "nonfinite_loss",
         "NONFINITE_STOP": "nonfinite_stop",
-        "STALE": "stale",
         "REFRESH_STOP": "refresh_stop",
         "REFRESH_FAILED": "refresh_failed",
         "REFRESHES_END": "refreshes_end",
@@ -148,3 +149,58 @@ def test_the_members_keep_the_strings_on_disk(tmp_path: Path) -> None:
     (tmp_path / LOG_FILE).write_text("".join(json.dumps(line) + "\n" for line in earlier))
     for event in RunEvent:
         assert [line["event"] for line in read_events(tmp_path, event)] == [event.value]
+
+
+def test_every_event_has_a_writer_in_the_package_and_a_reader() -> None:
+    found = uses()
+    package = {
+        u.member
+        for u in found
+        if u.writes and not u.in_tests and not u.path.startswith("benchmarks/")
+    }
+    read = {u.member for u in found if not u.writes}
+    assert not [e.name for e in RunEvent if e.name not in package], "written nowhere"
+    assert not [e.name for e in RunEvent if e.name not in read], "read nowhere"
+
+
+def test_every_field_a_writer_names_is_in_its_events_comment() -> None:
+    """The comments in hnce/events.py are the events' field reference: a writer that adds or
+    renames a field updates its member's comment (tests write partial events: not counted)."""
+    docs = member_docs()
+    assert set(docs) == set(RunEvent.__members__) and all(docs.values()), docs
+    missing = sorted(
+        f"{use.where}: {use.member}.{name}"
+        for use in uses()
+        if use.writes and not use.in_tests
+        for name in use.fields
+        if f"``{name}``" not in docs[use.member]
+    )
+    assert not missing, "fields not in hnce/events.py's comments:\n" + "\n".join(missing)
+
+
+def test_the_derivation_tells_writes_from_reads(tmp_path: Path) -> None:
+    source = tmp_path / "example.py"
+    source.write_text(
+        """
+class Worker:
+    def step(self, log, stop):
+        log.write(RunEvent.STEP, step=1, loss=0.5)
+        log.write(RunEvent.NONFINITE_STOP if stop else RunEvent.NONFINITE_LOSS, cause="x")
+
+def record():
+    return {"event": RunEvent.REFRESH, "outcome": "published"}
+
+def read(run):
+    return read_events(run, RunEvent.END), [e for e in run if e["event"] == RunEvent.RESUME]
+"""
+    )
+    found = {(u.member, u.scope, u.writes, u.fields) for u in uses([source])}
+    assert found == {
+        ("STEP", "Worker.step", True, frozenset({"step", "loss"})),
+        ("NONFINITE_STOP", "Worker.step", True, frozenset({"cause"})),
+        ("NONFINITE_LOSS", "Worker.step", True, frozenset({"cause"})),
+        ("REFRESH", "record", True, frozenset({"outcome"})),
+        ("END", "read", False, frozenset()),
+        ("RESUME", "read", False, frozenset()),
+    }
+    assert "STEP ('step')" in listing(uses([source]))

@@ -54,7 +54,7 @@ from hnce.encoders.formatting import register_markers, tokenize_entities
 from hnce.pipeline.cli.main import main as hnce
 from hnce.pipeline.config import load_config
 from hnce.pipeline.data.kilt_synthetic import KNOWLEDGE_SOURCE, aida_file_name
-from hnce.pipeline.models import untrained_export
+from hnce.pipeline.recipe_models import untrained_export
 from hnce.pipeline.run import refresh_plan
 
 ENTITIES = 10_000
@@ -110,13 +110,13 @@ def write_recipe(root: Path) -> Path:
         "refresh": {
             "num_encoders": 1,
             "encoder_cpus": 1,
-            "batch_size": 256,
+            "encoder_batch_size": 256,
             "shard_size": SHARD_SIZE,
             "top_n": TOP_N,
         },
         "index": {"kind": "flat", "keep_versions": 10},
         "cluster": {"address": "local"},
-        "eval": {"ks": [1, 64, 100], "batch_size": 256},
+        "eval": {"ks": [1, 64, 100]},
     }
     path = root / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))

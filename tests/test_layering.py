@@ -56,12 +56,11 @@ def test_inference_importing_the_trainer_breaks_the_contract(tmp_path: Path) -> 
     root = _installed_layout(tmp_path)
     evaluate = root / "hnce" / "pipeline" / "evaluate.py"
     evaluate.write_text(
-        evaluate.read_text()
-        + "\nfrom hnce.pipeline.train.refresh_supervisor import start_refresh\n"
+        evaluate.read_text() + "\nfrom hnce.pipeline.train.cores import resolve_cores\n"
     )
     checked = lint_imports(root)
     assert checked.returncode != 0
-    assert "hnce.pipeline.evaluate -> hnce.pipeline.train.refresh_supervisor" in checked.stdout
+    assert "hnce.pipeline.evaluate -> hnce.pipeline.train.cores" in checked.stdout
 
 
 def test_no_module_imports_a_layer_by_its_folder_name() -> None:

@@ -159,7 +159,9 @@ def test_piecewise_linear_schedule() -> None:
 
 
 def test_schedule_gives_the_configured_hard_share_at_each_step() -> None:
-    schedule = SamplerSchedule(hard_fraction=[(0, 0.0), (200, 0.5)], temperature=[(0, 4.0)])
+    schedule = SamplerSchedule(
+        hard_fraction_by_step=[(0, 0.0), (200, 0.5)], sampling_temperature_by_step=[(0, 4.0)]
+    )
     request = request_of([GOLD, *range(10, 30)], [float(-i) for i in range(21)], k=8, rows=8)
     for step, hard in [(0, 0), (100, 2), (200, 4), (5000, 4)]:
         sampler = schedule.apply(MixedSampler(), step)
@@ -202,7 +204,7 @@ def _drawer(**options) -> tuple[NegativeDrawer, list[Mention], _Source]:
 
 
 def test_the_drawer_follows_the_schedule_per_step_and_repeats_a_step_exactly() -> None:
-    schedule = SamplerSchedule(hard_fraction=[(0, 0.0), (100, 1.0)])
+    schedule = SamplerSchedule(hard_fraction_by_step=[(0, 0.0), (100, 1.0)])
     drawer, mentions, source = _drawer(schedule=schedule)
 
     def draw(step: int):
@@ -281,17 +283,20 @@ def test_the_reranker_flags_a_planted_false_negative(tiny_tokenizer, tmp_path: P
             "negatives.candidates.denoised",
         ),
         (
-            ["negatives.schedule.hard_fraction=[[10, 0.5], [10, 0.6]]"],
-            "negatives.schedule.hard_fraction",
+            ["negatives.schedule.hard_fraction_by_step=[[10, 0.5], [10, 0.6]]"],
+            "negatives.schedule.hard_fraction_by_step",
         ),
         (
-            ["negatives.schedule.hard_fraction=[[0, 0.5], [10, 1.5]]"],
-            "negatives.schedule.hard_fraction",
+            ["negatives.schedule.hard_fraction_by_step=[[0, 0.5], [10, 1.5]]"],
+            "negatives.schedule.hard_fraction_by_step",
         ),
-        (["negatives.schedule.temperature=[[0, 0.0]]"], "negatives.schedule.temperature"),
         (
-            ["negatives.sampler=hard", "negatives.schedule.hard_fraction=[[0, 0.5]]"],
-            "negatives.schedule.hard_fraction",
+            ["negatives.schedule.sampling_temperature_by_step=[[0, 0.0]]"],
+            "negatives.schedule.sampling_temperature_by_step",
+        ),
+        (
+            ["negatives.sampler=hard", "negatives.schedule.hard_fraction_by_step=[[0, 0.5]]"],
+            "negatives.schedule.hard_fraction_by_step",
         ),
         (["rerank.denoise_margin=-1"], "rerank.denoise_margin"),
     ],
@@ -308,7 +313,7 @@ def test_controls_load_from_a_recipe() -> None:
         [
             "negatives.candidates.rank_window=[2, 50]",
             "negatives.candidates.relative_margin=0.05",
-            "negatives.schedule.hard_fraction=[[0, 0.0], [200, 0.5]]",
+            "negatives.schedule.hard_fraction_by_step=[[0, 0.0], [200, 0.5]]",
         ],
     )
     assert config.negatives.candidates.rank_window == [2, 50]

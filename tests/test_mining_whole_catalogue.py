@@ -11,8 +11,8 @@ from hnce.mining.losses import NCELoss, PositiveAwareMask, build_loss
 from hnce.mining.losses.positive_aware import positive_aware_keep
 from hnce.mining.negative_cache import NegativeCache
 from hnce.pipeline.train.batch import ContrastiveBatch
-from hnce.pipeline.train.negative_cache import TrainerCache
 from hnce.pipeline.train.step import contrastive_loss
+from hnce.pipeline.train.trainer_cache import TrainerCache
 
 TEMPERATURE = 0.5
 

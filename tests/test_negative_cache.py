@@ -13,8 +13,9 @@ import pytest
 import torch
 from store_helpers import index_parameters, publish_index
 
+from hnce.cluster.stores.faiss_index import build_shard_index
+from hnce.cluster.stores.index_spec import IndexSpec
 from hnce.cluster.stores.index_store import IndexStore, IndexVersion
-from hnce.cluster.stores.sharded_index import IndexSpec, build_shard_index
 from hnce.cluster.stores.versioned_dir import StoreError
 from hnce.encoders.scorers import build_scorer
 from hnce.mining import negative_cache

@@ -13,9 +13,9 @@ from training_helpers import synthetic_config
 
 from hnce.cluster.stores.files import atomic_write_json
 from hnce.cluster.stores.lock_holder import REFRESH, LockHolder, holder_file
+from hnce.cluster.stores.run_events import read_events
 from hnce.events import RunEvent
 from hnce.pipeline.config import ConfigError, load_config
-from hnce.pipeline.event_log import read_events
 from hnce.pipeline.train import worker
 from hnce.pipeline.train.cores import TrainerThreads, resolve_cores, threads_lent_to_refresh
 from hnce.pipeline.train.one_process import single_process_group

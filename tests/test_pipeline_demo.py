@@ -13,6 +13,7 @@ import pytest
 
 from hnce.cluster.compute.recall import RecallReport
 from hnce.cluster.stores.checkpoints import COMPLETE, EXPORT_DIR, checkpoint_dir
+from hnce.cluster.stores.run_events import read_events
 from hnce.events import RunEvent
 from hnce.pipeline.config import ConfigError, load_config
 from hnce.pipeline.demo import (
@@ -25,7 +26,7 @@ from hnce.pipeline.demo import (
     plot_curve,
     training_curve,
 )
-from hnce.pipeline.event_log import EventLog, read_events
+from hnce.pipeline.event_log import EventLog
 
 DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 
@@ -63,7 +64,7 @@ def test_the_demo_says_what_it_will_do_as_its_recipe_says() -> None:
     for choice in (
         "120 steps of 8 mentions with 8 negatives each",
         "- mixed-50: 50% of each mention's negatives from the top 32 of the negative cache",
-        "no version 0: the cache holds the vectors the steps compute, so the first step's "
+        "no initial negatives: the cache holds the vectors the steps compute, so the first step's "
         "negatives are random",
         "re-encoded beside training only when it pays: the hard negatives drawn are 20+ steps "
         "old on average",
@@ -82,7 +83,7 @@ def test_the_demo_says_what_it_will_do_as_its_recipe_says() -> None:
                     "negatives.initial=random",
                     "refresh.trigger=stale",
                     "model.normalize=false",
-                    "loss.options={}",
+                    "loss.temperature=null",
                     "negatives.share=none",
                     "negatives.cache.enabled=false",
                 ],
@@ -97,9 +98,11 @@ def test_the_demo_says_what_it_will_do_as_its_recipe_says() -> None:
         "dot-product scores; each mention scored against its own candidates",
     ):
         assert choice in changed, (choice, changed)
-    assert "temperature" not in changed and "version 0" not in changed
+    assert "temperature" not in changed and "initial negatives" not in changed
     from_model = " ".join(demo_recipe(load_config(DEMO, ["negatives.initial=model"])).split())
-    assert "version 0 mined with the starting model: hard negatives from step 1" in from_model
+    assert (
+        "initial negatives mined with the starting model: hard negatives from step 1" in from_model
+    )
     baseline_sampler = demo_recipe(
         load_config(DEMO, ["negatives.sampler=random", "negatives.cache.enabled=false"])
     )

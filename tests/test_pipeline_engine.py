@@ -30,6 +30,7 @@ from hnce.cluster.stores.checkpoints import (
     verify_checkpoint,
 )
 from hnce.cluster.stores.negatives_store import MinedSplit, NegativesStore
+from hnce.cluster.stores.run_events import read_events
 from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.encoders.biencoder import BiEncoder, export_biencoder, load_biencoder
@@ -37,12 +38,10 @@ from hnce.events import RunEvent
 from hnce.mining.losses import NCELoss
 from hnce.mining.samplers import SampledNegatives
 from hnce.pipeline.config import Config, ConfigError, TrainingSettings
-from hnce.pipeline.event_log import read_events
-from hnce.pipeline.models import build_model
+from hnce.pipeline.recipe_models import build_model, build_trainable
 from hnce.pipeline.train.batch import ContrastiveBatch, assemble_batch
 from hnce.pipeline.train.checkpointing import UnsafeCheckpointError
 from hnce.pipeline.train.deepspeed_config import build_deepspeed_config
-from hnce.pipeline.train.model import build_trainable
 from hnce.pipeline.train.one_process import single_process_group
 from hnce.pipeline.train.step import contrastive_loss, start_engine, train_micro_batch
 from hnce.pipeline.train.task import TrainingTask
@@ -399,14 +398,10 @@ def test_resume_repeats_the_uninterrupted_run_exactly(
         "training.checkpoint_every=2",
         f"rerank.model={syllable_bert}",
         "rerank.num_candidates=4",
-        "rerank.mention_length=24",
-        "rerank.entity_length=24",
         "rerank.training.steps=6",
-        "rerank.training.checkpoint_every=2",
         "rerank.training.batch_size=4",
-        "rerank.training.log_every=1",
     )
-    slim = ("training.keep_deepspeed_state=newest", "rerank.training.keep_deepspeed_state=newest")
+    slim = ("training.keep_deepspeed_state=newest",)
 
     def task_of(config: Config) -> TrainingTask:
         return TrainingTask.retriever(config) if kind == "retriever" else reranker_task(config)

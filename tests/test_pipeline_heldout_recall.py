@@ -13,8 +13,8 @@ import pytest
 from store_helpers import write_checkpoint
 from training_helpers import CONFIGS, REFRESHED, synthetic_config, write_letter_export
 
-from hnce.cluster.compute.heldout import HeldoutSpec, score_heldout
-from hnce.cluster.compute.refresh_job import EXIT_OK, refresh_once
+from hnce.cluster.compute.refresh.heldout import HeldoutSpec, score_heldout
+from hnce.cluster.compute.refresh.job import EXIT_OK, refresh_once
 from hnce.cluster.stores.refresh_log import (
     LOG_FILE,
     HeldoutRecall,
@@ -85,7 +85,7 @@ def test_a_dataset_without_the_eval_split_skips_it_with_one_line(
     small_dataset: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     spec = HeldoutSpec("validation", 0, KS, per_domain=False, batch_size=8)
-    with caplog.at_level(logging.INFO, logger="hnce.cluster.compute.heldout"):
+    with caplog.at_level(logging.INFO, logger="hnce.cluster.compute.refresh.heldout"):
         # Nothing is encoded or searched: no pool, index or version is touched.
         assert score_heldout(spec, small_dataset, None, None, None, STEP) is None  # type: ignore[arg-type]
     (line,) = caplog.messages

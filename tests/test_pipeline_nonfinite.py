@@ -16,9 +16,9 @@ from safetensors.torch import load_file
 from training_helpers import CONFIGS, synthetic_config
 
 from hnce.cluster.stores.checkpoints import EXPORT_DIR, complete_checkpoints
+from hnce.cluster.stores.run_events import read_events
 from hnce.events import RunEvent
 from hnce.pipeline.cli.main import EXIT_INPUT_ERROR, main
-from hnce.pipeline.event_log import read_events
 from hnce.pipeline.train.distributed import Collectives
 from hnce.pipeline.train.nonfinite import (
     nonfinite_ranks,

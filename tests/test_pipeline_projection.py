@@ -14,7 +14,7 @@ from conftest import write_letter_bert
 
 from hnce.encoders.biencoder import BiEncoder, export_biencoder, load_biencoder
 from hnce.pipeline.config import ConfigError, load_config
-from hnce.pipeline.models import build_model, untrained_export
+from hnce.pipeline.recipe_models import build_model, untrained_export
 
 WIDTH = 8
 

@@ -16,18 +16,16 @@ from conftest import write_letter_bert
 from training_helpers import CONFIGS, REFRESHED
 
 from hnce import progress
-from hnce.cluster.compute.refresh_job import RefreshesFailing
+from hnce.cluster.compute.refresh.health import RefreshesFailing, RefreshHealth, raise_if_stopped
 from hnce.cluster.stores.refresh_log import RefreshRecord, append_record, read_log
+from hnce.cluster.stores.run_events import read_events
 from hnce.cluster.stores.tables import mention_split_path
 from hnce.events import RunEvent
 from hnce.pipeline.config import load_config
 from hnce.pipeline.data.synthetic import generate_synthetic_dataset
-from hnce.pipeline.event_log import EventLog, read_events
-from hnce.pipeline.train.progress import follow_progress
-from hnce.pipeline.train.refresh_health import (
-    RefreshHealth,
-    raise_if_stopped,
-)
+from hnce.pipeline.event_log import EventLog
+from hnce.pipeline.train.distributed import Collectives
+from hnce.pipeline.train.run_follower import follow_run
 from hnce.pipeline.train.trainer import run_training
 
 CPU = torch.device("cpu")
@@ -48,18 +46,18 @@ def _failure(checkpoint: int, in_a_row: int, finished: float) -> RefreshRecord:
 def test_failures_are_logged_at_once_and_the_limit_stops_training(tmp_path: Path) -> None:
     started = time.time()
     append_record(tmp_path, _failure(4, 5, started - 60))  # an earlier run's: ignored
-    health = RefreshHealth(tmp_path, max_consecutive_failures=3, rank=0)
+    health = RefreshHealth(tmp_path, Collectives(CPU))
     log = EventLog(tmp_path)
-    assert not health.should_stop(10, log, CPU)
+    assert not health.should_stop(10, log)
     append_record(tmp_path, _failure(12, 1, time.time()))
     append_record(tmp_path, _failure(16, 2, time.time()))
-    assert not health.should_stop(17, log, CPU)
+    assert not health.should_stop(17, log)
     assert [(e["step"], e["checkpoint"], e["consecutive"]) for e in read_events(tmp_path)] == [
         (17, 12, 1),
         (17, 16, 2),
     ]
     append_record(tmp_path, _failure(20, 3, time.time()))
-    assert health.should_stop(21, log, CPU)
+    assert health.should_stop(21, log)
     stop = read_events(tmp_path, RunEvent.REFRESH_STOP)
     assert len(stop) == 1 and stop[0]["step"] == 21
     assert len(read_events(tmp_path, RunEvent.REFRESH_FAILED)) == 3
@@ -75,7 +73,7 @@ def test_a_failed_refresh_is_reported_when_it_is_recorded(
     written when training ends carries it."""
     monkeypatch.setattr(progress, "_shown", True)
     done = threading.Event()
-    follower = threading.Thread(target=follow_progress, args=(tmp_path, 10, done))
+    follower = threading.Thread(target=follow_run, args=(tmp_path, 10, done))
     with caplog.at_level(logging.INFO):
         follower.start()
         try:
@@ -104,7 +102,8 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 def test_training_stops_with_the_cause_when_every_refresh_fails(
     tmp_path: Path, ray_session: str
 ) -> None:
-    """Every refresh fails mining a corrupted split: training stops after two, not at the end."""
+    """Every refresh fails mining a corrupted split: training stops after three
+    (MAX_FAILURES_IN_A_ROW), not at the end."""
     data = tmp_path / "data"
     generate_synthetic_dataset(data, num_worlds=2, entities_per_world=30, mentions_per_entity=2)
     # The test split's bytes replaced by junk of the same size: the dataset's cheap checks
@@ -120,14 +119,12 @@ def test_training_stops_with_the_cause_when_every_refresh_fails(
             f"model.path={write_letter_bert(tmp_path / 'model')}",
             *REFRESHED,
             "training.batch_size=8",
-            "refresh.poll_seconds=0.2",
             "refresh.shard_size=8",
             "index.faiss_device=cpu",
             f"training.steps={steps}",
             "training.checkpoint_every=4",
             "training.negatives_check_every=1",
             "refresh.splits=[train, test]",
-            "refresh.max_consecutive_failures=2",
         ],
     )
     with pytest.raises(RefreshesFailing) as raised:
@@ -136,17 +133,17 @@ def test_training_stops_with_the_cause_when_every_refresh_fails(
     stop = read_events(run_dir, RunEvent.REFRESH_STOP)
     assert len(stop) == 1 and stop[0]["step"] < steps
     assert re.search(
-        rf"training stopped at step {stop[0]['step']}: 2 refreshes in a row failed .*the last, "
+        rf"training stopped at step {stop[0]['step']}: 3 refreshes in a row failed.*the last, "
         rf"of step-\d+: DatasetError: {broken}: not a readable Parquet file",
         str(raised.value),
     ), raised.value
     failed = read_events(run_dir, RunEvent.REFRESH_FAILED)
-    assert [event["consecutive"] for event in failed][:2] == [1, 2]  # logged as they happened
+    assert [event["consecutive"] for event in failed][:3] == [1, 2, 3]  # logged as they happened
     assert failed[0]["step"] <= stop[0]["step"] and str(broken) in failed[0]["error"]
     assert not read_events(
         run_dir, RunEvent.END
     )  # the stop is final: no restart trained to the end
     assert max(event["step"] for event in read_events(run_dir, RunEvent.STEP)) <= stop[0]["step"]
     outcomes = [record.outcome for record in read_log(run_dir).records]
-    assert outcomes.count("failed") >= 2 and set(outcomes) <= {"failed", "abandoned"}
+    assert outcomes.count("failed") >= 3 and set(outcomes) <= {"failed", "abandoned"}
     assert "abandoned" not in outcomes[:-1]  # only a refresh still running at the stop

@@ -1,8 +1,9 @@
-"""A refresh that would publish after training ends is not asked for
-(hnce.pipeline.train.refresh_payoff), and the coordinator starts none once the trainer's newest
-checkpoint says so (hnce.cluster.stores.checkpoints.refresh_requests) or once the run's fastest
-refresh would take it past the end that checkpoint expects
-(hnce.cluster.compute.refresh_job.publishes_late)."""
+"""A refresh that would publish after training ends is not asked for (the asynchronous mode,
+hnce.cluster.compute.refresh.modes.asynchronous), the payoff trigger asks only for one that pays
+(hnce.cluster.compute.refresh.triggers.payoff), and the coordinator starts none once the
+trainer's newest checkpoint says so (hnce.cluster.stores.checkpoints.refresh_requests) or once
+the run's fastest refresh would take it past the end that checkpoint expects
+(hnce.cluster.compute.refresh.job.publishes_late)."""
 
 from __future__ import annotations
 
@@ -13,15 +14,18 @@ from pathlib import Path
 import pytest
 from store_helpers import write_checkpoint
 
-from hnce.cluster.compute.coordinator import COORDINATOR_ROLE, RefreshTally
-from hnce.cluster.compute.refresh import NoCheckpointError, RefreshPlan
-from hnce.cluster.compute.refresh_job import attempt_refresh, publishes_late, refresh_target
+from hnce.cluster.compute.refresh.coordinator import COORDINATOR_ROLE, RefreshTally
+from hnce.cluster.compute.refresh.drawn import DrawnNegatives
+from hnce.cluster.compute.refresh.engine import NoCheckpointError
+from hnce.cluster.compute.refresh.job import attempt_refresh, publishes_late, refresh_target
+from hnce.cluster.compute.refresh.modes.asynchronous import AsyncMode
+from hnce.cluster.compute.refresh.plan import RefreshPlan
+from hnce.cluster.compute.refresh.timing import RefreshTiming
+from hnce.cluster.compute.refresh.triggers.payoff import RefreshPayoff
 from hnce.cluster.stores.checkpoints import complete_checkpoints, refresh_requests
 from hnce.cluster.stores.refresh_log import RefreshRecord, append_record
 from hnce.events import RunEvent
 from hnce.pipeline.event_log import EventLog
-from hnce.pipeline.train.negative_cache import DrawnNegatives
-from hnce.pipeline.train.refresh_payoff import RefreshPayoff
 from hnce.pipeline.train.trainer import TrainingSummary
 
 
@@ -33,34 +37,38 @@ def _published(
     append_record(run_dir, record)
 
 
+def _payoff(run_dir: Path, steps: int, max_age: int, slowdown_prior: float = 1.0) -> RefreshPayoff:
+    return RefreshPayoff(RefreshTiming(run_dir, slowdown_prior), steps, max_age)
+
+
 def test_refreshes_end_when_the_last_refresh_would_publish_after_the_last_step(
     tmp_path: Path,
 ) -> None:
-    payoff = RefreshPayoff(tmp_path, steps=60)
+    payoff = AsyncMode(RefreshTiming(tmp_path), steps=60)
     for _ in range(15):
-        payoff.observe(2.0)
+        payoff.timing.observe(2.0)
     # no refresh has published yet: its duration is unknown, so the checkpoint asks
-    assert not payoff.estimate(15).ends
+    assert not payoff.refreshes_end(15).ends
     _published(tmp_path, 100.0, outcome="abandoned")  # not a duration to publish
-    assert not payoff.estimate(15).ends
+    assert not payoff.refreshes_end(15).ends
     _published(tmp_path, 100.0)
-    estimate = payoff.estimate(15)  # 45 steps of 2 s left: 90 s, less than the last refresh
+    estimate = payoff.refreshes_end(15)  # 45 steps of 2 s left: 90 s, less than the last refresh
     assert (estimate.refresh_seconds, estimate.seconds_left, estimate.ends) == (100.0, 90.0, True)
-    assert not payoff.estimate(5).ends  # 110 s left
-    assert payoff.estimate(10).ends  # 100 s left: it would publish as training ends
+    assert not payoff.refreshes_end(5).ends  # 110 s left
+    assert payoff.refreshes_end(10).ends  # 100 s left: it would publish as training ends
     _published(tmp_path, 50.0)  # the fastest refresh decides (a first one starts the pool)
-    assert not payoff.estimate(30).ends and payoff.estimate(40).ends
+    assert not payoff.refreshes_end(30).ends and payoff.refreshes_end(40).ends
     _published(tmp_path, 80.0)
-    assert not payoff.estimate(30).ends
+    assert not payoff.refreshes_end(30).ends
     _published(tmp_path, 60.0, start_seconds=20.0)  # the pool's start is not a refresh's cost
-    assert payoff.estimate(30).refresh_seconds == 40.0
-    assert not payoff.estimate(35).ends and payoff.estimate(40).ends
+    assert payoff.refreshes_end(30).refresh_seconds == 40.0
+    assert not payoff.refreshes_end(35).ends and payoff.refreshes_end(40).ends
 
 
 def test_the_last_checkpoint_always_ends_refreshes(tmp_path: Path) -> None:
-    payoff = RefreshPayoff(tmp_path, steps=60)
-    assert not payoff.estimate(59).ends  # nothing known: ask
-    assert payoff.estimate(60).ends
+    payoff = AsyncMode(RefreshTiming(tmp_path), steps=60)
+    assert not payoff.refreshes_end(59).ends  # nothing known: ask
+    assert payoff.refreshes_end(60).ends
 
 
 def test_the_coordinator_starts_nothing_once_the_newest_checkpoint_ends_refreshes(
@@ -111,7 +119,7 @@ def test_the_coordinator_says_once_why_its_refreshes_are_over(
     write_checkpoint(tmp_path, 30, refresh=True, ends_at=time.time() + 60.0)
     _published(tmp_path, 100.0)
     tally = RefreshTally()
-    with caplog.at_level(logging.INFO, logger="hnce.cluster.compute.coordinator"):
+    with caplog.at_level(logging.INFO, logger="hnce.cluster.compute.refresh.coordinator"):
         for _ in range(3):
             record = attempt_refresh(plan, COORDINATOR_ROLE, requests_only=True)
             assert record.outcome == "no-checkpoint"
@@ -135,19 +143,19 @@ def test_a_refresh_is_asked_for_only_when_it_pays(tmp_path: Path) -> None:
     negatives ask for nothing; stale ones with no known cost ask (that refresh measures it), and
     nothing else asks until the refresh log records it; then a 60 s refresh (40 steps) pays while
     it would be trained on for at least 40 steps after it lands, and is late after."""
-    payoff = RefreshPayoff(tmp_path, steps=120)
+    payoff = _payoff(tmp_path, steps=120, max_age=20)
     for _ in range(30):
-        payoff.observe(1.5)
-    fresh = payoff.decide(30, _drawn(10), max_age=20)
+        payoff.timing.observe(1.5)
+    fresh = payoff.decide(30, _drawn(10))
     assert (fresh.refresh, fresh.reason, fresh.mean_age) == (False, "fresh", 10.0)
-    unknown = payoff.decide(30, _drawn(30), max_age=20)
+    unknown = payoff.decide(30, _drawn(30))
     assert (unknown.refresh, unknown.reason, unknown.latency_steps) == (True, "unknown cost", None)
     payoff.asked(30)
-    assert payoff.decide(40, _drawn(40), max_age=20).reason == "pending"
+    assert payoff.decide(40, _drawn(40)).reason == "pending"
     record = RefreshRecord("published", "training coordinator", started=0.0, seconds=60.0)
     record.checkpoint = 30
     append_record(tmp_path, record)
-    pays = payoff.decide(40, _drawn(40), max_age=20)  # 80 steps left: 40 after it lands
+    pays = payoff.decide(40, _drawn(40))  # 80 steps left: 40 after it lands
     assert (pays.refresh, pays.reason, pays.latency_steps, pays.steps_left) == (
         True,
         "pays",
@@ -155,31 +163,31 @@ def test_a_refresh_is_asked_for_only_when_it_pays(tmp_path: Path) -> None:
         80,
     )
     assert (pays.refresh_seconds, pays.cost_source, pays.step_seconds) == (60.0, "refresh", 1.5)
-    late = payoff.decide(45, _drawn(40), max_age=20)  # 35 steps after it lands, fewer than 40
+    late = payoff.decide(45, _drawn(40))  # 35 steps after it lands, fewer than 40
     assert (late.refresh, late.reason) == (False, "late")
-    assert payoff.decide(40, _drawn(40), max_age=50).reason == "fresh"
-    assert payoff.decide(40, DrawnNegatives(), max_age=20).reason == "no hard negatives"
+    assert _payoff(tmp_path, steps=120, max_age=50).decide(40, _drawn(40)).reason == "fresh"
+    assert payoff.decide(40, DrawnNegatives()).reason == "no hard negatives"
 
 
-def test_before_any_refresh_the_cost_is_version_zeros(tmp_path: Path) -> None:
-    """Before a refresh has published, R is the starting model's version 0 (its event's
+def test_before_any_refresh_the_cost_is_the_initial_negatives(tmp_path: Path) -> None:
+    """Before a refresh has published, R is the starting model's initial negatives (their event's
     seconds; a failed one does not count, nor one that encoded nothing, its index taken over
     from an evaluation): 90 s at 1.5 s a step is 60 steps."""
     log = EventLog(tmp_path)
     log.write(RunEvent.INITIAL_NEGATIVES, initial="model", seconds=90.0, encoded=True)
     log.write(RunEvent.INITIAL_NEGATIVES, initial="model", seconds=5.0, error="OSError: full")
     log.write(RunEvent.INITIAL_NEGATIVES, initial="model", seconds=3.0, encoded=False)
-    payoff = RefreshPayoff(tmp_path, steps=120)
+    payoff = _payoff(tmp_path, steps=120, max_age=20)
     for _ in range(10):
-        payoff.observe(1.5)
-    late = payoff.decide(30, _drawn(30), max_age=20)  # 90 left: 30 after it lands, not 60
+        payoff.timing.observe(1.5)
+    late = payoff.decide(30, _drawn(30))  # 90 left: 30 after it lands, not 60
     assert (late.reason, late.refresh_seconds, late.cost_source, late.latency_steps) == (
         "late",
         90.0,
-        "version 0",
+        "initial negatives",
         60.0,
     )
-    assert payoff.decide(0, _drawn(30), max_age=20).reason == "pays"
+    assert payoff.decide(0, _drawn(30)).reason == "pays"
 
 
 def test_a_refresh_is_charged_the_steps_it_slows_beside_it(tmp_path: Path) -> None:
@@ -191,12 +199,12 @@ def test_a_refresh_is_charged_the_steps_it_slows_beside_it(tmp_path: Path) -> No
     record = RefreshRecord("published", "training coordinator", started=0.0, seconds=60.0)
     record.checkpoint = 10
     append_record(tmp_path, record)
-    shared = RefreshPayoff(tmp_path, steps=120, slowdown_prior=2.0)
-    own = RefreshPayoff(tmp_path, steps=120)
+    shared = _payoff(tmp_path, steps=120, max_age=20, slowdown_prior=2.0)
+    own = _payoff(tmp_path, steps=120, max_age=20)
     for payoff in (shared, own):
         for _ in range(30):
-            payoff.observe(1.5, ended=10_000.0)  # after the refresh's window [0, 60]
-    pays = shared.decide(20, _drawn(30), max_age=20)  # 100 left: 60 after it lands
+            payoff.timing.observe(1.5, ended=10_000.0)  # after the refresh's window [0, 60]
+    pays = shared.decide(20, _drawn(30))  # 100 left: 60 after it lands
     assert (pays.reason, pays.latency_steps, pays.lost_steps, pays.slowdown) == (
         "pays",
         40.0,
@@ -204,12 +212,12 @@ def test_a_refresh_is_charged_the_steps_it_slows_beside_it(tmp_path: Path) -> No
         2.0,
     )
     assert not pays.slowdown_measured and "from its threads" in pays.describe()
-    assert shared.decide(21, _drawn(30), max_age=20).reason == "late"  # 59 < 60
-    assert own.decide(21, _drawn(30), max_age=20).reason == "pays"  # 59 >= 40
+    assert shared.decide(21, _drawn(30)).reason == "late"  # 59 < 60
+    assert own.decide(21, _drawn(30)).reason == "pays"  # 59 >= 40
     # steps that ended inside the refresh's window took 2.25 s against 1.5 s: 1.5x measured
     for _ in range(30):
-        shared.observe(2.25, ended=30.0)
-    measured = shared.decide(21, _drawn(30), max_age=20)
+        shared.timing.observe(2.25, ended=30.0)
+    measured = shared.decide(21, _drawn(30))
     assert measured.slowdown == pytest.approx(1.5) and measured.slowdown_measured
     assert measured.lost_steps == pytest.approx(measured.latency_steps / 3)
     assert "1.50x slower beside it, measured" in measured.describe()

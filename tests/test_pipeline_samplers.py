@@ -13,7 +13,7 @@ import pytest
 import torch
 from training_helpers import REFRESHED, config_for
 
-from hnce.cluster.stores.lexical import bm25_directory, ensure_bm25, publish_lexical_negatives
+from hnce.cluster.stores.bm25_store import bm25_directory, ensure_bm25, publish_lexical_negatives
 from hnce.cluster.stores.negatives_store import NegativesStore
 from hnce.cluster.stores.tables import Mention, mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit, catalogue_fingerprint
@@ -21,13 +21,13 @@ from hnce.cluster.stores.tokens import MentionTokens, TokenStore
 from hnce.encoders.biencoder import build_biencoder
 from hnce.mining.losses import build_loss
 from hnce.mining.samplers import SampledNegatives, SamplingRequest
-from hnce.mining.samplers.adversarial import AdversarialOptions, AdversarialTraining
+from hnce.mining.samplers.adversarial import AdversarialTraining
 from hnce.mining.samplers.greedy import GreedySampler
 from hnce.mining.samplers.momentum_queue import MomentumEntityQueue, entity_side
 from hnce.mining.samplers.ohem import OhemSampler
 from hnce.pipeline.config import ConfigError
 from hnce.pipeline.train.batch import ContrastiveBatch, assemble_batch
-from hnce.pipeline.train.model_scores import CurrentModelScores
+from hnce.pipeline.train.current_scores import CurrentModelScores
 from hnce.pipeline.train.negatives import NegativeDrawer
 from hnce.pipeline.train.step import contrastive_loss
 
@@ -133,7 +133,7 @@ def test_current_model_scores_are_the_models_score_matrix(
 def test_ace_generator_moves_toward_high_scoring_candidates() -> None:
     """The discriminator scores candidate 6 far above the gold: after generator steps g_θ puts
     more mass on it, and less on the known positive 3 (the false-negative penalty)."""
-    ace = AdversarialTraining(10, AdversarialOptions(mix=0.0, learning_rate=0.1))
+    ace = AdversarialTraining(10, mix=0.0, learning_rate=0.1)
     request = SamplingRequest(
         gold=torch.tensor([0]),
         positives=[{0, 3}],

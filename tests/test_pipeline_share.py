@@ -15,13 +15,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from training_helpers import TWO_WORKERS, synthetic_config, write_syllable_bert
 
+from hnce.cluster.stores.run_events import read_events
 from hnce.cluster.stores.tables import Mention
 from hnce.encoders.biencoder import BiEncoder, build_biencoder
 from hnce.events import RunEvent
 from hnce.mining.losses import NCELoss, build_loss
 from hnce.mining.samplers import SampledNegatives
 from hnce.pipeline.config import Config, ConfigError, config_from_dict
-from hnce.pipeline.event_log import read_events
 from hnce.pipeline.train.batch import ContrastiveBatch, ShareMode, assemble_batch
 from hnce.pipeline.train.distributed import Collectives
 from hnce.pipeline.train.step import ContrastiveScoring, contrastive_loss

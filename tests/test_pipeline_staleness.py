@@ -1,6 +1,6 @@
 """``refresh.trigger: stale``: the loss ratio that decides a refresh is stale, the checkpoints that
-ask for one, and the coordinator's choice among them (hnce.pipeline.train.staleness; the end to
-end run is in test_pipeline_train.py)."""
+ask for one, and the coordinator's choice among them (hnce.cluster.compute.refresh.triggers.stale;
+the end to end run is in test_pipeline_train.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ import pytest
 from store_helpers import publish_index, write_checkpoint
 from training_helpers import CONFIGS, REFRESHED
 
-from hnce.cluster.compute.refresh import NoCheckpointError, RefreshPlan
-from hnce.cluster.compute.refresh_job import refresh_target
+from hnce.cluster.compute.refresh.engine import NoCheckpointError
+from hnce.cluster.compute.refresh.job import refresh_target
+from hnce.cluster.compute.refresh.plan import RefreshPlan
+from hnce.cluster.compute.refresh.triggers.stale import StalenessMonitor
 from hnce.cluster.stores.checkpoints import (
     complete_checkpoints,
     prune_checkpoints,
@@ -22,7 +24,6 @@ from hnce.cluster.stores.checkpoints import (
 )
 from hnce.cluster.stores.index_store import IndexStore
 from hnce.pipeline.config import ConfigError, load_config
-from hnce.pipeline.train.staleness import StalenessMonitor
 
 
 def _fed(monitor: StalenessMonitor, version: int, losses: list[float]) -> StalenessMonitor:
@@ -40,14 +41,14 @@ def test_the_loss_ratio_is_the_last_windows_mean_over_the_first_windows() -> Non
     monitor.observe(3, 1.0)
     assert monitor.loss_ratio() == (2.0 + 1.0) / 2 / 4.0  # 0.375 <= 0.5
     assert monitor.stale()
-    monitor.mark_requested()
+    monitor.asked(0)
     monitor.observe(3, 0.5)
     assert not monitor.stale()  # asked once per version
 
 
 def test_a_new_version_is_measured_from_its_own_first_steps() -> None:
     monitor = _fed(StalenessMonitor(ratio=0.5, window=2), 1, [4.0, 4.0, 1.0, 1.0])
-    monitor.mark_requested()
+    monitor.asked(0)
     _fed(monitor, 2, [3.0, 3.0, 2.0])
     assert monitor.version == 2 and monitor.losses == [3.0, 3.0, 2.0]
     assert not monitor.requested and not monitor.stale()
@@ -103,9 +104,11 @@ def test_pruning_spares_the_newest_request(tmp_path: Path) -> None:
 def test_the_stale_trigger_needs_the_asynchronous_coordinator() -> None:
     recipe = CONFIGS / "synthetic-test.yaml"
     stale = [*REFRESHED, "refresh.trigger=stale"]
-    config = load_config(recipe, [*stale, "refresh.stale_loss_ratio=0.7"])
-    assert (config.refresh.trigger, config.refresh.stale_loss_ratio) == ("stale", 0.7)
+    config = load_config(recipe, [*stale, "refresh.stale.loss_ratio=0.7"])
+    assert (config.refresh.trigger, config.refresh.stale.loss_ratio) == ("stale", 0.7)
     with pytest.raises(ConfigError, match=r"refresh\.trigger.*async"):
         load_config(recipe, [*stale, "refresh.mode=sync"])
-    with pytest.raises(ConfigError, match="stale_loss_ratio"):
-        load_config(recipe, ["refresh.stale_loss_ratio=1.5"])
+    with pytest.raises(ConfigError, match=r"refresh\.stale\.loss_ratio"):
+        load_config(recipe, ["refresh.stale.loss_ratio=1.5"])
+    with pytest.raises(ConfigError, match="stale_loss_ratio"):  # the flat key of before: unknown
+        load_config(recipe, ["refresh.stale_loss_ratio=0.7"])

@@ -12,10 +12,11 @@ import pytest
 from hnce.cluster.stores.jsonl import append_jsonl, read_jsonl
 from hnce.cluster.stores.lock_holder import REFRESH, holder_file
 from hnce.cluster.stores.refresh_log import LOG_FILE as REFRESH_LOG
+from hnce.cluster.stores.run_events import LOG_FILE as EVENT_LOG
+from hnce.cluster.stores.run_events import read_events
 from hnce.events import RunEvent
 from hnce.pipeline.cli.main import main
-from hnce.pipeline.event_log import LOG_FILE as EVENT_LOG
-from hnce.pipeline.event_log import EventLog, read_events
+from hnce.pipeline.event_log import EventLog
 
 
 def test_a_torn_last_line_is_never_read_and_the_next_append_repairs_it(tmp_path: Path) -> None:

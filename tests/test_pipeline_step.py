@@ -30,11 +30,11 @@ from hnce.encoders.biencoder import build_biencoder
 from hnce.mining.losses import NCELoss, build_loss
 from hnce.mining.samplers import SampledNegatives
 from hnce.pipeline import devices
+from hnce.pipeline.recipe_models import build_trainable
 from hnce.pipeline.train import distributed
 from hnce.pipeline.train.batch import ContrastiveBatch, assemble_batch
 from hnce.pipeline.train.checkpointing import agreed_resume_step
 from hnce.pipeline.train.distributed import Collectives
-from hnce.pipeline.train.model import build_trainable
 from hnce.pipeline.train.negatives import (
     FixedNegatives,
     NegativeDrawer,

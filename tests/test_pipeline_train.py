@@ -7,13 +7,14 @@ start from the session's shared trained run.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -28,9 +29,10 @@ from training_helpers import (
 )
 
 from hnce.cluster.compute.actors import StopRequested
-from hnce.cluster.compute.coordinator import COORDINATOR_ROLE
 from hnce.cluster.compute.encoder_actor import node_cores
 from hnce.cluster.compute.recall import hits_at
+from hnce.cluster.compute.refresh.coordinator import COORDINATOR_ROLE, POLL_SECONDS
+from hnce.cluster.compute.refresh.initial import InitialRequest, prepare_initial_negatives
 from hnce.cluster.stores.checkpoints import (
     EXPORT_DIR,
     checkpoint_dir,
@@ -41,20 +43,68 @@ from hnce.cluster.stores.checkpoints import (
 from hnce.cluster.stores.index_store import IndexStore
 from hnce.cluster.stores.negatives_store import NegativesStore
 from hnce.cluster.stores.refresh_log import fastest_refresh_seconds, read_log
+from hnce.cluster.stores.run_events import read_events
 from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit
 from hnce.events import RunEvent
 from hnce.pipeline.config import Config, config_from_dict, load_config
 from hnce.pipeline.evaluate import evaluate_checkpoint, evaluate_export
-from hnce.pipeline.event_log import read_events
-from hnce.pipeline.train.trainer import run_training
-from hnce.pipeline.train.version_zero import prepare_initial_negatives
+from hnce.pipeline.run import refresh_plan
+from hnce.pipeline.train.trainer import initial_request, run_training
 
 pytestmark = pytest.mark.slow
-# A training step of the tiny BERT takes tens of milliseconds: enough of them for the refresh
-# (actor start, encode, index, mine) to publish twice while training goes on.
-#: long enough for two asynchronous refreshes to land and be used (each takes ~20-60 steps)
-STEPS = 240
+#: the asynchronous run's steps: a checkpoint at 20 and 40, each refreshed while training goes on
+STEPS = 60
+
+
+@contextlib.contextmanager
+def workers_held_until_a_refresh_lands(run_dir: Path, past_step: int) -> Iterator[list[int]]:
+    """While the block runs, a thread stops the run's trainer workers (SIGSTOP) once they have
+    logged ``past_step``, unless the coordinator's first refresh has ended by then, and lets them
+    go on (SIGCONT) once it has (published, failed or abandoned): however fast this machine trains
+    and refreshes, the first refresh ends while training still has steps to take. Yields the
+    steps at which the workers were held (none: the refresh ended first). Ray Train waits 10
+    minutes for a worker's health check and gloo 30 for a collective, far longer than a hold."""
+    held: list[int] = []
+    done = threading.Event()
+
+    def refresh_ended() -> bool:
+        ended = ("published", "failed", "abandoned")
+        return any(
+            r.role == COORDINATOR_ROLE and r.outcome in ended for r in read_log(run_dir).records
+        )
+
+    def hold() -> None:
+        while not done.is_set():
+            steps = read_events(run_dir, RunEvent.STEP)
+            if refresh_ended():
+                return
+            if steps and steps[-1]["step"] >= past_step:
+                break
+            time.sleep(0.05)
+        else:
+            return
+        pids = [int(path.read_text()) for path in (run_dir / "workers").glob("rank-*.pid")]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):  # a worker that failed: restarted
+                os.kill(pid, signal.SIGSTOP)
+        held.append(read_events(run_dir, RunEvent.STEP)[-1]["step"])
+        try:
+            deadline = time.monotonic() + 600
+            while not refresh_ended() and not done.is_set() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        finally:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+
+    holder = threading.Thread(target=hold, name="hold-workers")
+    holder.start()
+    try:
+        yield held
+    finally:
+        done.set()
+        holder.join()
 
 
 def recall(config: Config, export_dir: Path | None, split: str) -> dict[int, float]:
@@ -75,7 +125,9 @@ def test_training_switches_to_refreshed_negatives_without_waiting(
     sees land (the switch comes steps after its checkpoint), and the coordinator goes straight on
     to the newest checkpoint after each refresh. How many refreshes land within the run depends on
     how fast the refresh runs beside training (two alone, one in CI at stop 31), so the test counts
-    the coordinator's attempts in the refresh log, which do not depend on it."""
+    the coordinator's attempts in the refresh log, which do not depend on it. The first refresh
+    lands before the last step on any machine: the workers are held from step 24 until it ends
+    (:func:`workers_held_until_a_refresh_lands`), having trained past its checkpoint meanwhile."""
     run_dir = tmp_path / "run"
     config = synthetic_config(
         run_dir,
@@ -88,19 +140,20 @@ def test_training_switches_to_refreshed_negatives_without_waiting(
         "training.negatives_check_every=2",
         "training.keep_checkpoints=4",
     )
-    summary = run_training(config)
+    with workers_held_until_a_refresh_lands(run_dir, 24) as held:
+        summary = run_training(config)
 
     assert summary.steps == STEPS
     steps = [e["step"] for e in read_events(run_dir, RunEvent.STEP)]
     assert steps == list(range(1, STEPS + 1))
     switches = read_events(run_dir, RunEvent.NEGATIVES)
-    assert switches, "no refreshed negatives were used"
     attempts = [a for a in read_log(run_dir).records if a.role == COORDINATOR_ROLE]
+    assert switches, f"no refreshed negatives were used (held at {held}): {attempts}"
     assert attempts[0].outcome == "published", attempts
     # A newer checkpoint that asked for a refresh (one before the trainer's refreshes ended,
-    # hnce.pipeline.train.refresh_payoff) and was there a poll after the first refresh finished,
+    # hnce.cluster.compute.refresh.modes.asynchronous) and was there a poll after the first refresh finished,
     # early enough for a refresh as fast as the first to publish before the end that every later
-    # checkpoint expected (hnce.cluster.compute.refresh_job.publishes_late), was refreshed next
+    # checkpoint expected (hnce.cluster.compute.refresh.job.publishes_late), was refreshed next
     # (published, or abandoned when training ended); never an older one.
     end_step = read_events(run_dir, RunEvent.REFRESHES_END)[0]["step"]
     later = [
@@ -110,7 +163,7 @@ def test_training_switches_to_refreshed_negatives_without_waiting(
     expected_ends = [e["training_ends_at"] for e in later if e["training_ends_at"] is not None]
     fastest = fastest_refresh_seconds(attempts)
     if newer and expected_ends and fastest is not None:
-        polled = max(attempts[0].finished, newer[-1]) + config.refresh.poll_seconds
+        polled = max(attempts[0].finished, newer[-1]) + POLL_SECONDS
         if polled + fastest + 1.0 < min(expected_ends):
             assert len(attempts) >= 2, attempts
     refreshed = [a.checkpoint for a in attempts]
@@ -136,12 +189,14 @@ def test_stale_negatives_ask_for_the_only_refreshes_the_coordinator_runs(
     tmp_path: Path, small_dataset: Path, syllable_bert: Path, ray_session: str
 ) -> None:
     """``refresh.trigger: stale``: the checkpoints published because the loss on the current
-    negatives fell to ``stale_loss_ratio`` of its first window ask for a refresh, the others
-    (every ``checkpoint_every``) do not; the coordinator refreshes only those that ask, the first
-    request's negatives go live (300 steps: long enough for a refresh to land), and any later
-    request waits until the one before it is live. (Whether the loss on the refreshed negatives
-    falls far enough again for a second request within the run depends on the tiny model's noisy
-    loss: 0.90 in one run, 0.95 in another; the reset itself is exact in
+    negatives fell to ``refresh.stale.loss_ratio`` of its first window ask for a refresh, the
+    others (every ``checkpoint_every``) do not; the coordinator refreshes only those that ask,
+    the first it takes up is the first request, its negatives go live, and any later request
+    waits until the one before it is live. Nothing waits on the machine's speed: the workers are
+    held at step 150 until that first refresh has ended (:func:`workers_held_until_a_refresh_lands`),
+    so it lands with half the run left however slowly it runs. (Whether the loss on refreshed
+    negatives falls far enough again for a second request depends on the tiny model's noisy
+    loss; the trigger itself is exact in test_pipeline_refresh_handover.py and
     test_pipeline_staleness.py.)"""
     run_dir = tmp_path / "run"
     ratio, steps = 0.9, 300
@@ -156,17 +211,18 @@ def test_stale_negatives_ask_for_the_only_refreshes_the_coordinator_runs(
         "training.keep_checkpoints=20",
         "negatives.initial=model",
         "refresh.trigger=stale",
-        f"refresh.stale_loss_ratio={ratio}",
-        "refresh.stale_window=4",
-        "refresh.poll_seconds=0.2",
+        f"refresh.stale.loss_ratio={ratio}",
+        "refresh.stale.window=4",
     )
-    run_training(config)
+    with workers_held_until_a_refresh_lands(run_dir, steps // 2):
+        run_training(config)
     # one Ray node on CPUs: the trainer takes the refresh's core while no refresh works (the
     # first steps, before any stale request), and gives it back while one does
     assert read_events(run_dir, RunEvent.LAUNCH)[0]["cores"] == "handover"
     threads = [event["threads"] for event in read_events(run_dir, RunEvent.STEP)]
     assert threads[0] == node_cores() and set(threads) <= {1, node_cores()}, threads
-    stale = read_events(run_dir, RunEvent.STALE)
+    stale = read_events(run_dir, RunEvent.REFRESH_DECISION)
+    assert {event["trigger"] for event in stale} == {"stale"}, stale
     requested = sorted(event["step"] for event in stale)
     assert requested and all(0 < e["loss_ratio"] <= ratio for e in stale), stale
     # a request at the last step asks nothing: no refresh would publish in time
@@ -179,6 +235,10 @@ def test_stale_negatives_ask_for_the_only_refreshes_the_coordinator_runs(
     assert {step for step, ask in asks.items() if not ask} == published - asked_for
     refreshed = [r for r in read_log(run_dir).records if r.outcome in ("published", "abandoned")]
     assert {r.checkpoint for r in refreshed} <= set(requested), refreshed
+    # no newer request before the first is live: the first refresh taken up is the first request,
+    # asked for before the hold, and it landed with steps left to switch to it
+    assert requested[0] < steps // 2, requested
+    assert refreshed and refreshed[0].checkpoint == requested[0], (requested, refreshed)
     switches = read_events(run_dir, RunEvent.NEGATIVES)
     assert requested[0] in {s["checkpoint_step"] for s in switches}, (requested, switches)
     # one request per version: the next comes only once the refresh it asked for is live
@@ -291,11 +351,11 @@ def test_a_launch_killed_while_ray_train_wrote_its_snapshot_resumes_from_the_new
 def test_sync_refreshes_hold_training_until_their_exactly_mined_negatives_are_live(
     tmp_path: Path, small_dataset: Path, syllable_bert: Path, ray_session: str
 ) -> None:
-    """``refresh.mode: sync`` with ``negatives.initial: model``: negatives version 0 comes from
-    the starting model, prepared while the workers start, before step 0, and at every ``sync_every`` steps training waits for the
-    negatives of that very checkpoint (lag 0), as the paper's own code does. The checkpoints in
-    between (every ``checkpoint_every``) are kept for resuming and never refreshed, so every
-    refresh runs while the trainer waits and can take its cores.
+    """``refresh.mode: sync`` with ``negatives.initial: model``: the initial negatives come from
+    the starting model, prepared while the workers start, before step 0, and at every checkpoint
+    training waits for the negatives of that very checkpoint (lag 0), as the paper's own code
+    does; the last checkpoint asks for no refresh (nothing would train on it), so every refresh
+    runs while the trainer waits and can take its cores.
 
     poly-16 with hard negatives from the index: every version stores each entity's reduced
     vector and mines by exact scoring in the shard holders, and ``hnce eval`` of the newest
@@ -309,15 +369,13 @@ def test_sync_refreshes_hold_training_until_their_exactly_mined_negatives_are_li
         *REFRESHED,
         "negatives.sampler=hard",
         "training.steps=24",
-        "training.checkpoint_every=4",
+        "training.checkpoint_every=8",
         "training.keep_checkpoints=10",
         "negatives.initial=model",
         "refresh.mode=sync",
-        "refresh.sync_every=8",
-        "refresh.poll_seconds=0.2",
     )
     run_training(config)
-    # version 0 was prepared while the workers started, and the first step waited for it
+    # the initial negatives were prepared while the workers started; the first step waited
     [ready] = read_events(run_dir, RunEvent.INITIAL_NEGATIVES)
     assert ready["initial"] == "model" and "error" not in ready
     [waited] = read_events(run_dir, RunEvent.INITIAL_NEGATIVES_WAIT)
@@ -331,9 +389,9 @@ def test_sync_refreshes_hold_training_until_their_exactly_mined_negatives_are_li
     waits = read_events(run_dir, RunEvent.REFRESH_WAIT)
     assert [w["step"] for w in waits] == [8, 16]
     asks = {step: wants_refresh(path) for step, path in complete_checkpoints(run_dir)}
-    assert asks == {4: False, 8: True, 12: False, 16: True, 20: False, 24: True}, asks
+    assert asks == {8: True, 16: True, 24: False}, asks
     refreshed = {r.checkpoint for r in read_log(run_dir).records if r.outcome == "published"}
-    assert refreshed <= {8, 16, 24}, refreshed
+    assert refreshed <= {8, 16}, refreshed
     steps = read_events(run_dir, RunEvent.STEP)
     assert all(e["negatives_version"] == (e["step"] - 1) // 8 for e in steps), steps
     indexes = IndexStore(run_dir / "index")
@@ -345,7 +403,7 @@ def test_sync_refreshes_hold_training_until_their_exactly_mined_negatives_are_li
     assert report.recall == brute_force_recall(config, newest[1] / EXPORT_DIR)
 
 
-def test_version_zero_takes_over_the_index_an_evaluation_built_for_the_untrained_model(
+def test_the_initial_index_is_taken_over_from_an_evaluation_of_the_untrained_model(
     tmp_path: Path,
     small_dataset: Path,
     syllable_bert: Path,
@@ -353,8 +411,8 @@ def test_version_zero_takes_over_the_index_an_evaluation_built_for_the_untrained
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """``hnce eval --checkpoint untrained`` (the demo's untrained row) and then a run whose
-    negatives version 0 comes from that same model: version 0 is the evaluation's index, its
-    files linked (nothing encoded again), and version 0's negatives are mined from it."""
+    initial negatives come from that same model: its index version 0 is the evaluation's index,
+    its files linked (nothing encoded again), and the initial negatives are mined from it."""
     run_dir = tmp_path / "run"
     config = synthetic_config(
         run_dir, small_dataset, syllable_bert, *REFRESHED, "negatives.initial=model"
@@ -364,7 +422,7 @@ def test_version_zero_takes_over_the_index_an_evaluation_built_for_the_untrained
     [number] = evaluations.versions()
     evaluated = evaluations.open(number)
     with caplog.at_level("INFO", logger="hnce.cluster.stores.index_store"):
-        prepare_initial_negatives(config, "model")
+        prepare_initial_negatives(refresh_plan(config), initial_request(config, "model"))
     assert "index v0 taken over from" in caplog.text
     version_zero = IndexStore(run_dir / "index").open(0)
     assert version_zero.checkpoint == 0
@@ -377,24 +435,26 @@ def test_version_zero_takes_over_the_index_an_evaluation_built_for_the_untrained
     assert evaluate_checkpoint(config, "untrained").recall == untrained.recall
 
 
-@pytest.mark.timeout(240)  # workers that ignored the failure would wait for version 0 forever
-def test_a_failing_version_zero_stops_the_waiting_workers_and_reaches_the_driver(
+@pytest.mark.timeout(240)  # workers that ignored the failure would wait for it forever
+def test_failing_initial_negatives_stop_the_waiting_workers_and_reach_the_driver(
     tmp_path: Path,
     small_dataset: Path,
     syllable_bert: Path,
     ray_session: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Negatives version 0 is prepared in the driver while Ray Train starts the workers, which
-    hold their first step for it: when it fails, the workers stand down without a step (no
-    random-negative training in its place, no worker restarts) and ``run_training`` raises its
-    error."""
-    import hnce.pipeline.train.version_zero as version_zero
+    """The initial negatives are prepared in the driver while Ray Train starts the workers, which
+    hold their first step for them: when they fail, the workers stand down without a step (no
+    random-negative training in their place, no worker restarts) and ``run_training`` raises
+    the error."""
+    import hnce.cluster.compute.refresh.initial as initial
 
-    def fail(config: Config, initial: str, trainer: object = None, stopping: object = None) -> None:
-        raise OSError(f"planted: {initial} negatives version 0 unreadable")
+    def fail(
+        plan: object, request: InitialRequest, trainer: object = None, stopping: object = None
+    ) -> None:
+        raise OSError(f"planted: {request.source} initial negatives unreadable")
 
-    monkeypatch.setattr(version_zero, "prepare_initial_negatives", fail)
+    monkeypatch.setattr(initial, "prepare_initial_negatives", fail)
     run_dir = tmp_path / "run"
     config = synthetic_config(
         run_dir,
@@ -404,30 +464,29 @@ def test_a_failing_version_zero_stops_the_waiting_workers_and_reaches_the_driver
         "training.steps=8",
         "training.max_failures=1",
         "negatives.initial=model",
-        "refresh.poll_seconds=0.2",
     )
-    with pytest.raises(OSError, match="planted: model negatives version 0 unreadable"):
+    with pytest.raises(OSError, match="planted: model initial negatives unreadable"):
         run_training(config)
     assert read_events(run_dir, RunEvent.START), "the workers started"
     assert not read_events(run_dir, RunEvent.STEP) and not read_events(run_dir, RunEvent.END)
     assert not read_events(run_dir, RunEvent.INITIAL_NEGATIVES_WAIT)
     [failed] = read_events(run_dir, RunEvent.INITIAL_NEGATIVES)
-    assert failed["error"] == "OSError: planted: model negatives version 0 unreadable"
+    assert failed["error"] == "OSError: planted: model initial negatives unreadable"
 
 
 @pytest.mark.timeout(240)
-def test_a_failing_trainer_abandons_version_zero_before_its_error_is_raised(
+def test_a_failing_trainer_abandons_the_initial_negatives_before_its_error_is_raised(
     tmp_path: Path,
     small_dataset: Path,
     syllable_bert: Path,
     ray_session: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The trainer fails while negatives version 0 is still being built beside it: the build is
+    """The trainer fails while the initial negatives are still being built beside it: the build is
     told to stop and has ended (its encoder actors released) when ``run_training`` raises the
     trainer's error, so nothing of the run goes on in the driver's process."""
+    import hnce.cluster.compute.refresh.initial as initial
     import hnce.pipeline.train.trainer as trainer
-    import hnce.pipeline.train.version_zero as version_zero
 
     building, stopped = threading.Event(), threading.Event()
 
@@ -441,10 +500,10 @@ def test_a_failing_trainer_abandons_version_zero_before_its_error_is_raised(
             time.sleep(0.05)
 
     def worker_dies(*args: object) -> None:
-        assert building.wait(120), "version 0 never started"
+        assert building.wait(120), "the initial negatives never started"
         raise RuntimeError("planted: the worker group failed")
 
-    monkeypatch.setattr(version_zero, "index_entities", build_until_stopped)
+    monkeypatch.setattr(initial, "index_entities", build_until_stopped)
     monkeypatch.setattr(trainer, "fit_interruptibly", worker_dies)
     run_dir = tmp_path / "run"
     config = synthetic_config(
@@ -458,5 +517,5 @@ def test_a_failing_trainer_abandons_version_zero_before_its_error_is_raised(
     with pytest.raises(RuntimeError, match="planted: the worker group failed"):
         run_training(config)
     assert stopped.is_set()
-    assert not [t for t in threading.enumerate() if t.name == "negatives-version-0"]
+    assert not [t for t in threading.enumerate() if t.name == "initial-negatives"]
     assert IndexStore(run_dir / "index").current() is None  # nothing half-built was published

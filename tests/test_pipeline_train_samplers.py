@@ -16,18 +16,24 @@ import torch
 from safetensors.torch import load_file
 from training_helpers import synthetic_config
 
+from hnce.cluster.compute.refresh.initial import prepare_initial_negatives
 from hnce.cluster.stores.checkpoints import EXPORT_DIR, checkpoint_dir, newest_checkpoint
 from hnce.cluster.stores.index_store import IndexStore
 from hnce.cluster.stores.negatives_store import NegativesStore
+from hnce.cluster.stores.run_events import read_events
 from hnce.cluster.stores.tables_read import EntityCatalogue
 from hnce.events import RunEvent
 from hnce.pipeline.config import Config
-from hnce.pipeline.event_log import read_events
 from hnce.pipeline.preflight import check_training_inputs
+from hnce.pipeline.run import refresh_plan
 from hnce.pipeline.train.one_process import single_process_group
 from hnce.pipeline.train.task import TrainingTask
-from hnce.pipeline.train.trainer import TrainingSummary, run_training, summarise_run
-from hnce.pipeline.train.version_zero import prepare_initial_negatives
+from hnce.pipeline.train.trainer import (
+    TrainingSummary,
+    initial_request,
+    run_training,
+    summarise_run,
+)
 from hnce.pipeline.train.worker import WorkerRun
 
 pytestmark = pytest.mark.slow  # DeepSpeed, and Ray for version 0 and `hnce train`
@@ -54,7 +60,8 @@ def train_in_this_process(config: Config) -> TrainingSummary:
     (``negatives.initial``), then the worker's loop in a one-rank gloo group of this process."""
     check_training_inputs(config)
     task = TrainingTask.retriever(config)
-    prepare_initial_negatives(config, task.initial_negatives(config))
+    request = initial_request(config, task.initial_negatives(config))
+    prepare_initial_negatives(refresh_plan(config), request)
     with single_process_group():
         WorkerRun.build(config, task, torch.device("cpu"), 1, lambda *_: None).train()
     return summarise_run(config.run_dir, 0.0)
@@ -137,7 +144,6 @@ def test_momentum_queue_trains_and_states_its_memory(
         "negatives.sampler=momentum-queue",
         "negatives.source=none",
         "negatives.momentum_queue.size=32",
-        "negatives.momentum_queue.momentum=0.9",
     )
     assert_trained_to_the_end(train_in_this_process(config))
     (queue,) = read_events(run_dir, RunEvent.LOSS_COLUMNS)

@@ -1,5 +1,5 @@
 """The run's training lock: one launch of the trainer per run directory (docs/refresh.md, "The
-training lock"). A second launch is refused before it writes or starts anything, on the Python
+run lock"). A second launch is refused before it writes or starts anything, on the Python
 API and on the command line (exit 75, the holder named); the cluster layer waits out a holder
 that provably died and refuses a live one at once; a stand-alone refresh beside a launch that
 holds it takes the GPUs that launch leaves."""
@@ -21,6 +21,8 @@ from hnce.cluster.compute.lock import (
     RunLock,
     cluster_lock_name,
 )
+from hnce.cluster.compute.refresh.plan import RefreshPlan
+from hnce.cluster.compute.refresh.supervisor import beside_training
 from hnce.cluster.stores.lock_holder import (
     EXIT_LOCKED,
     REFRESH,
@@ -32,7 +34,7 @@ from hnce.cluster.stores.lock_holder import (
 from hnce.events import RunEvent
 from hnce.pipeline.cli.main import main as hnce_main
 from hnce.pipeline.event_log import EventLog
-from hnce.pipeline.train.refresh_supervisor import standalone_refresh_plan
+from hnce.pipeline.run import refresh_plan
 from hnce.pipeline.train.trainer import run_training
 
 REPO = Path(__file__).resolve().parents[1]
@@ -147,10 +149,16 @@ def test_a_standalone_refresh_beside_a_training_launch_takes_the_gpus_it_leaves(
         "cluster.use_gpu=true",
         "training.num_workers=2",
     )
-    alone = standalone_refresh_plan(config)
+
+    def refresh_plan_beside() -> RefreshPlan:
+        return beside_training(
+            refresh_plan(config), config.cluster.use_gpu, config.training.num_workers
+        )
+
+    alone = refresh_plan_beside()
     assert (alone.encoder_gpus, alone.trainer_gpus) == (1.0, 0.0)
     with RunLock(run_dir, "hnce train (retriever)", kind=TRAINING):
         EventLog(run_dir).write(RunEvent.LAUNCH, gpus=chosen, gpus_reason="a test")
-        beside = standalone_refresh_plan(config).pool_settings()
+        beside = refresh_plan_beside().pool_settings()
         assert (beside.gpus_per_actor, beside.reserved_gpus) == (share, 2 * share)
-    assert standalone_refresh_plan(config).encoder_gpus == 1.0
+    assert refresh_plan_beside().encoder_gpus == 1.0

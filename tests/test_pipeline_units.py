@@ -117,17 +117,24 @@ def test_a_checkpoint_resolves_as_newest_its_directory_or_its_export_and_is_veri
         resolve_checkpoint(tmp_path, "newest")
 
 
-def test_a_partial_rerank_training_section_keeps_the_rerankers_defaults() -> None:
+def test_the_reranker_trains_with_the_training_section_but_for_its_own_keys() -> None:
     """``--set rerank.training.steps=30`` must not turn the reranker into an 8-mention run at
-    learning rate 1e-4 (the retriever's defaults): the keys it omits keep the reranker's own."""
-    defaults = load_config(None).rerank.training
-    partial = load_config(None, ["rerank.training.steps=30"]).rerank.training
-    assert (defaults.num_workers, defaults.batch_size) == (1, 2)
-    assert (partial.steps, partial.num_workers, partial.batch_size) == (30, 1, 2)
+    learning rate 1e-4 (the retriever's defaults): ``rerank.training`` holds the reranker's own
+    batch, rate, warm-up and steps; every other setting is ``training``'s."""
+    defaults = load_config(None).reranker_training()
+    partial = load_config(None, ["rerank.training.steps=30"]).reranker_training()
+    assert (defaults.batch_size, defaults.learning_rate, defaults.warmup_steps) == (2, 2e-5, 100)
+    assert (partial.steps, partial.batch_size) == (30, 2)
     assert partial.learning_rate == defaults.learning_rate != 1e-4
-    assert load_config(None, ["rerank.training.num_workers=3"]).rerank.training.num_workers == 3
-    retriever = load_config(None).training  # the retriever's are untouched
-    assert (retriever.batch_size, retriever.learning_rate) == (8, 1e-4)
+    shared = load_config(None, ["training.num_workers=3", "training.checkpoint_every=7"])
+    assert (
+        shared.reranker_training().num_workers,
+        shared.reranker_training().checkpoint_every,
+    ) == (3, 7)
+    retriever = shared.training  # the retriever's own are untouched by the reranker's
+    assert (retriever.batch_size, retriever.learning_rate, retriever.steps) == (8, 1e-4, 1000)
+    with pytest.raises(ConfigError, match=r"rerank\.training\.num_workers"):
+        load_config(None, ["rerank.training.num_workers=3"])
 
 
 def test_a_dataset_without_its_manifest_is_refused_before_any_work(

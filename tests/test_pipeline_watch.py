@@ -17,6 +17,7 @@ from store_helpers import publish_index, write_checkpoint
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from training_helpers import synthetic_config
 
+from hnce.cluster.compute.refresh.health import RefreshHealth, log_missed_heldout
 from hnce.cluster.stores.files import AtomicPath
 from hnce.cluster.stores.index_store import INDEX_DIR, IndexStore
 from hnce.cluster.stores.refresh_log import (
@@ -25,14 +26,15 @@ from hnce.cluster.stores.refresh_log import (
     append_heldout,
     append_record,
 )
+from hnce.cluster.stores.run_events import read_events
 from hnce.errors import InputError
 from hnce.events import RunEvent
 from hnce.pipeline.cli.main import main
-from hnce.pipeline.event_log import EventLog, read_events
+from hnce.pipeline.event_log import EventLog
 from hnce.pipeline.status import plot_training, run_status, training_panels
 from hnce.pipeline.tensorboard import TENSORBOARD_DIR
+from hnce.pipeline.train.distributed import Collectives
 from hnce.pipeline.train.one_process import single_process_group
-from hnce.pipeline.train.refresh_health import RefreshHealth, log_missed_heldout
 from hnce.pipeline.train.task import TrainingTask
 from hnce.pipeline.train.worker import WorkerRun
 
@@ -62,13 +64,13 @@ def assert_scalars(found: list[tuple[int, float, float]], events: list[tuple]) -
 
 def test_the_event_log_writes_tensorboard_scalars_equal_to_its_events(tmp_path: Path) -> None:
     log = EventLog(tmp_path, tensorboard=True)
-    health = RefreshHealth(tmp_path, max_consecutive_failures=3, rank=0)
+    health = RefreshHealth(tmp_path, Collectives(torch.device("cpu")))
     for step, loss, lag in ((1, 2.5, None), (2, float("nan"), 1), (3, 1.75, 2)):
         log.write(RunEvent.STEP, step=step, loss=loss, lr=1e-3 * step, seconds=0.5, lag=lag)
     now = time.time()
     append_heldout(tmp_path, HeldoutRecall(2, 1, "test", 40, {"1": 0.25, "64": 0.75}, 3.0, now))
     append_record(tmp_path, RefreshRecord("published", "training coordinator", now, 12.5, 2, 1, 1))
-    assert not health.should_stop(4, log, torch.device("cpu"))
+    assert not health.should_stop(4, log)
     EventLog(tmp_path).write(RunEvent.REFRESH_WAIT, step=4, seconds=0.25)  # another writer's event
     log.write(RunEvent.STEP, step=4, loss=1.5, lr=4e-3, seconds=0.5, lag=2)
     log.close()
@@ -98,17 +100,20 @@ def test_a_heldout_recall_recorded_after_training_ended_reaches_tensorboard_once
     stopped writes it, at its checkpoint's step and scoring time, and a second copy writes
     nothing."""
     log = EventLog(tmp_path, tensorboard=True)
-    health = RefreshHealth(tmp_path, max_consecutive_failures=3, rank=0)
+    health = RefreshHealth(tmp_path, Collectives(torch.device("cpu")))
     now = time.time()
     append_heldout(tmp_path, HeldoutRecall(2, 1, "test", 40, {"1": 0.25}, 3.0, now))
-    assert not health.should_stop(3, log, torch.device("cpu"))  # the trainer copies this one
+    assert not health.should_stop(3, log)  # the trainer copies this one
     log.write(RunEvent.END, step=4, loss=1.0)
     log.close()
     late = HeldoutRecall(4, 2, "test", 40, {"1": 0.5}, 3.0, now + 1)
     append_heldout(tmp_path, late)  # training ended first
 
-    assert log_missed_heldout(tmp_path) == 1
-    assert log_missed_heldout(tmp_path) == 0
+    def open_log() -> EventLog:
+        return EventLog(tmp_path, tensorboard=True)
+
+    assert log_missed_heldout(tmp_path, open_log) == 1
+    assert log_missed_heldout(tmp_path, open_log) == 0
     found = tensorboard_scalars(tmp_path)["heldout/recall@1"]
     assert [(step, value) for step, _, value in found] == [(2, 0.25), (4, 0.5)]
     assert found[1][1] == pytest.approx(late.time, abs=1e-3)
@@ -185,27 +190,31 @@ def test_plot_of_a_run_without_steps_is_a_clear_error(
 def test_status_reports_the_trigger_and_the_last_staleness_request(
     trigger: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """The trigger's own line of its ``refresh_decision`` events (its spec's ``summary``)."""
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "config.yaml").write_text(f"refresh:\n  trigger: {trigger}\n")
     log = EventLog(tmp_path)
     log.write(RunEvent.START, step=0)
     if trigger == "stale":
         assert "stale: no refresh asked for yet" in run_status(tmp_path).render()
-    log.write(RunEvent.STALE, step=40, version=0, loss_ratio=0.71)
-    log.write(RunEvent.STALE, step=90, version=1, loss_ratio=0.6842)
+    for step, version, ratio in ((40, 0, 0.71), (90, 1, 0.6842)):
+        log.write(
+            RunEvent.REFRESH_DECISION,
+            trigger="stale",
+            step=step,
+            version=version,
+            loss_ratio=ratio,
+        )
     log.close()
     status = run_status(tmp_path)
-    assert status.refresh_trigger == {
-        "trigger": trigger,
-        "requests": 2,
-        "last_request": {"step": 90, "version": 1, "loss_ratio": 0.6842},
-    }
     expected = (
         "stale: 2 refresh(es) asked for; the last at step 90 on negatives version 1, "
         "loss ratio 0.684"
         if trigger == "stale"
         else "checkpoints (every checkpoint is refreshed)"
     )
+    assert status.refresh_trigger is not None
+    assert status.refresh_trigger["summary"] == expected
     assert main(["status", str(tmp_path)]) == 0
     assert f"trigger       {expected}" in capsys.readouterr().out
 

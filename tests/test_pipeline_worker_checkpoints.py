@@ -10,11 +10,12 @@ import torch
 from training_helpers import synthetic_config
 
 from hnce.cluster.stores.checkpoints import REFRESH_REQUEST, STATE_FILE, checkpoint_dir
+from hnce.cluster.stores.run_events import read_events
 from hnce.events import RunEvent
-from hnce.pipeline.event_log import EventLog, read_events
+from hnce.pipeline.event_log import EventLog
+from hnce.pipeline.recipe_models import build_trainable
 from hnce.pipeline.train.checkpointing import WorkerCheckpoints
 from hnce.pipeline.train.distributed import Collectives
-from hnce.pipeline.train.model import build_trainable
 from hnce.pipeline.train.one_process import single_process_group
 from hnce.pipeline.train.step import start_engine
 

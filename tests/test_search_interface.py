@@ -18,13 +18,11 @@ from hnce.cluster.compute.retrieval import OpenIndex
 from hnce.cluster.compute.shard_holders import HeldIndex, HoldSpec, ShardHolder
 from hnce.cluster.stores.exact_search import ExactSearcher
 from hnce.cluster.stores.faiss_device import resolve_faiss_device
+from hnce.cluster.stores.faiss_index import build_shard_index
+from hnce.cluster.stores.index_shard import IndexShard
+from hnce.cluster.stores.index_spec import IndexSpec
 from hnce.cluster.stores.index_store import IndexStore
-from hnce.cluster.stores.sharded_index import (
-    IndexShard,
-    IndexSpec,
-    ShardedSearcher,
-    build_shard_index,
-)
+from hnce.cluster.stores.sharded_searcher import ShardedSearcher
 from hnce.encoders.scorers import Scorer, build_scorer
 from hnce.mining.samplers.lexical import Bm25Index
 from hnce.search import PAD_ID, PAD_SCORE, Searcher

@@ -33,7 +33,8 @@ from hnce.pipeline.data.kilt_synthetic import AIDA_MENTIONS, aida_file_name
 #: at 16,384 (d = 32, FAISS's flat quantiser, measured here), so a version's 732M tokens cost
 #: 1.6 core-hours of adding and encoding at 4,096 and 5.5 at 16,384. Lists of about 179,000
 #: tokens, 8 probed a query token: 1.4M codes scanned (about 13 ms on one core at the 110M codes/s
-#: measured here), as 32 of 16,384 lists would. Trained on 2^20 tokens (FAISS asks 39 a list);
+#: measured here), as 32 of 16,384 lists would. Trained on 40 tokens a list (163,840:
+#: ``IndexSpec.train_size``; FAISS asks 39; the runs measured trained on 2^20);
 #: 1,024 candidate tokens a query token per holder (ColBERT's k' of 1,000).
 SCORERS: dict[str, dict[str, dict[str, Any]]] = {
     "dual": {"scorer": {"name": "dual", "m": 1}, "index": {"kind": "flat", "keep_versions": 2}},
@@ -44,7 +45,6 @@ SCORERS: dict[str, dict[str, dict[str, Any]]] = {
             "nlist": 4096,
             "nprobe": 8,
             "pq_m": 8,
-            "train_size": 2**20,
             "candidate_depth": 1024,
             "keep_versions": 1,
         },
@@ -195,17 +195,16 @@ def recipe_tree(run: Run, steps: int) -> dict[str, Any]:
             "enabled": True,
             "num_encoders": 1,
             "encoder_cpus": 1,
-            "batch_size": 256,
+            "encoder_batch_size": 256,
             "shard_size": 25_000,
-            "top_n": 100,
             # a shard of 25,000 entities at 128 tokens takes minutes on an idle core, and many
-            # times that on a shared one: the default 15 minutes before an actor counts as hung
-            # is too short for the first shard here
-            "wait_floor_seconds": 7200.0,
+            # times that on a shared one: the wait before an actor counts as hung grows with it
+            # (hnce.cluster.compute.refresh.plan.wait_floor_seconds: 7,500 s here)
+            "top_n": 100,
         },
         "index": SCORERS[run.scorer]["index"],
         "cluster": {"address": "local"},
-        "eval": {"ks": [1, 64, 100], "batch_size": 256},
+        "eval": {"ks": [1, 64, 100]},
     }
 
 

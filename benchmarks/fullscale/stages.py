@@ -192,7 +192,7 @@ def training_steps(run: Run) -> int:
 
 def train(run: Run) -> Stage:
     """`hnce train` with the asynchronous refresh (one encoder actor on its own CPU)."""
-    from hnce.pipeline.event_log import read_events
+    from hnce.cluster.stores.run_events import read_events
 
     steps = training_steps(run)
     write_recipe(run, steps)

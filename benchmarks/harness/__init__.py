@@ -11,8 +11,9 @@
   (:func:`run_command`, :func:`run_hnce`).
 - :mod:`~benchmarks.harness.stages`: resumable stages in an atomically written state file
   (:class:`StageState`, :func:`run_stages`).
-- :mod:`~benchmarks.harness.results`: result files and BENCHMARKS.md, written atomically
-  (:func:`write_result`, :func:`write_measures`, :func:`write_json`, :func:`plot`).
+- :mod:`~benchmarks.harness.results`: result files, written atomically with the commit and
+  command they were measured with (:func:`write_result`, :func:`write_measures`,
+  :func:`write_json`, :func:`plot`); ``python -m benchmarks.report`` assembles BENCHMARKS.md.
 
 Example (a whole benchmark; run it as ``python -m benchmarks.example --entities 1000``)::
 
@@ -40,8 +41,8 @@ from benchmarks.harness.memory import (
 from benchmarks.harness.results import (
     RESULTS,
     ROOT,
+    commit,
     plot,
-    update_benchmarks_md,
     write_json,
     write_measures,
     write_result,
@@ -62,6 +63,7 @@ __all__ = [
     "alternated_best",
     "arguments",
     "best_of",
+    "commit",
     "invocation",
     "last_modified",
     "own_peak_bytes",
@@ -74,7 +76,6 @@ __all__ = [
     "run_recipe",
     "run_stages",
     "timed",
-    "update_benchmarks_md",
     "write_json",
     "write_measures",
     "write_result",

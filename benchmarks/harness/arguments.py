@@ -5,7 +5,7 @@ Common flags, on every benchmark:
 - ``--output FILE`` (alias ``--out``): the result file; its plot and raw JSON go beside it.
   Default: ``<output-dir>/<name>.md``.
 - ``--output-dir DIR``: where result files go (default ``benchmarks/results``, the committed
-  ones, which BENCHMARKS.md is rebuilt from; point it elsewhere for small trial runs).
+  ones, which BENCHMARKS.md is assembled from; point it elsewhere for small trial runs).
 - ``--nice N``: lower the benchmark's priority (and its child processes') by N, as ``nice -n N``
   would, for a run on a machine others use (:func:`lower_priority`).
 

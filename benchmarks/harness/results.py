@@ -1,12 +1,13 @@
-"""Result files and BENCHMARKS.md, written atomically.
+"""Result files, written atomically.
 
 Every benchmark writes its own ``benchmarks/results/<name>.md`` (figures measured in one run, as
 ratios where the machine is noisy; plots and raw JSON beside it) through :func:`write_result`,
 :func:`write_measures` or :func:`write_json`. Each write goes through a temporary sibling renamed
 over the target (``hnce.cluster.stores.files``), so a reader or an interrupted run never sees a
-half-written file. When a result lands in ``benchmarks/results/`` BENCHMARKS.md is rebuilt from
-every result file there (:func:`update_benchmarks_md`); a result written elsewhere (``--output``,
-``--output-dir``: small runs, trials) leaves BENCHMARKS.md alone.
+half-written file. A result that lands in ``benchmarks/results/`` carries the commit and the
+command it was measured with (:func:`provenance`), and BENCHMARKS.md is rebuilt from those
+files (``benchmarks.report``; run it by hand after editing a result file). A result written
+elsewhere (``--output``, ``--output-dir``: small runs, trials) is not part of it.
 
 Example::
 
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,141 +32,45 @@ from hnce.cluster.stores.files import AtomicPath, atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
-BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
 
-# Reading order of the sections, grouped by the question they answer: (group, ((result file,
-# its name in the table of contents), ...)). Result files not listed here follow alphabetically,
-# under "Other".
-SECTIONS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
-    (
-        "The demo",
-        (
-            ("pipeline_demo", "what it prints"),
-            ("demo_errors", "where R@1 is lost"),
-            ("demo_negatives_ceiling", "the best possible negatives"),
-        ),
-    ),
-    (
-        "Against the peer",
-        (
-            ("peer_sentence_transformers", "sentence-transformers"),
-            ("step_parity", "the training step"),
-            ("first_step", "time to the first step"),
-        ),
-    ),
-    (
-        "Recipes and negatives",
-        (
-            ("yardstick", "the yardstick: seen and unseen entities"),
-            ("wordnet_comparison", "scorers x negatives"),
-            ("bias", "gradient bias"),
-            ("real_model_bias", "gradient bias while training"),
-        ),
-    ),
-    (
-        "Scale",
-        (
-            ("full_scale", "5.9M entities"),
-            ("full_scale_20000_som", "sum-of-max path"),
-            ("cluster_scale", "5.9M index, 128-d"),
-            ("cluster_scale_1024", "1024-d"),
-            ("token_index", "compressed multi-vector indexes"),
-            ("plaid_index", "plaid token index"),
-            ("exact_mining", "exact mining"),
-            ("checkpoint_disk", "checkpoints on disk"),
-        ),
-    ),
-    (
-        "Throughput on CPUs",
-        (
-            ("data_converters", "converters"),
-            ("encoders_throughput", "encoders"),
-            ("cluster_search", "sharded search"),
-            ("cluster_encode", "refresh encoding"),
-            ("encode_cores", "encoding on every core"),
-            ("kept_pool", "kept encoder pool"),
-            ("heldout_recall_cost", "held-out recall"),
-            ("pipeline_refresh_overlap", "trainer beside a refresh"),
-            ("core_handover", "core hand-over"),
-            ("subnormal_flush", "subnormal floats"),
-            ("punctuation_skip", "punctuation skiplist"),
-            ("link_throughput", "linking"),
-        ),
-    ),
-    (
-        "GPUs",
-        (
-            ("gpu_paths", "GPU paths"),
-            ("gpu_multivector", "multi-vector scorers"),
-        ),
-    ),
-)
-SECTION_ORDER = tuple(name for _, names in SECTIONS for name, _ in names)
-
-HEADER = """# Benchmarks
-
-Figures measured on the development machine (2 CPU cores, 24 GiB, no GPU) unless a section says
-otherwise. Each section names the command that reproduces it and the commit it was measured at;
-it is the current figure of its question (older runs are in git). Each section is written by its
-script (`benchmarks/<name>.py`, run as `python -m benchmarks.<name>`, results in
-`benchmarks/results/<name>.md`); `python -m benchmarks.report` reassembles this file. Timings on
-a shared 2-core machine are noisy: compare the ratios measured within one run, not absolute
-figures across runs.
-"""
-
-_RELATIVE_LINK = re.compile(r"\]\((?![a-z]+://|/|#)([^)]+)\)")
+COMMIT_LINE = re.compile(r"\bcommits? `[0-9a-f]{7,40}\+?`")
+COMMAND_LINE = re.compile(r"Commands?:\s*`")
 
 
-def ordered_result_files() -> list[Path]:
-    """The result files of ``benchmarks/results/`` in BENCHMARKS.md's reading order."""
-    files = {path.stem: path for path in RESULTS.glob("*.md")}
-    ordered = [files.pop(name) for name in SECTION_ORDER if name in files]
-    return ordered + [files[name] for name in sorted(files)]
+def commit() -> str:
+    """The repository's commit, with ``+`` when the work tree has changes."""
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+    return head + ("+" if dirty else "")
 
 
-def as_section(markdown: str) -> str:
-    """One heading level down, so every result file becomes a section of BENCHMARKS.md, with its
-    relative links (plots beside the result file) made relative to the repository root."""
-    results = RESULTS.relative_to(ROOT).as_posix()
-    lines = ("#" + line if line.startswith("#") else line for line in markdown.strip().splitlines())
-    return _RELATIVE_LINK.sub(lambda link: f"]({results}/{link.group(1)})", "\n".join(lines))
+def running_command() -> str | None:
+    """The command line of the benchmark this process runs (``python -m benchmarks.<name>
+    ...``), or None when it is not one."""
+    script = Path(sys.argv[0]).resolve()
+    if not script.is_relative_to(ROOT / "benchmarks") or script.suffix != ".py":
+        return None
+    module = ".".join(script.relative_to(ROOT).with_suffix("").parts)
+    return " ".join([f".venv/bin/python -m {module}", *sys.argv[1:]])
 
 
-def anchor(heading: str) -> str:
-    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces turned into
-    hyphens."""
-    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
-
-
-def table_of_contents(files: list[Path]) -> str:
-    """One line per group of :data:`SECTIONS`, each section linked by its short name; result
-    files outside it under "Other", by their title."""
-    titles = {}
-    for path in files:
-        first = path.read_text(encoding="utf-8").lstrip().splitlines()[0]
-        titles[path.stem] = first.lstrip("#").strip()
-    groups = [
-        (group, [(name, label) for name, label in names if name in titles])
-        for group, names in SECTIONS
-    ]
-    listed = set(SECTION_ORDER)
-    groups.append(("Other", [(name, titles[name]) for name in titles if name not in listed]))
-    lines = [
-        f"- **{group}**: "
-        + ", ".join(f"[{label}](#{anchor(titles[name])})" for name, label in entries)
-        for group, entries in groups
-        if entries
-    ]
-    return "Contents:\n\n" + "\n".join(lines)
-
-
-def update_benchmarks_md() -> Path:
-    """Rewrite BENCHMARKS.md (atomically) from every result file, a table of contents first;
-    returns its path."""
-    files = ordered_result_files()
-    sections = [as_section(path.read_text(encoding="utf-8")) for path in files]
-    parts = [HEADER.strip(), table_of_contents(files), *sections]
-    return atomic_write_text(BENCHMARKS_MD, "\n\n".join(parts) + "\n")
+def provenance(text: str) -> str:
+    """``text`` with the commit it was measured at and the command that measured it, each added
+    under its title where the benchmark did not write it (BENCHMARKS.md requires both)."""
+    added = []
+    if not COMMIT_LINE.search(text):
+        added.append(f"Measured at commit `{commit()}`.")
+    command = running_command()
+    if not COMMAND_LINE.search(text) and command is not None:
+        added.append(f"Command: `{command}`.")
+    if not added:
+        return text
+    title, _, rest = text.partition("\n")
+    return f"{title}\n\n{' '.join(added)}\n{rest}"
 
 
 def in_results(path: Path) -> bool:
@@ -172,19 +79,28 @@ def in_results(path: Path) -> bool:
 
 
 def write_text(output: Path, text: str, echo: bool = False) -> Path:
-    """Write a result file's ``text`` atomically, rebuild BENCHMARKS.md when the file is in
-    ``benchmarks/results/``, print the text when ``echo``."""
+    """Write a result file's ``text`` atomically (in ``benchmarks/results/``, with its commit and
+    command: :func:`provenance`, and BENCHMARKS.md rebuilt from it unless the page would break its
+    rules, which are then printed), print the text when ``echo``."""
+    if in_results(output):
+        text = provenance(text)
     atomic_write_text(output, text)
     if in_results(output):
-        update_benchmarks_md()
+        # imported here: the report builds the page from this module's files
+        from benchmarks.report import update_benchmarks_md
+
+        try:
+            print(f"{output} written; {update_benchmarks_md()} rebuilt")
+        except ValueError as refused:  # the figure is kept; the page waits for its rules
+            print(f"{output} written; {refused}")
     if echo:
         print(text, end="")
     return output
 
 
 def write_result(output: Path, lines: list[str]) -> Path:
-    """Write a benchmark's result file from its markdown ``lines``, rebuild BENCHMARKS.md (when
-    ``output`` is in ``benchmarks/results/``), print it."""
+    """Write a benchmark's result file from its markdown ``lines`` (:func:`write_text`), print
+    it."""
     return write_text(output, "\n".join(lines) + "\n", echo=True)
 
 

@@ -19,11 +19,11 @@ from benchmarks import harness
 from benchmarks.peer.curves import KS, Curve, Trained
 from benchmarks.peer.evaluation import HeldOut, evaluate_curve
 from benchmarks.training_runs import checkpoint_export, wall_clock_parts
+from hnce.cluster.stores.run_events import read_events
 from hnce.encoders.biencoder import load_biencoder
 from hnce.events import RunEvent
 from hnce.pipeline.config import Config, load_config
 from hnce.pipeline.evaluate import evaluate_export
-from hnce.pipeline.event_log import read_events
 from hnce.pipeline.train.trainer import run_training
 
 DEMO = harness.ROOT / "configs/demo.yaml"

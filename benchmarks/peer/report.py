@@ -227,7 +227,7 @@ def write_results(
     total_seconds: float,
     overrides: Sequence[str],
 ) -> None:
-    """The markdown result file and its plot; BENCHMARKS.md rebuilt, the file printed.
+    """The markdown result file and its plot; the file printed.
     ``overrides``: the ``--set`` options hnce's recipe ran with (none: as shipped)."""
     plot_path = out.with_suffix(".png")
     recall_plot(plot_path, seeds, overrides)

@@ -101,7 +101,7 @@ class TaskClock:
 
     Args:
         floor_seconds: the least patience, and all of it before a task has been measured
-            (``refresh.wait_floor_seconds``).
+            (:data:`hnce.cluster.compute.encoder_pool.WAIT_FLOOR_SECONDS` for encoder actors).
         what: the kind of task, for messages ("entity shards").
     """
 
@@ -178,5 +178,5 @@ class TaskClock:
 
     def _basis(self) -> str:
         if self.slowest is None:
-            return "the floor refresh.wait_floor_seconds, none measured yet"
+            return f"the floor of {self.floor_seconds:g}s, none measured yet"
         return f"{TIMEOUT_MULTIPLE:g}x the slowest so far, {self.slowest:.1f}s"

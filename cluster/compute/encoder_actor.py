@@ -44,13 +44,14 @@ from hnce.cluster.compute.entity_encoding import (
 )
 from hnce.cluster.compute.model_pointer import PoolModel
 from hnce.cluster.compute.shard_holders import ShardHolder
+from hnce.cluster.stores.faiss_index import build_shard_index, train_index
+from hnce.cluster.stores.index_spec import IndexSpec
 from hnce.cluster.stores.shard_files import (
     ShardRecord,
     read_quantiser,
     write_quantiser,
     write_shard,
 )
-from hnce.cluster.stores.sharded_index import IndexSpec, build_shard_index, train_index
 from hnce.cluster.stores.tokens import TokenStore
 from hnce.encoders.biencoder import BiEncoder, load_biencoder
 from hnce.encoders.formatting import tokenizer_fingerprint
@@ -109,7 +110,7 @@ class ShardTask:
     @property
     def keeps_vector_copy(self) -> bool:
         """A compressed multi-m shard, which keeps a float16 copy of its vectors to rescore its
-        candidates from (:mod:`hnce.cluster.stores.sharded_index`)."""
+        candidates from (:mod:`hnce.cluster.stores.sharded_searcher`)."""
         return (self.vectors_per_entity or 1) > 1 and self.spec.kind not in ("flat", "plaid")
 
 

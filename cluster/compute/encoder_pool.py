@@ -58,6 +58,13 @@ logger = logging.getLogger(__name__)
 SETTLE_SECONDS = 60.0
 
 
+#: the least time a wait on an encoder actor (its start, a shard, a search) may take before it is
+#: reported as hung; later waits also allow 10x the slowest task measured. 15 minutes covers a
+#: model's first load and a 100,000-entity shard encoded on one CPU thread, so only a hung actor
+#: reaches it
+WAIT_FLOOR_SECONDS = 900.0
+
+
 @dataclass(frozen=True)
 class EncoderPoolSettings:
     """How many encoder actors, how big, how patient (from the ``refresh`` section).
@@ -66,13 +73,13 @@ class EncoderPoolSettings:
     per `gpus_per_actor` of the GPUs a trainer beside the pool leaves (`reserved_gpus`,
     :mod:`hnce.cluster.compute.gpu_sharing`), or 1 without GPUs. `num_threads` is each CPU actor's
     torch threads (and CPUs asked); with `free_cpus`, for a pool that runs with no trainer training
-    beside it (version 0, evaluation, linking), each CPU actor instead takes an equal share of the
+    beside it (the initial negatives, evaluation, linking), each CPU actor instead takes an equal share of the
     CPUs Ray has free less `reserved_cpus` (those of a trainer that starts beside it and is not
-    placed yet: version 0 of ``hnce train``), at least `num_threads`. `lent_threads`: torch threads
+    placed yet: the initial negatives of ``hnce train``), at least `num_threads`. `lent_threads`: torch threads
     a trainer that waits for this pool lends it (``refresh.mode: sync`` with ``training.cores:
-    handover``, or version 0 of ``hnce train``), shared among the CPU actors on top of the CPUs they
+    handover``, or the initial negatives of ``hnce train``), shared among the CPU actors on top of the CPUs they
     ask for. `wait_floor_seconds` is the least time any wait on an actor may take before it is
-    reported as hung (`hnce.cluster.compute.actors.TaskClock`).
+    reported as hung (`hnce.cluster.compute.actors.TaskClock`; :data:`WAIT_FLOOR_SECONDS`).
     """
 
     num_encoders: int = 0
@@ -83,7 +90,7 @@ class EncoderPoolSettings:
     lent_threads: int = 0
     gpus_per_actor: float = 1.0
     reserved_gpus: float = 0.0
-    wait_floor_seconds: float = 900.0
+    wait_floor_seconds: float = WAIT_FLOOR_SECONDS
     faiss_device: DeviceRequest = "auto"
     max_restarts: int = 3
     max_task_retries: int = 3

@@ -20,7 +20,9 @@ import faiss
 import numpy as np
 import torch
 
-from hnce.cluster.stores.sharded_index import IndexSpec, add_token_codes, plaid_codes
+from hnce.cluster.stores.index_spec import IndexSpec
+from hnce.cluster.stores.plaid import plaid_codes
+from hnce.cluster.stores.pq_codes import add_token_codes
 from hnce.cluster.stores.tokens import TokenStore
 from hnce.encoders.biencoder import BiEncoder
 from hnce.encoders.formatting import length_sorted_batches

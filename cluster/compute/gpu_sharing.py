@@ -5,7 +5,7 @@ On a GPU cluster the refresh's encoder actors run on GPUs of their own (the ``hn
 slots of a launched cluster, or the GPUs the trainer's workers leave) and the workers on theirs.
 On a machine with no GPU to spare (one GPU, or as many GPUs as trainer workers) an encoder
 asking for a whole GPU could never be placed while the trainer holds them all: the refresh, and
-version 0 mined from the model, would wait until their deadline and fail. ``shared`` gives each
+the initial negatives mined from the model, would wait until their deadline and fail. ``shared`` gives each
 trainer worker and each encoder actor half a GPU (Ray's fractional GPUs): the two processes see
 the same device and CUDA time-slices it between them, so the refresh encodes while the trainer
 trains, as ANCE's asynchronous refresh asks, at the cost of each running slower while both work.
@@ -74,7 +74,7 @@ def resolve_gpu_sharing(
 ) -> GpuPlan:
     """The GPU plan of a run that trains ``trainer_workers`` workers (on GPUs when ``use_gpu``)
     on a cluster of ``cluster_gpus`` GPUs, with encoder actors beside it when ``encoders_beside``
-    (a refresh, or version 0 mined from the model) and on the launcher's ``hnce_encoder`` slots
+    (a refresh, or the initial negatives mined from the model) and on the launcher's ``hnce_encoder`` slots
     when ``encoder_slots``. Raises PlacementError for ``dedicated`` with no GPU left to an
     encoder, which would otherwise wait for a GPU the trainer never gives back."""
     if not use_gpu:

@@ -41,8 +41,8 @@ from hnce.cluster.compute.encoder_actor import QuantiserTask, ShardEncoded, Shar
 from hnce.cluster.compute.encoder_pool import EncoderPool, EncoderPoolSettings, KeptPool
 from hnce.cluster.stores.checkpoints import EXPORT_DIR, verify_checkpoint
 from hnce.cluster.stores.files import sha256_file
+from hnce.cluster.stores.index_spec import IndexSpec
 from hnce.cluster.stores.index_store import BuildParameters, IndexBuilder, IndexStore, IndexVersion
-from hnce.cluster.stores.sharded_index import IndexSpec
 from hnce.cluster.stores.tokens import TokenStore
 from hnce.encoders.biencoder import (
     SCORER_FILE,

@@ -49,8 +49,8 @@ from hnce.cluster.compute.index_build import (
     start_pool,
     timed,
 )
-from hnce.cluster.compute.miner import search_catalogue
-from hnce.cluster.compute.refresh import RefreshPlan
+from hnce.cluster.compute.miner import SEARCH_BATCH, search_catalogue
+from hnce.cluster.compute.refresh.plan import RefreshPlan
 from hnce.cluster.compute.shard_holders import HeldIndex
 from hnce.cluster.stores.index_store import IndexStore, IndexVersion
 from hnce.cluster.stores.tables import Mention
@@ -167,7 +167,7 @@ class OpenIndex(Searcher[Sequence[Mention]]):
         k: int,
         *,
         per_domain: bool = False,
-        batch_size: int = 256,
+        batch_size: int = SEARCH_BATCH,
     ) -> tuple[np.ndarray, np.ndarray]:
         """(entity ids int64 [M, k], scores float32 [M, k]) of the mentions `queries`
         (`hnce.search.Searcher`); options as :meth:`retrieve`."""
@@ -179,7 +179,7 @@ class OpenIndex(Searcher[Sequence[Mention]]):
         mentions: Sequence[Mention],
         k: int,
         per_domain: bool = False,
-        batch_size: int = 256,
+        batch_size: int = SEARCH_BATCH,
     ) -> Retrieved:
         """Top-``k`` entities of ``mentions`` (``per_domain``: among their own domain's only),
         with the version searched and the seconds of each stage."""
@@ -222,7 +222,7 @@ def retrieve(
     mentions: Sequence[Mention],
     k: int,
     per_domain: bool = False,
-    batch_size: int = 256,
+    batch_size: int = SEARCH_BATCH,
 ) -> Retrieved:
     """Top-`k` entities of `mentions` under `model` (module docstring for which index), in an
     index opened for this call only (:func:`open_index`).

@@ -1,14 +1,13 @@
 """Where Ray runs (the ``cluster`` section of a recipe) and the one way hnce starts or joins it.
 
 Every command that needs Ray (``train``, ``refresh``, ``eval``, ``finetune-blink``, ``demo``) calls
-:func:`init_ray` once; it either starts a local instance on this machine (dashboard bound to
-loopback unless the recipe explicitly allows otherwise) or joins ``cluster.address``. The choice,
+:func:`init_ray` once; it either starts a local instance on this machine (its dashboard off and
+bound to loopback) or joins ``cluster.address``. The choice,
 and the software and devices this process sees (:func:`describe_environment`), are logged.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import signal
@@ -19,7 +18,6 @@ from contextlib import contextmanager
 import faiss
 import ray
 import torch
-from pydantic import ValidationInfo, field_validator
 
 from hnce.cluster.compute.gpu_sharing import GpuSharing
 from hnce.cluster.compute.local_instance import start_local_instance
@@ -40,17 +38,9 @@ WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false"}
 DS_ACCELERATOR = "DS_ACCELERATOR"
 RAY_AUTH_MODE = "RAY_AUTH_MODE"
 _RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
-_LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
-
-
-def is_loopback(host: str) -> bool:
-    """True for ``127.0.0.1``, ``::1``, ``localhost`` and the rest of 127.0.0.0/8."""
-    if host in _LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+# A local instance's dashboard is not started, and where Ray would bind it is loopback: anyone
+# who can reach a dashboard can submit jobs to the cluster (docs/failures.md).
+DASHBOARD_HOST = "127.0.0.1"
 
 
 @settings
@@ -66,27 +56,12 @@ class ClusterSettings:
             own; ``shared``: half a GPU each, the two sharing a device; ``auto`` (default):
             ``shared`` where the trainer's workers leave no GPU to the encoders beside them
             (:mod:`hnce.cluster.compute.gpu_sharing`).
-        dashboard_host: where a local instance's dashboard would listen; loopback only unless
-            ``allow_public_dashboard`` is set (then a warning is logged).
-        allow_public_dashboard: permit a non-loopback ``dashboard_host``.
     """
 
     address: Text = "local"
     num_cpus: NonNegativeInt = 0
     use_gpu: Flag = False
     gpu_sharing: GpuSharing = "auto"
-    allow_public_dashboard: Flag = False
-    dashboard_host: Text = "127.0.0.1"
-
-    @field_validator("dashboard_host")
-    @classmethod
-    def _loopback_unless_allowed(cls, host: str, info: ValidationInfo) -> str:
-        if not is_loopback(host) and not info.data.get("allow_public_dashboard", False):
-            raise ValueError(
-                f"{host!r} is not a loopback address: anyone who can reach it can submit jobs to "
-                f"the cluster; set cluster.allow_public_dashboard: true to bind it anyway"
-            )
-        return host
 
 
 def init_ray(cluster: ClusterSettings, cpus_needed: float = 0.0) -> None:
@@ -134,18 +109,13 @@ def _start_or_join(cluster: ClusterSettings, cpus_needed: float) -> None:
     runtime_env = {"env_vars": {**WORKER_ENV, **chosen, DS_ACCELERATOR: accelerator}}
     if cluster.address == "local":
         cpus = cluster.num_cpus or max(os.cpu_count() or 1, int(cpus_needed + 0.999))
-        if not is_loopback(cluster.dashboard_host):
-            logger.warning(
-                "Ray dashboard host %s is not loopback (allow_public_dashboard is set)",
-                cluster.dashboard_host,
-            )
         with _token_warning_explained():
             start_local_instance(
                 lambda: ray.init(
                     address="local",  # a new instance: never one found running here
                     num_cpus=cpus,
                     include_dashboard=False,
-                    dashboard_host=cluster.dashboard_host,
+                    dashboard_host=DASHBOARD_HOST,
                     runtime_env=runtime_env,
                     log_to_driver=False,
                 )

@@ -13,7 +13,7 @@ A checkpoint is *complete* when its ``COMPLETE`` marker exists (it is written af
 file, atomically). The marker is also the checkpoint's manifest: :func:`verify_checkpoint` checks
 every file against the SHA-256 recorded there and refuses files that are not listed, and every
 loader calls it before reading anything, so a file swapped into a run directory on shared storage
-is refused instead of loaded (the trust boundary of ``run.dir``: README, "Trust").
+is refused instead of loaded (the trust boundary of ``run.dir``: docs/failures.md, "Trust").
 
 Only the newest checkpoint's DeepSpeed state is needed, to resume; with
 ``training.keep_deepspeed_state: newest`` the trainer drops it from the older ones
@@ -49,7 +49,7 @@ NEGATIVE_CACHE_FILE = "negative_cache.safetensors"
 STATE_FILE = "training_state.json"
 REFRESH_REQUEST = "refresh"
 #: ``training_state.json``: the trainer's word that no refresh started from here on can publish
-#: before its last step (``hnce.pipeline.train.refresh_payoff``)
+#: before its last step (``hnce.cluster.compute.refresh.modes.asynchronous``)
 REFRESHES_END = "refreshes_end"
 #: ``training_state.json``: when the trainer expects its last step (seconds since the epoch), from
 #: the mean step so far; absent before a step was timed or without an asynchronous refresh
@@ -146,9 +146,9 @@ def read_state(directory: Path) -> CheckpointState:
 
 
 def wants_refresh(directory: Path) -> bool:
-    """Whether a complete checkpoint asks the training run's refresh coordinator to refresh it:
-    every one does, except those a run with ``refresh.trigger: stale`` published only to resume
-    from (``training_state.json``'s ``refresh`` is false)."""
+    """Whether a complete checkpoint asks the training run's refresh coordinator to refresh it
+    (``training_state.json``'s ``refresh``, the trigger's answer; checkpoints written before the
+    key existed ask)."""
     return read_state(directory).refresh
 
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from hnce.cluster.stores.sharded_index import IndexShard
+from hnce.cluster.stores.index_shard import IndexShard
 from hnce.encoders.scorers import Scorer, exact_index_scores
 from hnce.errors import InputError
 from hnce.search import PAD_ID, PAD_SCORE, Searcher, merge_entity_lists

@@ -5,7 +5,7 @@ FAISS GPU shards (fp16 flat) when faiss has GPU support and the process sees a G
 several with faiss's own multi-GPU cloner when it sees more than one), CPU otherwise; the choice
 is logged, and asking for `gpu` without one raises instead of falling back
 (:func:`resolve_faiss_device`). Shards are always built on the CPU
-(`hnce.cluster.stores.sharded_index.build_shard_index`) and placed here (:meth:`FaissDevice.place`).
+(`hnce.cluster.stores.faiss_index.build_shard_index`) and placed here (:meth:`FaissDevice.place`).
 """
 
 from __future__ import annotations

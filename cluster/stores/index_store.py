@@ -12,7 +12,7 @@ Layout::
     index/v7/shard-00000.ids.npy        int64 entity id of each vector of shard 0
     index/v7/shard-00000.codes.npy      a compressed sum-of-max shard only (index.kind ivfpq):
                                         uint8 standalone code of each token vector, in entity
-                                        order, that rescoring decodes (sharded_index.token_codes)
+                                        order, that rescoring decodes (pq_codes.token_codes)
     index/v7/shard-00000.vectors.npy    a compressed multi-m shard (index.kind ivfpq or hnsw),
                                         or a compressed sum-of-max shard with index.token_copy
                                         in place of its codes: float16 copy of each vector, in
@@ -66,8 +66,9 @@ from pydantic import Field
 from hnce.cluster.stores.exact_search import ExactSearcher
 from hnce.cluster.stores.faiss_device import FaissDevice, resolve_faiss_device
 from hnce.cluster.stores.files import PROGRESS_FILE, atomic_link
+from hnce.cluster.stores.index_shard import IndexShard
 from hnce.cluster.stores.shard_files import QUANTISER_FILE, ShardRecord, read_shard, write_shard
-from hnce.cluster.stores.sharded_index import IndexShard, ShardedSearcher
+from hnce.cluster.stores.sharded_searcher import ShardedSearcher
 from hnce.cluster.stores.versioned_dir import (
     MANIFEST_FILE,
     Count,
@@ -128,7 +129,7 @@ class IndexManifest(BuildParameters):
 
 
 @document_record
-class BuildProgress:
+class IndexBuildProgress:
     """`progress.json` of an unfinished build: its parameters and the shards already written."""
 
     version: Count
@@ -137,7 +138,7 @@ class BuildProgress:
 
 
 _MANIFEST = ManifestFile(IndexManifest)
-_PROGRESS = ManifestFile(BuildProgress, PROGRESS_FILE, versioned=False)
+_PROGRESS = ManifestFile(IndexBuildProgress, PROGRESS_FILE, versioned=False)
 
 
 def check_layout(manifest: IndexManifest, manifest_path: Path) -> None:
@@ -302,7 +303,7 @@ class IndexBuilder:
 
     def _write_progress(self) -> None:
         _PROGRESS.write(
-            self.directory, BuildProgress(self.version, self.parameters, self._finished)
+            self.directory, IndexBuildProgress(self.version, self.parameters, self._finished)
         )
 
 
@@ -395,7 +396,7 @@ class IndexVersion:
         """Each shard's entities and their stored vectors, shard by shard: (entity ids [n],
         float32 vectors [n, m, d]) for a scorer with m vectors an entity (dual: 1; multi-m: m),
         each shard verified first; what a trainer's negative cache is filled from
-        (``hnce.pipeline.train.negative_cache``). A StoreError for a scorer whose entities have
+        (``hnce.pipeline.train.trainer_cache``). A StoreError for a scorer whose entities have
         varying numbers of vectors (sum-of-max keeps one a token)."""
         per_entity = self.vectors_per_entity
         if per_entity is None:

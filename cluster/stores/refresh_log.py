@@ -3,7 +3,7 @@
 Every refresh attempt ends in one record: ``hnce refresh`` prints it as one JSON line on stdout
 (for cron mail, ``ray job logs`` and log shippers), and a refresh that held the run's lock also
 appends it to ``<run>/refresh_log.jsonl``, written only under the lock, so lines never
-interleave even on a network filesystem. The trainer (``hnce.pipeline.train.refresh_health``), the
+interleave even on a network filesystem. The trainer (``hnce.cluster.compute.refresh.health``), the
 driver's progress line and ``hnce status`` follow that log.
 
 Outcomes: ``published`` (a new index and negatives version), ``up-to-date`` (the live versions

@@ -21,13 +21,9 @@ import numpy as np
 
 from hnce.cluster.stores.faiss_device import FaissDevice
 from hnce.cluster.stores.files import AtomicPath, sha256_file
-from hnce.cluster.stores.sharded_index import (
-    IndexKind,
-    IndexShard,
-    read_index_file,
-    stored_count,
-    write_index_file,
-)
+from hnce.cluster.stores.index_shard import IndexShard, stored_count
+from hnce.cluster.stores.index_spec import IndexKind
+from hnce.cluster.stores.plaid import read_plaid_index
 from hnce.cluster.stores.versioned_dir import (
     Count,
     Sha256,
@@ -71,18 +67,13 @@ class ShardRecord:
         return [(name, digest) for name, digest in listed if name is not None]
 
 
-#: the FAISS class a shard of each index kind is (``sharded_index.train_index`` builds them)
+#: the FAISS class a shard of each index kind is (``faiss_index.train_index`` builds them)
 _INDEX_CLASSES: dict[str, type] = {
     "flat": faiss.IndexFlat,
     "hnsw": faiss.IndexHNSW,
     "ivfpq": faiss.IndexIVFPQ,
     "plaid": faiss.IndexIVFPQ,
 }
-#: plaid indexes read in this process, by SHA-256: a version's shards each carry the same
-#: trained, empty quantiser (its centroids and HNSW graph), held once however many are loaded
-_PLAID_INDEXES: dict[str, faiss.Index] = {}
-#: plaid quantisers kept (a holder holds one version, and the next while it swaps)
-_PLAID_INDEXES_KEPT = 2
 
 
 def shard_file_names(shard_no: int) -> tuple[str, str, str, str]:
@@ -194,16 +185,24 @@ def read_quantiser(directory: Path) -> faiss.Index:
     return index
 
 
-def _plaid_index(path: Path, sha256: str) -> faiss.Index:
-    """The plaid index file `path` (SHA-256 `sha256`, already verified or trusted), read once
-    per process for every shard that carries the same bytes (:data:`_PLAID_INDEXES`)."""
-    index = _PLAID_INDEXES.pop(sha256, None)
-    if index is None:
-        index = read_index_file(path, "plaid")
-    _PLAID_INDEXES[sha256] = index  # the newest last: the oldest is dropped first
-    while len(_PLAID_INDEXES) > _PLAID_INDEXES_KEPT:
-        del _PLAID_INDEXES[next(iter(_PLAID_INDEXES))]
-    return index
+def write_index_file(index: faiss.Index, path: Path) -> None:
+    """Write ``index`` to ``path`` through a Python file: a write the machine refuses (a full
+    disk) is then the ``OSError`` itself, with its errno, where ``faiss.write_index(index,
+    filename)`` said only a RuntimeError's text."""
+    with Path(path).open("wb") as handle:
+        faiss.write_index(index, faiss.PyCallbackIOWriter(handle.write))
+
+
+def read_index_file(path: Path, kind: IndexKind) -> faiss.Index:
+    """A shard's FAISS index, memory-mapped where FAISS allows it (a plaid shard's is read once
+    a process, `hnce.cluster.stores.plaid.read_plaid_index`).
+
+    Flat and HNSW storage is mapped from the file (`IO_FLAG_MMAP_IFC`: the vectors stay in the page
+    cache, shared and evictable, instead of a private copy); IVF-PQ maps its inverted lists
+    (`IO_FLAG_MMAP`). The mapping outlives the file's removal by retention.
+    """
+    flag = faiss.IO_FLAG_MMAP if kind in ("ivfpq", "plaid") else faiss.IO_FLAG_MMAP_IFC
+    return faiss.read_index(str(path), flag)
 
 
 def _load_array(path: Path, what: str) -> np.ndarray:
@@ -274,7 +273,7 @@ def read_shard(
     check_shard_ids(ids, record.entities, vectors_per_entity, ids_path)
     try:
         index = (
-            _plaid_index(index_path, record.sha256)
+            read_plaid_index(index_path, record.sha256)
             if kind == "plaid"
             else read_index_file(index_path, kind)
         )

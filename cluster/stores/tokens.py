@@ -95,7 +95,7 @@ _MANIFEST = TypeAdapter(TokenManifest)
 
 
 @document_record
-class BuildProgress:
+class TokenBuildProgress:
     """``progress.json`` of an unfinished build: what it was built from (the manifest's first
     five keys) and the rows finished."""
 
@@ -107,7 +107,7 @@ class BuildProgress:
     rows_done: int
 
 
-_PROGRESS = TypeAdapter(BuildProgress)
+_PROGRESS = TypeAdapter(TokenBuildProgress)
 
 
 def store_directory(data_root: Path, fingerprint: str, entity_length: int) -> Path:
@@ -226,7 +226,7 @@ def _build(
     done = _rows_done(building, inputs)
 
     def record(rows_done: int) -> None:
-        progress = BuildProgress(**inputs, rows_done=rows_done)
+        progress = TokenBuildProgress(**inputs, rows_done=rows_done)
         atomic_write_json(building / PROGRESS_FILE, asdict(progress))
 
     rows = _tokenize_into(building, data_root, tokenizer, entity_length, dtype, done, record)

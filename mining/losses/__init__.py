@@ -37,13 +37,21 @@ LOSSES: dict[str, Callable[..., nn.Module]] = {
 COSINE_TEMPERATURE = 0.05
 
 
-def default_options(name: str, cosine: bool) -> dict[str, float]:
-    """The options loss ``name`` gets where its recipe sets none: a temperature of
-    :data:`COSINE_TEMPERATURE` for ``cosine`` scores, 1 for inner products, when it has one."""
-    loss = LOSSES.get(name)
-    if loss is None or "temperature" not in inspect.signature(loss).parameters:
+def takes_temperature(name: str) -> bool:
+    """Whether loss ``name`` divides its scores by a temperature (nce, sampled-softmax, focal)."""
+    return "temperature" in inspect.signature(LOSSES[name]).parameters
+
+
+def loss_options(name: str, temperature: float | None, cosine: bool) -> dict[str, float]:
+    """The arguments a recipe gives loss ``name``: its ``temperature`` (``loss.temperature``;
+    unset, :data:`COSINE_TEMPERATURE` for ``cosine`` scores and 1 for inner products) when it
+    has one. Its other arguments (triplet's ``margin``, focal's ``gamma``, sampled-softmax's
+    ``sample_size_correction``) keep their defaults in a recipe: no measured figure moved them."""
+    if not takes_temperature(name):
         return {}
-    return {"temperature": COSINE_TEMPERATURE if cosine else 1.0}
+    if temperature is None:
+        temperature = COSINE_TEMPERATURE if cosine else 1.0
+    return {"temperature": temperature}
 
 
 def build_loss(name: str = "nce", positive_aware: float | None = None, **options: Any) -> nn.Module:
@@ -64,5 +72,6 @@ __all__ = [
     "SampledSoftmaxLoss",
     "TripletLoss",
     "build_loss",
-    "default_options",
+    "loss_options",
+    "takes_temperature",
 ]

@@ -8,11 +8,9 @@ constructor's arguments, for use outside a recipe.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from typing import Any
 
-from hnce.mining.registry import build_by_name
+from hnce.mining.registry import build_by_name, collect_specs
 from hnce.mining.samplers.base import NegativeSampler, SampledNegatives, SamplingRequest
 from hnce.mining.samplers.spec import (
     LocalScores,
@@ -22,27 +20,9 @@ from hnce.mining.samplers.spec import (
     TrainerSampler,
 )
 
-_NOT_SAMPLERS = {"base", "spec"}
-
-
-def _collect_specs() -> dict[str, SamplerSpec]:
-    specs: dict[str, SamplerSpec] = {}
-    for module_info in pkgutil.iter_modules(__path__):
-        if module_info.name in _NOT_SAMPLERS:
-            continue
-        module = importlib.import_module(f"{__name__}.{module_info.name}")
-        spec = getattr(module, "SPEC", None)
-        if not isinstance(spec, SamplerSpec):
-            raise TypeError(
-                f"{module.__file__}: a sampler module must end with SPEC = SamplerSpec(...)"
-            )
-        if spec.name in specs:
-            raise TypeError(f"{module.__file__}: sampler {spec.name!r} is declared twice")
-        specs[spec.name] = spec
-    return dict(sorted(specs.items()))
-
-
-SAMPLER_SPECS: dict[str, SamplerSpec] = _collect_specs()
+SAMPLER_SPECS: dict[str, SamplerSpec] = collect_specs(
+    __name__, __path__, SamplerSpec, "sampler", frozenset({"base", "spec"})
+)
 
 
 def build_sampler(name: str, **options: Any) -> TrainerSampler:

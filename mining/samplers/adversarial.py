@@ -38,14 +38,6 @@ from hnce.mining.samplers.base import (
 )
 from hnce.mining.samplers.random import RandomSampler
 from hnce.mining.samplers.spec import LocalScores, SamplerSpec
-from hnce.settings import (
-    Flag,
-    Fraction,
-    NonNegativeReal,
-    PositiveInt,
-    PositiveReal,
-    settings,
-)
 
 
 class CandidateGenerator(nn.Module):
@@ -250,35 +242,26 @@ def _lookup(ids: Tensor, candidate_ids: Tensor, values: Tensor) -> Tensor:
     return picked.amax(dim=2)
 
 
-@settings
-class AdversarialOptions:
-    """``negatives.adversarial``: λ = ``mix`` of the slots from the fixed sampler, the rest from
-    the generator; entropy floor log(``entropy_k``), false-negative penalty, optimiser step size."""
-
-    mix: Fraction = 0.5
-    entropy_k: PositiveInt = 4
-    entropy_weight: NonNegativeReal = 1.0
-    false_negative_penalty: NonNegativeReal = 10.0
-    self_critical: Flag = True
-    off_policy: Flag = False
-    learning_rate: PositiveReal = 1e-2
+#: Adam's step size for the generator: one step after each draw on a model of a sharpness and a
+#: bias per entity moves it within tens of steps (tests/test_pipeline_samplers.py).
+GENERATOR_LEARNING_RATE = 1e-2
 
 
 class AdversarialTraining:
     """ACE's sampler and the optimiser of its generator, as the trainer runs them (module
-    docstring)."""
+    docstring). A recipe trains it at ACE's settings (λ = ``mix`` 0.5, the entropy floor log 4,
+    the false-negative penalty 10, the self-critical baseline, no off-policy term; the
+    :class:`AdversarialSampler` defaults), the only ones measured here (BENCHMARKS.md, the
+    WordNet comparison); code may give others."""
 
-    def __init__(self, num_entities: int, options: AdversarialOptions) -> None:
-        self.sampler = AdversarialSampler(
-            num_entities,
-            mix=options.mix,
-            entropy_k=options.entropy_k,
-            entropy_weight=options.entropy_weight,
-            false_negative_penalty=options.false_negative_penalty,
-            self_critical=options.self_critical,
-            off_policy=options.off_policy,
-        )
-        self.optimizer = torch.optim.Adam(self.sampler.parameters(), lr=options.learning_rate)
+    def __init__(
+        self,
+        num_entities: int,
+        mix: float = 0.5,
+        learning_rate: float = GENERATOR_LEARNING_RATE,
+    ) -> None:
+        self.sampler = AdversarialSampler(num_entities, mix=mix)
+        self.optimizer = torch.optim.Adam(self.sampler.parameters(), lr=learning_rate)
 
     def sample_scored(self, request: SamplingRequest, scores: LocalScores) -> SampledNegatives:
         """Draw from the mixture, then update the generator on the discriminator's scores."""
@@ -313,9 +296,8 @@ class AdversarialTraining:
 SPEC = SamplerSpec(
     name="adversarial",
     sampler=AdversarialSampler,
-    options=AdversarialOptions,
     candidates="index",
     scores_online=True,
     resumes_exactly=False,
-    build=lambda negatives, num_entities: AdversarialTraining(num_entities, negatives.adversarial),
+    build=lambda negatives, num_entities: AdversarialTraining(num_entities),
 )

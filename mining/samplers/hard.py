@@ -61,9 +61,15 @@ class HardSampler:
 
 @settings
 class HardOptions:
-    """``negatives.hard``: τ of eq. 8 (also the hard part of ``mixed``)."""
+    """``negatives.hard``: the hard sampler's options (also those of ``mixed``'s hard part).
 
-    temperature: PositiveReal = 1.0
+    Attributes:
+        sampling_temperature: τ_h of eq. 8, which the stored scores are divided by when hard
+            negatives are drawn (not the loss's ``loss.temperature``): small, nearly the top-K;
+            large, nearly uniform over the candidates.
+    """
+
+    sampling_temperature: PositiveReal = 1.0
 
 
 SPEC = SamplerSpec(
@@ -71,5 +77,5 @@ SPEC = SamplerSpec(
     sampler=HardSampler,
     options=HardOptions,
     candidates="index",
-    build=lambda negatives, num_entities: HardSampler(negatives.hard.temperature),
+    build=lambda negatives, num_entities: HardSampler(negatives.hard.sampling_temperature),
 )

@@ -4,7 +4,7 @@ as in DPR and Gillick et al. 2019; docs/math.md, eq. (35)).
 :class:`Bm25Index` is BM25 over the catalogue's entity texts, built with the maintained ``bm25s``
 library; its :meth:`~Bm25Index.search` gives each mention's candidates, a `hnce.search.Searcher`
 of mention strings like every searcher of the catalogue (the catalogue index is
-built once per dataset and cached on disk by ``hnce.cluster.stores.lexical``). The ``lexical``
+built once per dataset and cached on disk by ``hnce.cluster.stores.bm25_store``). The ``lexical``
 sampler takes the K highest-scoring admissible candidates of that list (greedy over the BM25
 scores): deterministic, so ``log_q`` is None.
 
@@ -29,7 +29,12 @@ import numpy as np
 from hnce.mining.samplers.greedy import GreedySampler
 from hnce.mining.samplers.spec import SamplerSpec
 from hnce.search import PAD_ID, PAD_SCORE, Searcher, no_results
-from hnce.settings import Fraction, PositiveInt, PositiveReal, settings
+from hnce.settings import PositiveInt, settings
+
+#: BM25's term-frequency saturation k1 and length normalisation b: Robertson and Zaragoza's usual
+#: values (and bm25s' b); no measured figure here moved them.
+BM25_K1 = 1.5
+BM25_B = 0.75
 
 
 def _bm25s() -> ModuleType:
@@ -54,8 +59,8 @@ class Bm25Index(Searcher[Sequence[str]]):
         self,
         entity_texts: Sequence[str],
         stopwords: str | None = "en",
-        k1: float = 1.5,
-        b: float = 0.75,
+        k1: float = BM25_K1,
+        b: float = BM25_B,
     ) -> None:
         if len(entity_texts) == 0:
             raise ValueError(f"{__file__}: a BM25 index needs at least one entity text")
@@ -99,12 +104,14 @@ class Bm25Index(Searcher[Sequence[str]]):
 
 @settings
 class LexicalOptions:
-    """``negatives.lexical``: BM25's k1 and b over entity titles and texts (the index is built
-    once per dataset and (k1, b)), and how many entities ``top_n`` are searched per mention
-    before positives and entities outside the training domains are dropped."""
+    """``negatives.lexical``: the BM25 sampler's options (BM25 over entity titles and texts,
+    :data:`BM25_K1`, :data:`BM25_B`).
 
-    k1: PositiveReal = 1.5
-    b: Fraction = 0.75
+    Attributes:
+        top_n: entities BM25 returns per mention before positives and entities outside the
+            training domains are dropped; at least ``negatives.num_negatives``.
+    """
+
     top_n: PositiveInt = 64
 
 

@@ -112,8 +112,12 @@ class MixedSampler:
 
 @settings
 class MixedOptions:
-    """``negatives.mixed``: a share ``hard_fraction`` of the K negatives are hard (at
-    ``negatives.hard.temperature``), the rest random."""
+    """``negatives.mixed``: the mixed sampler's options.
+
+    Attributes:
+        hard_fraction: the share p of the K negatives that are hard (eq. 8, at
+            ``negatives.hard.sampling_temperature``), the rest random (Zhang & Stratos' mixed-p).
+    """
 
     hard_fraction: Fraction = 0.5
 
@@ -124,6 +128,6 @@ SPEC = SamplerSpec(
     options=MixedOptions,
     candidates="index",
     build=lambda negatives, num_entities: MixedSampler(
-        hard_fraction=negatives.mixed.hard_fraction, temperature=negatives.hard.temperature
+        hard_fraction=negatives.mixed.hard_fraction, temperature=negatives.hard.sampling_temperature
     ),
 )

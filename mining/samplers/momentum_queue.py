@@ -28,10 +28,14 @@ from torch import Tensor, nn
 from hnce.mining.samplers.base import SampledNegatives, SamplingRequest, admissible, take_first
 from hnce.mining.samplers.random import RandomSampler
 from hnce.mining.samplers.spec import SamplerSpec
-from hnce.settings import Fraction, PositiveInt, settings
+from hnce.settings import PositiveInt, settings
 
 if TYPE_CHECKING:  # a type only: importing samplers must not pull in transformers
     from hnce.encoders.biencoder import BiEncoder
+
+#: m of the momentum tower's update θ_k ← m·θ_k + (1 − m)·θ_q: MoCo's value (He et al. 2020,
+#: whose ablation found 0.99 to 0.9999 alike and smaller values worse); no figure here moved it.
+MOMENTUM = 0.999
 
 
 class MomentumQueue:
@@ -95,7 +99,7 @@ class MomentumQueue:
 
 
 @torch.no_grad()
-def momentum_update(target: nn.Module, source: nn.Module, momentum: float = 0.999) -> None:
+def momentum_update(target: nn.Module, source: nn.Module, momentum: float = MOMENTUM) -> None:
     """MoCo key-encoder update θ_k ← m·θ_k + (1 − m)·θ_q (parameters matched by order)."""
     for key_param, query_param in zip(target.parameters(), source.parameters(), strict=True):
         key_param.mul_(momentum).add_(query_param.detach(), alpha=1.0 - momentum)
@@ -111,7 +115,9 @@ class MomentumEntityQueue:
     """A momentum entity tower and the queue of vectors it fills (the trainer's
     :class:`~hnce.mining.samplers.spec.LossColumns` for ``momentum-queue``; module docstring)."""
 
-    def __init__(self, model: BiEncoder, size: int, momentum: float, num_entities: int) -> None:
+    def __init__(
+        self, model: BiEncoder, size: int, num_entities: int, momentum: float = MOMENTUM
+    ) -> None:
         self.model = model
         self.num_entities = num_entities
         self.momentum = momentum
@@ -152,12 +158,16 @@ class MomentumEntityQueue:
 
 @settings
 class MomentumQueueOptions:
-    """``negatives.momentum_queue``: a FIFO queue of ``size`` entity vectors from a momentum copy
-    of the entity tower (momentum m = ``momentum``); size × d × 4 bytes per worker. The K
-    sampled negatives of each mention are random."""
+    """``negatives.momentum_queue``: the momentum queue's options; the K sampled negatives of
+    each mention are random.
+
+    Attributes:
+        size: entity vectors the FIFO queue holds, from a momentum copy of the entity tower
+            (momentum :data:`MOMENTUM`), each a negative column of every mention: size × d × 4
+            bytes per worker.
+    """
 
     size: PositiveInt = 4096
-    momentum: Fraction = 0.999
 
 
 SPEC = SamplerSpec(
@@ -166,7 +176,7 @@ SPEC = SamplerSpec(
     options=MomentumQueueOptions,
     build=lambda negatives, num_entities: RandomSampler(),
     loss_columns=lambda model, negatives, num_entities: MomentumEntityQueue(
-        model, negatives.momentum_queue.size, negatives.momentum_queue.momentum, num_entities
+        model, negatives.momentum_queue.size, num_entities
     ),
     resumes_exactly=False,
 )

@@ -75,8 +75,12 @@ class OhemSampler:
 
 @settings
 class OhemOptions:
-    """``negatives.ohem``: rescore each mention's top ``pool_size`` index candidates with the
-    current model and keep the K it scores highest (the negatives with the highest loss now)."""
+    """``negatives.ohem``: the OHEM sampler's options.
+
+    Attributes:
+        pool_size: each mention's top index candidates the current model rescores, keeping the
+            K it scores highest (the negatives with the highest loss now).
+    """
 
     pool_size: PositiveInt = 32
 

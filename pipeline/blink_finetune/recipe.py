@@ -6,11 +6,11 @@
    rejects file.
    Labelled dev/test mentions keep them (``gold = MISSING_GOLD``) so accuracy counts them as
    errors. Unlabelled files (``test_without_answers``) only get predictions.
-2. Import the BLINK checkpoint (``hnce.encoders.blink``) with the configured scorer (dual, or multi-m
-   over the same towers) and export it as the run's starting model.
-3. Index version 0 by the encoder actors (``hnce.pipeline.train.version_zero``): BLINK's precomputed encodings
+2. Import the BLINK checkpoint (``hnce.encoders.blink_checkpoint``) with the configured scorer
+   (dual, or multi-m over the same towers) and export it as the run's starting model.
+3. The initial negatives, index version 0, by the encoder actors (``hnce.cluster.compute.refresh.initial``): BLINK's precomputed encodings
    (``.t7``, memory-mapped) when given, else encoded from the checkpoint; train negatives
-   version 0 mined from it, so mixed-50 training has hard negatives from step 0.
+   mined from it, so mixed-50 training has hard negatives from step 0.
 4. Train through ``hnce.pipeline.train`` (DeepSpeed workers under Ray Train, asynchronous refresh)
    over the whole catalogue.
 5. Link every input of every AIDA file against every entity through the cluster
@@ -30,12 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from hnce.cluster.compute.index_build import IndexedModel
+from hnce.cluster.compute.refresh.initial import initial_from_model
 from hnce.cluster.compute.session import init_ray
 from hnce.cluster.stores.checkpoints import EXPORT_DIR, newest_checkpoint
 from hnce.cluster.stores.tables import MANIFEST_FILE
 from hnce.cluster.stores.tables_read import read_summary
 from hnce.encoders.biencoder import SCORER_FILE, export_biencoder, load_biencoder
-from hnce.encoders.blink import export_blink_biencoder, import_blink_biencoder
+from hnce.encoders.blink_checkpoint import export_blink_biencoder, import_blink_biencoder
 from hnce.pipeline.config import BlinkSettings, Config, config_from_dict
 from hnce.pipeline.data.bad_rows import BadRowKind
 from hnce.pipeline.data.conversion import CONVERSION_SUMMARY, DatasetOutput
@@ -44,7 +45,6 @@ from hnce.pipeline.data.kilt_predictions import SplitResult, link_files, read_ki
 from hnce.pipeline.preflight import check_blink_inputs
 from hnce.pipeline.run import refresh_plan
 from hnce.pipeline.train.trainer import run_training
-from hnce.pipeline.train.version_zero import prepare_version_zero
 
 DATASET_FORMAT = "blink-finetune"
 INITIAL_EXPORT = Path("initial") / "export"
@@ -117,7 +117,6 @@ def convert_inputs(root: Path, inputs: BlinkSettings) -> dict[str, Any]:
             DatasetOutput(root, skip_kinds=(BadRowKind.GOLD_NOT_IN_CATALOGUE,)),
             [path for path in aida if path not in unlabelled],
             keep_missing_gold=("dev", "test"),
-            max_text_chars=inputs.max_text_chars,
             converter=DATASET_FORMAT,
             **source,
         )
@@ -168,7 +167,7 @@ def finetune_blink(config: Config) -> FinetuneReport:
     plan = refresh_plan(config)
     initial = IndexedModel.from_export(run_dir / INITIAL_EXPORT)
     encodings = None if inputs.encodings is None else Path(inputs.encodings)
-    prepare_version_zero(plan, initial, config.data.train_split, encodings)
+    initial_from_model(plan, initial, config.data.train_split, encodings)
     aida, k = list(map(Path, inputs.aida)), max(config.eval.ks)
     before = link_files(plan, initial, aida, k, None)
 

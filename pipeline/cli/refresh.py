@@ -3,10 +3,10 @@
 Reads the same recipe as ``hnce train`` (``--config runs/<run>/config.yaml`` is the resolved one
 training writes): ``run.dir``, ``data.root`` and the ``refresh`` and ``index`` sections. One
 shot (cron, ``ray job submit``) or ``--every 6h`` on a fixed cadence; each run prints one JSON
-line; ``--initial`` builds index and negatives version 0 of the untrained model before
-training. Exit codes: 0 done (or already up to date, or stopped by SIGTERM between refreshes),
+line; ``--initial`` builds the initial negatives of the untrained model (index and negatives
+version 0) before training. Exit codes: 0 done (or already up to date, or stopped by SIGTERM between refreshes),
 2 a bad recipe or input, 3 no complete checkpoint, 75 another refresh of the run holds the lock,
-143 abandoned on SIGTERM (resumable). The logic lives in ``hnce.cluster.compute.refresh_job``.
+143 abandoned on SIGTERM (resumable). The logic lives in ``hnce.cluster.compute.refresh.job``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from hnce.events import RunEvent
 from hnce.pipeline.cli._common import add_config_arguments, load_recipe
 
 if TYPE_CHECKING:
-    from hnce.cluster.compute.refresh import RefreshPlan
+    from hnce.cluster.compute.refresh.plan import RefreshPlan
     from hnce.pipeline.config import Config
 
 
@@ -31,25 +31,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     when.add_argument(
         "--initial",
         action="store_true",
-        help="before training: index and train negatives version 0 of the untrained model "
-        "(model.path), so the trainer mines hard negatives from its first step",
+        help="before training: the initial negatives of the untrained model (model.path): its "
+        "index and the train split mined against it, so the trainer draws hard negatives from "
+        "its first step",
     )
 
 
 def run(args: argparse.Namespace) -> int:
     config = load_recipe(args)
-    from hnce.cluster.compute.refresh_job import (
+    from hnce.cluster.compute.refresh.job import (
         StopRequest,
         parse_interval,
         refresh_every,
         refresh_once,
     )
+    from hnce.cluster.compute.refresh.supervisor import beside_training
     from hnce.cluster.compute.session import init_ray
     from hnce.pipeline.preflight import check_refresh_inputs
-    from hnce.pipeline.train.refresh_supervisor import standalone_refresh_plan
+    from hnce.pipeline.run import refresh_plan
 
     check_refresh_inputs(config)
-    plan = standalone_refresh_plan(config)
+    plan = beside_training(
+        refresh_plan(config), config.cluster.use_gpu, config.training.num_workers
+    )
     if args.initial:
         return _initial_version(config, plan)
     interval = parse_interval(args.every) if args.every is not None else None
@@ -65,13 +69,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _initial_version(config: Config, plan: RefreshPlan) -> int:
-    """Index and negatives version 0 of the untrained model (kept when the run has them)."""
+    """The initial negatives of the untrained model (kept when the run has them)."""
+    from hnce.cluster.compute.index_build import IndexedModel
+    from hnce.cluster.compute.refresh.initial import initial_from_model
     from hnce.cluster.compute.session import init_ray
-    from hnce.pipeline.train.version_zero import prepare_initial_negatives
+    from hnce.pipeline.recipe_models import untrained_export
 
     had = plan.negatives_store.current_version() is not None
     init_ray(config.cluster, config.refresh.num_encoders * config.refresh.encoder_cpus)
-    prepare_initial_negatives(config, "model")
+    starting_model = IndexedModel.from_export(untrained_export(config))
+    initial_from_model(plan, starting_model, config.data.train_split)
     outcome = "up-to-date" if had else "published"
     record = {"event": RunEvent.REFRESH, "outcome": outcome, "index_version": 0}
     print(json.dumps({**record, "negatives_version": 0}), flush=True)

@@ -2,7 +2,8 @@
 normalized / unnormalized accuracy per domain and macro-averaged (paper Table 2, App. B).
 
 Settings: the ``rerank`` section of the run's recipe (candidates from the run's negatives store or
-from a retriever checkpoint, the reranker's own ``rerank.training``); ``data.train_split``.
+from a retriever checkpoint; ``training`` but for what ``rerank.training`` sets);
+``data.train_split``.
 Training runs through the same driver as ``hnce train`` (DeepSpeed under Ray Train) in
 ``<run.dir>/rerank`` and resumes from its newest checkpoint when run again. ``--denoise`` then
 flags the train candidates the reranker scores within ``rerank.denoise_margin`` of the gold

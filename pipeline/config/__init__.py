@@ -12,13 +12,13 @@ run        run directory, seed                             here
 data       dataset directory and splits                    here
 model      towers, lengths, pooling, ``scorer``            here; ``scorer`` in hnce.encoders.scorers
 negatives  sampler, K, sharing, per-sampler options         here
-loss       contrastive loss and its options                here (built by hnce.mining.losses)
+loss       contrastive loss and its temperature            here (built by hnce.mining.losses)
 training   DeepSpeed optimisation under Ray Train          here
-refresh    the asynchronous refresh                        hnce.cluster.compute.refresh
-index      FAISS shards, device, retention                 hnce.cluster.stores.sharded_index
+refresh    the refresh, one group per trigger              hnce.cluster.compute.refresh.settings
+index      FAISS shards, device, retention                 hnce.cluster.stores.index_spec
 cluster    where Ray runs                                  hnce.cluster.compute.session
 eval       recall@k                                        here
-rerank     the joint reranker (its own ``training``)       here
+rerank     the joint reranker, how its training differs    here
 demo       the WordNet demo subset                         here
 blink      ``finetune-blink`` inputs                       here
 =========  ==============================================  ===============================
@@ -33,7 +33,8 @@ Example::
     config = load_config(Path("configs/demo.yaml"), ["training.steps=200", "negatives.sampler=hard"])
 Modules: :mod:`.sections` (the settings tree), :mod:`.origins` (where a key was set, and the
 error naming it), :mod:`.loader` (YAML recipes, ``--set`` overrides, building a :class:`Config`),
-:mod:`.validation` (the cross-field rules).
+:mod:`.validation` (the cross-field rules), :mod:`.reference` (docs/settings.md, every key with
+its default and description, generated from the tree).
 """
 
 from __future__ import annotations

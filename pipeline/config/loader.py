@@ -5,7 +5,6 @@ overrides on top, each key's ``file:line`` recorded, then the tree typed by pyda
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -183,31 +182,9 @@ def _errors(error: ValidationError, origins: Mapping[str, str]) -> ConfigError:
     return ConfigError("\n".join(lines))
 
 
-def _non_finite(tree: Any, key: str = "") -> str | None:
-    """The dotted key of the first non-finite number in ``tree`` (typed settings refuse them
-    themselves; this also covers free-form groups such as ``loss.options``)."""
-    if isinstance(tree, float) and not math.isfinite(tree):
-        return key
-    children = (
-        tree.items()
-        if isinstance(tree, Mapping)
-        else enumerate(tree)
-        if isinstance(tree, list)
-        else ()
-    )
-    for name, value in children:
-        found = _non_finite(value, f"{key}.{name}" if key else str(name))
-        if found is not None:
-            return found
-    return None
-
-
 def config_from_dict(tree: Mapping[str, Any], origins: Mapping[str, str] | None = None) -> Config:
     """Build and validate a :class:`Config` from a nested mapping."""
     origins = dict(origins or {})
-    bad = _non_finite(tree)
-    if bad is not None:
-        raise ConfigError(f"{origin_of(bad, origins)}: '{bad}' must be a finite number")
     try:
         config = _CONFIG.validate_python(dict(tree))
     except ValidationError as error:

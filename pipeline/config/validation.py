@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from hnce.cluster.stores.sharded_index import default_nprobe
-from hnce.mining.losses import build_loss
+from hnce.cluster.compute.refresh.settings import refresh_problem
+from hnce.cluster.stores.index_spec import default_nprobe
+from hnce.mining.losses import takes_temperature
 from hnce.mining.samplers import SAMPLER_SPECS
+from hnce.mining.schedule import SCHEDULED_FIELDS
 from hnce.pipeline.config.sections import Config
 
 
@@ -67,39 +69,19 @@ def validate(config: Config) -> Config:
             f"or 'none', or a dual, multi or som scorer",
         )
     _validate_samplers(config)
-    if refresh.mode == "sync" and (negatives.source != "index" or not refresh.enabled):
+    on_index = negatives.source == "index"
+    trigger_set = _set(config, "refresh.trigger")
+    problem = refresh_problem(
+        refresh, on_index, config.data.train_split, negatives.num_negatives, trigger_set
+    )
+    if problem is not None:
+        raise config.error(*problem)
+    if config.loss.temperature is not None and not takes_temperature(config.loss.name):
         raise config.error(
-            "refresh.mode",
-            "is sync, which waits for refreshed negatives: it needs 'negatives.source: index' "
-            "and 'refresh.enabled: true'",
+            "loss.temperature",
+            f"is set, but loss {config.loss.name!r} divides its scores by no temperature (nce, "
+            f"sampled-softmax and focal do); remove it or pick such a loss",
         )
-    if (
-        refresh.trigger == "payoff"
-        and refresh.mode == "sync"
-        and not _set(config, "refresh.trigger")
-    ):
-        refresh.trigger = "checkpoints"  # the default trigger: sync refreshes what it waits for
-    if refresh.trigger != "checkpoints" and refresh.mode != "async":
-        raise config.error(
-            "refresh.trigger",
-            f"is {refresh.trigger}, which asks the asynchronous coordinator for refreshes: it "
-            "needs 'refresh.mode: async' (sync refreshes every 'refresh.sync_every' steps)",
-        )
-    if refresh.top_n < negatives.num_negatives:
-        raise config.error(
-            "refresh.top_n",
-            f"({refresh.top_n}) must be at least 'negatives.num_negatives' "
-            f"({negatives.num_negatives})",
-        )
-    if negatives.source == "index" and config.data.train_split not in refresh.splits:
-        raise config.error(
-            "refresh.splits",
-            f"{refresh.splits} must include the train split {config.data.train_split!r}",
-        )
-    try:
-        build_loss(config.loss.name, **config.loss.options)
-    except ValueError as error:
-        raise config.error("loss", f"(name / options): {error}") from error
     if config.training.precision == "bf16" and not config.cluster.use_gpu:
         raise config.error(
             "training.precision", "is bf16, which needs GPUs ('cluster.use_gpu: true')"
@@ -153,7 +135,7 @@ def _validate_samplers(config: Config) -> None:
     if negatives.initial != "random" and negatives.source != "index":
         raise config.error(
             "negatives.initial",
-            f"is {negatives.initial} (negatives version 0) but 'negatives.source' is none",
+            f"is {negatives.initial} (the initial negatives) but 'negatives.source' is none",
         )
     # only the chosen sampler's own rule: another sampler's options are not read by this recipe
     if spec.check is not None and (problem := spec.check(negatives)) is not None:
@@ -259,7 +241,7 @@ def _validate_candidate_rules(config: Config) -> None:
 
 
 def _validate_schedule(config: Config) -> None:
-    """Each scheduled option must be a field of the chosen sampler."""
+    """Each scheduled option must set a field of the chosen sampler."""
     name = config.negatives.sampler
     sampler = SAMPLER_SPECS[name].sampler
     fields = (
@@ -267,9 +249,10 @@ def _validate_schedule(config: Config) -> None:
         if dataclasses.is_dataclass(sampler)
         else set()
     )
-    for option in config.negatives.schedule.scheduled:
-        if option not in fields:
+    for key in config.negatives.schedule.scheduled:
+        if SCHEDULED_FIELDS[key] not in fields:
             raise config.error(
-                f"negatives.schedule.{option}",
-                f"is scheduled, but sampler {name!r} has no option {option!r} to schedule",
+                f"negatives.schedule.{key}",
+                f"is scheduled, but sampler {name!r} has no option {SCHEDULED_FIELDS[key]!r} "
+                f"to schedule",
             )

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from hnce.cluster.compute.index_build import IndexedModel
-from hnce.cluster.compute.refresh import RefreshPlan
+from hnce.cluster.compute.refresh.plan import RefreshPlan
 from hnce.cluster.compute.retrieval import retrieve
 from hnce.cluster.stores.files import AtomicPath
 from hnce.cluster.stores.tables import Mention, mention_split_path

@@ -5,6 +5,7 @@ One driver (``trainer.run_task``; ``run_training`` for ``hnce train``), one work
 train both the retriever and the joint reranker (``task.TrainingTask``). The loop wires its
 parts: ``negatives`` holds where negatives come from and the micro-batches a worker draws,
 ``checkpointing`` the DeepSpeed side of checkpoints (weights-only resume),
-``refresh_handover`` the worker's side of the refreshes; ``distributed`` holds the worker's
-device and collectives.
+``trainer_cache`` a worker's negative cache; ``distributed`` holds the worker's device and
+collectives. The worker's side of the refreshes (when it looks, waits and asks) is
+``hnce.cluster.compute.refresh.handover``, with the rest of the refresh.
 """

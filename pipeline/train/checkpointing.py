@@ -18,7 +18,7 @@ pickle names. Whoever can write to ``run.dir`` controls both the state files and
 so the manifest alone cannot stop a crafted file; loading every state file with
 ``weights_only=True`` (tensors, containers and the few DeepSpeed data types listed in
 :data:`ALLOWED_GLOBALS`) can. Such a file makes the resume fail with
-:class:`UnsafeCheckpointError`; it never runs (README, "Trust").
+:class:`UnsafeCheckpointError`; it never runs (docs/failures.md, "Trust").
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ from hnce.documents import document_record, read_document
 from hnce.events import RunEvent
 from hnce.pipeline.config import DeepSpeedStateKept
 from hnce.pipeline.event_log import EventLog
+from hnce.pipeline.recipe_models import export_trainable
 from hnce.pipeline.train.distributed import Collectives
-from hnce.pipeline.train.model import export_trainable
 from hnce.pipeline.train.nonfinite import weights_stop
 
 POINTER_FILE = "hnce_checkpoint.json"

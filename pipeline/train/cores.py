@@ -19,8 +19,8 @@ for itself.
 With ``refresh.mode: sync`` the trainer waits while each refresh works, so ``handover`` also
 goes the other way: the trainer lends its threads to that refresh's encoder actors
 (:func:`threads_lent_to_refresh`), and every core works on whichever of the two is running.
-Sync runs therefore refresh only the checkpoints training waits for (every
-``refresh.sync_every`` steps; the ``training.checkpoint_every`` ones are kept for resuming).
+Sync runs refresh only the checkpoints training waits for (every ``training.checkpoint_every``
+steps), so no refresh runs while the trainer trains.
 
 ``auto`` (the default) is ``handover`` when Ray is one node and the run trains on CPUs, else
 ``reserved``; the driver logs which and why (:func:`resolve_cores`).
@@ -50,6 +50,22 @@ def resolve_cores(requested: CoresMode, nodes: int, use_gpu: bool) -> tuple[Core
     if nodes > 1:
         return "reserved", f"auto: {nodes} Ray nodes, the encoders may have their own"
     return "handover", "auto: one Ray node, trainer and refresh share its cores"
+
+
+def describe_cores(
+    mode: CoresMode, why: str, workers: int, cpus_per_worker: float, cores: int | None
+) -> str:
+    """What the driver logs of the run's threads, for ``workers`` trainer workers on a node of
+    ``cores`` cores (None: not known here, several nodes or a remote one), so a recipe that
+    names no machine says what it got."""
+    reserved = reserved_threads(cpus_per_worker)
+    if mode != "handover":
+        return f"{workers} worker(s) x {reserved} thread(s) ({mode}: {why})"
+    idle = f"{max(reserved, cores // workers)} thread(s)" if cores else "its node's share"
+    return (
+        f"{workers} worker(s), each on {idle} while no refresh works and {reserved} while one "
+        f"does ({mode}: {why})"
+    )
 
 
 def reserved_threads(cpus_per_worker: float) -> int:

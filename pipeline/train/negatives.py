@@ -10,7 +10,7 @@
   paper §6.3 "Training a reranker").
 - :class:`NegativeDrawer`: K negatives per mention from the configured sampler over those
   candidates, as its spec says (:data:`hnce.mining.samplers.SAMPLER_SPECS`: where its
-  candidates come from, index or BM25 (``hnce.cluster.stores.lexical``), and whether it reads
+  candidates come from, index or BM25 (``hnce.cluster.stores.bm25_store``), and whether it reads
   the current model's scores); a mention's known positives are never its negatives, nor are the
   candidates ``negatives.candidates`` rules out; ``negatives.schedule`` sets the sampler's
   options at each step.
@@ -35,8 +35,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from hnce.cluster.compute.refresh.drawn import NegativeFreshness
+from hnce.cluster.stores.bm25_store import ensure_bm25
 from hnce.cluster.stores.denoised import denoised_path, read_denoised
-from hnce.cluster.stores.lexical import ensure_bm25
 from hnce.cluster.stores.negatives_store import (
     NEGATIVES_DIR,
     NegativesStore,
@@ -67,11 +68,11 @@ from hnce.mining.schedule import SamplerSchedule
 from hnce.pipeline.config import Config
 from hnce.pipeline.event_log import EventLog
 from hnce.pipeline.train.batch import ContrastiveBatch, ShareMode, assemble_batch
+from hnce.pipeline.train.current_scores import CurrentModelScores, EntityScores
 from hnce.pipeline.train.data_order import MentionOrder
 from hnce.pipeline.train.distributed import Collectives
-from hnce.pipeline.train.model_scores import CurrentModelScores, EntityScores
-from hnce.pipeline.train.negative_cache import CandidateVectors, NegativeFreshness, TrainerCache
 from hnce.pipeline.train.task import TrainingTask
+from hnce.pipeline.train.trainer_cache import CandidateVectors, TrainerCache
 from hnce.progress import quiet
 
 logger = logging.getLogger(__name__)
@@ -230,8 +231,7 @@ class NegativeDrawer:
         entity_ids = training_entities(catalogue, mentions)
         lexical = None
         if spec.candidates == "lexical":
-            options = negatives.lexical
-            lexical = ensure_bm25(Path(config.data.root), options.k1, options.b)
+            lexical = ensure_bm25(Path(config.data.root))
         flagged = []
         if negatives.candidates.denoised:
             data_root = Path(config.data.root)
@@ -353,13 +353,11 @@ class NegativeDrawer:
         )
 
 
-def trainable_mentions(config: Config, task: TrainingTask) -> tuple[list[Mention], int]:
-    """The training split (its first ``max_mentions`` when set) without the mentions whose gold
-    is missing from the catalogue (nothing to train towards); and how many were left out."""
+def trainable_mentions(config: Config) -> tuple[list[Mention], int]:
+    """The training split without the mentions whose gold is missing from the catalogue
+    (nothing to train towards); and how many were left out."""
     split = MentionSplit.open(mention_split_path(Path(config.data.root), config.data.train_split))
     mentions = split.read_all()
-    limit = task.max_mentions(config)
-    mentions = mentions[:limit] if limit > 0 else mentions
     kept = [m for m in mentions if m.gold >= 0]
     return kept, len(mentions) - len(kept)
 
@@ -482,7 +480,7 @@ class TrainingData:
         device: torch.device,
     ) -> None:
         """With ``negatives.cache.enabled`` (a retriever): start the worker's negative cache
-        (:mod:`hnce.pipeline.train.negative_cache`), empty, written with the candidate vectors
+        (:mod:`hnce.pipeline.train.trainer_cache`), empty, written with the candidate vectors
         ``scoring`` keeps of each micro-batch."""
         if not task.caches_negatives(config):
             return
@@ -539,7 +537,7 @@ def load_training_data(
     out (no gold in the catalogue)."""
     data_root = Path(config.data.root)
     catalogue = EntityCatalogue.open(data_root)
-    mentions, skipped = trainable_mentions(config, task)
+    mentions, skipped = trainable_mentions(config)
     settings = task.settings(config)
     if task.kind == "retriever":
         drawer = NegativeDrawer.for_retriever(config, catalogue, mentions)

@@ -20,9 +20,10 @@ from typing import Literal
 import torch
 from torch import nn
 
+from hnce.cluster.stores.run_events import read_events
 from hnce.errors import InputError
 from hnce.events import RunEvent
-from hnce.pipeline.event_log import EventLog, read_events
+from hnce.pipeline.event_log import EventLog
 from hnce.pipeline.train.distributed import Collectives
 
 logger = logging.getLogger(__name__)

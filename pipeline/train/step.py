@@ -72,7 +72,7 @@ class ContrastiveScoring(nn.Module):
     candidate side is gathered from every worker first, and the scores' columns are every
     worker's candidates in rank order; with ``keep_candidates`` (``negatives.cache``) this
     worker's candidate side is kept, detached, in ``candidate_vectors`` for the negative cache
-    (:mod:`hnce.pipeline.train.negative_cache`)."""
+    (:mod:`hnce.pipeline.train.trainer_cache`)."""
 
     def __init__(
         self,

@@ -4,12 +4,13 @@
 Both go through the same driver (``hnce.pipeline.train.trainer``), worker loop and step; a task says
 only where the run lives, which settings drive it and where its negatives come from:
 
-=========  ==========================  ==================  ========================================
-task       run directory               settings            negatives
-=========  ==========================  ==================  ========================================
-retriever  ``run.dir``                 ``training``        ``negatives`` over refreshed versions
-reranker   ``run.dir/rerank``          ``rerank.training`` greedy over a fixed retriever's top-N
-=========  ==========================  ==================  ========================================
+=========  ==================  ===========================  ======================================
+task       run directory       settings                     negatives
+=========  ==================  ===========================  ======================================
+retriever  ``run.dir``         ``training``                 ``negatives`` over refreshed versions
+reranker   ``run.dir/rerank``  ``training`` updated by      greedy over a fixed retriever's top-N
+                               ``rerank.training``
+=========  ==================  ===========================  ======================================
 
 A task is plain data, so Ray Train hands it to every worker (:meth:`TrainingTask.to_dict`).
 """
@@ -47,13 +48,7 @@ class TrainingTask:
 
     def settings(self, config: Config) -> TrainingSettings:
         """The DeepSpeed / Ray Train settings of this task."""
-        return config.training if self.kind == "retriever" else config.rerank.training
-
-    def max_mentions(self, config: Config) -> int:
-        """How many training mentions to use (0: all)."""
-        if self.kind == "retriever":
-            return config.data.max_train_mentions
-        return config.rerank.max_train_mentions
+        return config.training if self.kind == "retriever" else config.reranker_training()
 
     def share(self, config: Config) -> ShareMode:
         """``negatives.share`` for the retriever; the reranker, a cross-encoder paying one pass
@@ -68,28 +63,18 @@ class TrainingTask:
         """Whether the workers wait for each refresh (``refresh.mode: sync``)."""
         return self.refreshes(config) and config.refresh.mode == "sync"
 
-    def refreshes_when_stale(self, config: Config) -> bool:
-        """Whether the workers ask for refreshes when their negatives go stale
-        (``refresh.trigger: stale``, :mod:`hnce.pipeline.train.staleness`)."""
-        return self.refreshes(config) and config.refresh.trigger == "stale"
-
-    def refreshes_when_it_pays(self, config: Config) -> bool:
-        """Whether the workers ask for refreshes only when one pays (``refresh.trigger: payoff``,
-        :meth:`hnce.pipeline.train.refresh_payoff.RefreshPayoff.decide`)."""
-        return self.refreshes(config) and config.refresh.trigger == "payoff"
-
     def initial_negatives(self, config: Config) -> str:
-        """Where negatives version 0 comes from (``negatives.initial``; random: none)."""
+        """Where the initial negatives come from (``negatives.initial``; random: none)."""
         return config.negatives.initial if self._on_index(config) else "random"
 
     def encoders_beside(self, config: Config) -> bool:
-        """Whether encoder actors run beside the workers: a refresh, or version 0 mined with the
-        starting model."""
+        """Whether encoder actors run beside the workers: a refresh, or the initial negatives
+        mined with the starting model."""
         return self.refreshes(config) or self.initial_negatives(config) == "model"
 
     def caches_negatives(self, config: Config) -> bool:
         """Whether its workers draw index candidates from a negative cache (a retriever with
-        ``negatives.cache.enabled``; :mod:`hnce.pipeline.train.negative_cache`)."""
+        ``negatives.cache.enabled``; :mod:`hnce.pipeline.train.trainer_cache`)."""
         return self.kind == "retriever" and config.negatives.cache.enabled
 
     def _on_index(self, config: Config) -> bool:

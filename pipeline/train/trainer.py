@@ -3,7 +3,7 @@ refresh coordinator when the task trains the retriever on an index.
 
 :func:`run_task` trains a :class:`~hnce.pipeline.train.task.TrainingTask`: ``hnce train`` the
 retriever (:func:`run_training`), ``hnce rerank`` the joint reranker. The coordinator actor
-(``hnce.cluster.compute.coordinator``) runs alongside on its own CPU (its encoder actors request their own CPUs
+(:mod:`hnce.cluster.compute.refresh.coordinator`) runs alongside on its own CPU (its encoder actors request their own CPUs
 or GPUs, and ``hnce_encoder`` on a launched cluster), watching ``<run>/checkpoints`` and
 publishing index and negatives versions; the trainer workers (one ``hnce_trainer`` slot each on
 a launched cluster) never wait for it (docs/refresh.md). A worker failure restarts the worker group
@@ -14,12 +14,12 @@ Ray Train's state afresh (:func:`discard_earlier_launch_state`).
 
 Once the workers and the coordinator have stopped, the held-out recalls the refresh log holds and
 the event log lacks (a refresh that finished after rank 0 last looked) are copied into the event
-log and TensorBoard (:func:`~hnce.pipeline.train.refresh_health.log_missed_heldout`).
+log and TensorBoard (:func:`~hnce.cluster.compute.refresh.health.log_missed_heldout`).
 
-Negatives version 0 (``negatives.initial`` lexical or model) is prepared in a driver thread while
-Ray Train starts the workers, which hold their first step until it is published
-(:class:`~hnce.pipeline.train.version_zero.VersionZeroBeside`); a trainer that fails first
-abandons it before its error is raised.
+The initial negatives (``negatives.initial`` lexical or model) are prepared in a driver thread
+while Ray Train starts the workers, which hold their first step until they are published
+(:class:`~hnce.cluster.compute.refresh.initial.InitialNegativesBeside`); a trainer that fails
+first abandons them before its error is raised.
 
 A launch holds the run's ``training`` lock (:class:`~hnce.cluster.compute.lock.RunLock`) from
 before Ray starts until it returns: a second launch on the same run directory (a job submitted
@@ -45,9 +45,17 @@ import ray
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
+from hnce.cluster.compute.encoder_actor import node_cores
 from hnce.cluster.compute.gpu_sharing import GpuPlan, resolve_gpu_sharing
 from hnce.cluster.compute.index_build import timed
 from hnce.cluster.compute.lock import RunLock
+from hnce.cluster.compute.refresh.health import log_missed_heldout, raise_if_stopped
+from hnce.cluster.compute.refresh.initial import (
+    InitialNegativesBeside,
+    InitialRequest,
+    TrainerBeside,
+)
+from hnce.cluster.compute.refresh.supervisor import start_refresh, stop_refresh
 from hnce.cluster.compute.resources import (
     ENCODER_RESOURCE,
     TRAINER_RESOURCE,
@@ -56,18 +64,18 @@ from hnce.cluster.compute.resources import (
 from hnce.cluster.compute.session import init_ray
 from hnce.cluster.stores.checkpoints import newest_checkpoint
 from hnce.cluster.stores.lock_holder import TRAINING
+from hnce.cluster.stores.run_events import read_events
 from hnce.events import RunEvent
+from hnce.mining.samplers.lexical import BM25_B, BM25_K1
 from hnce.pipeline.config import Config, CoresMode, dump_config
-from hnce.pipeline.event_log import EventLog, read_events
+from hnce.pipeline.event_log import EventLog
 from hnce.pipeline.preflight import check_training_inputs
+from hnce.pipeline.recipe_models import untrained_export
 from hnce.pipeline.run import RUN_RECIPE, refresh_plan
-from hnce.pipeline.train.cores import resolve_cores, threads_lent_to_refresh
+from hnce.pipeline.train.cores import describe_cores, resolve_cores, threads_lent_to_refresh
 from hnce.pipeline.train.nonfinite import raise_if_diverged
-from hnce.pipeline.train.progress import follow_progress
-from hnce.pipeline.train.refresh_health import log_missed_heldout, raise_if_stopped
-from hnce.pipeline.train.refresh_supervisor import start_refresh, stop_refresh
+from hnce.pipeline.train.run_follower import follow_run
 from hnce.pipeline.train.task import TrainingTask
-from hnce.pipeline.train.version_zero import TrainerBeside, VersionZeroBeside
 from hnce.pipeline.train.worker import train_loop_per_worker
 
 logger = logging.getLogger(__name__)
@@ -126,7 +134,7 @@ def _worker_config(
     config: Config, task: TrainingTask, cores: CoresMode, initial_negatives_since: float | None
 ) -> dict[str, Any]:
     """What every worker gets: the config (paths made absolute), the task, the resolved
-    ``training.cores`` and, when the driver prepares negatives version 0 beside the workers'
+    ``training.cores`` and, when the driver prepares the initial negatives beside the workers'
     start-up, the driver's start (the workers wait for it from then)."""
     tree = config.to_dict()
     tree["run"]["dir"] = str(config.run_dir.resolve())
@@ -141,7 +149,7 @@ def _worker_config(
 
 def run_training(config: Config) -> TrainingSummary:
     """``hnce train``: train the retriever to ``training.steps`` (resuming from a checkpoint in
-    ``run.dir``), on negatives version 0 as ``negatives.initial`` says and the refresh when the
+    ``run.dir``), on the initial negatives ``negatives.initial`` says and the refresh when the
     recipe asks for it."""
     check_training_inputs(config)
     return run_task(config, TrainingTask.retriever(config))
@@ -204,6 +212,19 @@ def discard_earlier_launch_state(experiment_dir: Path) -> None:
         shutil.rmtree(experiment_dir)
 
 
+def initial_request(config: Config, source: str) -> InitialRequest:
+    """The initial negatives of ``source`` (``negatives.initial`` as the task resolves it) for
+    this recipe: its train split, BM25's parameters and, exported when asked, its starting
+    model (:func:`~hnce.pipeline.recipe_models.untrained_export`)."""
+    return InitialRequest(
+        source,
+        config.data.train_split,
+        BM25_K1,
+        BM25_B,
+        starting_model=lambda: untrained_export(config),
+    )
+
+
 def run_task(config: Config, task: TrainingTask) -> TrainingSummary:
     """Train ``task`` to its ``steps`` through Ray Train (resuming from the newest checkpoint in
     its run directory); returns what the run did, read back from its event log. Raises
@@ -236,7 +257,9 @@ def _launch(
     initial = task.initial_negatives(config)
     nodes = sum(1 for node in ray.nodes() if node["Alive"])
     cores, why = resolve_cores(settings.cores, nodes, config.cluster.use_gpu)
-    logger.info("training cores: %s (%s)", cores, why)
+    workers, cpus = settings.num_workers, settings.cpus_per_worker
+    here = node_cores() if nodes == 1 and config.cluster.address == "local" else None
+    logger.info("training: %s", describe_cores(cores, why, workers, cpus, here))
     resources = ray.cluster_resources()
     gpus = resolve_gpu_sharing(
         config.cluster.gpu_sharing,
@@ -248,9 +271,8 @@ def _launch(
     )
     if config.cluster.use_gpu:
         logger.info("training GPUs: %s (%s)", gpus.mode, gpus.why)
-    version_zero = None
+    initial_beside = None
     if initial != "random" and refresh_plan(config).negatives_store.current_version() is None:
-        workers, cpus = settings.num_workers, settings.cpus_per_worker
         lent = threads_lent_to_refresh(cores, True, workers, cpus)
         trainer_beside = TrainerBeside(
             cpus=workers * cpus,
@@ -258,9 +280,13 @@ def _launch(
             gpus=gpus.trainer_gpus,
             encoder_gpus=gpus.encoder_gpus,
         )
-        logger.info("negatives version 0 (%s) is prepared while the workers start", initial)
-        version_zero = VersionZeroBeside(config, initial, trainer_beside).start()
-    trainer = _trainer(config, task, cores, gpus, since if version_zero is not None else None)
+        logger.info("the initial negatives (%s) are prepared while the workers start", initial)
+        request = initial_request(config, initial)
+        log = EventLog(task.run_dir)
+        initial_beside = InitialNegativesBeside(
+            refresh_plan(config), request, trainer_beside, log
+        ).start()
+    trainer = _trainer(config, task, cores, gpus, since if initial_beside is not None else None)
     coordinator = watch = None
     if with_refresh:
         lent = threads_lent_to_refresh(
@@ -286,15 +312,15 @@ def _launch(
     )
     done = threading.Event()
     follower = threading.Thread(
-        target=follow_progress, args=(task.run_dir, settings.steps, done), daemon=True
+        target=follow_run, args=(task.run_dir, settings.steps, done), daemon=True
     )
     started = time.perf_counter()
     follower.start()
     try:
         fit_interruptibly(trainer, task.run_dir)
     except BaseException:
-        if version_zero is not None:
-            version_zero.abandon()
+        if initial_beside is not None:
+            initial_beside.abandon()
         raise
     finally:
         done.set()
@@ -302,9 +328,10 @@ def _launch(
         status: dict[str, Any] = {}
         if coordinator is not None:
             status = stop_refresh(coordinator, watch)
-    log_missed_heldout(task.run_dir)  # a refresh that outlived the workers recorded its recall
-    if version_zero is not None:
-        version_zero.raise_if_failed()
+    # a refresh that outlived the workers recorded its recall
+    log_missed_heldout(task.run_dir, lambda: EventLog(task.run_dir, tensorboard=True))
+    if initial_beside is not None:
+        initial_beside.raise_if_failed()
     raise_if_stopped(task.run_dir, since)
     raise_if_diverged(task.run_dir, since)
     summary = summarise_run(task.run_dir, time.perf_counter() - started)

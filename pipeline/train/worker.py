@@ -11,7 +11,7 @@
 - the checkpoints (:class:`~hnce.pipeline.train.checkpointing.WorkerCheckpoints`): every R steps
   one is published; a restarted worker group resumes from the newest complete one (verified,
   loaded weights-only);
-- the refresh hand-over (:class:`~hnce.pipeline.train.refresh_handover.RefreshHandover`): every
+- the refresh hand-over (:class:`~hnce.cluster.compute.refresh.handover.RefreshHandover`): every
   C steps the newest negatives version is picked up without waiting, and each checkpoint says
   whether it asks for a refresh.
 
@@ -33,13 +33,15 @@ import torch
 
 from hnce.cluster.compute.encoder_actor import node_cores
 from hnce.cluster.compute.index_build import timed
+from hnce.cluster.compute.refresh.handover import Cadence, RefreshHandover
 from hnce.cluster.stores.checkpoints import checkpoint_dir
 from hnce.encoders.biencoder import BiEncoder
 from hnce.encoders.reranker import JointReranker
 from hnce.events import RunEvent
-from hnce.mining.losses import build_loss, default_options
+from hnce.mining.losses import build_loss, loss_options
 from hnce.pipeline.config import Config, CoresMode, config_from_dict
 from hnce.pipeline.event_log import EventLog
+from hnce.pipeline.recipe_models import build_trainable
 from hnce.pipeline.train.batch import ContrastiveBatch
 from hnce.pipeline.train.checkpointing import (
     CheckpointReport,
@@ -49,10 +51,8 @@ from hnce.pipeline.train.checkpointing import (
 )
 from hnce.pipeline.train.cores import TrainerThreads
 from hnce.pipeline.train.distributed import Collectives, worker_device
-from hnce.pipeline.train.model import build_trainable
 from hnce.pipeline.train.negatives import TrainingData, load_training_data
 from hnce.pipeline.train.nonfinite import loss_stops
-from hnce.pipeline.train.refresh_handover import RefreshHandover
 from hnce.pipeline.train.step import (
     flush_subnormal_floats,
     skip_shared_memory_op,
@@ -90,11 +90,11 @@ class WorkerRun:
         self.data = data
         self.threads = threads
         self.device = engine.device
-        options = default_options(config.loss.name, bool(getattr(model, "normalize", False)))
+        cosine = bool(getattr(model, "normalize", False))
         self.loss = build_loss(
             config.loss.name,
             config.negatives.positive_aware,
-            **{**options, **config.loss.options},
+            **loss_options(config.loss.name, config.loss.temperature, cosine),
         )
         self.log = EventLog(task.run_dir, tensorboard=True) if collectives.rank == 0 else None
         keep = self.settings.keep_checkpoints
@@ -108,9 +108,15 @@ class WorkerRun:
             report,
             self.settings.keep_deepspeed_state,
         )
+        cadence = Cadence(
+            self.settings.steps,
+            self.settings.negatives_check_every,
+            self.settings.checkpoint_every,
+        )
         self.refresh = RefreshHandover(
-            config,
-            task,
+            config.refresh if task.refreshes(config) else None,
+            cadence,
+            task.run_dir,
             collectives,
             self.log,
             data,
@@ -130,8 +136,8 @@ class WorkerRun:
         initial_negatives_since: float | None = None,
     ) -> WorkerRun:
         """Inside a Ray Train worker: its device, world size and reported checkpoint;
-        ``initial_negatives_since``: the start of the driver that prepares negatives version 0
-        beside the workers' start-up (:meth:`RefreshHandover.wait_for_version_zero`), None when
+        ``initial_negatives_since``: the start of the driver that prepares the initial negatives
+        beside the workers' start-up (:meth:`RefreshHandover.wait_for_initial_negatives`), None when
         it is ready."""
         device = worker_device(config.cluster.use_gpu)
         world_size = ray.train.get_context().get_world_size()
@@ -233,7 +239,7 @@ class WorkerRun:
         """Steps from the resume point to ``steps``: poll, micro-batches, log, checkpoint."""
         self.engine.train()
         loss = float("nan")
-        if self.refresh.wait_for_version_zero(self.start_step):
+        if self.refresh.wait_for_initial_negatives(self.start_step):
             return
         for step in range(self.start_step, self.settings.steps):
             if self.refresh.poll(step, first=step == self.start_step):
@@ -247,8 +253,8 @@ class WorkerRun:
                 return
             seconds = time.perf_counter() - started
             self.log_step(done, loss, seconds, mention_ids, threads)
-            stale = self.refresh.after_step(done, loss, seconds)
-            if (stale or self.refresh.publishes_at(done)) and not self.publish(done, loss, stale):
+            asked = self.refresh.after_step(done, loss, seconds)
+            if (asked or self.refresh.publishes_at(done)) and not self.publish(done, loss, asked):
                 return
         if self.log is not None:
             version = self.data.source.version
@@ -282,7 +288,7 @@ class WorkerRun:
             mentions=mention_ids,
         )
 
-    def publish(self, step: int, loss: float, stale: bool = False) -> bool:
+    def publish(self, step: int, loss: float, asked: bool = False) -> bool:
         """Checkpoint ``step-<step>/`` of this task's run with what it asks of the refresh
         coordinator; False (on every rank, a stop logged) when some rank's weights are not
         finite (:meth:`WorkerCheckpoints.publish`)."""
@@ -293,7 +299,7 @@ class WorkerRun:
             "negatives_version": self.data.source.version,
             "loss": loss,
         }
-        request = functools.partial(self.refresh.checkpoint_request, step, stale)
+        request = functools.partial(self.refresh.checkpoint_request, step, asked)
         cache = self.data.cache
         return self.checkpoints.publish(state, request, None if cache is None else cache.save)
 
@@ -301,7 +307,7 @@ class WorkerRun:
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     """Ray Train entry point: ``{"config": Config.to_dict(), "task": TrainingTask.to_dict(),
     "cores": the resolved training.cores, "initial_negatives_since": the driver's start when it
-    prepares negatives version 0 beside the workers, else None}``."""
+    prepares the initial negatives beside the workers, else None}``."""
     config = config_from_dict(loop_config["config"])
     task = TrainingTask.from_dict(loop_config["task"])
     since = loop_config["initial_negatives_since"]

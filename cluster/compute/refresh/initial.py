@@ -1,34 +1,29 @@
-"""Negatives version 0 of a run: what it trains on before the first refresh.
+"""The initial negatives of a run: what it trains on before the first refresh.
 
-``hnce train`` publishes it as ``negatives.initial`` says (:func:`prepare_initial_negatives`):
-BM25's candidates (``lexical``, ``hnce.cluster.stores.lexical``) or the starting model's (``model``: the
-recipe's untrained model), ``finetune-blink`` always from the imported BLINK checkpoint. The
-starting model's index version 0 is built like every index (`hnce.cluster.compute.index_build`), into the run's own store
-`<run>/index/v0` (checkpoint step 0), by the encoder actors. With BLINK's precomputed entity
+``hnce train`` prepares them as ``negatives.initial`` says (:func:`prepare_initial_negatives`):
+BM25's candidates (``lexical``, :mod:`hnce.cluster.stores.bm25_store`) or the starting model's
+(``model``: the recipe's untrained model); ``finetune-blink`` always from the imported BLINK
+checkpoint. They are published as version 0 of the run's stores (``<run>/index/v0``,
+``<run>/negatives/v0``, checkpoint step 0): the stores number every version, and the first is
+the initial one. The starting model's index is built like every index
+(:mod:`hnce.cluster.compute.index_build`) by the encoder actors. With BLINK's precomputed entity
 encodings (``all_entities_large.t7``, a [5903527, 1024] float32 tensor, 24 GB) it needs no
 encoding at all: each actor memory-maps the file (``torch.load(mmap=True, weights_only=True)``)
 and copies its shard's rows into FAISS, so no process holds more than one shard of it. Row i of
 the tensor is BLINK's entity i, which is ``entity_id`` i of a catalogue converted from BLINK's
-``entity.jsonl`` (docs/input-formats.md). Without the file, version 0 is encoded from the imported
-checkpoint.
+``entity.jsonl`` (docs/input-formats.md). The train mentions are then mined against that index
+by the same actors (top-N), so the trainer draws hard negatives from its first step.
 
-The train mentions are then mined against version 0 by the same actors (top-N, docs/stores.md
-negatives version), so the trainer uses hard negatives from its first step instead of random
-ones (docs/refresh.md).
-
-``hnce train`` prepares it while Ray Train starts its controller and workers
-(:class:`VersionZeroBeside`). The encoder actors share the CPUs Ray has free less those the
+``hnce train`` prepares them while Ray Train starts its controller and workers
+(:class:`InitialNegativesBeside`). The encoder actors share the CPUs Ray has free less those the
 trainer's workers ask for, plus the threads the waiting trainer lends them under
-``training.cores: handover``, and the workers hold their first step until version 0 is published.
-Where the encoders have devices of their own, Ray Train's start-up is hidden behind version 0; on
-2 shared cores the start-up itself keeps both cores busy, and the first step comes only about 3 s
-sooner (BENCHMARKS.md, "From `hnce train` to its first step"). A failure is logged the moment it
-happens and written to the run's event log as an ``initial_negatives`` event with its error; the
-workers read it there and stand down without training, and the driver raises the error. The other
-way round, a trainer that fails while version 0 is still being built abandons it
-(:meth:`VersionZeroBeside.abandon`): the encoding stops within a batch, its finished shards
-recorded for the next launch to resume, and the encoder actors are released before the driver
-raises the trainer's error, so a process that goes on (a notebook, a test) keeps nothing running.
+``training.cores: handover``, and the workers hold their first step until the initial negatives
+are published (an ``initial_negatives_wait`` event). A failure is logged the moment it happens
+and written to the run's event log as an ``initial_negatives`` event with its error; the workers
+read it there and stand down without training, and the driver raises the error. The other way
+round, a trainer that fails first abandons them (:meth:`InitialNegativesBeside.abandon`): the
+encoding stops within a batch, its finished shards recorded for the next launch to resume, and
+the encoder actors are released before the driver raises the trainer's error.
 """
 
 from __future__ import annotations
@@ -51,25 +46,23 @@ from hnce.cluster.compute.index_build import (
     start_pool,
 )
 from hnce.cluster.compute.miner import mine_split
-from hnce.cluster.compute.refresh import RefreshPlan
+from hnce.cluster.compute.refresh.plan import RefreshPlan
+from hnce.cluster.compute.refresh.policy import EventSink
 from hnce.cluster.compute.retrieval import locked_evaluation_store, version_key
+from hnce.cluster.stores.bm25_store import publish_lexical_negatives
 from hnce.cluster.stores.index_store import IndexBuilder, IndexVersion
-from hnce.cluster.stores.lexical import publish_lexical_negatives
+from hnce.cluster.stores.run_events import read_events
 from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit, catalogue_fingerprint
 from hnce.cluster.stores.tokens import TokenStore
 from hnce.errors import InputError
 from hnce.events import RunEvent
-from hnce.pipeline.config import Config
-from hnce.pipeline.event_log import EventLog, read_events
-from hnce.pipeline.models import untrained_export
-from hnce.pipeline.run import refresh_plan
 
 logger = logging.getLogger(__name__)
 
 INITIAL_VERSION = 0
 INITIAL_STEP = 0
-#: how long :meth:`VersionZeroBeside.abandon` waits for the build to stop and its actors to go
+#: how long :meth:`InitialNegativesBeside.abandon` waits for the build to stop and its actors to go
 ABANDON_SECONDS = 120.0
 
 
@@ -99,7 +92,7 @@ def check_encodings(path: Path, model: IndexedModel, num_entities: int) -> None:
 
 @dataclass(frozen=True)
 class TrainerBeside:
-    """The trainer that starts while version 0 is prepared: the CPUs and GPUs its workers will
+    """The trainer that starts while the initial negatives are prepared: the CPUs and GPUs its workers will
     ask for (left to it), the torch threads it lends the encoder actors while it waits for them,
     and the share of a GPU each encoder actor takes beside it
     (:mod:`hnce.cluster.compute.gpu_sharing`)."""
@@ -110,31 +103,32 @@ class TrainerBeside:
     encoder_gpus: float = 1.0
 
 
-#: version 0 with nothing beside it (``hnce refresh --initial``, ``hnce finetune-blink``)
+#: initial negatives with nothing beside them (``hnce refresh --initial``, ``hnce finetune-blink``)
 NO_TRAINER = TrainerBeside()
 
 
 @dataclass(frozen=True)
-class VersionZero:
-    """Index version 0 as prepared, and whether its catalogue was encoded by this preparation
-    (not kept from an earlier start, taken over from an evaluation, or read from encodings): only
-    then do its seconds say what a pass over the catalogue costs
-    (:func:`hnce.pipeline.train.refresh_payoff.version_zero_seconds`)."""
+class InitialIndex:
+    """The starting model's index (version 0) as prepared, and whether its catalogue was encoded
+    by this preparation (not kept from an earlier start, taken over from an evaluation, or read
+    from encodings): only then do its seconds say what a pass over the catalogue costs
+    (:func:`hnce.cluster.compute.refresh.timing.initial_negatives_seconds`)."""
 
     index: IndexVersion
     encoded: bool
 
 
-def prepare_version_zero(
+def initial_from_model(
     plan: RefreshPlan,
     model: IndexedModel,
     train_split: str,
     encodings: Path | None = None,
     trainer: TrainerBeside = NO_TRAINER,
     stopping: Callable[[], bool] | None = None,
-) -> VersionZero | None:
-    """Index and train negatives version 0 of the imported `model` (kept when the run already
-    has them); None when a resumed run's retention has already removed version 0. Its encoder
+) -> InitialIndex | None:
+    """The initial negatives of the imported `model`: its index and the train split mined
+    against it (both kept when the run already has them); None when a resumed run's retention
+    has already removed version 0. Its encoder
     actors share the CPUs Ray has free less those of the `trainer` starting beside them, and run
     the threads it lends them on top. Once `stopping()` is true the build stops within a batch
     (StopRequested, as :func:`~hnce.cluster.compute.index_build.index_entities`)."""
@@ -160,11 +154,11 @@ def prepare_version_zero(
         if versions:
             version = store.open(INITIAL_VERSION)
         else:
-            version = _build_version_zero(plan, pool, model, tokens, encodings, stopping)
+            version = _build_initial_index(plan, pool, model, tokens, encodings, stopping)
         if negatives.current_version() is None:
             held = pool.hold(version, plan.index.candidate_depth)
             split = MentionSplit.open(mention_split_path(plan.data_dir, train_split))
-            mined = mine_split(pool, held, split, plan.refresh.top_n, description="mining v0")
+            mined = mine_split(pool, held, split, plan.refresh.top_n, description="mining initial")
             negatives.publish(
                 INITIAL_VERSION,
                 {train_split: mined},
@@ -173,7 +167,7 @@ def prepare_version_zero(
                 version.num_entities,
                 catalogue=version.manifest.catalogue,
             )
-    return VersionZero(version, encoded=encode is not None)
+    return InitialIndex(version, encoded=encode is not None)
 
 
 def take_over_evaluated(plan: RefreshPlan, model: IndexedModel) -> IndexVersion | None:
@@ -195,7 +189,7 @@ def take_over_evaluated(plan: RefreshPlan, model: IndexedModel) -> IndexVersion 
         return IndexBuilder(plan.index_store, INITIAL_VERSION, parameters).take_over(found)
 
 
-def _build_version_zero(
+def _build_initial_index(
     plan: RefreshPlan,
     pool: EncoderPool,
     model: IndexedModel,
@@ -203,7 +197,7 @@ def _build_version_zero(
     encodings: Path | None,
     stopping: Callable[[], bool] | None,
 ) -> IndexVersion:
-    """Version 0 (whatever the store's next number), from `encodings` or from `tokens`."""
+    """The initial index (version 0), from `encodings` or from `tokens`."""
     if tokens is not None:
         catalogue, num_entities = tokens.manifest["catalogue"], len(tokens)
     else:
@@ -217,91 +211,104 @@ def _build_version_zero(
     ).version
 
 
+@dataclass(frozen=True)
+class InitialRequest:
+    """Where a run's initial negatives come from (``negatives.initial`` as the task resolves it:
+    ``lexical``, ``model`` or ``random``, none) and what that source reads: the train split,
+    BM25's ``k1`` and ``b`` (``negatives.lexical``), and the starting model, exported when asked
+    (``model``: the recipe's untrained model)."""
+
+    source: str
+    train_split: str
+    bm25_k1: float = 1.2
+    bm25_b: float = 0.75
+    starting_model: Callable[[], Path] | None = None
+
+
 def prepare_initial_negatives(
-    config: Config,
-    initial: str,
+    plan: RefreshPlan,
+    request: InitialRequest,
     trainer: TrainerBeside = NO_TRAINER,
     stopping: Callable[[], bool] | None = None,
 ) -> bool:
-    """Negatives version 0 of a retriever run from ``initial`` (``negatives.initial``, as the
-    task resolves it): nothing for random, BM25's top-N for lexical, the starting model's top-N
-    (index version 0 built by the encoder actors) for model. A run that has it keeps it. True
-    when the catalogue was encoded for it here (:class:`VersionZero`).
+    """The initial negatives ``request`` asks for: nothing for random, BM25's top-N for lexical,
+    the starting model's top-N (its index built by the encoder actors) for model. A run that has
+    them keeps them. True when the catalogue was encoded for them here (:class:`InitialIndex`).
 
     ``trainer``: the trainer that starts beside the encoder actors (:data:`NO_TRAINER`: none);
     ``stopping``: once true, the model's build stops within a batch (StopRequested)."""
-    plan = refresh_plan(config)
-    if initial == "lexical":
-        lexical = config.negatives.lexical
+    if request.source == "lexical":
         publish_lexical_negatives(
             plan.negatives_store,
             plan.data_dir,
-            config.data.train_split,
-            config.refresh.top_n,
-            lexical.k1,
-            lexical.b,
+            request.train_split,
+            plan.refresh.top_n,
+            request.bm25_k1,
+            request.bm25_b,
         )
-    elif initial == "model":
-        starting_model = IndexedModel.from_export(untrained_export(config))
-        split = config.data.train_split
-        prepared = prepare_version_zero(
-            plan, starting_model, split, trainer=trainer, stopping=stopping
+    elif request.source == "model":
+        assert request.starting_model is not None, "initial negatives of a model need the model"
+        starting_model = IndexedModel.from_export(request.starting_model())
+        prepared = initial_from_model(
+            plan, starting_model, request.train_split, trainer=trainer, stopping=stopping
         )
         return prepared is not None and prepared.encoded
     return False
 
 
-class VersionZeroBeside:
-    """Negatives version 0 prepared in a driver thread while Ray Train starts the workers (module
-    docs). :meth:`raise_if_failed` after the workers have stood down raises its error;
-    :meth:`abandon` stops it when the trainer has failed first."""
+class InitialNegativesBeside:
+    """The initial negatives prepared in a driver thread while Ray Train starts the workers
+    (module docs), their ``initial_negatives`` event written to ``log``.
+    :meth:`raise_if_failed` after the workers have stood down raises its error; :meth:`abandon`
+    stops it when the trainer has failed first."""
 
-    def __init__(self, config: Config, initial: str, trainer: TrainerBeside) -> None:
-        self.run_dir = config.run_dir
+    def __init__(
+        self, plan: RefreshPlan, request: InitialRequest, trainer: TrainerBeside, log: EventSink
+    ) -> None:
+        self.log = log
         self.error: BaseException | None = None
         self._abandoned = threading.Event()
         self.thread = threading.Thread(
             target=self._prepare,
-            args=(config, initial, trainer),
-            name="negatives-version-0",
+            args=(plan, request, trainer),
+            name="initial-negatives",
             daemon=True,
         )
 
-    def start(self) -> VersionZeroBeside:
+    def start(self) -> InitialNegativesBeside:
         self.thread.start()
         return self
 
-    def _prepare(self, config: Config, initial: str, trainer: TrainerBeside) -> None:
+    def _prepare(self, plan: RefreshPlan, request: InitialRequest, trainer: TrainerBeside) -> None:
         started = time.perf_counter()
+        source = request.source
         try:
-            encoded = prepare_initial_negatives(config, initial, trainer, self._abandoned.is_set)
+            encoded = prepare_initial_negatives(plan, request, trainer, self._abandoned.is_set)
         except StopRequested:
-            logger.info("negatives version 0 (%s) abandoned: the trainer failed", initial)
+            logger.info("initial negatives (%s) abandoned: the trainer failed", source)
             return
         except BaseException as error:  # raised in the driver's thread by raise_if_failed
             self.error = error
-            logger.error("negatives version 0 (%s) failed: %s", initial, error)
-            EventLog(self.run_dir).write(
+            logger.error("initial negatives (%s) failed: %s", source, error)
+            self.log.write(
                 RunEvent.INITIAL_NEGATIVES,
-                initial=initial,
+                initial=source,
                 seconds=time.perf_counter() - started,
                 error=f"{type(error).__name__}: {error}",
             )
             return
         seconds = time.perf_counter() - started
-        logger.info("negatives version 0 (%s) ready in %.1fs", initial, seconds)
-        EventLog(self.run_dir).write(
-            RunEvent.INITIAL_NEGATIVES, initial=initial, seconds=seconds, encoded=encoded
-        )
+        logger.info("initial negatives (%s) ready in %.1fs", source, seconds)
+        self.log.write(RunEvent.INITIAL_NEGATIVES, initial=source, seconds=seconds, encoded=encoded)
 
     def abandon(self) -> None:
-        """Stop preparing version 0 (the trainer failed): the build stops within a batch and its
-        encoder actors are released; waits up to :data:`ABANDON_SECONDS` for that."""
+        """Stop preparing the initial negatives (the trainer failed): the build stops within a
+        batch and its encoder actors are released; waits up to :data:`ABANDON_SECONDS`."""
         self._abandoned.set()
         self.thread.join(ABANDON_SECONDS)
         if self.thread.is_alive():
             logger.warning(
-                "negatives version 0 still running %.0fs after it was abandoned", ABANDON_SECONDS
+                "initial negatives still running %.0fs after they were abandoned", ABANDON_SECONDS
             )
 
     def raise_if_failed(self) -> None:
@@ -312,7 +319,7 @@ class VersionZeroBeside:
 
 
 def initial_negatives_error(run_dir: Path, since: float) -> str | None:
-    """The error of negatives version 0 prepared beside the workers by the driver that started
+    """The error of the initial negatives prepared beside the workers by the driver that started
     at ``since`` (an ``initial_negatives`` event of this launch), None while it is not known to
     have failed."""
     for event in read_events(run_dir, RunEvent.INITIAL_NEGATIVES):

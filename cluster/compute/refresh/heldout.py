@@ -41,7 +41,7 @@ class HeldoutSpec:
         max_mentions: its first mentions only (``data.max_eval_mentions``; 0: all).
         ks: recall cut-offs (``eval.ks``).
         per_domain: search each mention within its own domain (``eval.per_domain_catalogue``).
-        batch_size: mentions per search batch (``eval.batch_size``).
+        batch_size: mentions per search batch (``hnce.cluster.compute.miner.SEARCH_BATCH``).
     """
 
     split: str

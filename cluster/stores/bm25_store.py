@@ -18,7 +18,7 @@ the trainer polls like any refreshed version until the first dense refresh publi
 
 Example::
 
-    bm25 = ensure_bm25(data_root, k1=1.5, b=0.75)
+    bm25 = ensure_bm25(data_root)                  # BM25_K1, BM25_B
     ids, scores = bm25.search(["paris"], k=8)      # catalogue ids, -1 where no term is shared
 """
 
@@ -34,7 +34,7 @@ from hnce.cluster.stores.files import atomic_write_json, publish_directory, stag
 from hnce.cluster.stores.negatives_store import MinedSplit, NegativesStore, gold_ranks
 from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import EntityCatalogue, MentionSplit, catalogue_fingerprint
-from hnce.mining.samplers.lexical import Bm25Index
+from hnce.mining.samplers.lexical import BM25_B, BM25_K1, Bm25Index
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def bm25_directory(data_root: Path, k1: float, b: float, catalogue: str) -> Path
     return Path(data_root) / LEXICAL_DIR / f"bm25-k1={k1:g}-b={b:g}-{catalogue[:16]}"
 
 
-def ensure_bm25(data_root: Path, k1: float, b: float) -> Bm25Index:
+def ensure_bm25(data_root: Path, k1: float = BM25_K1, b: float = BM25_B) -> Bm25Index:
     """The BM25 index of the catalogue of ``data_root`` (titles and texts) for ``k1``, ``b``,
     built on first use; concurrent callers serialise on a file lock."""
     catalogue = catalogue_fingerprint(data_root)
@@ -98,7 +98,12 @@ def mine_lexical(bm25: Bm25Index, split: MentionSplit, top_n: int) -> MinedSplit
 
 
 def publish_lexical_negatives(
-    store: NegativesStore, data_root: Path, split: str, top_n: int, k1: float, b: float
+    store: NegativesStore,
+    data_root: Path,
+    split: str,
+    top_n: int,
+    k1: float = BM25_K1,
+    b: float = BM25_B,
 ) -> bool:
     """Publish BM25 negatives of ``split`` as version 0 of ``store`` unless a version exists
     (a resumed run keeps what it has); True when it published."""

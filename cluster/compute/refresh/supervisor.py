@@ -1,13 +1,12 @@
 """The training run's side of the asynchronous refresh: start the coordinator, stop it at the end.
 
-:func:`~hnce.pipeline.run.refresh_plan` is what a run's refreshes do, for the coordinator and for
-``hnce refresh`` alike (this module imports neither DeepSpeed nor Ray Train, so ``hnce refresh``
-stays light).
-
-``hnce.pipeline.train.trainer.run_training`` starts one :class:`hnce.cluster.compute.coordinator.RefreshCoordinator`
-per run beside the Ray Train workers and stops it when training ends (docs/refresh.md). Every wait
-on the coordinator has a timeout, and a normal end prints no Ray task failure: the loop is asked
-to stop, its task is awaited and read, and only the idle actor is then released.
+``hnce.pipeline.train.trainer.run_training`` starts one
+:class:`~hnce.cluster.compute.refresh.coordinator.RefreshCoordinator` per run beside the Ray
+Train workers and stops it when training ends (docs/refresh.md). Every wait on the coordinator
+has a timeout, and a normal end prints no Ray task failure: the loop is asked to stop, its task
+is awaited and read, and only the idle actor is then released. ``hnce refresh`` beside a
+training launch shares its GPUs as that launch chose (:func:`beside_training`). This module
+imports neither DeepSpeed nor Ray Train, so ``hnce refresh`` stays light.
 """
 
 from __future__ import annotations
@@ -19,34 +18,31 @@ from typing import Any
 
 import ray
 
-from hnce.cluster.compute.coordinator import RefreshCoordinator
 from hnce.cluster.compute.gpu_sharing import gpu_plan
-from hnce.cluster.compute.refresh import RefreshPlan
+from hnce.cluster.compute.refresh.coordinator import RefreshCoordinator
+from hnce.cluster.compute.refresh.plan import RefreshPlan
 from hnce.cluster.compute.session import WORKER_ENV
 from hnce.cluster.stores.lock_holder import TRAINING, read_holder
+from hnce.cluster.stores.run_events import read_events
 from hnce.events import RunEvent
-from hnce.pipeline.config import Config
-from hnce.pipeline.event_log import read_events
-from hnce.pipeline.run import refresh_plan
 
 logger = logging.getLogger(__name__)
 
 CALL_SECONDS = 60.0  # a control call (stop, abandon, status) is served by an idle thread at once
 
 
-def standalone_refresh_plan(config: Config) -> RefreshPlan:
-    """:func:`~hnce.pipeline.run.refresh_plan` for ``hnce refresh``: while a launch of ``hnce
-    train`` holds the run's training lock on GPUs, the job's encoder actors take the share of a GPU
-    that launch chose for its own (:func:`~hnce.cluster.compute.gpu_sharing.gpu_plan` of the mode its
-    ``launch`` event records) and count the GPUs its workers hold as taken; an encoder asking for
-    a whole GPU could otherwise never be placed beside a trainer on one GPU. Without a training
-    launch, or on CPUs, the refresh has the cluster to itself."""
-    plan = refresh_plan(config)
-    if not config.cluster.use_gpu or read_holder(config.run_dir, TRAINING) is None:
+def beside_training(plan: RefreshPlan, use_gpu: bool, num_workers: int) -> RefreshPlan:
+    """``plan`` for ``hnce refresh``: while a launch of ``hnce train`` holds the run's training
+    lock on GPUs (``use_gpu``, its ``num_workers``), the job's encoder actors take the share of a
+    GPU that launch chose for its own (:func:`~hnce.cluster.compute.gpu_sharing.gpu_plan` of the
+    mode its ``launch`` event records) and count the GPUs its workers hold as taken; an encoder
+    asking for a whole GPU could otherwise never be placed beside a trainer on one GPU. Without a
+    training launch, or on CPUs, the refresh has the cluster to itself."""
+    if not use_gpu or read_holder(plan.run_dir, TRAINING) is None:
         return plan
-    launches = read_events(config.run_dir, RunEvent.LAUNCH)
+    launches = read_events(plan.run_dir, RunEvent.LAUNCH)
     mode = "shared" if launches and launches[-1].get("gpus") == "shared" else "dedicated"
-    gpus = gpu_plan(mode, config.training.num_workers, "a launch is training this run")
+    gpus = gpu_plan(mode, num_workers, "a launch is training this run")
     logger.info("refresh GPUs beside training: %s (%s)", gpus.mode, gpus.why)
     return replace(plan, encoder_gpus=gpus.encoder_gpus, trainer_gpus=gpus.trainer_gpus)
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -48,13 +47,11 @@ from hnce.events import RunEvent
 from hnce.mining.negative_cache import CachedRows, NegativeCache
 from hnce.pipeline.config import Config
 from hnce.pipeline.event_log import EventLog
+from hnce.pipeline.train.current_scores import eval_mode
+from hnce.pipeline.train.deepspeed_config import use_bf16
 from hnce.pipeline.train.distributed import Collectives
-from hnce.pipeline.train.model_scores import eval_mode
 
 logger = logging.getLogger(__name__)
-
-#: a hard negative counts as fresh when its vector is younger than this many steps
-FRESH_STEPS = 10
 
 
 class CandidateVectors(Protocol):
@@ -62,9 +59,6 @@ class CandidateVectors(Protocol):
     :class:`~hnce.pipeline.train.step.ContrastiveScoring` with ``keep_candidates``)."""
 
     candidate_vectors: Tensor | None
-
-
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 class TrainerCache:
@@ -125,16 +119,16 @@ class TrainerCache:
                 f"poly can)"
             )
         options = config.negatives.cache
-        cache = NegativeCache(
-            len(space), per_entity, model.output_size, _DTYPES[options.dtype], device
-        )
+        # rows at the precision the towers compute them in: no more is known of a vector
+        dtype = torch.bfloat16 if use_bf16(config.training, device) else torch.float32
+        cache = NegativeCache(len(space), per_entity, model.output_size, dtype, device)
         logger.info(
             "rank %d: negative cache of %d entities x %d x %d (%s) on %s: %.1f MiB",
             collectives.rank,
             len(space),
             per_entity,
             model.output_size,
-            options.dtype,
+            dtype,
             device,
             cache.memory_bytes / 2**20,
         )
@@ -163,7 +157,7 @@ class TrainerCache:
         started = time.perf_counter()
         store = IndexStore(self.index_root)
         if version not in store.versions():
-            # negatives version 0 from BM25 (negatives.initial: lexical) has no index: the
+            # the initial negatives from BM25 (negatives.initial: lexical) have no index: the
             # cache fills from the steps alone until a refresh publishes vectors
             logger.warning(
                 "negative cache: negatives v%d has no index version in %s to fill from; the "
@@ -288,82 +282,3 @@ class TrainerCache:
         restored = self.cache.restore(kept)
         if log is not None:
             log.write(RunEvent.NEGATIVE_CACHE, restored=restored, path=str(path))
-
-
-@dataclass(frozen=True)
-class DrawnNegatives:
-    """Counts of the hard negatives drawn over some steps: ``hard`` of them, ``fresh`` those whose
-    vectors were younger than :data:`FRESH_STEPS` steps, and ``age_sum`` the sum of the ages
-    (steps) of the ``aged`` ones whose vector's age is known."""
-
-    hard: int = 0
-    fresh: int = 0
-    aged: int = 0
-    age_sum: int = 0
-
-    def __add__(self, more: DrawnNegatives) -> DrawnNegatives:
-        return DrawnNegatives(
-            self.hard + more.hard,
-            self.fresh + more.fresh,
-            self.aged + more.aged,
-            self.age_sum + more.age_sum,
-        )
-
-    def __sub__(self, earlier: DrawnNegatives) -> DrawnNegatives:
-        return DrawnNegatives(
-            self.hard - earlier.hard,
-            self.fresh - earlier.fresh,
-            self.aged - earlier.aged,
-            self.age_sum - earlier.age_sum,
-        )
-
-    @property
-    def fresh_share(self) -> float | None:
-        """The share of the hard negatives that were fresh (None when none was drawn)."""
-        return self.fresh / self.hard if self.hard else None
-
-    @property
-    def mean_age(self) -> float | None:
-        """The mean age in steps of the hard negatives' vectors (None when none is known)."""
-        return self.age_sum / self.aged if self.aged else None
-
-
-class NegativeFreshness:
-    """How old the vectors of the hard negatives drawn so far were (a cache row's age, or the lag
-    of the negatives version they were mined from), as running totals; each reader keeps its own
-    :meth:`window` of them (the step log's, the refresh policy's)."""
-
-    def __init__(self) -> None:
-        self.totals = DrawnNegatives()
-
-    def observe(self, hard: Tensor, ages: Tensor) -> None:
-        """Hard-negative flags [B, K] and the age of each negative's vector [B, K] (-1: none)."""
-        known = hard & (ages >= 0)
-        counts = torch.stack(  # one read of the four counts a micro-batch, not four
-            [
-                hard.sum(),
-                (known & (ages < FRESH_STEPS)).sum(),
-                known.sum(),
-                torch.where(known, ages, 0).sum(),
-            ]
-        ).tolist()
-        self.totals = self.totals + DrawnNegatives(*counts)
-
-    def window(self) -> DrawWindow:
-        """A reader's view that counts from now on."""
-        return DrawWindow(self, self.totals)
-
-
-@dataclass
-class DrawWindow:
-    """One reader's counts of :class:`NegativeFreshness`: :meth:`take` returns what was drawn since
-    its previous call (or since the window was opened)."""
-
-    freshness: NegativeFreshness
-    mark: DrawnNegatives
-
-    def take(self) -> DrawnNegatives:
-        """The hard negatives drawn since the last call."""
-        now = self.freshness.totals
-        drawn, self.mark = now - self.mark, now
-        return drawn

@@ -9,12 +9,12 @@ also reads the refreshes recorded since it last looked (:class:`RefreshHealth`):
   (step, checkpoint, versions, seconds: the refresh duration that TensorBoard shows), and each
   held-out recall a refresh scored as a ``heldout_recall`` event at the checkpoint's step (and
   so as TensorBoard's ``heldout/recall@k``);
-- when one reaches ``refresh.max_consecutive_failures`` failures in a row, rank 0 writes a
+- when one reaches :data:`MAX_FAILURES_IN_A_ROW` failures in a row, rank 0 writes a
   ``refresh_stop`` event naming the failing checkpoint and cause, and every rank leaves the
   training loop at that same step (the decision is broadcast).
 
 The workers return normally, so Ray Train does not restart them into the same failures: the stop
-is final. The driver then raises :class:`hnce.cluster.compute.refresh_job.RefreshesFailing` with the cause
+is final. The driver then raises :class:`RefreshesFailing` with the cause
 (:func:`raise_if_stopped`). Only refreshes that finished after the worker started count, so a
 resumed run is not stopped by the failures of an earlier one.
 
@@ -26,42 +26,63 @@ the event log lacks (:func:`log_missed_heldout`), so the last one reaches Tensor
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Protocol
 
-import torch
-import torch.distributed as dist
-
-from hnce.cluster.compute.refresh_job import RefreshesFailing
+from hnce.cluster.compute.refresh.policy import EventSink, Ranks
 from hnce.cluster.stores.refresh_log import HeldoutRecall, RefreshRecord, read_log
+from hnce.cluster.stores.run_events import read_events
+from hnce.errors import InputError
 from hnce.events import RunEvent
-from hnce.pipeline.event_log import EventLog, read_events
+
+#: refreshes in a row that may fail before training (or ``hnce refresh --every``) stops: one or
+#: two failures may be a lost node or actor that Ray replaces; three in a row have a cause that
+#: repeating does not fix (bad input, a full disk), which the operator must
+MAX_FAILURES_IN_A_ROW = 3
+
+
+class RefreshesFailing(InputError):
+    """:data:`MAX_FAILURES_IN_A_ROW` refreshes of a run failed in a row.
+
+    Raised where repeating cannot help (a scheduled job, a training run); the message names the
+    last failing checkpoint and its cause, which the operator fixes before running again.
+    """
+
+    @classmethod
+    def after(cls, record: RefreshRecord, where: str) -> RefreshesFailing:
+        return cls(
+            f"{where}: {record.consecutive_failures} refreshes in a row failed; the last, of "
+            f"step-{record.checkpoint}: {record.message}"
+        )
+
+
+class ClosableSink(EventSink, Protocol):
+    """An event sink to close once written (the driver's TensorBoard file)."""
+
+    def close(self) -> None: ...
 
 
 class RefreshHealth:
     """Follows the run's refresh log from one worker; see the module docs."""
 
-    def __init__(self, run_dir: Path, max_consecutive_failures: int, rank: int) -> None:
+    def __init__(self, run_dir: Path, ranks: Ranks) -> None:
         self.run_dir = Path(run_dir)
-        self.max_consecutive_failures = max_consecutive_failures
-        self.rank = rank
+        self.ranks = ranks
         self.since = time.time()
         self._offset = 0
 
-    def should_stop(self, step: int, log: EventLog | None, device: torch.device) -> bool:
-        """Log new refresh failures; True on every rank when training must stop at ``step``.
-
-        Collective over the process group when one is initialised (all ranks must call it).
-        """
-        cause = self._read(step, log) if self.rank == 0 else None
-        stop = torch.tensor([0 if cause is None else 1], dtype=torch.long, device=device)
-        if dist.is_available() and dist.is_initialized():
-            dist.broadcast(stop, src=0)
+    def should_stop(self, step: int, log: EventSink | None) -> bool:
+        """Log new refresh failures; True on every rank when training must stop at ``step``
+        (a collective: every rank calls it)."""
+        cause = self._read(step, log) if self.ranks.rank == 0 else None
+        stop = bool(self.ranks.broadcast_int(0 if cause is None else 1))
         if log is not None and cause is not None:
             log.write(RunEvent.REFRESH_STOP, step=step, cause=cause)
-        return bool(stop.item())
+        return stop
 
-    def _read(self, step: int, log: EventLog | None) -> str | None:
+    def _read(self, step: int, log: EventSink | None) -> str | None:
         """Rank 0: log the refreshes published and failed and the held-out recalls scored since
         the last call (a recall at the step of the checkpoint it scored); the stop cause, if any."""
         found = read_log(self.run_dir, self._offset)
@@ -76,12 +97,12 @@ class RefreshHealth:
             if log is not None:
                 self._log(record, step, log)
             failing = record.outcome == "failed"
-            if failing and record.consecutive_failures >= self.max_consecutive_failures:
+            if failing and record.consecutive_failures >= MAX_FAILURES_IN_A_ROW:
                 cause = str(RefreshesFailing.after(record, f"training stopped at step {step}"))
         return cause
 
     @staticmethod
-    def _log(record: RefreshRecord, step: int, log: EventLog) -> None:
+    def _log(record: RefreshRecord, step: int, log: EventSink) -> None:
         """A published refresh as a ``refresh`` event, a failed one as ``refresh_failed``."""
         if record.outcome == "published":
             log.write(
@@ -102,14 +123,14 @@ class RefreshHealth:
             )
 
 
-def _log_heldout(heldout: HeldoutRecall, log: EventLog) -> None:
+def _log_heldout(heldout: HeldoutRecall, log: EventSink) -> None:
     """``heldout`` as a ``heldout_recall`` event, at the time it was scored (not copied)."""
     log.write(RunEvent.HELDOUT_RECALL, **asdict(heldout))
 
 
-def log_missed_heldout(run_dir: Path) -> int:
+def log_missed_heldout(run_dir: Path, open_log: Callable[[], ClosableSink]) -> int:
     """Copy every held-out recall of the run's refresh log that its event log lacks into the
-    event log and TensorBoard; returns how many. The driver's call once the launch's refresh
+    log ``open_log()`` opens (the event log and TensorBoard); returns how many. The driver's call once the launch's refresh
     coordinator has stopped (no refresh of the launch can record one after it, and no worker
     writes TensorBoard any more).
 
@@ -125,7 +146,7 @@ def log_missed_heldout(run_dir: Path) -> int:
     }
     missed = [h for h in recalls if (h.step, h.index_version, h.time) not in logged]
     if missed:
-        log = EventLog(run_dir, tensorboard=True)
+        log = open_log()
         try:
             for heldout in missed:
                 _log_heldout(heldout, log)

@@ -4,8 +4,8 @@
 for the coordinator inside training alike: it looks, without the lock and without Ray, whether
 the live index and negatives already come from the checkpoint (then it starts nothing), takes
 the run's cluster-wide :class:`hnce.cluster.compute.lock.RunLock`, looks again under it, runs
-:func:`hnce.cluster.compute.refresh.run_refresh`, and returns a :class:`hnce.cluster.stores.refresh_log.RefreshRecord`
-(appended to the run's refresh log when it ran). The training coordinator's refreshes start only,
+:func:`hnce.cluster.compute.refresh.engine.run_refresh`, and returns a
+:class:`hnce.cluster.stores.refresh_log.RefreshRecord` (appended to the run's refresh log when it ran). The training coordinator's refreshes start only,
 and go on only, while a refresh as fast as the run's fastest would publish before the end of
 training that the newest checkpoint expects (:func:`publishes_late`).
 
@@ -17,7 +17,7 @@ encoding: finished shards stay recorded, nothing half-written is published, and 
 refresh resumes it (exit 143). A refresh already mining its negatives finishes first.
 
 Exit codes of ``hnce refresh``: 0 published or up to date (or stopped between refreshes), 2 bad
-input (also ``refresh.max_consecutive_failures`` failures in a row of ``--every``), 3 no complete
+input (also :data:`~hnce.cluster.compute.refresh.health.MAX_FAILURES_IN_A_ROW` failures in a row of ``--every``), 3 no complete
 checkpoint, 75 another refresh holds the lock (EX_TEMPFAIL), 143 abandoned on SIGTERM.
 """
 
@@ -36,7 +36,9 @@ from types import FrameType
 from hnce.cluster.compute.actors import StopRequested
 from hnce.cluster.compute.encoder_pool import KeptPool
 from hnce.cluster.compute.lock import RunLock
-from hnce.cluster.compute.refresh import NoCheckpointError, RefreshPlan, run_refresh
+from hnce.cluster.compute.refresh.engine import NoCheckpointError, run_refresh
+from hnce.cluster.compute.refresh.health import MAX_FAILURES_IN_A_ROW, RefreshesFailing
+from hnce.cluster.compute.refresh.plan import RefreshPlan
 from hnce.cluster.stores.checkpoints import (
     checkpoints_root,
     complete_checkpoints,
@@ -70,22 +72,6 @@ _EXIT_CODES = {
 }
 _INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_SECONDS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-class RefreshesFailing(InputError):
-    """``refresh.max_consecutive_failures`` refreshes of a run failed in a row.
-
-    Raised where repeating cannot help (a scheduled job, a training run); the message names the
-    last failing checkpoint and its cause, which the operator fixes before running again.
-    """
-
-    @classmethod
-    def after(cls, record: RefreshRecord, where: str) -> RefreshesFailing:
-        return cls(
-            f"{where}: {record.consecutive_failures} refreshes in a row failed "
-            f"(refresh.max_consecutive_failures); the last, of step-{record.checkpoint}: "
-            f"{record.message}"
-        )
 
 
 def parse_interval(text: str) -> float:
@@ -148,7 +134,8 @@ def publishes_late(plan: RefreshPlan, started: float) -> str | None:
     that the newest checkpoint expects (:func:`hnce.cluster.stores.checkpoints.training_ends_at`).
     ANCE's asynchronous refresh (Xiong et al. 2021, §3.2) pays for its pass over the catalogue
     with the steps trained on its negatives: a version published after the last step buys none
-    and holds the cores the trainer would have (``hnce.pipeline.train.refresh_payoff``).
+    and holds the cores the trainer would have
+    (:mod:`hnce.cluster.compute.refresh.modes.asynchronous`).
     None while either figure is unknown."""
     newest = newest_checkpoint(plan.run_dir)
     ends_at = None if newest is None else training_ends_at(newest[1])
@@ -330,7 +317,7 @@ def refresh_every(
     """Refresh at a fixed cadence until ``stop`` is set (SIGTERM); returns the exit code.
 
     Each run reports one JSON line (a locked or up-to-date run is a line too, and the schedule
-    goes on). ``refresh.max_consecutive_failures`` failures in a row raise
+    goes on). :data:`~hnce.cluster.compute.refresh.health.MAX_FAILURES_IN_A_ROW` failures in a row raise
     :class:`RefreshesFailing`. ``sleep(seconds)`` waits and returns True when stopped
     (default: ``stop.wait``); tests pass a fake clock and sleep.
     """
@@ -346,7 +333,7 @@ def refresh_every(
             return EXIT_ABANDONED
         if record.outcome in ("published", "up-to-date", "failed"):
             failures = record.consecutive_failures
-        if failures >= plan.refresh.max_consecutive_failures:
+        if failures >= MAX_FAILURES_IN_A_ROW:
             raise RefreshesFailing.after(record, f"hnce refresh --every of {plan.run_dir}")
         following = cadence.following(slot, clock())
         slot, missed = following, following - slot - 1

@@ -18,14 +18,14 @@ from pathlib import Path
 from tqdm import tqdm
 
 from hnce.cluster.stores.refresh_log import RefreshRecord, read_log
+from hnce.cluster.stores.run_events import read_events
 from hnce.events import RunEvent
-from hnce.pipeline.event_log import read_events
 from hnce.progress import progress_bar
 
 logger = logging.getLogger(__name__)
 
 
-def follow_progress(run_dir: Path, steps: int, done: threading.Event) -> None:
+def follow_run(run_dir: Path, steps: int, done: threading.Event) -> None:
     """A progress bar fed by the run's logs (the workers run in other processes)."""
     since, offset = time.time(), 0
     refresh = "none yet"

@@ -1,28 +1,29 @@
-"""The asynchronous refresh: newest checkpoint → encode → index → mine → publish (docs/refresh.md).
+"""One refresh: newest checkpoint → encode → index → mine → publish (docs/refresh.md).
 
-`run_refresh` does one refresh, orchestrating an `EncoderPool` of Ray actors that do the work;
-`hnce.cluster.compute.coordinator.RefreshCoordinator` is the Ray actor the trainer starts to keep refreshing
-as checkpoints appear, and `hnce.cluster.compute.refresh_job` runs it as a scheduled job. The ``refresh``
-section of a recipe is :class:`RefreshSettings`. A refresh:
+:func:`run_refresh` does one refresh, orchestrating an ``EncoderPool`` of Ray actors that do the
+work (the coordinator, :mod:`hnce.cluster.compute.refresh.coordinator`, keeps refreshing beside a
+trainer; :mod:`hnce.cluster.compute.refresh.job` runs it under the run's lock, once or on a
+schedule). A refresh:
 
-1. picks the newest complete checkpoint `<run>/checkpoints/step-<S>/` (with its `COMPLETE`
+1. picks the newest complete checkpoint ``<run>/checkpoints/step-<S>/`` (with its ``COMPLETE``
    marker, verified), skipping older ones not yet refreshed (stale);
 2. makes sure the catalogue's token store exists for the model's tokenizer (built once, reused
    by every later refresh, the trainer and evaluation);
-3. has the encoder actors index the catalogue shard by shard (`hnce.cluster.compute.index_build`); each
-   finished shard is recorded, so a restarted refresh resumes; the version is published when
-   every shard is in (a rename, then `CURRENT`);
+3. has the encoder actors index the catalogue shard by shard
+   (:mod:`hnce.cluster.compute.index_build`); each finished shard is recorded, so a restarted
+   refresh resumes; the version is published when every shard is in (a rename, then
+   ``CURRENT``);
 4. spreads the new version's shards over the same actors, scores the eval split's held-out
-   recall against them when the plan asks (`hnce.cluster.compute.heldout`), mines the mention
-   splits (`hnce.cluster.compute.miner`) and publishes the negatives version of the same number.
+   recall against them when the plan asks (:mod:`hnce.cluster.compute.refresh.heldout`), mines
+   the mention splits (:mod:`hnce.cluster.compute.miner`) and publishes the negatives version of
+   the same number.
 
 This process only orchestrates: it never holds the catalogue's vectors (the actors write and
-hold the shards) and every wait on an actor has a deadline (`hnce.cluster.compute.actors`). The summary line
-gives the time of each stage.
+hold the shards) and every wait on an actor has a deadline (:mod:`hnce.cluster.compute.actors`).
+The summary line gives the time of each stage.
 
 Example::
 
-    plan = RefreshPlan(run_dir, data_dir, RefreshSettings(), IndexSpec())
     summary = run_refresh(plan)                       # newest complete checkpoint
     negatives = plan.negatives_store.latest("train")
 """
@@ -34,152 +35,26 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
-
-from pydantic import Field
 
 from hnce.cluster.compute.actors import StopRequested
 from hnce.cluster.compute.encoder_actor import ShardEncoded
-from hnce.cluster.compute.encoder_pool import EncoderPool, EncoderPoolSettings, KeptPool
-from hnce.cluster.compute.heldout import HeldoutSpec, score_heldout
+from hnce.cluster.compute.encoder_pool import EncoderPool, KeptPool
 from hnce.cluster.compute.index_build import IndexedModel, build_version, start_pool, timed
 from hnce.cluster.compute.miner import mine_split
+from hnce.cluster.compute.refresh.heldout import score_heldout
+from hnce.cluster.compute.refresh.plan import RefreshPlan
 from hnce.cluster.stores.checkpoints import checkpoints_root, complete_checkpoints
-from hnce.cluster.stores.index_store import INDEX_DIR, IndexStore, IndexVersion
-from hnce.cluster.stores.negatives_store import NEGATIVES_DIR, NegativesStore
+from hnce.cluster.stores.index_store import IndexVersion
 from hnce.cluster.stores.refresh_log import HeldoutRecall
-from hnce.cluster.stores.sharded_index import IndexSpec
 from hnce.cluster.stores.tables import mention_split_path
 from hnce.cluster.stores.tables_read import MentionSplit
 from hnce.errors import InputError
-from hnce.settings import (
-    Flag,
-    Fraction,
-    NonNegativeInt,
-    PositiveInt,
-    PositiveReal,
-    Text,
-    settings,
-)
 
 logger = logging.getLogger(__name__)
 
 
 class NoCheckpointError(InputError, FileNotFoundError):
     """The run has no complete checkpoint to refresh from."""
-
-
-@settings
-class RefreshSettings:
-    """The ``refresh`` section of a recipe: re-encode the catalogue, index it, mine negatives.
-
-    Attributes:
-        enabled: ``hnce train`` refreshes the negatives it trains on (``mode`` says how).
-        mode: ``async`` (default): a coordinator refreshes beside the trainer, which never
-            waits (ANCE's asynchronous refresh, docs/refresh.md). ``sync``: every ``sync_every``
-            steps the trainer publishes a checkpoint and waits until the negatives mined with it
-            are live (the paper's own code, EntQA); only those checkpoints are refreshed.
-            Negatives mined once and never refreshed are ``negatives.initial`` with
-            ``enabled: false``.
-        sync_every: steps between the synchronous refreshes of ``mode: sync``.
-        num_encoders: encoder actors (0: one per ``hnce_encoder`` slot the cluster advertises,
-            else one per GPU, else 1).
-        encoder_cpus: torch threads (and CPUs requested) per CPU encoder actor.
-        batch_size: entities per forward pass.
-        mention_batch_size: mentions per forward pass when mining.
-        shard_size: catalogue rows per shard (one FAISS index file each).
-        top_n: candidates kept per mention in a negatives version.
-        splits: mention splits mined by every refresh (the train split at least, for training;
-            add dev/test to rerank them with ``hnce rerank``).
-        poll_seconds: how often the coordinator looks for a newer checkpoint.
-        max_consecutive_failures: refreshes in a row that may fail before training stops.
-        wait_floor_seconds: the least time any wait on an encoder actor (its start, a shard, a
-            search) may take before it is reported as hung; later waits also allow 10x the
-            slowest task measured. Raise it for big shards encoded on CPUs.
-        trigger: which checkpoints the coordinator refreshes. ``checkpoints``: each newest
-            checkpoint, every ``training.checkpoint_every`` steps. ``stale``: only those
-            the trainer publishes because its negatives went stale (the loss ratio of
-            :mod:`hnce.pipeline.train.staleness`); the other checkpoints are kept for resuming.
-            ``payoff`` (default; ``checkpoints`` under ``mode: sync`` unless set): only those
-            whose hard negatives have aged and whose refresh would publish with enough steps
-            left to train on it
-            (:mod:`hnce.pipeline.train.refresh_payoff`; each checkpoint's decision is a
-            ``refresh_decision`` event with its numbers). With ``mode: async`` only.
-        max_negative_age: ``trigger: payoff`` asks for a refresh only when the hard negatives
-            drawn since the previous checkpoint were scored by vectors at least this many steps
-            old on average (a negative cache row's age, or the lag of the mined version), and
-            only when the refresh would then be trained on for at least as many steps.
-        stale_loss_ratio: ``trigger: stale`` asks for a refresh when the mean loss of the last
-            ``stale_window`` steps on a negatives version is at most this share of the mean
-            loss of its first ``stale_window`` steps.
-        stale_window: steps in each of the two windows of ``stale_loss_ratio``.
-        heldout_recall: after building its index, each refresh scores the eval split
-            (``data.eval_split``, at most ``data.max_eval_mentions``) against it and logs
-            recall@``eval.ks`` (a ``heldout_recall`` line in the refresh log), as ``hnce eval``
-            of that checkpoint would report it; skipped, with one log line, when the dataset
-            has no such split.
-    """
-
-    enabled: Flag = True
-    mode: Literal["async", "sync"] = "async"
-    sync_every: PositiveInt = 100
-    num_encoders: NonNegativeInt = 0
-    encoder_cpus: PositiveInt = 1
-    batch_size: PositiveInt = 128
-    mention_batch_size: PositiveInt = 256
-    shard_size: PositiveInt = 100_000
-    top_n: PositiveInt = 32
-    splits: list[Text] = Field(default_factory=lambda: ["train"], min_length=1)
-    poll_seconds: PositiveReal = 2.0
-    max_consecutive_failures: PositiveInt = 3
-    wait_floor_seconds: PositiveReal = 900.0
-    trigger: Literal["checkpoints", "stale", "payoff"] = "payoff"
-    max_negative_age: PositiveInt = 20
-    stale_loss_ratio: Fraction = 0.8
-    stale_window: PositiveInt = 10
-    heldout_recall: Flag = True
-
-
-@dataclass(frozen=True)
-class RefreshPlan:
-    """What the refreshes of one run do: where (run and dataset directories), how (the
-    ``refresh`` and ``index`` sections), which held-out mentions each scores (None: none), how
-    many torch threads a trainer waiting for each refresh lends its encoders (``lent_threads``,
-    :class:`hnce.cluster.compute.encoder_pool.EncoderPoolSettings`), and, on GPUs, the share of a
-    GPU each encoder actor takes and the GPUs the trainer beside it holds (``encoder_gpus``,
-    ``trainer_gpus``: :mod:`hnce.cluster.compute.gpu_sharing`)."""
-
-    run_dir: Path
-    data_dir: Path
-    refresh: RefreshSettings = field(default_factory=RefreshSettings)
-    index: IndexSpec = field(default_factory=IndexSpec)
-    heldout: HeldoutSpec | None = None
-    lent_threads: int = 0
-    encoder_gpus: float = 1.0
-    trainer_gpus: float = 0.0
-
-    @property
-    def index_store(self) -> IndexStore:
-        return IndexStore(self.run_dir / INDEX_DIR, keep=self.index.keep_versions)
-
-    @property
-    def negatives_store(self) -> NegativesStore:
-        return NegativesStore(self.run_dir / NEGATIVES_DIR, keep=self.index.keep_versions)
-
-    def pool_settings(self, alone: bool = False) -> EncoderPoolSettings:
-        """The encoder pool of this plan; ``alone`` for a pool with no trainer beside it
-        (version 0, evaluation, linking), which uses the CPUs Ray has free."""
-        return EncoderPoolSettings(
-            num_encoders=self.refresh.num_encoders,
-            batch_size=self.refresh.batch_size,
-            num_threads=self.refresh.encoder_cpus,
-            free_cpus=alone,
-            lent_threads=0 if alone else self.lent_threads,
-            gpus_per_actor=self.encoder_gpus,
-            reserved_gpus=0.0 if alone else self.trainer_gpus,
-            wait_floor_seconds=self.refresh.wait_floor_seconds,
-            faiss_device=self.index.faiss_device,
-        )
 
 
 @dataclass
@@ -328,7 +203,6 @@ def _mine(
                 held,
                 mentions,
                 plan.refresh.top_n,
-                plan.refresh.mention_batch_size,
                 description=f"mining {split}",
             )
             ranks = mined[split].gold_ranks
