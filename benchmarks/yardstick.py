@@ -162,7 +162,7 @@ def arm_config(work: Path, data: Path, seed: int, arm: str, args: argparse.Names
     return load_config(args.recipe, [*overrides, *ARMS[arm]])
 
 
-def version_zero(config: Config, work: Path) -> float:
+def initial_negatives(config: Config, work: Path) -> float:
     """The starting model's index and negatives version 0 copied into ``config``'s run
     directory, built once under ``work`` (the data and the starting model are the same for
     every seed and arm); the seconds building it took."""
@@ -391,7 +391,7 @@ def main() -> None:
                 held_out = held_out or held_out_set(config)
                 shutil.rmtree(config.run_dir, ignore_errors=True)  # an interrupted arm's
                 start = (
-                    version_zero(config, work) if "negatives.initial=model" in ARMS[arm] else 0.0
+                    initial_negatives(config, work) if "negatives.initial=model" in ARMS[arm] else 0.0
                 )
                 done[key] = train_arm(config, held_out, start)
                 harness.write_json(state, done)

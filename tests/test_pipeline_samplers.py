@@ -274,7 +274,7 @@ def test_sampler_recipes_refused_with_the_key(
     assert f"'{key}" in str(error.value)
 
 
-def test_index_samplers_need_a_refresh_or_bm25_version_zero(
+def test_index_samplers_need_a_refresh_or_bm25_initial_negatives(
     small_dataset: Path, syllable_bert: Path
 ) -> None:
     overrides = ("negatives.sampler=adversarial", "negatives.source=index")

@@ -75,7 +75,7 @@ def assert_trained_to_the_end(summary: TrainingSummary) -> None:
     assert newest is not None and newest[0] == STEPS
 
 
-def assert_trained_on_version_zero(run_dir: Path, initial: str) -> None:
+def assert_trained_on_initial_negatives(run_dir: Path, initial: str) -> None:
     """Version 0 (BM25's, or the starting model's own index) was the only negatives version: the
     sentence-transformers way, and DPR's."""
     switches = read_events(run_dir, RunEvent.NEGATIVES)
@@ -86,7 +86,7 @@ def assert_trained_on_version_zero(run_dir: Path, initial: str) -> None:
     assert (IndexStore(index).versions() == [0]) if initial == "model" else not index.exists()
 
 
-def test_ohem_trains_end_to_end_on_bm25_version_zero_prepared_beside_the_workers(
+def test_ohem_trains_end_to_end_on_bm25_initial_negatives_prepared_beside_the_workers(
     tmp_path: Path, small_dataset: Path, syllable_bert: Path, ray_session: str
 ) -> None:
     """``hnce train`` of OHEM from BM25 negatives version 0, prepared by the driver while Ray
@@ -103,10 +103,10 @@ def test_ohem_trains_end_to_end_on_bm25_version_zero_prepared_beside_the_workers
     summary = run_training(config)
     assert_trained_to_the_end(summary)
     assert summary.refreshes == 0
-    assert_trained_on_version_zero(run_dir, "lexical")
+    assert_trained_on_initial_negatives(run_dir, "lexical")
 
 
-def test_adversarial_trains_on_the_starting_models_index_version_zero(
+def test_adversarial_trains_on_initial_negatives_mined_with_the_starting_model(
     tmp_path: Path, small_dataset: Path, syllable_bert: Path, ray_session: str
 ) -> None:
     run_dir = tmp_path / "run"
@@ -119,7 +119,7 @@ def test_adversarial_trains_on_the_starting_models_index_version_zero(
         "negatives.initial=model",
     )
     assert_trained_to_the_end(train_in_this_process(config))
-    assert_trained_on_version_zero(run_dir, "model")
+    assert_trained_on_initial_negatives(run_dir, "model")
 
 
 def test_lexical_trains_without_an_index(
@@ -178,7 +178,7 @@ def test_mixed_from_the_negative_cache_trains_and_resumes_exactly(
     )
     config = short_run(run_dir, small_dataset, syllable_bert, *cached)
     assert_trained_to_the_end(train_in_this_process(config))
-    assert_trained_on_version_zero(run_dir, "model")
+    assert_trained_on_initial_negatives(run_dir, "model")
     (fill,) = read_events(run_dir, RunEvent.NEGATIVE_CACHE)
     space = len(EntityCatalogue.open(small_dataset).domain_of())  # one training world of three
     assert (fill["step"], fill["version"], fill["checkpoint_step"]) == (0, 0, 0)

@@ -46,7 +46,7 @@ def follow_run(run_dir: Path, steps: int, done: threading.Event) -> None:
                 bar.set_postfix(  # a dict: ``refresh`` is also a keyword of set_postfix
                     {
                         "loss": loss,
-                        "negatives": f"v{last['negatives_version']}",
+                        "negatives": _negatives_shown(last["negatives_version"]),
                         "refresh": refresh,
                     },
                     refresh=False,  # shown at the bar's own pace (a log line every 30 s)
@@ -80,3 +80,9 @@ def _report(message: str, bar: tqdm, level: int) -> None:
         logger.log(level, "%s", message)
     else:
         bar.write(message, file=sys.stderr)  # where the bar is
+
+
+def _negatives_shown(version: int) -> str:
+    """The negatives version a step trained on as the bar shows it: ``v<N>``, or ``none`` before
+    any (-1: random negatives, or the negative cache alone)."""
+    return f"v{version}" if version >= 0 else "none"
