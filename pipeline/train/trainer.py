@@ -66,7 +66,6 @@ from hnce.cluster.stores.checkpoints import newest_checkpoint
 from hnce.cluster.stores.lock_holder import TRAINING
 from hnce.cluster.stores.run_events import read_events
 from hnce.events import RunEvent
-from hnce.mining.samplers.lexical import BM25_B, BM25_K1
 from hnce.pipeline.config import Config, CoresMode, dump_config
 from hnce.pipeline.event_log import EventLog
 from hnce.pipeline.preflight import check_training_inputs
@@ -214,13 +213,11 @@ def discard_earlier_launch_state(experiment_dir: Path) -> None:
 
 def initial_request(config: Config, source: str) -> InitialRequest:
     """The initial negatives of ``source`` (``negatives.initial`` as the task resolves it) for
-    this recipe: its train split, BM25's parameters and, exported when asked, its starting
+    this recipe: its train split and, exported when asked, its starting
     model (:func:`~hnce.pipeline.recipe_models.untrained_export`)."""
     return InitialRequest(
         source,
         config.data.train_split,
-        BM25_K1,
-        BM25_B,
         starting_model=lambda: untrained_export(config),
     )
 

@@ -214,14 +214,12 @@ def _build_initial_index(
 @dataclass(frozen=True)
 class InitialRequest:
     """Where a run's initial negatives come from (``negatives.initial`` as the task resolves it:
-    ``lexical``, ``model`` or ``random``, none) and what that source reads: the train split,
-    BM25's ``k1`` and ``b`` (``negatives.lexical``), and the starting model, exported when asked
-    (``model``: the recipe's untrained model)."""
+    ``lexical``, ``model`` or ``random``, none) and what that source reads: the train split (BM25
+    scores it with its constants, :data:`hnce.mining.samplers.lexical.BM25_K1`) and the starting
+    model, exported when asked (``model``: the recipe's untrained model)."""
 
     source: str
     train_split: str
-    bm25_k1: float = 1.2
-    bm25_b: float = 0.75
     starting_model: Callable[[], Path] | None = None
 
 
@@ -243,8 +241,6 @@ def prepare_initial_negatives(
             plan.data_dir,
             request.train_split,
             plan.refresh.top_n,
-            request.bm25_k1,
-            request.bm25_b,
         )
     elif request.source == "model":
         assert request.starting_model is not None, "initial negatives of a model need the model"
