@@ -142,9 +142,18 @@ def pad_sequences(
 def split_marked(text: str) -> tuple[str, str, str]:
     """(left context, mention, right context) of a text marking one mention with ``[START_ENT]``
     … ``[END_ENT]``, each stripped, as ``hnce link`` reads a text's mention; a ValueError for a
-    text that does not mark exactly one (BLINK's ``[unused0]`` layout included: it is not read)."""
+    text that does not mark exactly one (BLINK's ``[unused0]`` layout included: it is not read)
+    or is not Unicode text (a lone surrogate, which no tokenizer takes)."""
     if not isinstance(text, str):
         raise ValueError(f"expected a text marking one mention, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:  # a lone surrogate: surrogateescape's byte not UTF-8
+        raise ValueError(
+            f"not Unicode text: a lone surrogate {text[error.start]!r} at character "
+            f"{error.start} (a byte that is not UTF-8, decoded with surrogateescape?) in "
+            f"{text[:200]!r}; decode the input as UTF-8 first"
+        ) from None
     left, start, rest = text.partition(START_ENT)
     mention, end, right = rest.partition(END_ENT)
     if not (start and end) or END_ENT in left or START_ENT in rest or END_ENT in right:
@@ -185,7 +194,13 @@ class MentionWindow(torch.nn.Module):
             raise ValueError(
                 "a mention tower takes no prompt: it would change the mention's vector"
             )
-        lefts, mentions, rights = zip(*map(split_marked, inputs), strict=True)
+        parts = []
+        for number, text in enumerate(inputs):
+            try:
+                parts.append(split_marked(text))
+            except ValueError as error:  # which of the inputs it was
+                raise ValueError(f"input {number}: {error}") from None
+        lefts, mentions, rights = zip(*parts, strict=True)
         start_id, end_id = self.tokenizer.convert_tokens_to_ids(
             [self.mention_start, self.mention_end]
         )

@@ -11,9 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from transformers import AutoConfig
+
 from hnce.cluster.stores.tables import ENTITIES_DIR, DatasetError, mention_split_path
 from hnce.cluster.stores.tables_read import DatasetManifest
-from hnce.encoders.biencoder import SCORER_FILE, minilm_path
+from hnce.encoders.biencoder import SCORER_FILE, minilm_path, read_description
+from hnce.encoders.local import load_local
 from hnce.encoders.pooling import declared_pooling
 from hnce.pipeline.config import Config
 from hnce.pipeline.data.kilt import aida_split_name
@@ -60,16 +63,41 @@ def check_training_inputs(config: Config) -> None:
     path = model_directory(config, "model.path", config.model.path)
     if config.model.pooling == "auto" and not (path / SCORER_FILE).is_file():
         declared_pooling(path)  # a bad modules.json fails here, naming its file
+    check_index_width(config)
 
 
 def check_refresh_inputs(config: Config) -> None:
-    """``hnce refresh``: the dataset with every split the refresh mines."""
+    """``hnce refresh``: the dataset with every split the refresh mines, and an index that
+    stores the model's vectors."""
     check_dataset(config, config.refresh.splits)
+    check_index_width(config)
 
 
 def check_eval_inputs(config: Config) -> None:
-    """``hnce eval``: the dataset with its eval split."""
+    """``hnce eval``: the dataset with its eval split, and an index that stores the model's
+    vectors."""
     check_dataset(config, [config.data.eval_split])
+    check_index_width(config)
+
+
+def check_index_width(config: Config) -> None:
+    """A quantised index's ``index.pq_m`` divides the width of the recipe's vectors
+    (:meth:`hnce.cluster.stores.index_spec.IndexSpec.width_problem`): ``model.projection_size``,
+    else what an export at ``model.path`` records or its tower's hidden size, read from its
+    config alone. Checked here, before Ray starts; the encoder actor that trains the quantiser
+    checks the model it encodes again."""
+    if not config.index.quantised:
+        return
+    width = config.model.projection_size
+    if width is None:
+        path = model_directory(config, "model.path", config.model.path)
+        if (path / SCORER_FILE).is_file():
+            width = read_description(path).output_size
+        else:
+            width = int(load_local(AutoConfig, path).hidden_size)
+    problem = config.index.width_problem(width)
+    if problem is not None:
+        raise config.error("index.pq_m", problem)
 
 
 def check_rerank_inputs(config: Config) -> None:

@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import io
 import json
+import os
 import random
 import shutil
 import sys
@@ -30,6 +31,7 @@ import numpy as np
 import ray
 import yaml
 from conftest import write_jsonl
+from hypothesis import HealthCheck, settings
 from store_helpers import mined_split, publish_index, random_word_dataset, write_checkpoint
 from training_helpers import CONFIGS, write_letter_export
 
@@ -432,3 +434,17 @@ def _snapshot(root: Path, outputs: tuple[str, ...]) -> dict[str, str]:
         for path in root.rglob("*")
         if path.is_file() and not any(path.is_relative_to(output) for output in kept)
     }
+
+
+def hostile_examples(default: int) -> Callable[[Callable], Callable]:
+    """Hypothesis settings of a boundary property: ``default`` examples drawn the same every run
+    (the quick tier), or ``HNCE_BOUNDARY_EXAMPLES`` of them drawn anew for a longer run by hand
+    (benchmarks/boundary_fuzz.py draws its own, from a seed)."""
+    examples = os.environ.get("HNCE_BOUNDARY_EXAMPLES")
+    return settings(
+        max_examples=default if examples is None else int(examples),
+        deadline=None,
+        derandomize=examples is None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )

@@ -12,18 +12,15 @@ outside its outputs. The quick tier runs a bounded, derandomized set of examples
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
-from boundary import CASES, build_workspace, run_example
-from hypothesis import HealthCheck, given, settings
+from boundary import CASES, build_workspace, hostile_examples, run_example
+from hypothesis import given
 from hypothesis import strategies as st
 
-#: examples of the property in one run (the full run sets more, and a seed: boundary_fuzz.py)
-EXAMPLES = int(os.environ.get("HNCE_BOUNDARY_EXAMPLES", "60"))
-#: the quick tier draws the same examples every run; the full run draws new ones per seed
-DERANDOMIZE = "HNCE_BOUNDARY_EXAMPLES" not in os.environ
+#: examples of the property in the quick tier (more: HNCE_BOUNDARY_EXAMPLES, boundary.hostile_examples)
+EXAMPLES = 60
 
 
 @pytest.fixture(scope="module")
@@ -44,13 +41,7 @@ def test_every_command_keeps_the_contract_under_hostile_input(
 ) -> None:
     scratch = tmp_path_factory.mktemp("scratch") / "ws"
 
-    @settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        derandomize=DERANDOMIZE,
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow],
-    )
+    @hostile_examples(EXAMPLES)
     @given(case=st.sampled_from(sorted(CASES)), seed=st.integers(0, 2**32 - 1))
     def keeps_the_contract(case: str, seed: int) -> None:
         outcome = run_example(workspace, scratch, case, seed)

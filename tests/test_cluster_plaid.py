@@ -183,8 +183,8 @@ def test_the_store_keeps_a_plaid_version_and_shares_its_quantiser(
     tmp_path: Path, catalogue
 ) -> None:
     """A published plaid version searches as the shards it was built from; its shards carry the
-    same quantiser file, held once in memory; a count its codes do not have is refused naming
-    the file."""
+    same quantiser file, held once in memory; a count its ids and codes do not have is refused
+    naming the file."""
     vectors, ids = catalogue
     keep = ids < 300
     vectors, ids = vectors[keep], ids[keep]
@@ -217,7 +217,7 @@ def test_the_store_keeps_a_plaid_version_and_shares_its_quantiser(
     )
     with pytest.raises(
         StoreError,
-        match=rf"shard-00000\.faiss: {count} vectors of dim 32, but .*records {count + 1} ",
+        match=rf"shard-00000\.ids\.npy: {count} ids, but .*records {count + 1}$",
     ):
         store.current().load(verify=False)
 

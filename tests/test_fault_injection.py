@@ -44,6 +44,7 @@ from hnce.cluster.stores.run_events import read_events
 from hnce.cluster.stores.tables_read import verify_dataset
 from hnce.events import RunEvent
 from hnce.mining.samplers import SAMPLER_SPECS
+from hnce.pipeline.cli.main import main as hnce_main
 from hnce.pipeline.data.synthetic import generate_synthetic_dataset
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -244,7 +245,9 @@ def test_training_killed_at_random_moments_resumes_to_the_uninterrupted_weights(
     run_dir = tmp_path / "run"
     before = _snapshot(inputs, run_dir)
     chooser = random.Random(7)
-    step, delay = chooser.randint(2, 10), chooser.random()  # step 7, then 0.95 s
+    # step 7, then 0.19 s: within the next steps (a step takes ~0.05-0.1 s here), before the
+    # final checkpoint; a later moment would mostly land in the command's ~10 s of teardown
+    step, delay = chooser.randint(2, 10), chooser.random() / 5
     # a run that ended first (the kill came too late) is started over, killed at half the delay
     killed = False
     for attempt in range(3):
@@ -263,7 +266,7 @@ def test_training_killed_at_random_moments_resumes_to_the_uninterrupted_weights(
 
 
 def test_a_refresh_killed_at_random_moments_publishes_what_a_clean_refresh_does(
-    tmp_path: Path, recipe, uninterrupted: Path
+    tmp_path: Path, recipe, uninterrupted: Path, ray_session: str
 ) -> None:
     clean, killed = tmp_path / "clean", tmp_path / "killed"
 
@@ -275,7 +278,8 @@ def test_a_refresh_killed_at_random_moments_publishes_what_a_clean_refresh_does(
     for copy in (clean, killed):
         copy_of_the_run(copy)
     step = "8"  # both copies refresh it from the same state, whatever the training indexed
-    _run(["refresh", "--step", step, *recipe(clean)])
+    # the clean refresh, the reference, in this process on the session's Ray instance
+    assert hnce_main(["refresh", "--step", step, *recipe(clean)]) == 0
     building = killed / "index"
     # ms after the lock is taken; a refresh that ended first is run again on a fresh copy and
     # killed at half the delay

@@ -102,12 +102,12 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 def test_training_stops_with_the_cause_when_every_refresh_fails(
     tmp_path: Path, ray_session: str
 ) -> None:
-    """Every refresh fails mining a corrupted split: training stops after three
-    (MAX_FAILURES_IN_A_ROW), not at the end."""
+    """Every refresh fails reading a corrupted split (before it encodes the catalogue): training
+    stops after three (MAX_FAILURES_IN_A_ROW), not at the end."""
     data = tmp_path / "data"
     generate_synthetic_dataset(data, num_worlds=2, entities_per_world=30, mentions_per_entity=2)
     # The test split's bytes replaced by junk of the same size: the dataset's cheap checks
-    # (preflight) pass, and every refresh fails reading it when it mines.
+    # (preflight) pass, and every refresh fails opening it, before it encodes.
     broken = mention_split_path(data, "test")
     broken.write_bytes(b"x" * broken.stat().st_size)
     steps = 1000

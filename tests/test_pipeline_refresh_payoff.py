@@ -1,12 +1,13 @@
 """A refresh that would publish after training ends is not asked for (the asynchronous mode,
 hnce.cluster.compute.refresh.modes.asynchronous), the payoff trigger asks only for one that pays
-(hnce.cluster.compute.refresh.triggers.payoff), and the coordinator starts none once the
-trainer's newest checkpoint says so (hnce.cluster.stores.checkpoints.refresh_requests) or once
-the run's fastest refresh would take it past the end that checkpoint expects
-(hnce.cluster.compute.refresh.job.publishes_late)."""
+(hnce.cluster.compute.refresh.triggers.payoff) by the costs of the refresh log's valid records,
+and the coordinator starts none once the trainer's newest checkpoint says so
+(hnce.cluster.stores.checkpoints.refresh_requests) or once the run's fastest refresh would take it
+past the end that checkpoint expects (hnce.cluster.compute.refresh.job.publishes_late)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -23,7 +24,7 @@ from hnce.cluster.compute.refresh.plan import RefreshPlan
 from hnce.cluster.compute.refresh.timing import RefreshTiming
 from hnce.cluster.compute.refresh.triggers.payoff import RefreshPayoff
 from hnce.cluster.stores.checkpoints import complete_checkpoints, refresh_requests
-from hnce.cluster.stores.refresh_log import RefreshRecord, append_record
+from hnce.cluster.stores.refresh_log import LOG_FILE, RefreshRecord, append_record
 from hnce.events import RunEvent
 from hnce.pipeline.event_log import EventLog
 from hnce.pipeline.train.trainer import TrainingSummary
@@ -167,6 +168,36 @@ def test_a_refresh_is_asked_for_only_when_it_pays(tmp_path: Path) -> None:
     assert (late.refresh, late.reason) == (False, "late")
     assert _payoff(tmp_path, steps=120, max_age=50).decide(40, _drawn(40)).reason == "fresh"
     assert payoff.decide(40, DrawnNegatives()).reason == "no hard negatives"
+
+
+def test_a_damaged_refresh_record_is_named_never_taken_as_a_refresh_s_cost(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Lines of the refresh log with negative or infinite seconds, or a pool start longer than
+    its refresh, are named as damaged (file:line) and skipped: a refresh of -50 s taken as the
+    cost would make every refresh pay."""
+    payoff = _payoff(tmp_path, steps=120, max_age=20)
+    for _ in range(30):
+        payoff.timing.observe(1.5)
+    published = {"event": RunEvent.REFRESH, "outcome": "published", "role": "x", "started": 0.0}
+    damaged = [
+        {"seconds": -50.0},
+        {"seconds": float("inf")},
+        {"seconds": 1.0, "start_seconds": 9.0},
+    ]
+    path = tmp_path / LOG_FILE
+    path.write_text("".join(json.dumps({**published, **fields}) + "\n" for fields in damaged))
+    with caplog.at_level(logging.WARNING, logger="hnce.cluster.stores.refresh_log"):
+        unknown = payoff.decide(30, _drawn(30))
+    assert (unknown.reason, unknown.refresh_seconds) == ("unknown cost", None)
+    named = [message for message in caplog.messages if "not a refresh record" in message]
+    why = ["greater than or equal to 0", "a finite number", "start_seconds 9.0 exceed"]
+    assert len(named) == 3 and all(
+        message.startswith(f"{path}:{n}: ") and reason in message
+        for n, message, reason in zip((1, 2, 3), named, why, strict=True)
+    ), named
+    _published(tmp_path, 60.0)
+    assert payoff.decide(30, _drawn(30)).refresh_seconds == 60.0
 
 
 def test_before_any_refresh_the_cost_is_the_initial_negatives(tmp_path: Path) -> None:

@@ -51,8 +51,8 @@ def train_index(sample: np.ndarray, spec: IndexSpec, seed: int = 0) -> faiss.Ind
         index = faiss.IndexHNSWFlat(dim, HNSW_M, faiss.METRIC_INNER_PRODUCT)
         index.hnsw.efSearch = HNSW_EF_SEARCH
     else:
-        if dim % spec.pq_m:
-            raise ValueError(f"{spec.kind} needs dim ({dim}) divisible by pq_m ({spec.pq_m})")
+        if (problem := spec.width_problem(dim)) is not None:  # the recipe check names it first
+            raise InputError(f"'index.pq_m' {problem}")
         if len(vectors) < PQ_CENTROIDS:
             raise InputError(
                 f"{spec.kind} trains {PQ_CENTROIDS} centroids per sub-quantiser on at least "

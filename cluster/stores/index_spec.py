@@ -54,7 +54,8 @@ class IndexSpec:
         nlist: IVF lists (ivfpq), or centroids (plaid: 2^16 and more at scale), the same in
             every shard; clipped so each gets training points. Moves recall and build time
             (BENCHMARKS.md).
-        pq_m: PQ sub-quantisers (ivfpq, plaid); `dim` must be divisible by it. 8 bits each.
+        pq_m: PQ sub-quantisers (ivfpq, plaid); the vectors' width must be divisible by it
+            (checked before Ray starts, :meth:`width_problem`). 8 bits each.
             Bytes a vector, and the codes' recall (BENCHMARKS.md).
         nprobe: IVF lists visited per query (ivfpq), or centroids probed per query token
             (plaid); at most `nlist`. Unset: see :func:`default_nprobe` (a recipe resolves it
@@ -101,6 +102,20 @@ class IndexSpec:
         """Whether a version of this kind trains one quantiser that all its shards share and
         code their vectors on (ivfpq, plaid)."""
         return self.kind in ("ivfpq", "plaid")
+
+    def width_problem(self, dim: int) -> str | None:
+        """Why a version of this index cannot store vectors of width ``dim``, worded after the
+        key (``'index.pq_m' is 48, which ...``), or None: a quantised kind's ``pq_m``
+        sub-quantisers each code ``dim / pq_m`` of a vector's components, so ``pq_m`` must
+        divide ``dim``."""
+        if not self.quantised or dim % self.pq_m == 0:
+            return None
+        fitting = max(m for m in range(1, min(dim, self.pq_m) + 1) if dim % m == 0)
+        return (
+            f"is {self.pq_m}, which does not divide the width {dim} of the vectors an "
+            f"index.kind {self.kind} stores (each sub-quantiser codes d / pq_m of a vector's "
+            f"components); set a divisor of {dim}, such as {fitting}"
+        )
 
     @property
     def probes(self) -> int:

@@ -24,11 +24,12 @@ import logging
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from hnce.cluster.stores.jsonl import append_jsonl, read_jsonl
+from hnce.documents import schema_problems
 from hnce.events import RunEvent
 
 logger = logging.getLogger(__name__)
@@ -39,10 +40,13 @@ Outcome = Literal[
     "published", "up-to-date", "failed", "abandoned", "locked", "no-checkpoint", "stopped"
 ]
 #: what a log line must be to be read as a record (pydantic, strict: no key the record lacks, no
-#: coercion, finite numbers), so a hand-edited or corrupt line is named, not crashed on later
+#: coercion, finite numbers, no negative durations or counts), so a hand-edited or corrupt line is
+#: named, not crashed on later nor taken as what a refresh cost
 _LINE_SCHEMA = ConfigDict(
     strict=True, extra="forbid", allow_inf_nan=False, arbitrary_types_allowed=True
 )
+Seconds = Annotated[float, Field(ge=0)]
+Count = Annotated[int, Field(ge=0)]
 
 
 @dataclass
@@ -69,16 +73,25 @@ class RefreshRecord:
     outcome: Outcome
     role: str
     started: float
-    seconds: float = 0.0
-    checkpoint: int | None = None
-    index_version: int | None = None
-    negatives_version: int | None = None
-    consecutive_failures: int = 0
+    seconds: Seconds = 0.0
+    checkpoint: Count | None = None
+    index_version: Count | None = None
+    negatives_version: Count | None = None
+    consecutive_failures: Count = 0
     message: str = ""
     scheduled: float | None = None
-    missed_slots: int = 0
-    start_seconds: float = 0.0
+    missed_slots: Count = 0
+    start_seconds: Seconds = 0.0
     error: BaseException | None = field(default=None, repr=False, compare=False)
+
+    @model_validator(mode="after")
+    def _starting_within(self) -> RefreshRecord:
+        """A line read back: starting the pool is part of the refresh's seconds."""
+        if self.start_seconds > self.seconds:
+            raise ValueError(
+                f"start_seconds {self.start_seconds} exceed the refresh's seconds {self.seconds}"
+            )
+        return self
 
     @property
     def finished(self) -> float:
@@ -117,12 +130,12 @@ class HeldoutRecall:
 
     __pydantic_config__ = _LINE_SCHEMA
 
-    step: int
-    index_version: int
+    step: Count
+    index_version: Count
     split: str
-    mentions: int
-    recall: dict[str, float]
-    seconds: float
+    mentions: Count
+    recall: dict[str, Annotated[float, Field(ge=0, le=1)]]
+    seconds: Seconds
     time: float
 
     def line(self) -> str:
@@ -183,11 +196,7 @@ def read_log(run_dir: Path, offset: int = 0, problems: list[str] | None = None) 
         try:
             read = (_HELDOUT if heldout else _RECORD).validate_json(json.dumps(fields))
         except ValidationError as error:
-            why = "; ".join(
-                f"{'.'.join(map(str, problem['loc']))}: {problem['msg']}"
-                for problem in error.errors()
-            )
-            bad.append(f"{path}:{number}: not a {event} record ({why})")
+            bad.append(f"{path}:{number}: not a {event} record ({schema_problems(error)})")
             continue
         (log.heldout if heldout else log.records).append(read)
     if problems is not None:

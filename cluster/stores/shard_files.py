@@ -8,13 +8,16 @@ token codes) or ``shard-<n>.vectors.npy`` (a float16 copy of its vectors); a bui
 ``quantiser.faiss`` is the trained, empty IVF-PQ index all its shards share. Each file is written
 through a temporary sibling and renamed (`hnce.cluster.stores.files`); its SHA-256 goes into the
 shard's :class:`ShardRecord`, which the version's manifest lists (`hnce.cluster.stores.index_store`).
-Nothing read is trusted: every file is checked against its checksum and its shape, and every
-failure is a `StoreError` naming the file.
+Nothing read is trusted: every file is checked against its checksum, then its content (shape,
+dtype, ids inside the shard's range, codes' centroids inside their quantiser, finite vectors),
+by the one reader every process uses (:func:`read_shard`), and every failure is a `StoreError`
+naming the file (and row).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from tokenize import TokenError
 
 import faiss
 import numpy as np
@@ -23,7 +26,7 @@ from hnce.cluster.stores.faiss_device import FaissDevice
 from hnce.cluster.stores.files import AtomicPath, sha256_file
 from hnce.cluster.stores.index_shard import IndexShard, stored_count
 from hnce.cluster.stores.index_spec import IndexKind
-from hnce.cluster.stores.plaid import read_plaid_index
+from hnce.cluster.stores.plaid import centroid_ids, read_plaid_index
 from hnce.cluster.stores.versioned_dir import (
     Count,
     Sha256,
@@ -35,6 +38,8 @@ from hnce.documents import document_record
 
 #: an ivfpq build's trained, empty IVF-PQ index, shared by all its shards
 QUANTISER_FILE = "quantiser.faiss"
+#: rows of a shard's codes or vector copy checked in one block (16 MiB of centroid ids)
+_ROWS_CHECKED_AT_ONCE = 1 << 21
 
 
 @document_record
@@ -209,8 +214,8 @@ def _load_array(path: Path, what: str) -> np.ndarray:
     """A shard's ``.npy`` array, memory-mapped (StoreError naming `path` if it is not one)."""
     try:
         return np.load(path, mmap_mode="r", allow_pickle=False)
-    except ValueError as error:
-        raise StoreError(f"{path}: not a .npy {what} array ({error})") from None
+    except (ValueError, EOFError, SyntaxError, TokenError) as error:  # empty; a header not Python
+        raise StoreError(f"{path}: not a .npy {what} array ({error or 'empty'})") from None
 
 
 def _save_array(path: Path, array: np.ndarray) -> None:
@@ -220,24 +225,44 @@ def _save_array(path: Path, array: np.ndarray) -> None:
 
 def check_shard_codes(codes: np.ndarray, index: faiss.Index, count: int, path: Path) -> None:
     """A compressed token shard's codes: uint8, one row of the index's standalone code size per
-    vector of its `count` (StoreError naming `path` otherwise)."""
+    vector of its `count`, each row's centroid id one of its quantiser's ``nlist`` (StoreError
+    naming `path` and the row otherwise). Any byte is a valid product code, so the centroid ids
+    are all a file's content can be checked by: a quantiser of exactly 256 or 65,536
+    centroids leaves none invalid."""
     expected = (count, index.sa_code_size())
     if codes.dtype != np.uint8 or codes.shape != expected:
         raise StoreError(
             f"{path}: expected uint8 codes of shape {expected} (one per token vector of "
             f"{count}), got {codes.dtype} {codes.shape}"
         )
+    ivf = faiss.extract_index_ivf(index)
+    for start in range(0, count, _ROWS_CHECKED_AT_ONCE):  # memory-mapped: a block at a time
+        centroids = centroid_ids(codes[start : start + _ROWS_CHECKED_AT_ONCE], ivf)
+        past = np.flatnonzero(centroids >= ivf.nlist)
+        if len(past):
+            row = start + int(past[0])
+            raise StoreError(
+                f"{path}: row {row} places its token in centroid {int(centroids[past[0]])}, but "
+                f"the quantiser has {ivf.nlist} (0..{ivf.nlist - 1})"
+            )
 
 
 def check_shard_vectors(vectors: np.ndarray, index: faiss.Index, count: int, path: Path) -> None:
     """A compressed shard's vector copy: float16, one row of the index's width per vector of its
-    `count` (StoreError naming `path` otherwise)."""
+    `count`, every one finite (StoreError naming `path` and the row otherwise)."""
     expected = (count, index.d)
     if vectors.dtype != np.float16 or vectors.shape != expected:
         raise StoreError(
             f"{path}: expected a float16 vector copy of shape {expected}, got {vectors.dtype} "
             f"{vectors.shape}"
         )
+    exponent = np.uint16(0x7C00)  # float16's exponent bits: all set in NaN and ±inf alone
+    for start in range(0, count, _ROWS_CHECKED_AT_ONCE):  # memory-mapped: a block at a time
+        bits = vectors[start : start + _ROWS_CHECKED_AT_ONCE].view(np.uint16)
+        finite = ((bits & exponent) != exponent).all(axis=1)  # np.isfinite: 4x slower on float16
+        if not finite.all():
+            row = start + int(np.argmin(finite))
+            raise StoreError(f"{path}: row {row} is not finite (NaN or infinite)")
 
 
 def read_shard(
@@ -254,8 +279,10 @@ def read_shard(
 ) -> IndexShard:
     """Shard `number` (its manifest `record`) of the version in `directory`, whose manifest
     `manifest_path` records index `kind` and vectors of width `dim`: files checked against their
-    SHA-256 (streamed, with `verify`), ids against the shard's entity range, the FAISS index
-    memory-mapped and placed on `device`."""
+    SHA-256 (streamed, with `verify`), then their content: ids against the shard's entity range
+    and count, codes against their quantiser (:func:`check_shard_codes`), a vector copy's shape
+    and finiteness; the FAISS index memory-mapped and placed on `device`. The one reader of a
+    shard, in the driver and in every shard holder."""
     index_path = confined_path(directory, record.file, manifest_path)
     ids_path = confined_path(directory, record.ids, manifest_path)
     codes_path, vectors_path = (
@@ -271,6 +298,8 @@ def read_shard(
             verify_sha256(vectors_path, str(record.vectors_sha256), manifest_path)
     ids = _load_array(ids_path, "id")
     check_shard_ids(ids, record.entities, vectors_per_entity, ids_path)
+    if len(ids) != record.count:
+        raise StoreError(f"{ids_path}: {len(ids)} ids, but {manifest_path} records {record.count}")
     try:
         index = (
             read_plaid_index(index_path, record.sha256)
@@ -284,18 +313,19 @@ def read_shard(
         raise StoreError(
             f"{index_path}: a FAISS {type(index).__name__}, but {manifest_path} records {kind}"
         )
-    copy = None
-    codes = None if codes_path is None else _load_array(codes_path, "code")
+    copy = codes = None
+    if codes_path is not None:  # before the count: a plaid shard's vectors are its codes' rows
+        codes = _load_array(codes_path, "code")
+        check_shard_codes(codes, index, record.count, codes_path)
     count = stored_count(index, codes)
     if count != record.count or index.d != dim:
         raise StoreError(
             f"{index_path}: {count} vectors of dim {index.d}, but {manifest_path} "
             f"records {record.count} of dim {dim}"
         )
-    if codes is not None:
-        check_shard_codes(codes, index, count, codes_path)
-    elif (
-        vectors_per_entity is None
+    if (
+        codes is None
+        and vectors_per_entity is None
         and vectors_path is None
         and not isinstance(index, faiss.IndexFlat)
     ):

@@ -23,7 +23,8 @@ Lindgren et al. 2021): where its hard candidates come from instead of the mined 
 - Resuming: a checkpoint keeps the rows steps wrote since the last fill (beside the DeepSpeed
   state: :data:`~hnce.cluster.stores.checkpoints.NEGATIVE_CACHE_FILE`), and a resumed worker puts
   them back before its first switch refills the rest, so it draws what an uninterrupted run
-  would (:meth:`save`, :meth:`restore`).
+  would (:meth:`save`, :meth:`restore`). The file has one reader, which checks its content
+  (:mod:`hnce.cluster.stores.checkpoint_cache`).
 """
 
 from __future__ import annotations
@@ -35,16 +36,15 @@ from typing import Protocol
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from hnce.cluster.stores.checkpoints import DEEPSPEED_DIR, NEGATIVE_CACHE_FILE
+from hnce.cluster.stores.checkpoint_cache import cache_rows_path, read_cache_rows, write_cache_rows
 from hnce.cluster.stores.index_store import INDEX_DIR, IndexStore
 from hnce.cluster.stores.tokens import MentionTokens, TokenStore
 from hnce.encoders.biencoder import BiEncoder
 from hnce.errors import InputError
 from hnce.events import RunEvent
-from hnce.mining.negative_cache import CachedRows, NegativeCache
+from hnce.mining.negative_cache import NegativeCache
 from hnce.pipeline.config import Config
 from hnce.pipeline.event_log import EventLog
 from hnce.pipeline.train.current_scores import eval_mode
@@ -266,19 +266,19 @@ class TrainerCache:
         holds the same), beside its DeepSpeed state."""
         if self.collectives.rank != 0:
             return
-        kept = self.cache.written_rows()
-        path = checkpoint / DEEPSPEED_DIR / NEGATIVE_CACHE_FILE
-        tensors = {"rows": kept.rows, "vectors": kept.vectors, "written_at": kept.written_at}
-        save_file(tensors, str(path), metadata={"filled_version": str(self.filled_version)})
+        write_cache_rows(checkpoint, self.cache.written_rows(), self.filled_version)
 
-    def restore(self, checkpoint: Path, log: EventLog | None) -> None:
-        """Put back the rows a checkpoint kept (its next switch fills the rest from the index
-        version in use then); nothing when it kept none (a checkpoint of a run without cache)."""
-        path = checkpoint / DEEPSPEED_DIR / NEGATIVE_CACHE_FILE
-        if not path.is_file():
+    def restore(self, checkpoint: Path, step: int, log: EventLog | None) -> None:
+        """Put back the rows checkpoint ``checkpoint`` of optimizer step ``step`` kept (its next
+        switch fills the rest from the index version in use then), read through their one
+        reader, which refuses a file the cache cannot take
+        (:func:`~hnce.cluster.stores.checkpoint_cache.read_cache_rows`); nothing when it kept
+        none (a checkpoint of a run without cache)."""
+        rows, per_entity, dim = self.cache.vectors.shape
+        kept = read_cache_rows(checkpoint, (rows, per_entity, dim), step)
+        if kept is None:
             return
-        tensors = load_file(str(path))
-        kept = CachedRows(tensors["rows"], tensors["vectors"], tensors["written_at"])
         restored = self.cache.restore(kept)
         if log is not None:
-            log.write(RunEvent.NEGATIVE_CACHE, restored=restored, path=str(path))
+            path = str(cache_rows_path(checkpoint))
+            log.write(RunEvent.NEGATIVE_CACHE, restored=restored, path=path)

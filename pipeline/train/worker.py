@@ -204,7 +204,7 @@ class WorkerRun:
         if step is not None:
             self.start_step = step
             if self.data.cache is not None:
-                self.data.cache.restore(checkpoint_dir(self.task.run_dir, step), self.log)
+                self.data.cache.restore(checkpoint_dir(self.task.run_dir, step), step, self.log)
             return
         bf16 = self.engine.bfloat16_enabled()
         if self.log is not None:

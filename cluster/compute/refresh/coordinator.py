@@ -30,6 +30,7 @@ import threading
 import ray
 
 from hnce.cluster.compute.encoder_pool import KeptPool
+from hnce.cluster.compute.refresh.health import MAX_FAILURES_IN_A_ROW
 from hnce.cluster.compute.refresh.job import NO_MORE_REFRESHES, attempt_refresh
 from hnce.cluster.compute.refresh.plan import RefreshPlan
 from hnce.cluster.stores.refresh_log import RefreshRecord
@@ -61,7 +62,8 @@ class RefreshCoordinator:
     def watch(self) -> int:
         """Refresh each time a newer checkpoint is complete, until `stop`, on one encoder pool
         kept from refresh to refresh (:class:`hnce.cluster.compute.encoder_pool.KeptPool`);
-        returns refreshes published."""
+        after :data:`MAX_FAILURES_IN_A_ROW` failures in a row, tries no more (training stops on
+        them); returns refreshes published."""
         try:
             while not self._stop.is_set():
                 record = attempt_refresh(
@@ -73,6 +75,10 @@ class RefreshCoordinator:
                     kept=self.kept,
                 )
                 self.tally.note(record)
+                if self.tally.failures_in_a_row >= MAX_FAILURES_IN_A_ROW:
+                    # the trainer stops at its next look at the refresh log (refresh.health);
+                    # another try of the same failing refresh would only add to the count
+                    self._stop.wait()
                 self._stop.wait(POLL_SECONDS)
         finally:
             self.kept.close()

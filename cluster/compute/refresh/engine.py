@@ -130,6 +130,12 @@ def run_refresh(
     else:
         live = None
     summary = RefreshSummary(step, -1, -1, skipped_checkpoints=skipped)
+    # Every split opened (its file and footer read) before the catalogue is encoded: a split
+    # that cannot be read fails the refresh at once, not after the encoding it would waste.
+    splits = {
+        split: MentionSplit.open(mention_split_path(plan.data_dir, split))
+        for split in plan.refresh.splits
+    }
     model = IndexedModel.from_checkpoint(directory, step)
     encode = plan.data_dir if live is None else None
     pool, tokens = start_pool(model, plan.pool_settings(), encode, summary.seconds, kept)
@@ -150,7 +156,7 @@ def run_refresh(
             summary.num_shards, summary.resumed_shards = report.num_shards, report.resumed_shards
         if stopping is not None and stopping():
             raise StopRequested(f"stopped after publishing index v{live.version}, before mining")
-        _mine(plan, pool, live, summary)
+        _mine(plan, pool, live, splits, summary)
     summary.seconds["total"] = time.perf_counter() - started
     logger.info(summary.line())
     return summary
@@ -179,6 +185,7 @@ def _mine(
     plan: RefreshPlan,
     pool: EncoderPool,
     version: IndexVersion,
+    splits: dict[str, MentionSplit],
     summary: RefreshSummary,
 ) -> None:
     """Hold `version` in the pool, mine every split, publish the negatives version."""
@@ -196,8 +203,7 @@ def _mine(
             logger.info(summary.heldout.line())
     mined = {}
     with timed(summary.seconds, "mine"):
-        for split in plan.refresh.splits:
-            mentions = MentionSplit.open(mention_split_path(plan.data_dir, split))
+        for split, mentions in splits.items():
             mined[split] = mine_split(
                 pool,
                 held,
