@@ -241,7 +241,9 @@ def test_the_negative_cache_refuses_what_it_cannot_serve(
         load_config(None, ["negatives.cache.enabled=true", *overrides])
 
 
-def test_the_negative_cache_alone_feeds_a_hard_sampler_without_refresh_or_initial_negatives() -> None:
+def test_the_negative_cache_alone_feeds_a_hard_sampler_without_refresh_or_initial_negatives() -> (
+    None
+):
     """Without a refresh or a version 0, the cache still has what the steps write; unset, it is
     on wherever it applies, and off (not refused) where it does not."""
     alone = ["refresh.enabled=false", "negatives.initial=random", "negatives.sampler=hard"]
