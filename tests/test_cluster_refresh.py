@@ -626,10 +626,10 @@ class _StuckEncoder:
 def test_a_hung_task_is_reported_with_its_shard_and_actor(ray_session) -> None:
     actor = _StuckEncoder.remote()
     ray.get(actor.index_shard.remote(0.0))  # started
-    clock = TaskClock(floor_seconds=5.0, what="entity shard")
+    clock = TaskClock(floor_seconds=20.0, what="entity shard", measured_floor_seconds=5.0)
     quick = actor.index_shard.remote(0.1)
     assert clock.get(quick, Task("shard 0", "encoder-a")) == pytest.approx(0.1)
-    assert clock.timeout == 5.0  # 10 x ~0.1 s is under the floor
+    assert clock.timeout == 5.0  # measured: 10 x ~0.1 s is under the measured floor
     stuck = actor.index_shard.remote(120)
     with pytest.raises(TaskTimeout, match="shard 7 on actor encoder-a: no entity shard finished"):
         clock.wait_next({stuck: Task("shard 7", "encoder-a")})

@@ -7,9 +7,10 @@ Two rules for every pool of actors hnce starts (the encoder actors, which also h
   :class:`PlacementError` naming the resources asked and available, in seconds, instead of
   actors that stay pending forever. Actors that could be placed but do not start in time (the
   resources are held by others) are reported the same way (:meth:`TaskClock.wait_started`).
-- Every wait has a deadline (:class:`TaskClock`): a generous multiple of the slowest task measured
-  so far, never less than a floor (which also covers the first task and an actor's restart). A
-  wait that passes it is a :class:`TaskTimeout` naming the task and the actor.
+- Every wait has a deadline (:class:`TaskClock`): a floor until a task has been measured (it
+  covers the model's load and the first task), then a generous multiple of the slowest task
+  measured, never less than :data:`MEASURED_FLOOR_SECONDS` (an actor's restart). A wait that
+  passes it is a :class:`TaskTimeout` naming the task and the actor.
 
 Example::
 
@@ -33,6 +34,11 @@ from hnce.errors import InputError
 
 TIMEOUT_MULTIPLE = 10.0
 """A task may take this many times the slowest one measured before it counts as hung."""
+MEASURED_FLOOR_SECONDS = 300.0
+"""The least patience once a task has been measured: the floor proper covers what comes before
+the first (a model's load, a first shard at the slowest pace); after it, a hung actor is reported
+within 10x the slowest task, and never sooner than this, which covers an actor Ray restarts
+(a new process, its imports and the model's load) on a loaded node."""
 
 
 class PlacementError(InputError):
@@ -100,24 +106,36 @@ class TaskClock:
     """Deadlines for waits on actors' tasks, derived from the tasks measured so far.
 
     Args:
-        floor_seconds: the least patience, and all of it before a task has been measured
+        floor_seconds: all the patience before a task has been measured
             (:data:`hnce.cluster.compute.encoder_pool.WAIT_FLOOR_SECONDS` for encoder actors).
         what: the kind of task, for messages ("entity shards").
+        measured_floor_seconds: the least patience once one has (:data:`MEASURED_FLOOR_SECONDS`).
     """
 
-    def __init__(self, floor_seconds: float, what: str) -> None:
-        if floor_seconds <= 0:
-            raise ValueError(f"floor_seconds must be positive, got {floor_seconds}")
+    def __init__(
+        self,
+        floor_seconds: float,
+        what: str,
+        measured_floor_seconds: float | None = None,
+    ) -> None:
+        if measured_floor_seconds is None:
+            measured_floor_seconds = MEASURED_FLOOR_SECONDS
+        if floor_seconds <= 0 or measured_floor_seconds <= 0:
+            raise ValueError(
+                f"floors must be positive, got {floor_seconds} and {measured_floor_seconds}"
+            )
         self.floor_seconds = floor_seconds
+        self.measured_floor_seconds = measured_floor_seconds
         self.what = what
         self.slowest: float | None = None
 
     @property
     def timeout(self) -> float:
-        """Seconds a wait may block: max(floor, TIMEOUT_MULTIPLE × slowest task measured)."""
+        """Seconds a wait may block: the floor until a task is measured, then
+        max(measured floor, TIMEOUT_MULTIPLE × slowest task measured)."""
         if self.slowest is None:
             return self.floor_seconds
-        return max(self.floor_seconds, TIMEOUT_MULTIPLE * self.slowest)
+        return max(self.measured_floor_seconds, TIMEOUT_MULTIPLE * self.slowest)
 
     def record(self, seconds: float) -> None:
         """Measure one finished task."""
@@ -179,4 +197,7 @@ class TaskClock:
     def _basis(self) -> str:
         if self.slowest is None:
             return f"the floor of {self.floor_seconds:g}s, none measured yet"
-        return f"{TIMEOUT_MULTIPLE:g}x the slowest so far, {self.slowest:.1f}s"
+        return (
+            f"{TIMEOUT_MULTIPLE:g}x the slowest so far, {self.slowest:.1f}s, at least "
+            f"{self.measured_floor_seconds:g}s"
+        )

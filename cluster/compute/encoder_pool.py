@@ -35,6 +35,7 @@ from hnce.cluster.compute.actors import (
     PlacementError,
     Task,
     TaskClock,
+    TaskTimeout,
     actor_request,
     check_placeable,
 )
@@ -227,8 +228,8 @@ class EncoderPool:
                 load[actor] += 1
             while pending:
                 self._finish_one(clock, pending, load, on_done, stopping)
-        except BaseException:
-            _settle(list(pending))
+        except BaseException as error:
+            self._stop_tasks(list(pending), error)
             raise
 
     def train_quantiser(
@@ -249,8 +250,8 @@ class EncoderPool:
             self.clock("quantiser").wait_next(
                 {reference: Task("IVF-PQ quantiser", self.names[0])}, stopping
             )
-        except BaseException:
-            _settle([reference, *parts])
+        except BaseException as error:
+            self._stop_tasks([reference, *parts], error)
             raise
         return QuantiserTrained(ray.get(reference), encoders, time.perf_counter() - start)
 
@@ -305,6 +306,15 @@ class EncoderPool:
         """Call `method` on every actor and wait for all of them, within a deadline."""
         calls = [getattr(actor, method).remote() for actor in self.actors]
         self.clock(f"encoder {method}").get(calls, Task(method, ", ".join(self.names)))
+
+    def _stop_tasks(self, references: list[ray.ObjectRef], error: BaseException) -> None:
+        """Work stopped early by `error`: its tasks settled (:func:`_settle`), or, when an actor
+        is hung (TaskTimeout), the pool's actors killed at once, since a hung actor answers no
+        cancel and settling would wait out :data:`SETTLE_SECONDS` for it."""
+        if isinstance(error, TaskTimeout):
+            self.shutdown()
+        else:
+            _settle(references)
 
     def shutdown(self) -> None:
         """Stop the actors (their weights and shards are freed)."""
