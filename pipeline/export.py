@@ -48,7 +48,7 @@ from hnce.cluster.stores.checkpoints import (
     is_complete,
     newest_checkpoint,
 )
-from hnce.cluster.stores.files import publish_directory, staging
+from hnce.cluster.stores.files import AtomicPath, atomic_write_text, publish_directory, staging
 from hnce.cluster.stores.index_store import IndexVersion
 from hnce.cluster.stores.tables import DatasetError
 from hnce.cluster.stores.tables_read import EntityCatalogue, catalogue_fingerprint
@@ -194,7 +194,8 @@ def write_keys(data_dir: Path, version: IndexVersion, path: Path) -> None:
             f"{data_dir}: its catalogue changed while index v{version.version} of "
             f"{version.path.parent} was exported; export again"
         )
-    pq.write_table(pa.table({"key": keys}), path)
+    with AtomicPath(path) as temporary:  # a write the machine refuses names the file
+        pq.write_table(pa.table({"key": keys}), temporary)
 
 
 def write_pair(path: Path, model: IndexedModel, version: IndexVersion | None) -> None:
@@ -206,4 +207,4 @@ def write_pair(path: Path, model: IndexedModel, version: IndexVersion | None) ->
         "model": model.fingerprint,
         "catalogue": None if version is None else version.manifest.catalogue,
     }
-    path.write_text(json.dumps(pair, indent=2) + "\n", encoding="utf-8")
+    atomic_write_text(path, json.dumps(pair, indent=2) + "\n")

@@ -11,6 +11,13 @@ resumed run starts a new event file that goes on from the end of the log: steps 
 a crash appear twice, as in the log. Fields that are missing, null (a non-finite loss) or not
 numbers are left out.
 
+The event file is written in the calling thread, in TensorBoard's record format (its
+``RecordWriter`` and protocol buffers). TensorBoard's own ``SummaryWriter`` writes from a
+background thread, so a full disk was a traceback from that thread and an error at some later
+call. Here a write the machine refuses (a full disk, a quota, a failing disk) is cut off, so the
+file ends with whole records, and said once, as a warning naming the file: the scalars stop and
+training goes on, since the event log holds every figure (docs/failures.md, "Disks that fill").
+
 Example::
 
     scalars = TensorBoardScalars(run_dir / "train_log.jsonl", run_dir / TENSORBOARD_DIR)
@@ -19,7 +26,15 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import io
+import itertools
+import logging
 import math
+import os
+import socket
+import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +42,11 @@ from hnce.cluster.compute.refresh.triggers import TRIGGER_SPECS
 from hnce.cluster.stores.jsonl import read_jsonl
 from hnce.events import RunEvent
 
+logger = logging.getLogger(__name__)
+
 TENSORBOARD_DIR = "tensorboard"
+#: numbers the event files one process opens, as TensorBoard's own writer does
+_FILE_NUMBERS = itertools.count()
 
 #: (event, field) -> TensorBoard tag
 SCALARS: dict[tuple[RunEvent, str], str] = {
@@ -69,26 +88,87 @@ def _finite_number(value: object) -> bool:
 
 
 class TensorBoardScalars:
-    """A ``SummaryWriter`` in ``directory`` fed by the event log ``log_path``, from its end."""
+    """An event file in ``directory`` fed by the event log ``log_path``, from its end; a write
+    the machine refuses ends the scalars with one warning (module docstring)."""
 
     def __init__(self, log_path: Path, directory: Path) -> None:
-        from torch.utils.tensorboard import SummaryWriter  # imported by the trainer only
-
         self.log_path = Path(log_path)
-        self.writer = SummaryWriter(log_dir=str(directory))
         end = read_jsonl(self.log_path)  # earlier events: an earlier writer's
         self.offset, self.line = end.offset, end.line
+        self.path = Path(directory) / _event_file_name()
+        self.file: io.FileIO | None = None
+        try:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            self.file = io.FileIO(self.path, "ab")
+        except OSError as error:
+            self._stop(error)
+        self._write([_file_version_event()])
 
     def follow(self) -> None:
         """Write the scalars of every event appended to the log since the last call (only the
         appended bytes are read)."""
         found = read_jsonl(self.log_path, self.offset, self.line)
         self.offset, self.line = found.offset, found.line
-        for event in found.records:
-            for tag, value in scalars_of(event).items():
-                self.writer.add_scalar(tag, value, int(event["step"]), walltime=event["time"])
-        self.writer.flush()
+        self._write(
+            _scalar_event(tag, value, int(event["step"]), event["time"])
+            for event in found.records
+            for tag, value in scalars_of(event).items()
+        )
 
     def close(self) -> None:
-        """Flush and close the event file."""
-        self.writer.close()
+        """Close the event file (every record is written when :meth:`follow` returns)."""
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+    def _write(self, events: Iterable[Any]) -> None:
+        """Append ``events`` as TensorBoard records, whole or (the machine refusing) not at all."""
+        if self.file is None:
+            return
+        from tensorboard.summary.writer.record_writer import RecordWriter
+
+        framed = io.BytesIO()
+        records = RecordWriter(framed)
+        for event in events:
+            records.write(event.SerializeToString())
+        data = memoryview(framed.getvalue())
+        end = self.file.seek(0, os.SEEK_END)
+        try:
+            while data:  # unbuffered: a write may take part of the data
+                data = data[self.file.write(data) :]
+        except OSError as error:
+            with contextlib.suppress(OSError):  # else TensorBoard stops reading at the torn record
+                self.file.truncate(end)
+            self._stop(error)
+
+    def _stop(self, error: OSError) -> None:
+        logger.warning(
+            "%s: %s; TensorBoard scalars stop here and training goes on (%s keeps every figure)",
+            self.path,
+            error.strerror or error,
+            self.log_path,
+        )
+        self.close()
+
+
+def _event_file_name() -> str:
+    """``events.out.tfevents.<seconds>.<host>.<pid>.<n>``: TensorBoard's own naming, so its
+    readers find the files and order them by when they were opened."""
+    host, pid = socket.gethostname(), os.getpid()
+    return f"events.out.tfevents.{int(time.time()):010d}.{host}.{pid}.{next(_FILE_NUMBERS)}"
+
+
+def _file_version_event() -> Any:
+    """The first record of every event file: the format it is written in."""
+    from tensorboard.compat.proto.event_pb2 import Event
+
+    return Event(wall_time=time.time(), file_version="brain.Event:2")
+
+
+def _scalar_event(tag: str, value: float, step: int, wall_time: float) -> Any:
+    """One scalar at ``step`` and ``wall_time``, as ``SummaryWriter.add_scalar`` records it."""
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    summary = Summary(value=[Summary.Value(tag=tag, simple_value=value)])
+    return Event(wall_time=wall_time, step=step, summary=summary)

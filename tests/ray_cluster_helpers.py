@@ -33,6 +33,7 @@ import uuid
 from pathlib import Path
 from types import TracebackType
 
+import psutil
 from conftest import free_port
 
 #: the environment variable that marks every process a cluster starts (its value: the cluster's)
@@ -227,6 +228,42 @@ class LocalRayCluster:
         logs = self._get(f"/api/jobs/{job_id}/logs")
         assert isinstance(info, dict) and isinstance(logs, dict), (info, logs)
         return submitted.returncode, f"{info['status']}: {info['message']}", logs["logs"]
+
+    def submit_job(self, job_id: str, *entrypoint: str) -> None:
+        """``ray job submit --no-wait``: the job runs while the caller goes on."""
+        address = f"--address={self.dashboard}"
+        submitted = self.ray(
+            "job", "submit", "--no-wait", address, f"--submission-id={job_id}", "--", *entrypoint
+        )
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+
+    def wait_for_job(self, job_id: str, timeout: float = 600) -> tuple[str, str]:
+        """The job's status and status message, and its logs, once it has ended."""
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self._get(f"/api/jobs/{job_id}")
+            assert isinstance(info, dict), info
+            if info["status"] in ("SUCCEEDED", "FAILED", "STOPPED"):
+                break
+            assert time.monotonic() < deadline, f"job {job_id} still {info['status']}"
+            time.sleep(1.0)
+        logs = self._get(f"/api/jobs/{job_id}/logs")
+        assert isinstance(logs, dict), logs
+        return f"{info['status']}: {info['message']}", logs["logs"]
+
+    def kill_node(self, index: int) -> None:
+        """SIGKILL node ``index`` (in the order added) and every process it runs, as a machine
+        that loses power; its ``ray start`` is dropped from the cluster's nodes."""
+        node = self.nodes.pop(index)
+        tree = psutil.Process(node.pid)
+        for process in [*tree.children(recursive=True), tree]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        node.wait(timeout=60)
+        deadline = time.monotonic() + 120  # until the cluster has seen it die
+        while len([n for n in self.listing("nodes") if n["state"] == "ALIVE"]) > len(self.nodes):
+            assert time.monotonic() < deadline, "the killed node is still listed alive"
+            time.sleep(1.0)
 
     def leftover_processes(self) -> list[int]:
         """Pids of the processes this cluster started that are still running."""

@@ -28,14 +28,28 @@ from training_helpers import write_letter_export
 
 from hnce.cluster.compute.refresh.coordinator import COORDINATOR_ROLE
 from hnce.cluster.compute.refresh.engine import run_refresh
-from hnce.cluster.compute.refresh.job import EXIT_OK, JOB_ROLE, attempt_refresh, refresh_once
+from hnce.cluster.compute.refresh.job import (
+    EXIT_ABANDONED,
+    EXIT_OK,
+    JOB_ROLE,
+    StopRequest,
+    attempt_refresh,
+    refresh_every,
+    refresh_once,
+)
 from hnce.cluster.compute.refresh.plan import RefreshPlan
 from hnce.cluster.compute.refresh.settings import RefreshSettings
 from hnce.cluster.compute.refresh.supervisor import start_refresh, stop_refresh
 from hnce.cluster.stores.checkpoints import checkpoint_dir, newest_checkpoint
 from hnce.cluster.stores.index_spec import IndexSpec
 from hnce.cluster.stores.index_store import PROGRESS_FILE, IndexStore
-from hnce.cluster.stores.lock_holder import EXIT_LOCKED, LockHolder, read_holder
+from hnce.cluster.stores.lock_holder import (
+    EXIT_LOCKED,
+    REFRESH,
+    LockHolder,
+    holder_file,
+    read_holder,
+)
 from hnce.cluster.stores.negatives_store import NegativesStore
 from hnce.cluster.stores.refresh_log import RefreshRecord, append_record, read_log
 from hnce.cluster.stores.versioned_dir import building_dir_name
@@ -233,6 +247,46 @@ def _recorded_shards(run_dir: Path) -> dict[str, object]:
     """The shards recorded as finished in the run's unpublished index build (none: {})."""
     progress = run_dir / "index" / building_dir_name(1) / PROGRESS_FILE
     return json.loads(progress.read_text())["shards"] if progress.is_file() else {}
+
+
+@pytest.mark.timeout(120)  # a SIGTERM that is not heard would wait out the hour
+def test_sigterm_abandons_a_scheduled_refresh_resumably_and_frees_the_lock(
+    ray_session: str, assets: dict[str, Path], tmp_path: Path
+) -> None:
+    """A spot notice (SIGTERM, SIGKILL due 30 s later) to a scheduled refresh, run as ``hnce
+    refresh --every`` runs it (its SIGTERM handler, here in this process), while it encodes: the
+    first shard recorded, hundreds to go. It ends inside the notice with ``hnce refresh``'s exit
+    143 and an ``abandoned`` line; nothing is published, the finished shards stay recorded for
+    the next refresh, and the lock is released (its record gone, not merely stale)."""
+    data = random_word_dataset(tmp_path / "data", num_entities=2000)
+    run_dir = tmp_path / "run"
+    write_checkpoint(run_dir, 1, assets["dual"])
+    signalled: list[float] = []
+
+    def notice() -> None:  # once a shard is recorded, or after a minute whatever happened
+        deadline = time.monotonic() + 60
+        while not _recorded_shards(run_dir) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        signalled.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = signal.getsignal(signal.SIGTERM)
+    stop = StopRequest()
+    stop.install()
+    lines: list[str] = []
+    try:
+        threading.Thread(target=notice, daemon=True).start()
+        code = refresh_every(_plan(run_dir, data), 3600.0, stop=stop.event, report=lines.append)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert time.monotonic() - signalled[0] < 30
+    assert code == EXIT_ABANDONED, lines
+    record = json.loads(lines[-1])
+    assert record["outcome"] == "abandoned" and "next refresh resumes" in record["message"]
+    assert IndexStore(run_dir / "index").current_version() is None
+    assert NegativesStore(run_dir / "negatives").current_version() is None
+    assert _recorded_shards(run_dir)
+    assert not (run_dir / holder_file(REFRESH)).exists()
 
 
 def test_an_abandoned_refresh_stops_inside_the_shard_it_is_encoding(

@@ -14,6 +14,10 @@ conversion's wall time, a random training step plus a random delay, a random poi
 refresh. Training is killed once, mid-run, before the rerun: a launch recovers from what it finds
 on disk (the newest complete checkpoint, Ray Train's state of an earlier launch, the staging a
 killed launch left), which a killed first launch and a killed resumed one leave alike.
+
+Preemption, the gentler fault: SIGTERM with SIGKILL due 30 s later (a spot instance's notice).
+Training must stop inside the notice with a checkpoint of the step it reached, its locks free, and
+resume from it to the same weights.
 """
 
 from __future__ import annotations
@@ -35,17 +39,25 @@ from conftest import write_letter_bert
 from ray_cluster_helpers import MARKER_VARIABLE, hang_report, kill_marked
 from training_helpers import CONFIGS
 
-from hnce.cluster.stores.checkpoints import EXPORT_DIR, complete_checkpoints, verify_checkpoint
+from hnce.cluster.stores.checkpoints import (
+    EXPORT_DIR,
+    complete_checkpoints,
+    newest_checkpoint,
+    verify_checkpoint,
+)
 from hnce.cluster.stores.files import STAGING_PREFIX
 from hnce.cluster.stores.index_store import PROGRESS_FILE, IndexStore
+from hnce.cluster.stores.lock_holder import REFRESH, TRAINING, holder_file
 from hnce.cluster.stores.negatives_store import NegativesStore
 from hnce.cluster.stores.refresh_log import read_log
 from hnce.cluster.stores.run_events import read_events
 from hnce.cluster.stores.tables_read import verify_dataset
 from hnce.events import RunEvent
 from hnce.mining.samplers import SAMPLER_SPECS
+from hnce.pipeline.cli.main import EXIT_TERMINATED
 from hnce.pipeline.cli.main import main as hnce_main
 from hnce.pipeline.data.synthetic import generate_synthetic_dataset
+from hnce.pipeline.train.preemption import NOTICE_SECONDS, STOP_FILE
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 HNCE = [sys.executable, "-m", "hnce.pipeline.cli.main"]
@@ -262,6 +274,46 @@ def test_training_killed_at_random_moments_resumes_to_the_uninterrupted_weights(
     _verify_run(run_dir)
     assert _weights(run_dir, 12) == _weights(uninterrupted, 12)
     assert _snapshot(inputs, run_dir) == before
+    _only_an_abandoned_build_left(run_dir)
+
+
+def test_training_stopped_by_sigterm_checkpoints_its_step_and_resumes_to_the_same_weights(
+    tmp_path: Path, inputs: Path, recipe, uninterrupted: Path
+) -> None:
+    """SIGTERM to the ``hnce train`` process alone, as a spot notice, Kubernetes or ``ray job
+    stop`` reach the command (sent to its whole process group it would also end the local Ray
+    instance's GCS and raylet, cutting the driver off: a SIGKILL's case), SIGKILL due 30 s later:
+    it exits inside the notice with 143 and one line naming the checkpoint it resumes from, the
+    step the worker reached; no lock is held and every store verifies; the rerun resumes from
+    it to the uninterrupted run's weights."""
+    run_dir = tmp_path / "run"
+    # a seeded step whose next two are not checkpoint steps (4, 8, 12), so that the stop (a step
+    # or two later here) publishes a checkpoint of its own
+    step = random.Random(5).choice([1, 5])
+    process = _start(["train", *recipe(run_dir)])
+    trained = _trained_past(run_dir, step)
+    while process.poll() is None and not trained():
+        time.sleep(0.05)
+    assert process.poll() is None, process.communicate()[0].decode()[-3000:]
+    os.kill(process.pid, signal.SIGTERM)
+    try:
+        output, _ = process.communicate(timeout=NOTICE_SECONDS)
+    except subprocess.TimeoutExpired:
+        _kill(process)  # the instance's SIGKILL
+        pytest.fail(f"hnce train still running {NOTICE_SECONDS:.0f} s after SIGTERM")
+    log = output.decode()
+    assert process.returncode == EXIT_TERMINATED, log[-3000:]
+    reached = read_events(run_dir, RunEvent.STEP)[-1]["step"]
+    assert newest_checkpoint(run_dir)[0] == reached < 12
+    said = f"stopped on SIGTERM at step {reached}; the same command resumes {run_dir} from "
+    assert f"hnce train: {said}step-{reached}" in log, log[-3000:]
+    for released in (holder_file(TRAINING), holder_file(REFRESH), STOP_FILE):
+        assert not (run_dir / released).exists(), released
+    _verify_run(run_dir)
+    _run(["train", *recipe(run_dir)])
+    _verify_run(run_dir)
+    assert read_events(run_dir, RunEvent.RESUME)[-1]["step"] == reached
+    assert _weights(run_dir, 12) == _weights(uninterrupted, 12)
     _only_an_abandoned_build_left(run_dir)
 
 

@@ -7,19 +7,22 @@ import ast
 import json
 import re
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 from conftest import write_letter_bert
 from ray_cluster_helpers import BUILTIN_RESOURCES, LocalRayCluster
+from store_helpers import write_checkpoint
 from training_helpers import REFRESHED
 
 from hnce.cluster.compute import resources
 from hnce.cluster.compute.resources import ENCODER_RESOURCE, TRAINER_RESOURCE
-from hnce.cluster.stores.checkpoints import checkpoint_dir, newest_checkpoint
+from hnce.cluster.stores.checkpoints import EXPORT_DIR, checkpoint_dir, newest_checkpoint
 from hnce.cluster.stores.index_store import IndexStore
 from hnce.cluster.stores.negatives_store import NegativesStore
 from hnce.cluster.stores.refresh_log import read_log
@@ -28,6 +31,7 @@ from hnce.pipeline.data.synthetic import generate_synthetic_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINED_STEPS = 12
+ENCODER_NODE_TYPE = "gpu_encoder"
 RAY_ALARMS = re.compile(r"Task \S+ failed|killed by `ray\.kill`|Unhandled error|RayActorError")
 REQUIRED = (
     "cluster_name",
@@ -159,6 +163,10 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             if name != head_type:
                 cluster.add_node(custom[name])
         done: dict[str, Any] = {"cluster": cluster, "run": run_dir, "serving": serving}
+        done["inputs"], done["encoder_node"] = inputs, custom[ENCODER_NODE_TYPE]
+        done["encoder_index"] = 1 + [n for n in node_types if n != head_type].index(
+            ENCODER_NODE_TYPE
+        )
         train = _hnce(
             inputs,
             run_dir,
@@ -248,3 +256,47 @@ def test_hnce_status_reports_the_trained_run(
     screen = capsys.readouterr().out
     assert f"v1 from step-{TRAINED_STEPS}" in screen and "refresh lock  free" in screen
     assert f"published, step-{TRAINED_STEPS} → index v1, negatives v1" in screen
+
+
+@pytest.mark.slow
+def test_a_refresh_whose_encoder_node_dies_completes_once_a_node_is_back(
+    jobs: dict[str, Any],
+) -> None:
+    """The node that holds the only encoder actor is killed once that actor has started for a
+    refresh job (loading, encoding, holding shards or mining: wherever the refresh is then).
+    The job either completes (Ray restarts the actor on the node that replaces it) or ends in
+    one line with exit 69 (EX_UNAVAILABLE) and nothing unfinished published; run again, it
+    publishes what is missing. This module's cluster serves it: the dead node is replaced, so
+    the tests after it would see the same node types."""
+    cluster, serving = jobs["cluster"], jobs["serving"]
+    step = TRAINED_STEPS + 1
+    write_checkpoint(serving, step, checkpoint_dir(serving, TRAINED_STEPS) / EXPORT_DIR)
+    refresh = _hnce(jobs["inputs"], serving, "refresh")
+    cluster.submit_job("refresh-node-dies", *refresh)
+    deadline = time.monotonic() + 300
+    while not any(
+        actor["class_name"] == "EntityEncoderActor" and actor["state"] == "ALIVE"
+        for actor in cluster.listing("actors")
+    ):  # the refresh's encoder actor has started on the node
+        assert time.monotonic() < deadline, "the refresh's encoder actor never started"
+        time.sleep(0.2)
+    cluster.kill_node(jobs["encoder_index"])
+    cluster.add_node(jobs["encoder_node"])
+    status, logs = cluster.wait_for_job("refresh-node-dies")
+    if not status.startswith("SUCCEEDED: "):
+        assert "exit code 69" in status, status + logs[-3000:]
+        said = [line for line in logs.splitlines() if line.startswith("hnce refresh: ")]
+        assert len(said) == 1 and "Actor" in said[0], logs[-3000:]
+        assert 'bin/hnce", line' not in logs, logs[-3000:]  # no traceback of the command's
+        assert NegativesStore(serving / "negatives").latest().checkpoint_step == TRAINED_STEPS
+        cluster.submit_job("refresh-again", *refresh)
+        status, logs = cluster.wait_for_job("refresh-again")
+        assert status.startswith("SUCCEEDED: "), status + logs[-3000:]
+    published = _refresh_line(logs)
+    assert (published["outcome"], published["checkpoint"]) == ("published", step), published
+    version = IndexStore(serving / "index").current()
+    assert version is not None and version.checkpoint == step
+    searcher = version.load()
+    ids = np.concatenate([shard.ids for shard in searcher.shards])
+    np.testing.assert_array_equal(np.sort(ids), np.arange(len(ids)))
+    assert NegativesStore(serving / "negatives").latest().checkpoint_step == step

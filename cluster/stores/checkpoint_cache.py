@@ -31,6 +31,7 @@ from hnce.cluster.stores.checkpoints import (
     NEGATIVE_CACHE_FILE,
     CheckpointIntegrityError,
 )
+from hnce.cluster.stores.files import AtomicPath
 from hnce.mining.negative_cache import CachedRows
 
 _TENSORS = ("rows", "vectors", "written_at")
@@ -46,7 +47,8 @@ def write_cache_rows(checkpoint: Path, kept: CachedRows, filled_version: int) ->
     signed), with the index version the cache was last filled from; returns the file."""
     path = cache_rows_path(checkpoint)
     tensors = {"rows": kept.rows, "vectors": kept.vectors, "written_at": kept.written_at}
-    save_file(tensors, str(path), metadata={"filled_version": str(filled_version)})
+    with AtomicPath(path) as temporary:  # a write the machine refuses names the file
+        save_file(tensors, str(temporary), metadata={"filled_version": str(filled_version)})
     return path
 
 

@@ -85,10 +85,10 @@ class AtomicPath:
             with naming_refused_writes(self.target):
                 fsync_file(self.temporary)
                 os.replace(self.temporary, self.target)
+                fsync_directory(self.target.parent)
         except BaseException:
             self.abort()
             raise
-        fsync_directory(self.target.parent)
         return self.target
 
     def abort(self) -> None:
@@ -166,11 +166,13 @@ def directory_lock(directory: Path) -> Iterator[None]:
 
 def publish_directory(building: Path, final: Path) -> Path:
     """Rename the complete directory ``building`` to ``final`` (which must not exist) and fsync
-    the parent: the directory appears whole or not at all."""
+    the parent: the directory appears whole or not at all. A rename or fsync the machine refuses
+    is raised naming ``final``."""
     if final.exists():
         raise FileExistsError(f"{final} already exists; a published directory is never overwritten")
-    os.rename(building, final)
-    fsync_directory(final.parent)
+    with naming_refused_writes(final):
+        os.rename(building, final)
+        fsync_directory(final.parent)
     return final
 
 

@@ -84,6 +84,7 @@ from hnce.cluster.stores.versioned_dir import (
 )
 from hnce.documents import document_record
 from hnce.encoders.scorers import Scorer, ScorerConfig
+from hnce.errors import naming_refused_writes
 from hnce.progress import progress_bar
 
 logger = logging.getLogger(__name__)
@@ -344,7 +345,8 @@ class IndexVersion:
         ):
             source = confined_path(self.path, name, manifest_path)
             try:
-                copied = Path(shutil.copyfile(source, Path(target) / name))
+                with naming_refused_writes(Path(target) / name):
+                    copied = Path(shutil.copyfile(source, Path(target) / name))
             except FileNotFoundError:
                 raise VersionMissing(
                     f"{source}: listed in {manifest_path} but gone (removed by the store's "
@@ -492,6 +494,10 @@ class IndexStore(VersionedStore):
                         len(progress.shards),
                     )
                     return IndexBuilder(self, version, parameters)
-            logger.info("removing unfinished build %s of other parameters", directory)
+            logger.info(
+                "removing unfinished build %s (of other parameters, or with no progress record "
+                "left: a publication that failed past its shards)",
+                directory,
+            )
             self.remove_building(version)
         return IndexBuilder(self, self.next_version(), parameters)

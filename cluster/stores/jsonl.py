@@ -11,6 +11,7 @@ JSON: a NaN or infinite number (a diverged loss) is written as null.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -18,6 +19,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from hnce.errors import naming_refused_writes
 
 logger = logging.getLogger(__name__)
 
@@ -37,15 +40,24 @@ class JsonLines:
 def append_jsonl(path: Path, record: dict[str, Any], durable: bool = False) -> None:
     """Append ``record`` as one line of ``path`` (one writer at a time); ``durable``: fsync.
 
-    A torn last line left by a writer that died is cut off first (logged as a warning)."""
+    A torn last line left by a writer that died is cut off first (logged as a warning). A write
+    the machine refuses (a full disk) is cut off too, so the log ends as it did, and raised as
+    the ``OSError`` naming ``path`` (:func:`hnce.errors.naming_refused_writes`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     line = (json.dumps(finite_json(record), allow_nan=False) + "\n").encode("utf-8")
-    with path.open("ab+") as handle:
+    with naming_refused_writes(path), path.open("ab+", buffering=0) as handle:
         _repair_torn_end(path, handle)
-        handle.write(line)
-        handle.flush()
-        if durable:
-            os.fsync(handle.fileno())
+        end = handle.tell()
+        try:
+            written = 0
+            while written < len(line):  # unbuffered: a write may take part of the line
+                written += handle.write(line[written:])
+            if durable:
+                os.fsync(handle.fileno())
+        except OSError:
+            with contextlib.suppress(OSError):  # else the next append cuts the torn line off
+                handle.truncate(end)
+            raise
 
 
 def finite_json(value: Any) -> Any:

@@ -281,7 +281,8 @@ class DatasetBuilder:
         """Write ``summary.json`` and the manifest (last), then rename the directory to ``out``.
 
         An old dataset there (``overwrite``) is first renamed aside and removed after the new one
-        is in place: a crash between the two renames leaves ``out`` missing, never mixed.
+        is in place: a crash between the two renames leaves ``out`` missing, never mixed; a
+        rename the machine refuses puts the old one back.
         """
         if self._entities is None or not self._entities.closed:
             raise ValueError(f"{self.out}: a dataset needs a closed catalogue")
@@ -299,7 +300,12 @@ class DatasetBuilder:
             retired = self.root.with_name(f".retired-{self.out.name}-{self.dataset_id[:8]}")
             if self.out.exists():
                 os.rename(self.out, retired)
-            publish_directory(self.root, self.out)
+            try:
+                publish_directory(self.root, self.out)
+            except OSError:
+                if retired.exists() and not self.out.exists():
+                    os.rename(retired, self.out)
+                raise
         remove_owned(retired, retired.parent)
         self.published = DatasetManifest(self.out, manifest)
         return self.published

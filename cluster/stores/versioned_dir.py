@@ -20,6 +20,7 @@ names, publication and retention) and read and write their manifests (and the in
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from collections.abc import Callable
@@ -159,12 +160,20 @@ def publish_version(
     """Rename `.building-v<N>` to `v<N>`, point CURRENT at it, drop versions beyond the last `keep`
     of `ranked(root)` (the versions least worth keeping first: by default the oldest).
 
-    Returns the versions removed. The live version is never removed.
+    Returns the versions removed. The live version is never removed. When CURRENT cannot be
+    written (a full disk), `v<N>` is renamed back to `.building-v<N>` before the error goes on:
+    the store is left as it was before the publication (docs/failures.md, "Disks that fill").
     """
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")
-    publish_directory(root / building_dir_name(version), root / version_dir_name(version))
-    atomic_write_text(root / CURRENT_FILE, version_dir_name(version) + "\n")
+    building = root / building_dir_name(version)
+    final = publish_directory(building, root / version_dir_name(version))
+    try:
+        atomic_write_text(root / CURRENT_FILE, version_dir_name(version) + "\n")
+    except BaseException:
+        if _named_version(root) != version:  # else CURRENT moved, and only its fsync failed
+            os.rename(final, building)
+        raise
     removed = [old for old in ranked(root)[:-keep] if old != version]
     for old in removed:
         remove_owned(root / version_dir_name(old), root)

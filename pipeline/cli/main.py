@@ -10,7 +10,8 @@ it happened inside a Ray actor or worker) ends in one line naming the file and l
 status 2. What the machine refuses (a full disk, a read-only file system, a permission) is one
 line naming the file, exit 74; a command refused by a run's lock (a second ``hnce train`` of a run
 that is training) is one line naming the holder, exit 75 (EX_TEMPFAIL: try again later); an
-interrupt (SIGINT) exits 130 with one line. Anything else is a
+interrupt (SIGINT) exits 130 with one line, a stop on SIGTERM 143 with one line saying where the
+same command resumes (docs/failures.md, "Preemption"). Anything else is a
 bug of ours and keeps its traceback. ``--debug`` shows tracebacks for everything and logs at
 DEBUG level.
 """
@@ -26,7 +27,7 @@ import sys
 from collections.abc import Callable
 
 from hnce.cluster.stores.lock_holder import EXIT_LOCKED, RunLocked
-from hnce.errors import InputError
+from hnce.errors import InputError, Terminated
 from hnce.progress import quiet
 from hnce.text import NotText, argument_text
 
@@ -34,8 +35,19 @@ EXIT_INPUT_ERROR = 2
 EXIT_IO_ERROR = 74  # sysexits' EX_IOERR: a full disk, a file system that refuses a write
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_TERMINATED = 143  # 128 + SIGTERM
-# What the machine refuses, not the program: said in one line, never a traceback.
-IO_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS}
+#: sysexits' EX_UNAVAILABLE: an actor lost mid-work (its node died, it was killed) or hung
+EXIT_CLUSTER_LOST = 69
+# What the machine refuses, not the program (a failing disk's EIO too): said in one line, never
+# a traceback.
+IO_ERRORS = {
+    errno.ENOSPC,
+    errno.EDQUOT,
+    errno.EFBIG,
+    errno.EIO,
+    errno.EACCES,
+    errno.EPERM,
+    errno.EROFS,
+}
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "data": (
@@ -152,9 +164,16 @@ def io_error(error: BaseException) -> OSError | None:
     return found if isinstance(found, OSError) else None
 
 
-class Terminated(Exception):
-    """SIGTERM: the command stops where it is; what it publishes is published whole or not at
-    all, so the same command resumes."""
+def cluster_failure(error: BaseException) -> BaseException | None:
+    """An actor Ray lost (its node died, it was killed or preempted) or one that hung past its
+    deadline (``TaskTimeout``), behind ``error`` (:func:`_behind`); None when no Ray ran here."""
+    if "ray" not in sys.modules:
+        return None
+    from ray.exceptions import RayActorError
+
+    from hnce.cluster.compute.actors import TaskTimeout
+
+    return _behind(error, lambda current: isinstance(current, RayActorError | TaskTimeout))
 
 
 def _terminate(signum: int, frame: object) -> None:
@@ -179,10 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as interrupt:
         print(f"hnce {args.command}: {interrupt or 'interrupted'}", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except Terminated:
-        print(
-            f"hnce {args.command}: terminated (SIGTERM); the same command resumes", file=sys.stderr
-        )
+    except Terminated as stop:
+        said = str(stop) or "terminated (SIGTERM); the same command resumes"
+        print(f"hnce {args.command}: {said}", file=sys.stderr)
         return EXIT_TERMINATED
     except Exception as error:
         if args.debug:
@@ -193,6 +211,15 @@ def main(argv: list[str] | None = None) -> int:
         if (found := user_error(error)) is not None:
             print(f"hnce {args.command}: {found}", file=sys.stderr)
             return EXIT_INPUT_ERROR
+        if (lost := cluster_failure(error)) is not None:
+            said = " ".join(str(lost).split())[:500] or type(lost).__name__
+            print(
+                f"hnce {args.command}: {type(lost).__name__}: {said} (an actor lost mid-work or "
+                f"hung; nothing unfinished was published: run the command again once the "
+                f"cluster has the resources)",
+                file=sys.stderr,
+            )
+            return EXIT_CLUSTER_LOST
         if (refused := io_error(error)) is not None:
             where = f"{refused.filename}: " if refused.filename else ""
             print(f"hnce {args.command}: {where}{refused.strerror}", file=sys.stderr)

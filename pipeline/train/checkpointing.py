@@ -54,7 +54,9 @@ from hnce.cluster.stores.checkpoints import (
     slim_checkpoints,
     verify_checkpoint,
 )
+from hnce.cluster.stores.files import AtomicPath
 from hnce.documents import document_record, read_document
+from hnce.errors import naming_refused_writes
 from hnce.events import RunEvent
 from hnce.pipeline.config import DeepSpeedStateKept
 from hnce.pipeline.event_log import EventLog
@@ -85,7 +87,16 @@ class UnsafeCheckpointError(CheckpointIntegrityError):
 
 
 class WeightsOnlyCheckpointEngine(TorchCheckpointEngine):
-    """DeepSpeed's torch checkpoint engine with every load done ``weights_only=True``."""
+    """DeepSpeed's torch checkpoint engine with every load done ``weights_only=True``, and every
+    save written atomically through a Python file (:class:`~hnce.cluster.stores.files.AtomicPath`):
+    ``torch.save`` to a file name reports a full disk as a ``RuntimeError`` naming no file and
+    leaves the file cut short; through a file object it is the ``OSError``, here naming the
+    state file (docs/failures.md, "Disks that fill")."""
+
+    def save(self, state_dict: Any, path: str) -> None:
+        with AtomicPath(Path(path)) as temporary, temporary.open("wb") as handle:
+            zipped = self.zipfile_serialization
+            torch.save(state_dict, handle, _use_new_zipfile_serialization=zipped)
 
     def load(self, path: str, map_location: Any = None) -> Any:
         with torch.serialization.safe_globals(ALLOWED_GLOBALS):
@@ -102,7 +113,8 @@ class WeightsOnlyCheckpointEngine(TorchCheckpointEngine):
 
 
 def use_weights_only_loading(engine: deepspeed.DeepSpeedEngine) -> None:
-    """Make every later ``engine.load_checkpoint`` load with ``weights_only=True``."""
+    """Make every later ``engine.load_checkpoint`` load with ``weights_only=True`` (and every
+    ``save_checkpoint`` write atomically: :class:`WeightsOnlyCheckpointEngine`)."""
     engine.checkpoint_engine = WeightsOnlyCheckpointEngine(engine._config)
 
 
@@ -188,10 +200,13 @@ def publish_checkpoint(
     last, prune to ``keep`` (:func:`hnce.cluster.stores.checkpoints.prune_checkpoints`; rank 0, which holds
     ``log``) and, when ``deepspeed_state`` is ``newest``, drop the older checkpoints' DeepSpeed
     state (:func:`~hnce.cluster.stores.checkpoints.slim_checkpoints`), only now that this one,
-    which keeps it, is complete."""
+    which keeps it, is complete. A write the machine refuses (a full disk) is an ``OSError``
+    naming the file, and leaves ``step-<S>/`` without ``COMPLETE``: the newest complete
+    checkpoint stays the one to resume from (docs/failures.md, "Disks that fill")."""
     step = int(state["step"])
     directory = checkpoint_dir(run_dir, step)
-    engine.save_checkpoint(str(directory / DEEPSPEED_DIR), tag=DEEPSPEED_TAG)
+    with naming_refused_writes(directory / DEEPSPEED_DIR):  # DeepSpeed's own `latest` file
+        engine.save_checkpoint(str(directory / DEEPSPEED_DIR), tag=DEEPSPEED_TAG)
     if training_state is not None:
         training_state(directory)
     with deepspeed.zero.GatheredParameters(list(model.parameters())):

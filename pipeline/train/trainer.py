@@ -12,6 +12,11 @@ up to ``training.max_failures`` times; the new group resumes from the newest com
 serves one launch: a new launch resumes from hnce's own newest complete checkpoint and starts
 Ray Train's state afresh (:func:`discard_earlier_launch_state`).
 
+SIGTERM (a spot instance's notice) stops a launch cleanly within the notice
+(:mod:`~hnce.pipeline.train.preemption`): every worker stops at the same step boundary with a
+checkpoint of it, the coordinator's refresh is abandoned (resumable), the locks are released, and
+:class:`~hnce.errors.Terminated` names the checkpoint the same command resumes from.
+
 Once the workers and the coordinator have stopped, the held-out recalls the refresh log holds and
 the event log lacks (a refresh that finished after rank 0 last looked) are copied into the event
 log and TensorBoard (:func:`~hnce.cluster.compute.refresh.health.log_missed_heldout`).
@@ -73,6 +78,7 @@ from hnce.pipeline.recipe_models import untrained_export
 from hnce.pipeline.run import RUN_RECIPE, refresh_plan
 from hnce.pipeline.train.cores import describe_cores, resolve_cores, threads_lent_to_refresh
 from hnce.pipeline.train.nonfinite import raise_if_diverged
+from hnce.pipeline.train.preemption import SigtermStop
 from hnce.pipeline.train.run_follower import follow_run
 from hnce.pipeline.train.task import TrainingTask
 from hnce.pipeline.train.worker import train_loop_per_worker
@@ -313,24 +319,29 @@ def _launch(
     )
     started = time.perf_counter()
     follower.start()
-    try:
-        fit_interruptibly(trainer, task.run_dir)
-    except BaseException:
-        if initial_beside is not None:
-            initial_beside.abandon()
-        raise
-    finally:
-        done.set()
-        follower.join()
-        status: dict[str, Any] = {}
-        if coordinator is not None:
-            status = stop_refresh(coordinator, watch)
+    abandon = None if coordinator is None else coordinator.abandon.remote
+    with SigtermStop(task.run_dir, abandon) as sigterm:
+        try:
+            fit_interruptibly(trainer, task.run_dir, sigterm)
+        except BaseException:
+            if initial_beside is not None:
+                initial_beside.abandon()
+            raise
+        finally:
+            done.set()
+            follower.join()
+            status: dict[str, Any] = {}
+            if coordinator is not None:
+                status = stop_refresh(coordinator, watch, **sigterm.refresh_bounds())
     # a refresh that outlived the workers recorded its recall
     log_missed_heldout(task.run_dir, lambda: EventLog(task.run_dir, tensorboard=True))
-    if initial_beside is not None:
+    if initial_beside is not None and sigterm.asked:
+        initial_beside.abandon()  # the workers stopped before they needed them
+    elif initial_beside is not None:
         initial_beside.raise_if_failed()
     raise_if_stopped(task.run_dir, since)
     raise_if_diverged(task.run_dir, since)
+    sigterm.raise_if_stopped(settings.steps)
     summary = summarise_run(task.run_dir, time.perf_counter() - started)
     summary.note_refreshes(status)
     return summary
@@ -340,11 +351,16 @@ class TrainingInterrupted(KeyboardInterrupt):
     """SIGINT during training; the message says where the run resumes."""
 
 
-def fit_interruptibly(trainer: TorchTrainer, run_dir: Path) -> None:
-    """``trainer.fit()`` in a thread, so that SIGINT reaches this process's main thread (Ray
-    Train would take it in the main thread, abort its controller and leave the process to exit
-    1 with no word). On SIGINT: :class:`TrainingInterrupted`, naming the checkpoint the same
-    command resumes from; the workers stop with this process, whose Ray job owns them."""
+def fit_interruptibly(
+    trainer: TorchTrainer, run_dir: Path, sigterm: SigtermStop | None = None
+) -> None:
+    """``trainer.fit()`` in a thread, so that SIGINT and SIGTERM reach this process's main
+    thread (Ray Train would take SIGINT in the main thread, abort its controller and leave the
+    process to exit 1 with no word). On SIGINT: :class:`TrainingInterrupted`, naming the
+    checkpoint the same command resumes from; the workers stop with this process, whose Ray job
+    owns them. SIGTERM (``sigterm``) asks the workers to stop and the refresh to be abandoned;
+    once the workers have not stopped within its bound, :class:`~hnce.errors.Terminated`
+    likewise."""
     failure: list[BaseException] = []
 
     def fit() -> None:
@@ -357,7 +373,9 @@ def fit_interruptibly(trainer: TorchTrainer, run_dir: Path) -> None:
     fitting.start()
     try:
         while fitting.is_alive():
-            fitting.join(0.5)
+            fitting.join(0.1)  # a stop on SIGTERM reaches the refresh within 0.1 s
+            if sigterm is not None:
+                sigterm.poll()
     except KeyboardInterrupt:
         newest = newest_checkpoint(run_dir)
         resumes = f"step-{newest[0]}" if newest is not None else "the start"

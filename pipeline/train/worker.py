@@ -13,7 +13,10 @@
   loaded weights-only);
 - the refresh hand-over (:class:`~hnce.cluster.compute.refresh.handover.RefreshHandover`): every
   C steps the newest negatives version is picked up without waiting, and each checkpoint says
-  whether it asks for a refresh.
+  whether it asks for a refresh;
+- the stop on SIGTERM (:class:`~hnce.pipeline.train.preemption.StopAgreement`): at every step
+  boundary the ranks agree whether the driver asked them to stop; they then publish the
+  checkpoint of that step and return.
 
 A resumed run replays exactly what an uninterrupted run would have done: every random draw
 (negatives, dropout) is a function of (seed, micro-step, rank).
@@ -53,6 +56,7 @@ from hnce.pipeline.train.cores import TrainerThreads
 from hnce.pipeline.train.distributed import Collectives, worker_device
 from hnce.pipeline.train.negatives import TrainingData, load_training_data
 from hnce.pipeline.train.nonfinite import loss_stops
+from hnce.pipeline.train.preemption import StopAgreement
 from hnce.pipeline.train.step import (
     flush_subnormal_floats,
     skip_shared_memory_op,
@@ -113,6 +117,7 @@ class WorkerRun:
             self.settings.negatives_check_every,
             self.settings.checkpoint_every,
         )
+        self.stop_request = StopAgreement(task.run_dir, collectives)
         self.refresh = RefreshHandover(
             config.refresh if task.refreshes(config) else None,
             cadence,
@@ -122,9 +127,11 @@ class WorkerRun:
             data,
             initial_negatives_since,
             slowdown_prior=threads.idle / threads.reserved,
+            stop_asked=self.stop_request.agreed,
         )
         self.logged_negatives = data.freshness.window()
         self.start_step = 0
+        self.published_step = 0  # the newest checkpoint's step, once resumed
         self.setup_seconds: dict[str, float] = {}
 
     @classmethod
@@ -202,7 +209,7 @@ class WorkerRun:
         """Load the agreed checkpoint, if any, and log where training (re)starts."""
         step = self.checkpoints.resume(reported_step, self.setup_seconds)
         if step is not None:
-            self.start_step = step
+            self.start_step = self.published_step = step
             if self.data.cache is not None:
                 self.data.cache.restore(checkpoint_dir(self.task.run_dir, step), step, self.log)
             return
@@ -236,12 +243,16 @@ class WorkerRun:
                 self.log.close()
 
     def train_steps(self) -> None:
-        """Steps from the resume point to ``steps``: poll, micro-batches, log, checkpoint."""
+        """Steps from the resume point to ``steps``: stop request, poll, micro-batches, log,
+        checkpoint."""
         self.engine.train()
         loss = float("nan")
         if self.refresh.wait_for_initial_negatives(self.start_step):
             return
         for step in range(self.start_step, self.settings.steps):
+            if self.stop_request.agreed():
+                self.stop_at(step, loss)
+                return
             if self.refresh.poll(step, first=step == self.start_step):
                 return
             threads = self.threads.for_step()
@@ -288,10 +299,18 @@ class WorkerRun:
             mentions=mention_ids,
         )
 
-    def publish(self, step: int, loss: float, asked: bool = False) -> bool:
+    def stop_at(self, step: int, loss: float) -> None:
+        """Stop before ``step``, as the driver asked (SIGTERM), with a checkpoint of the steps
+        trained (``loss``: the last one's) unless it is published already."""
+        if step != self.published_step and not self.publish(step, loss, stopping=True):
+            return  # some rank's weights are not finite: that stop is logged
+        if self.log is not None:
+            logger.info("stopped at step %d, as the driver asked (SIGTERM)", step)
+
+    def publish(self, step: int, loss: float, asked: bool = False, stopping: bool = False) -> bool:
         """Checkpoint ``step-<step>/`` of this task's run with what it asks of the refresh
-        coordinator; False (on every rank, a stop logged) when some rank's weights are not
-        finite (:meth:`WorkerCheckpoints.publish`)."""
+        coordinator (nothing when ``stopping``: the run stops on SIGTERM); False (on every rank,
+        a stop logged) when some rank's weights are not finite (:meth:`WorkerCheckpoints.publish`)."""
         state: dict[str, Any] = {
             "step": step,
             "task": self.task.kind,
@@ -299,9 +318,16 @@ class WorkerRun:
             "negatives_version": self.data.source.version,
             "loss": loss,
         }
-        request = functools.partial(self.refresh.checkpoint_request, step, asked)
+        request = (
+            self.refresh.stopping_request
+            if stopping
+            else functools.partial(self.refresh.checkpoint_request, step, asked)
+        )
         cache = self.data.cache
-        return self.checkpoints.publish(state, request, None if cache is None else cache.save)
+        published = self.checkpoints.publish(state, request, None if cache is None else cache.save)
+        if published:
+            self.published_step = step
+        return published
 
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:

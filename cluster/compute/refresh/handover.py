@@ -18,13 +18,15 @@ thing: :mod:`hnce.pipeline.train.cores`.)
   a checkpoint ends the run's refreshes and when training should end.
 
 Every decision that changes what the ranks do is rank 0's, broadcast, so that every rank makes
-the same collective calls.
+the same collective calls. A wait also ends when the driver asks the workers to stop (SIGTERM:
+``stop_asked``, a collective too; docs/failures.md, "Preemption").
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -102,7 +104,8 @@ class RefreshHandover:
     section, None when the task does not refresh; ``initial_negatives_since``: the start of the
     driver that prepares the initial negatives beside the workers' start-up, None when they are
     ready; ``slowdown_prior``: how much slower a step runs beside a refresh before one has been
-    measured (the worker's threads without one over its threads beside one)."""
+    measured (the worker's threads without one over its threads beside one); ``stop_asked``:
+    whether the driver asked every rank to stop (a collective), which ends a wait."""
 
     def __init__(
         self,
@@ -114,8 +117,10 @@ class RefreshHandover:
         negatives: NegativesInUse,
         initial_negatives_since: float | None = None,
         slowdown_prior: float = 1.0,
+        stop_asked: Callable[[], bool] = lambda: False,
     ) -> None:
         self.cadence = cadence
+        self.stop_asked = stop_asked
         self.ranks = ranks
         self.log = log
         self.negatives = negatives
@@ -152,7 +157,8 @@ class RefreshHandover:
         """Before ``step`` (``first``: the first of this start): every ``check_every`` steps, and
         at the first, switch to the newest negatives version and read the refresh log; where the
         mode waits, wait for the negatives of that step's checkpoint (:meth:`wait_for_refresh`).
-        True when the refreshes failed too often and every rank stops here."""
+        True when every rank stops here: the refreshes failed too often, or the driver asked
+        during the wait."""
         waits = self._waits_at(step)
         if not waits and step % self.cadence.check_every != 0 and not first:
             return False
@@ -164,11 +170,12 @@ class RefreshHandover:
     def wait_for_refresh(self, step: int) -> bool:
         """Hold training at ``step`` until the negatives mined with the checkpoint of ``step``
         are live (a ``refresh_wait`` event says how long it took); True when the refreshes failed
-        too often meanwhile."""
+        too often meanwhile, or the driver asked every rank to stop (the checkpoint of ``step``
+        is published)."""
         started = time.perf_counter()
         source = self.negatives.source
         while source.current is None or source.current.checkpoint_step < step:
-            if self._stops(step):
+            if self._stops(step) or self.stop_asked():
                 return True
             time.sleep(WAIT_POLL_SECONDS)
             self.negatives.switch(step, self.log)
@@ -179,8 +186,8 @@ class RefreshHandover:
     def wait_for_initial_negatives(self, step: int) -> bool:
         """When the driver prepares the initial negatives beside the workers' start: hold the
         first step (``step``) until they are live (an ``initial_negatives_wait`` event says how
-        long that took); True when the driver reports that they failed: every rank stands down
-        without training, and the driver raises the error."""
+        long that took); True when the driver reports that they failed (every rank stands down
+        without training, and the driver raises the error) or asks every rank to stop."""
         since = self.initial_negatives_since
         if since is None:
             return False
@@ -191,7 +198,7 @@ class RefreshHandover:
             failed = self.ranks.rank == 0 and (
                 initial_negatives_error(self.run_dir, since) is not None
             )
-            if self.ranks.broadcast_int(int(failed)):
+            if self.ranks.broadcast_int(int(failed)) or self.stop_asked():
                 return True
             time.sleep(WAIT_POLL_SECONDS)
             self.negatives.switch(step, self.log)
@@ -271,3 +278,10 @@ class RefreshHandover:
         else:
             request = self._agree(step, self.trigger.at_checkpoint(step))
         return {REFRESH_REQUEST: request, REFRESHES_END: ends, TRAINING_ENDS_AT: ends_at}
+
+    def stopping_request(self) -> dict[str, Any]:
+        """What the checkpoint published when the run stops on SIGTERM tells the coordinator:
+        no refresh asked (the coordinator is stopping), refreshes ended as they were; no
+        collective, and the trigger hears nothing, so the resumed run decides as an
+        uninterrupted one would."""
+        return {REFRESH_REQUEST: False, REFRESHES_END: self.ended}

@@ -249,7 +249,12 @@ def _run_locked(
         if summary.heldout is not None:
             append_heldout(plan.run_dir, summary.heldout)
     record.seconds = time.time() - record.started
-    append_record(plan.run_dir, record)
+    try:
+        append_record(plan.run_dir, record)
+    except OSError as unrecorded:  # a full disk: the refresh's own error is the one reported
+        if record.error is None:
+            raise
+        logger.error("the failed refresh is not in the refresh log: %s", unrecorded)
 
 
 class StopRequest:
