@@ -84,6 +84,7 @@ SECTIONS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
             ("subnormal_flush", "subnormal floats"),
             ("punctuation_skip", "punctuation skiplist"),
             ("link_throughput", "linking"),
+            ("link_load", "linking under load"),
         ),
     ),
     (

@@ -15,7 +15,9 @@ A trained joint reranker may reorder the retriever's top candidates
 
 A linker starts (or joins) Ray, its encoder pool and the index version's shard holders on its
 first search and keeps them for every later call, until :meth:`EntityLinker.close` (or the end
-of its ``with`` block): a warm call only encodes and searches its mentions.
+of its ``with`` block): a warm call only encodes and searches its mentions. One linker serves
+many threads at once (:class:`EntityLinker`, "Threads"); processes each open their own, and only
+read the index version they share (:mod:`hnce.cluster.compute.retrieval`).
 
 Example::
 
@@ -32,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -225,6 +228,20 @@ class EntityLinker(ClosedOnExit):
     and searched with, computed in this process. Used as a context manager, it stops on exit
     the Ray instance it started.
 
+    Threads: any number of threads may call :meth:`link`, :meth:`link_mentions` and
+    :meth:`search` on one linker at once, and each gets exactly the answer it would get alone.
+    The first call to need Ray, the encoder pool and the index opens them, once, while calls
+    arriving meanwhile wait for it. Calls then encode and search their own mentions through
+    the encoder actors concurrently; an actor serves one call at a time, so its model,
+    tokenizer and index shards (the per-process read cache of plaid shards included) are never
+    used by two calls at once. What a call does in this process runs one call at a time under
+    the linker's lock: reading its candidates' texts (the catalogue's Parquet readers and
+    row-group cache are not thread-safe: concurrent reads crashed, hung or failed), the reranker
+    and :meth:`encode_mentions` / :meth:`encode_entities` (a Hugging Face tokenizer is not safe
+    to share; torch already uses every core for one call). Memory
+    does not grow with the threads beyond their mentions in flight. :meth:`close` once every
+    call has returned: a call still running fails when the pool stops under it.
+
     Args:
         config: the recipe: ``data.root`` is the catalogue; ``run.dir`` where an index version
             of the model is found (``index/``, ``eval-index/``) or built (``eval-index/``); the
@@ -255,6 +272,8 @@ class EntityLinker(ClosedOnExit):
         self.plan = refresh_plan(config)
         self.catalogue = EntityCatalogue.open(self.plan.data_dir)
         self._started_ray = False
+        self._opening = threading.Lock()  # Ray, the pool and the index: opened by one call
+        self._in_process = threading.Lock()  # the catalogue's cache, the in-process models
         self._opened = contextlib.ExitStack()
         self._index: OpenIndex | None = None
         self._biencoder: BiEncoder | None = None
@@ -318,14 +337,7 @@ class EntityLinker(ClosedOnExit):
         """Top-``k`` entity ids and scores of ``mentions`` against the whole catalogue, in an
         index version of the model (module docstring), opened by the first call and kept;
         ``Retrieved.built`` says whether the catalogue had to be encoded to open it."""
-        if not ray.is_initialized():
-            init_ray(
-                self.config.cluster, self.plan.refresh.num_encoders * self.plan.refresh.encoder_cpus
-            )
-            self._started_ray = True
-        if self._index is None:
-            self._index = self._opened.enter_context(open_index(self.plan, self.model))
-        retrieved = self._index.retrieve(mentions, k)
+        retrieved = self._open_index().retrieve(mentions, k)
         logger.info(
             "linked %d mention(s) with %s in index v%d of %s (%s)",
             len(mentions),
@@ -335,6 +347,18 @@ class EntityLinker(ClosedOnExit):
             "built for this call" if retrieved.built else "reused",
         )
         return retrieved
+
+    def _open_index(self) -> OpenIndex:
+        """The index the linker searches, opened (Ray started or joined first) by the first call
+        that needs it; calls that arrive meanwhile wait for it instead of opening their own."""
+        with self._opening:
+            if not ray.is_initialized():
+                cpus = self.plan.refresh.num_encoders * self.plan.refresh.encoder_cpus
+                init_ray(self.config.cluster, cpus)
+                self._started_ray = True
+            if self._index is None:
+                self._index = self._opened.enter_context(open_index(self.plan, self.model))
+            return self._index
 
     def link(
         self, texts: Sequence[str], k: int = 8, sources: Sequence[str] | None = None
@@ -363,18 +387,19 @@ class EntityLinker(ClosedOnExit):
         """The retrieved ids reordered by the reranker, each with its retriever score and its
         reranker score."""
         assert self.reranker is not None
-        if self._reranker_tokens is None:
-            self._reranker_tokens = TokenStore.ensure(
-                self.plan.data_dir, self.reranker.tokenizer, self.reranker.entity_length
-            )
         found = SplitCandidates(list(mentions), retrieved.cands, retrieved.scores)
-        ids, judged = rerank(
-            self.reranker,
-            self._reranker_tokens,
-            found,
-            found.cands.shape[1],
-            scoring_batch_size(self.config.rerank.training.batch_size),
-        )
+        with self._in_process:
+            if self._reranker_tokens is None:
+                self._reranker_tokens = TokenStore.ensure(
+                    self.plan.data_dir, self.reranker.tokenizer, self.reranker.entity_length
+                )
+            ids, judged = rerank(
+                self.reranker,
+                self._reranker_tokens,
+                found,
+                found.cands.shape[1],
+                scoring_batch_size(self.config.rerank.training.batch_size),
+            )
         # each reranked id's column in the retriever's row (padding -1 matches padding)
         columns = (ids[:, :, None] == found.cands[:, None, :]).argmax(axis=2)
         return ids, np.take_along_axis(retrieved.scores, columns, axis=1), judged
@@ -390,7 +415,8 @@ class EntityLinker(ClosedOnExit):
         holding them, not the catalogue's texts), with the retriever's ``scores`` and the
         reranker's ``judged`` when given; padding (-1, last in a row where the catalogue holds
         fewer than k entities) is dropped."""
-        entities = self.catalogue.get_many(ids[ids >= 0].tolist())
+        with self._in_process:
+            entities = self.catalogue.get_many(ids[ids >= 0].tolist())
         linked, taken = [], 0
         for number, (mention, row) in enumerate(zip(mentions, ids, strict=True)):
             present = row >= 0
@@ -414,12 +440,13 @@ class EntityLinker(ClosedOnExit):
         :meth:`search` sends to the index."""
         sources = sources or [f"text {number}" for number in range(1, len(texts) + 1)]
         mentions = texts_mentions(texts, sources)
-        return encode_mention_queries(
-            self._local_biencoder(),
-            [mention.context_left for mention in mentions],
-            [mention.mention for mention in mentions],
-            [mention.context_right for mention in mentions],
-        )
+        with self._in_process:
+            return encode_mention_queries(
+                self._local_biencoder(),
+                [mention.context_left for mention in mentions],
+                [mention.mention for mention in mentions],
+                [mention.context_right for mention in mentions],
+            )
 
     def encode_entities(self, entity_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """Index vectors of catalogue entities (by entity_id; ``self.catalogue.ids_for_keys``
@@ -427,17 +454,19 @@ class EntityLinker(ClosedOnExit):
         them: (vectors float32 [V, d], the entity id of each vector int64 [V]); one vector per
         entity for dual, several for multi-m and sum-of-max."""
         tokens = ensure_token_store(self.plan.data_dir, self.model)
-        vectors, owners, _ = encode_entity_vectors(
-            self._local_biencoder(),
-            tokens,
-            np.asarray(entity_ids, dtype=np.int64),
-            self.plan.refresh.encoder_batch_size,
-            pool_factor=self.plan.index.token_pool_factor,
-        )
+        with self._in_process:
+            vectors, owners, _ = encode_entity_vectors(
+                self._local_biencoder(),
+                tokens,
+                np.asarray(entity_ids, dtype=np.int64),
+                self.plan.refresh.encoder_batch_size,
+                pool_factor=self.plan.index.token_pool_factor,
+            )
         return vectors, owners
 
     def _local_biencoder(self) -> BiEncoder:
-        """The bi-encoder loaded into this process (once) for the ``encode_*`` methods."""
+        """The bi-encoder loaded into this process (once) for the ``encode_*`` methods, which
+        hold the linker's in-process lock."""
         if self._biencoder is None:
             device = local_device(self.config.cluster.use_gpu)
             self._biencoder = load_biencoder(self.model.export_dir, device).eval()
@@ -445,9 +474,10 @@ class EntityLinker(ClosedOnExit):
 
     def close(self) -> None:
         """Stop the encoder pool holding the index, and the Ray instance this linker started
-        (not one it joined or found running)."""
-        self._opened.close()
-        self._index = None
-        if self._started_ray:
-            ray.shutdown()
-            self._started_ray = False
+        (not one it joined or found running), once every call has returned."""
+        with self._opening:
+            self._opened.close()
+            self._index = None
+            if self._started_ray:
+                ray.shutdown()
+                self._started_ray = False

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -152,7 +153,8 @@ class OpenIndex(Searcher[Sequence[Mention]]):
     """An index version of a model loaded into a running encoder pool (:func:`open_index`):
     mentions are encoded and searched through it as often as needed, with nothing restarted.
     The first retrieval reports the opening's stages (and whether it built the version) as its
-    own; later ones report only their search. A `hnce.search.Searcher` of mentions."""
+    own; later ones report only their search, also when several threads retrieve at once (the
+    encoder actors serve their calls one at a time). A `hnce.search.Searcher` of mentions."""
 
     pool: EncoderPool
     held: HeldIndex
@@ -160,6 +162,7 @@ class OpenIndex(Searcher[Sequence[Mention]]):
     data_dir: Path
     built: bool  # the version was encoded to open the index, not yet reported
     seconds: dict[str, float]  # the opening's stages, not yet reported
+    _reporting: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def search(
         self,
@@ -183,8 +186,9 @@ class OpenIndex(Searcher[Sequence[Mention]]):
     ) -> Retrieved:
         """Top-``k`` entities of ``mentions`` (``per_domain``: among their own domain's only),
         with the version searched and the seconds of each stage."""
-        seconds, self.seconds = self.seconds, {}
-        built, self.built = self.built, False
+        with self._reporting:  # the opening is one retrieval's, whichever thread comes first
+            seconds, self.seconds = self.seconds, {}
+            built, self.built = self.built, False
         with timed(seconds, "search"):
             cands, scores = search_catalogue(
                 self.pool, self.held, self.data_dir, mentions, k, per_domain, batch_size
