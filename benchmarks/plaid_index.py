@@ -11,8 +11,8 @@ under the tests' tiny random model), its rows:
    mention at a time on the first ``--exact-timed`` mentions.
 2. **plaid**, a build per ``--plaid CENTROIDS:PQ_M[:POOL]``, made as the encoder actors make one: a
    quantiser of CENTROIDS centroids placed through HNSW (``auto``: PLAID's 16·√T rounded down to a
-   power of two, T the tokens indexed, as ColBERT's indexer chooses; the other default is
-   ``index.nlist``'s 1,024) trained on the version's ``training_sample`` (40 tokens a centroid,
+   power of two, T the tokens indexed, as ColBERT's indexer chooses, the default) trained on
+   the version's ``training_sample`` (40 tokens a centroid,
    ``IndexSpec.train_size``), then each shard of ``--shard-size`` entities placed and coded chunk
    by chunk (``compress_tokens``), its float16 token copy kept beside the codes
    (``index.token_copy``); POOL pools each entity's tokens first (``index.token_pool_factor``;
@@ -385,12 +385,12 @@ def main() -> int:
     parser.add_argument(
         "--plaid",
         nargs="+",
-        default=[f"{AUTO}:{default.pq_m}", f"{default.nlist}:{default.pq_m}"],
+        default=[f"{AUTO}:{default.pq_m}"],
         help="CENTROIDS:PQ_M[:POOL]: plaid builds, CENTROIDS a number or 'auto' (16·√T, a "
         "power of two), entity tokens pooled by POOL first",
     )
     parser.add_argument("--nprobes", type=int, nargs="+", default=[default.probes])
-    parser.add_argument("--depths", type=int, nargs="+", default=[1024, 4096])
+    parser.add_argument("--depths", type=int, nargs="+", default=[4096, 8192])
     parser.add_argument(
         "--baseline",
         type=int,
