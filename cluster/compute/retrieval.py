@@ -216,7 +216,7 @@ def open_index(plan: RefreshPlan, model: IndexedModel) -> Iterator[OpenIndex]:
             assert version is not None
             logger.info("searching index v%d in %s", version.version, version.path.parent)
             with timed(seconds, "hold"):
-                held = pool.hold(version, plan.index.candidate_depth)
+                held = pool.hold(version, plan.index.depth)
         yield OpenIndex(pool, held, version, plan.data_dir, tokens is not None, seconds)
 
 

@@ -37,6 +37,13 @@ TRAIN_POINTS_PER_LIST = 40
 MIN_TRAIN_SIZE = PQ_CENTROIDS * PQ_CENTROIDS
 #: IVF lists probed per query where ``index.nprobe`` is unset (dual, sum-of-max)
 DEFAULT_NPROBE = 32
+#: hits a query vector rescored exactly where ``index.candidate_depth`` is unset (flat, ivfpq,
+#: hnsw)
+DEFAULT_CANDIDATE_DEPTH = 256
+#: entities plaid's pruned centroid interaction keeps where ``index.candidate_depth`` is unset:
+#: on MiniLM's tokens of real text the depth that keeps 0.93-0.99 of the exact top-100 (from
+#: the token copy) in 50-100 ms a mention on 2 cores (BENCHMARKS.md, the plaid token index)
+PLAID_CANDIDATE_DEPTH = 8192
 
 
 @settings
@@ -64,7 +71,8 @@ class IndexSpec:
             one holder holds, before the exact rescoring; compressed multi-m: vectors retrieved
             before it (at least k·m); plaid: entities kept by the pruned centroid interaction
             (PLAID's ndocs, at least 4k), whose best quarter is decompressed and scored
-            exactly. Recall against search time (BENCHMARKS.md: 4,096 for plaid).
+            exactly. Unset: see :func:`default_candidate_depth` (a recipe resolves it when it
+            loads). Recall against search time (BENCHMARKS.md).
         token_copy: sum-of-max over ivfpq or plaid: in place of the standalone PQ codes
             (pq_m bytes a token; plaid: beside its codes), keep a float16 copy of every token
             vector on disk, memory-mapped (2·d bytes a token), and rescore candidates from it
@@ -83,7 +91,7 @@ class IndexSpec:
     nlist: PositiveInt = 1024
     pq_m: PositiveInt = 64
     nprobe: PositiveInt | None = None
-    candidate_depth: PositiveInt = 256
+    candidate_depth: PositiveInt | None = None
     token_copy: bool = False
     token_pool_factor: PositiveInt = 1
     faiss_device: DeviceRequest = "auto"
@@ -124,6 +132,14 @@ class IndexSpec:
         return self.nprobe if self.nprobe is not None else default_nprobe(self.nlist, False)
 
     @property
+    def depth(self) -> int:
+        """``candidate_depth``, or where unset the default for this kind
+        (:func:`default_candidate_depth`)."""
+        if self.candidate_depth is not None:
+            return self.candidate_depth
+        return default_candidate_depth(self.kind)
+
+    @property
     def train_size(self) -> int:
         """Vectors (sum-of-max: tokens) sampled from the whole catalogue to train a version's
         one quantiser, which every shard of the version shares: :data:`TRAIN_POINTS_PER_LIST`
@@ -153,3 +169,10 @@ def default_nprobe(nlist: int, multi_vector: bool) -> int:
     vectors spread over many lists: at 20,000 MiniLM entities, 32 of 1,024 lists kept 0.40 of the
     exact multi-8 top-100 and 512 kept 0.99 (docs/indexes.md, "Compressed multi-m")."""
     return max(1, nlist // 2) if multi_vector else min(DEFAULT_NPROBE, nlist)
+
+
+def default_candidate_depth(kind: str) -> int:
+    """``index.candidate_depth`` where it is unset: :data:`PLAID_CANDIDATE_DEPTH` entities for
+    plaid (PLAID's ndocs: its candidates are ranked by centroid scores, so recall needs
+    thousands), :data:`DEFAULT_CANDIDATE_DEPTH` hits a query vector for the other kinds."""
+    return PLAID_CANDIDATE_DEPTH if kind == "plaid" else DEFAULT_CANDIDATE_DEPTH

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from hnce.cluster.compute.refresh.settings import refresh_problem
-from hnce.cluster.stores.index_spec import default_nprobe
+from hnce.cluster.stores.index_spec import default_candidate_depth, default_nprobe
 from hnce.mining.losses import takes_temperature
 from hnce.mining.samplers import SAMPLER_SPECS
 from hnce.mining.schedule import SCHEDULED_FIELDS
@@ -60,6 +60,8 @@ def validate(config: Config) -> Config:
         config.index.nprobe = default_nprobe(
             config.index.nlist, config.model.scorer.name == "multi"
         )
+    if config.index.candidate_depth is None:
+        config.index.candidate_depth = default_candidate_depth(config.index.kind)
     if negatives.share == "global" and not config.model.scorer.indexable:
         raise config.error(
             "negatives.share",

@@ -192,7 +192,7 @@ def _mine(
     summary.index_version = summary.negatives_version = version.version
     summary.num_entities, summary.num_vectors = version.num_entities, version.num_vectors
     with timed(summary.seconds, "hold"):
-        held = pool.hold(version, plan.index.candidate_depth)
+        held = pool.hold(version, plan.index.depth)
     summary.num_holders = len(held.holders)
     if plan.heldout is not None:
         with timed(summary.seconds, "heldout"):

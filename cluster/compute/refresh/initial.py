@@ -156,7 +156,7 @@ def initial_from_model(
         else:
             version = _build_initial_index(plan, pool, model, tokens, encodings, stopping)
         if negatives.current_version() is None:
-            held = pool.hold(version, plan.index.candidate_depth)
+            held = pool.hold(version, plan.index.depth)
             split = MentionSplit.open(mention_split_path(plan.data_dir, train_split))
             mined = mine_split(pool, held, split, plan.refresh.top_n, description="mining initial")
             negatives.publish(
