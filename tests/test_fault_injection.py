@@ -22,197 +22,86 @@ resume from it to the same weights.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import write_letter_bert
-from ray_cluster_helpers import MARKER_VARIABLE, hang_report, kill_marked
-from training_helpers import CONFIGS
-
-from hnce.cluster.stores.checkpoints import (
-    EXPORT_DIR,
-    complete_checkpoints,
-    newest_checkpoint,
-    verify_checkpoint,
+from fault_helpers import (
+    STEPS,
+    kill,
+    kill_when,
+    only_an_abandoned_build_left,
+    run,
+    snapshot,
+    staging_left,
+    start,
+    trained_past,
+    training_inputs,
+    training_recipe,
+    verify_run,
+    weights,
 )
-from hnce.cluster.stores.files import STAGING_PREFIX
-from hnce.cluster.stores.index_store import PROGRESS_FILE, IndexStore
+
+from hnce.cluster.stores.checkpoints import newest_checkpoint
+from hnce.cluster.stores.index_store import IndexStore
 from hnce.cluster.stores.lock_holder import REFRESH, TRAINING, holder_file
-from hnce.cluster.stores.negatives_store import NegativesStore
-from hnce.cluster.stores.refresh_log import read_log
 from hnce.cluster.stores.run_events import read_events
 from hnce.cluster.stores.tables_read import verify_dataset
 from hnce.events import RunEvent
-from hnce.mining.samplers import SAMPLER_SPECS
 from hnce.pipeline.cli.main import EXIT_TERMINATED
 from hnce.pipeline.cli.main import main as hnce_main
-from hnce.pipeline.data.synthetic import generate_synthetic_dataset
 from hnce.pipeline.train.preemption import NOTICE_SECONDS, STOP_FILE
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
-HNCE = [sys.executable, "-m", "hnce.pipeline.cli.main"]
-
-
-MARKER = f"fault-injection-{os.getpid()}"
-
-
-def _start(arguments: list[str]) -> subprocess.Popen[bytes]:
-    """``hnce <arguments>`` in its own process group, with a local Ray instance of its own (as
-    from a user's shell); every process it starts carries :data:`MARKER` in its environment."""
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env[MARKER_VARIABLE] = MARKER
-    return subprocess.Popen(
-        [*HNCE, *arguments, "--no-progress"],
-        stdout=subprocess.PIPE,  # DeepSpeed logs to stdout, the rest to stderr: one stream
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env=env,
-    )
-
-
-def _kill(process: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the command and every process it started (Ray's too, wherever they went), as a
-    machine that loses power would."""
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-    kill_marked(MARKER)
-
-
-def _run(arguments: list[str]) -> str:
-    """Run ``hnce <arguments>`` to its end; its output (stdout and stderr: the log). A command
-    still running after 600 s fails the test with its processes' stacks and raylet logs."""
-    process = _start(arguments)
-    try:
-        output, _ = process.communicate(timeout=600)
-    except subprocess.TimeoutExpired:
-        stuck = hang_report(MARKER)
-        _kill(process)
-        pytest.fail(f"hnce {arguments[0]} still running after 600 s:\n{stuck}")
-    assert process.returncode == 0, output.decode()[-3000:]
-    return output.decode()
-
-
-def _kill_when(arguments: list[str], ready: Callable[[], bool], delay: float) -> bool:
-    """Start the command, wait for ``ready()``, then ``delay`` seconds, then SIGKILL it; False
-    when it finished first, successfully (the kill came too late); a command that failed on its
-    own fails the test with its output."""
-    process = _start(arguments)
-    while process.poll() is None and not ready():
-        time.sleep(0.05)
-    deadline = time.monotonic() + delay
-    while process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if process.poll() is not None:
-        output, _ = process.communicate()
-        assert process.returncode == 0, output.decode()[-3000:]
-        return False
-    _kill(process)
-    return True
-
-
-def _snapshot(root: Path, inside: Path) -> dict[str, str]:
-    """SHA-256 of every file under ``root`` but those under ``inside``."""
-    return {
-        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
-        for path in sorted(root.rglob("*"))
-        if path.is_file() and not path.is_relative_to(inside)
-    }
-
-
-def _no_staging_left(root: Path) -> None:
-    left = [path for path in root.rglob(f"{STAGING_PREFIX}*")]
-    assert left == [], left
-
-
-def _only_an_abandoned_build_left(run_dir: Path) -> None:
-    """No staging directory is left but the index build of a refresh that the end of training
-    abandoned (the refresh log's last record says so), which the next refresh resumes."""
-    left = [path for path in run_dir.rglob(f"{STAGING_PREFIX}*")]
-    if left:
-        assert read_log(run_dir).records[-1].outcome == "abandoned", left
-        assert [path.parent for path in left] == [run_dir / "index"], left
-        assert "shards" in json.loads((left[0] / PROGRESS_FILE).read_text())  # resumable
 
 
 def test_a_conversion_killed_at_random_moments_reruns_to_a_verified_dataset(
     tmp_path: Path,
 ) -> None:
     raw = tmp_path / "raw"
-    _run(["data", "synthetic-kilt", "--out", str(raw), "--pages", "30000", "--workers", "1"])
+    run(["data", "synthetic-kilt", "--out", str(raw), "--pages", "30000", "--workers", "1"])
     out = tmp_path / "work" / "data"
     out.parent.mkdir()
     sources = sorted(str(path) for path in raw.glob("aidayago2-*-kilt.jsonl"))
     kilt = ["data", "kilt", "--knowledge-source", str(raw / "kilt_knowledgesource.json")]
     command = [*kilt, "--aida", *sources, "--out", str(out), "--overwrite"]
-    before = _snapshot(tmp_path, out.parent)
+    before = snapshot(tmp_path, out.parent)
     moments = random.Random(23).sample(range(300, 2500), 3)  # ms into the conversion
     killed = []
     for moment in moments:
-        killed.append(_kill_when(command, lambda: True, moment / 1000))
-        assert _snapshot(tmp_path, out.parent) == before
+        killed.append(kill_when(command, lambda: True, moment / 1000))
+        assert snapshot(tmp_path, out.parent) == before
         if out.exists():
             verify_dataset(out)  # a dataset is there whole or not at all
     assert any(killed), "every kill came after the conversion ended"
-    _run(command)
+    run(command)
     verify_dataset(out)
-    _no_staging_left(out.parent)
-    assert _snapshot(tmp_path, out.parent) == before
+    assert staging_left(out.parent) == []
+    assert snapshot(tmp_path, out.parent) == before
 
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The dataset (``data/``) and model (``model/``) every run here trains on."""
-    root = tmp_path_factory.mktemp("inputs")
-    generate_synthetic_dataset(root / "data", num_worlds=2, entities_per_world=40)
-    write_letter_bert(root / "model")
-    return root
+    """The dataset and model every run here trains on (``fault_helpers.training_inputs``)."""
+    return training_inputs(tmp_path_factory.mktemp("inputs"))
 
 
 @pytest.fixture(scope="module")
 def recipe(inputs: Path) -> Callable[[Path], list[str]]:
-    """``hnce train`` of a small run with the asynchronous refresh, random negatives (an
-    exact-replay sampler), a checkpoint every 4 of 12 steps, all kept, and a fixed thread count
-    (``training.cores: reserved``: with ``handover`` a step's threads, and so the order its CPU
-    matmuls sum in, depend on when the refreshes run)."""
-    assert SAMPLER_SPECS["random"].resumes_exactly
-    settings = [
-        f"data.root={inputs / 'data'}",
-        f"model.path={inputs / 'model'}",
-        "negatives.source=index",  # the refresh mines, the sampler stays random
-        "refresh.enabled=true",
-        "training.zero_stage=1",  # resumed from DeepSpeed's partitioned optimizer state
-        "training.steps=12",
-        "training.checkpoint_every=4",
-        "training.keep_checkpoints=10",
-        "training.batch_size=8",
-        "training.cores=reserved",
-        "refresh.shard_size=16",
-        "index.faiss_device=cpu",
-    ]
-
-    def arguments(run_dir: Path) -> list[str]:
-        overrides = [*settings, f"run.dir={run_dir}"]
-        return ["--config", str(CONFIGS / "synthetic-test.yaml")] + [
-            item for setting in overrides for item in ("--set", setting)
-        ]
-
-    return arguments
+    """The faulted runs' ``hnce train`` arguments (``fault_helpers.training_recipe``)."""
+    return training_recipe(inputs)
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory, recipe) -> Path:
     run_dir = tmp_path_factory.mktemp("uninterrupted") / "run"
-    log = _run(["train", *recipe(run_dir)])
+    log = run(["train", *recipe(run_dir)])
     (run_dir.parent / "output.log").write_text(log)
     return run_dir
 
@@ -225,37 +114,11 @@ def test_a_clean_run_logs_no_engine_start_up_noise(uninterrupted: Path) -> None:
     assert "Setting accelerator to" not in log and "Token authentication is" not in log, log
 
 
-def _weights(run_dir: Path, step: int) -> dict[str, str]:
-    export = run_dir / "checkpoints" / f"step-{step}" / EXPORT_DIR
-    return {
-        str(path.relative_to(export)): hashlib.sha256(path.read_bytes()).hexdigest()
-        for path in sorted(export.rglob("*.safetensors"))
-    }
-
-
-def _verify_run(run_dir: Path) -> None:
-    for _, directory in complete_checkpoints(run_dir):
-        verify_checkpoint(directory)
-    index = IndexStore(run_dir / "index").current()
-    if index is not None:
-        index.load()  # manifest, every shard's SHA-256 and ids
-    if NegativesStore(run_dir / "negatives").current_version() is not None:
-        assert NegativesStore(run_dir / "negatives").latest() is not None
-
-
-def _trained_past(run_dir: Path, step: int) -> Callable[[], bool]:
-    def ready() -> bool:
-        steps = read_events(run_dir, RunEvent.STEP)
-        return bool(steps) and steps[-1]["step"] >= step
-
-    return ready
-
-
 def test_training_killed_at_random_moments_resumes_to_the_uninterrupted_weights(
     tmp_path: Path, inputs: Path, recipe, uninterrupted: Path
 ) -> None:
     run_dir = tmp_path / "run"
-    before = _snapshot(inputs, run_dir)
+    before = snapshot(inputs, run_dir)
     chooser = random.Random(7)
     # step 7, then 0.19 s: within the next steps (a step takes ~0.05-0.1 s here), before the
     # final checkpoint; a later moment would mostly land in the command's ~10 s of teardown
@@ -265,16 +128,16 @@ def test_training_killed_at_random_moments_resumes_to_the_uninterrupted_weights(
     for attempt in range(3):
         shutil.rmtree(run_dir, ignore_errors=True)
         command = ["train", *recipe(run_dir)]
-        killed = _kill_when(command, _trained_past(run_dir, step), delay / 2**attempt)
+        killed = kill_when(command, trained_past(run_dir, step), delay / 2**attempt)
         if killed:
             break
     assert killed, "every kill came after training ended"
-    _verify_run(run_dir)
-    _run(["train", *recipe(run_dir)])
-    _verify_run(run_dir)
-    assert _weights(run_dir, 12) == _weights(uninterrupted, 12)
-    assert _snapshot(inputs, run_dir) == before
-    _only_an_abandoned_build_left(run_dir)
+    verify_run(run_dir)
+    run(["train", *recipe(run_dir)])
+    verify_run(run_dir)
+    assert weights(run_dir, STEPS) == weights(uninterrupted, STEPS)
+    assert snapshot(inputs, run_dir) == before
+    only_an_abandoned_build_left(run_dir)
 
 
 def test_training_stopped_by_sigterm_checkpoints_its_step_and_resumes_to_the_same_weights(
@@ -290,8 +153,8 @@ def test_training_stopped_by_sigterm_checkpoints_its_step_and_resumes_to_the_sam
     # a seeded step whose next two are not checkpoint steps (4, 8, 12), so that the stop (a step
     # or two later here) publishes a checkpoint of its own
     step = random.Random(5).choice([1, 5])
-    process = _start(["train", *recipe(run_dir)])
-    trained = _trained_past(run_dir, step)
+    process = start(["train", *recipe(run_dir)])
+    trained = trained_past(run_dir, step)
     while process.poll() is None and not trained():
         time.sleep(0.05)
     assert process.poll() is None, process.communicate()[0].decode()[-3000:]
@@ -299,22 +162,22 @@ def test_training_stopped_by_sigterm_checkpoints_its_step_and_resumes_to_the_sam
     try:
         output, _ = process.communicate(timeout=NOTICE_SECONDS)
     except subprocess.TimeoutExpired:
-        _kill(process)  # the instance's SIGKILL
+        kill(process)  # the instance's SIGKILL
         pytest.fail(f"hnce train still running {NOTICE_SECONDS:.0f} s after SIGTERM")
     log = output.decode()
     assert process.returncode == EXIT_TERMINATED, log[-3000:]
     reached = read_events(run_dir, RunEvent.STEP)[-1]["step"]
-    assert newest_checkpoint(run_dir)[0] == reached < 12
+    assert newest_checkpoint(run_dir)[0] == reached < STEPS
     said = f"stopped on SIGTERM at step {reached}; the same command resumes {run_dir} from "
     assert f"hnce train: {said}step-{reached}" in log, log[-3000:]
     for released in (holder_file(TRAINING), holder_file(REFRESH), STOP_FILE):
         assert not (run_dir / released).exists(), released
-    _verify_run(run_dir)
-    _run(["train", *recipe(run_dir)])
-    _verify_run(run_dir)
+    verify_run(run_dir)
+    run(["train", *recipe(run_dir)])
+    verify_run(run_dir)
     assert read_events(run_dir, RunEvent.RESUME)[-1]["step"] == reached
-    assert _weights(run_dir, 12) == _weights(uninterrupted, 12)
-    _only_an_abandoned_build_left(run_dir)
+    assert weights(run_dir, STEPS) == weights(uninterrupted, STEPS)
+    only_an_abandoned_build_left(run_dir)
 
 
 def test_a_refresh_killed_at_random_moments_publishes_what_a_clean_refresh_does(
@@ -342,12 +205,12 @@ def test_a_refresh_killed_at_random_moments_publishes_what_a_clean_refresh_does(
             copy_of_the_run(killed)
         took_lock = lambda: (killed / "refresh.lock.json").exists()  # noqa: E731
         command = ["refresh", "--step", step, *recipe(killed)]
-        kills.append(_kill_when(command, took_lock, moment / 1000 / 2 ** len(kills)))
-        _verify_run(killed)
+        kills.append(kill_when(command, took_lock, moment / 1000 / 2 ** len(kills)))
+        verify_run(killed)
     assert any(kills), "every kill came after the refresh ended"
-    _run(["refresh", "--step", step, *recipe(killed)])
-    _verify_run(killed)
+    run(["refresh", "--step", step, *recipe(killed)])
+    verify_run(killed)
     published = [IndexStore(run / "index").current() for run in (clean, killed)]
     assert [version.manifest.checkpoint for version in published] == [8, 8]
     assert published[0].shard_checksums == published[1].shard_checksums
-    _no_staging_left(building)
+    assert staging_left(building) == []

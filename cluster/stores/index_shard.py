@@ -27,12 +27,6 @@ from hnce.cluster.stores.pq_codes import NO_TOKEN_VECTORS
 from hnce.errors import InputError
 from hnce.search import PAD_ID, PAD_SCORE, no_results
 
-#: candidates scored exactly at once: their tokens' float32 copy (a few MB) stays under the
-#: allocator's mmap threshold, so its pages are reused from one chunk to the next instead of
-#: faulted in fresh for thousands of candidates at once (the plaid benchmark's 2,048 survivors of
-#: WordNet, 45,000 tokens: 63 ms in chunks against 74 ms whole)
-EXACT_CHUNK = 128
-
 
 def stored_count(index: faiss.Index, codes: np.ndarray | None) -> int:
     """Vectors a shard holds: its FAISS index's, or a plaid shard's codes'."""
@@ -156,25 +150,14 @@ class IndexShard:
             mine = row_candidates[low:high]  # the searcher's shards cover disjoint ranges
             if not len(mine):
                 continue
-            slots = np.searchsorted(entities, mine)
-            scores = np.concatenate(
-                [
-                    self._sum_of_max(queries, slots[start : start + EXACT_CHUNK])
-                    for start in range(0, len(slots), EXACT_CHUNK)
-                ]
-            )
+            rows, offsets = self.candidate_rows(np.searchsorted(entities, mine))
+            token_scores = queries @ self.token_vectors(rows).T  # [live query tokens, tokens]
+            # max_j per candidate (its tokens are one run of columns), then Σ_i
+            scores = np.maximum.reduceat(token_scores, offsets, axis=1).sum(0)
             order = np.lexsort((mine, -scores))[:k]
             out_ids[row, : len(order)] = mine[order]
             out_scores[row, : len(order)] = scores[order]
         return out_ids, out_scores
-
-    def _sum_of_max(self, queries: np.ndarray, slots: np.ndarray) -> np.ndarray:
-        """s = Σ_i max_j ⟨x_i, y_j⟩ of the entities at `slots` (positions in
-        :attr:`entity_rows`, in order) for the live query vectors `queries`."""
-        rows, offsets = self.candidate_rows(slots)
-        token_scores = queries @ self.token_vectors(rows).T  # [live query tokens, tokens]
-        # max_j per candidate (its tokens are one run of columns), then Σ_i
-        return np.maximum.reduceat(token_scores, offsets, axis=1).sum(0)
 
     @property
     def rescorable(self) -> bool:

@@ -41,9 +41,10 @@ DEFAULT_NPROBE = 32
 #: hnsw)
 DEFAULT_CANDIDATE_DEPTH = 256
 #: entities plaid's pruned centroid interaction keeps where ``index.candidate_depth`` is unset:
-#: on MiniLM's tokens of real text the depth that keeps 0.93-0.99 of the exact top-100 (from
-#: the token copy) in 50-100 ms a mention on 2 cores (BENCHMARKS.md, the plaid token index)
-PLAID_CANDIDATE_DEPTH = 8192
+#: on a trained MiniLM's tokens of WordNet's 117,659 synsets the least depth that keeps 0.95 of
+#: the exact top-100 (the survivors scored from the token copy), in 91 ms a mention on 2 cores
+#: (BENCHMARKS.md, the plaid token index)
+PLAID_CANDIDATE_DEPTH = 10_240
 
 
 @settings
