@@ -53,7 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,10 +65,12 @@ from fault_helpers import (
     MARKER,
     STEPS,
     CommandFailed,
+    MountRefused,
     finish,
     kill,
     kill_when,
     run,
+    small_disk,
     snapshot,
     start,
     trained_past,
@@ -284,29 +286,9 @@ def refresh_sigkill(trial: Trial, seed: int) -> Outcome:
     return Outcome(False, True, False, 0.0)
 
 
-@contextlib.contextmanager
-def small_disk(where: Path, size: int) -> Iterator[Path | None]:
-    """A tmpfs of `size` bytes mounted at `where` (None where mounting is not allowed)."""
-    where.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-        capture_output=True,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        yield None
-        return
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "--lazy", str(where)], check=True)
-
-
 def disk_full(trial: Trial, seed: int) -> Outcome:
     share = random.Random(seed).uniform(0.2, 0.95)
     with small_disk(trial.work / "disk", int(trial.bytes * share)) as disk:
-        if disk is None:
-            raise Unavailable("mounting a tmpfs needs root")
         run_dir = disk / "run"
         process = start(trial.train(run_dir))
         log = finish(process)
@@ -322,10 +304,6 @@ def disk_full(trial: Trial, seed: int) -> Outcome:
         if problem:
             return Outcome(True, False, outcome.lost, outcome.seconds, problem)
         return outcome
-
-
-class Unavailable(Exception):
-    """A fault this machine cannot inject."""
 
 
 FAULTS: dict[str, Callable[[Trial, int], Outcome]] = {
@@ -369,7 +347,7 @@ def main() -> int:
         for seed in seeds:
             try:
                 outcome = FAULTS[name](trial, seed)
-            except Unavailable as reason:
+            except MountRefused as reason:
                 notes.append(f"{name}: not run ({reason}).")
                 break
             finally:

@@ -63,7 +63,6 @@ MODELS = {
 }
 #: the recipe whose model section encodes real text, and which trains the ``trained`` model
 RECIPE = harness.ROOT / "configs" / "demo.yaml"
-SOM = "model.scorer.name=som"
 #: the ``trained`` model's overrides of the recipe: the som scorer, and version 0 from the
 #: starting model (configs/wordnet.yaml's ``negatives.initial: model``). Sum-of-max has no
 #: negative cache, so with the demo's random version 0 the payoff trigger never refreshes ("no
@@ -152,7 +151,11 @@ def demo_config(work: Path) -> Config:
     """configs/demo.yaml with the som scorer, run under `work`, on the demo's WordNet subset
     (the whole WordNet dataset converted beside it the first time; the subset cut once a
     process)."""
-    config, _ = demo_dataset(load_config(RECIPE, [f"run.dir={work}", SOM]))
+    config, _ = demo_dataset(
+        load_config(
+            RECIPE, [f"run.dir={work}", f"model.scorer.name={TRAINING['model.scorer.name']}"]
+        )
+    )
     return config
 
 

@@ -21,7 +21,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from conftest import write_letter_bert
@@ -44,6 +45,31 @@ MARKER = f"fault-injection-{os.getpid()}"
 STUCK_SECONDS = 600
 #: the training recipe's steps, and its checkpoints (every 4 steps)
 STEPS, CHECKPOINT_EVERY = 12, 4
+
+
+class MountRefused(Exception):
+    """This machine does not let a file system be mounted here (not root, no tmpfs)."""
+
+
+@contextmanager
+def small_disk(where: Path, size: int | str) -> Iterator[Path]:
+    """A real file system of ``size`` (tmpfs; bytes, or ``64m``) mounted at ``where``, unmounted
+    lazily afterwards (a failed test's frames may still hold a file open there);
+    :class:`MountRefused` where mounting is not allowed."""
+    where.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+        capture_output=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        raise MountRefused(
+            f"cannot mount a tmpfs: {mounted.stderr.decode(errors='replace').strip()}"
+        )
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "--lazy", str(where)], check=True)
 
 
 class CommandFailed(AssertionError):

@@ -17,12 +17,12 @@ import os
 import resource
 import shutil
 import signal
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import fault_helpers
 import numpy as np
 import pytest
 import torch
@@ -441,20 +441,13 @@ def test_a_conversion_on_a_failing_disk_is_one_line_exit_74_and_retried_publishe
 
 @contextmanager
 def small_disk(where: Path, size: str) -> Iterator[Path]:
-    """A real file system of ``size`` (tmpfs) mounted at ``where``; skips where mounting is not
-    allowed (not root, no tmpfs)."""
-    where.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-        capture_output=True,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.decode(errors='replace').strip()}")
+    """``fault_helpers.small_disk``: a tmpfs of ``size`` at ``where``; skips where mounting is
+    not allowed."""
     try:
-        yield where
-    finally:  # lazily: a failed test's frames may still hold a file open there
-        subprocess.run(["umount", "--lazy", str(where)], check=True)
+        with fault_helpers.small_disk(where, size) as disk:
+            yield disk
+    except fault_helpers.MountRefused as refused:
+        pytest.skip(str(refused))
 
 
 def _free_bytes(path: Path) -> int:
